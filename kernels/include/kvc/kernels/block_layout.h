@@ -1,0 +1,89 @@
+// Byte layout of one KV block: block_tokens tokens of ONE (layer, kv head).
+// Plain C++17, host/device neutral (no CUDA types), shared by every backend and the service.
+//
+//   [ K records: block_tokens x token_record_bytes ]   key of token slot i at i * record
+//   [ V records: block_tokens x token_record_bytes ]
+//   [ positions: block_tokens x int32 ]                original position of each token
+//   [ scores:    block_tokens x float ]                accumulated attention (H2O)
+//
+// Each section starts on a 16-byte boundary. A token record is self-contained: its packed
+// elements followed by its own quantization scales, so moving or evicting one token never
+// touches another. Record formats per StorageFormat are in docs/KERNELS.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvc/kernels/dtype.h"
+
+namespace kvc::kernels {
+
+constexpr size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// Elements of head_dim per quantization group, or 0 for formats without groups.
+constexpr int FormatGroupSize(StorageFormat format) {
+  switch (format) {
+    case StorageFormat::kInt4G32: return 32;
+    case StorageFormat::kInt4G64: return 64;
+    case StorageFormat::kNvfp4: return 16;
+    default: return 0;
+  }
+}
+
+// True when `format` can store tokens of `head_dim` elements (groups must tile head_dim).
+constexpr bool FormatSupportsHeadDim(StorageFormat format, int head_dim) {
+  if (head_dim <= 0 || head_dim % 16 != 0) return false;
+  const int group = FormatGroupSize(format);
+  return group == 0 || head_dim % group == 0;
+}
+
+// Bytes of one token's key (or value) record in `format`: packed elements, then scales.
+constexpr size_t TokenRecordBytes(StorageFormat format, int head_dim) {
+  const size_t d = static_cast<size_t>(head_dim);
+  switch (format) {
+    case StorageFormat::kF32: return 4 * d;
+    case StorageFormat::kF16:
+    case StorageFormat::kBF16: return 2 * d;
+    case StorageFormat::kFp8E4M3:
+    case StorageFormat::kInt8: return d + 4;                 // int8/e4m3 x d, f32 scale
+    case StorageFormat::kInt4G32: return d / 2 + (d / 32) * 4;  // nibbles, (f16 scale, f16 zero)/group
+    case StorageFormat::kInt4G64: return d / 2 + (d / 64) * 4;
+    case StorageFormat::kNvfp4: return d / 2 + d / 16 + 4;  // e2m1 nibbles, e4m3/16, f32 tensor scale
+  }
+  return 0;
+}
+
+struct BlockLayout {
+  StorageFormat format = StorageFormat::kF16;
+  int head_dim = 0;
+  int block_tokens = 0;
+  size_t record_bytes = 0;      // bytes of one token's K (or V) record
+  size_t key_offset = 0;        // byte offset of the K records
+  size_t value_offset = 0;      // byte offset of the V records
+  size_t positions_offset = 0;  // byte offset of int32 positions[block_tokens]
+  size_t scores_offset = 0;     // byte offset of float scores[block_tokens]
+  size_t block_bytes = 0;       // total bytes, a multiple of 64
+};
+
+constexpr BlockLayout MakeBlockLayout(StorageFormat format, int head_dim, int block_tokens) {
+  BlockLayout l;
+  l.format = format;
+  l.head_dim = head_dim;
+  l.block_tokens = block_tokens;
+  l.record_bytes = TokenRecordBytes(format, head_dim);
+  const size_t n = static_cast<size_t>(block_tokens);
+  l.key_offset = 0;
+  l.value_offset = AlignUp(l.key_offset + n * l.record_bytes, 16);
+  l.positions_offset = AlignUp(l.value_offset + n * l.record_bytes, 16);
+  l.scores_offset = AlignUp(l.positions_offset + n * sizeof(int32_t), 16);
+  l.block_bytes = AlignUp(l.scores_offset + n * sizeof(float), 64);
+  return l;
+}
+
+static_assert(TokenRecordBytes(StorageFormat::kF16, 64) == 128, "f16 record");
+static_assert(TokenRecordBytes(StorageFormat::kInt4G32, 128) == 64 + 16, "int4 g32 record");
+static_assert(TokenRecordBytes(StorageFormat::kNvfp4, 128) == 64 + 8 + 4, "nvfp4 record");
+static_assert(MakeBlockLayout(StorageFormat::kF16, 64, 16).block_bytes == 2 * 16 * 128 + 64 + 64,
+              "f16 block of 16 tokens x 64 dims");
+
+}  // namespace kvc::kernels

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages kvcache needs to build and test. Idempotent: only
+# packages that are missing are installed, so a second run costs about a second.
+set -euo pipefail
+
+# Build and test dependencies of the service, client and tests.
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  clang-format python3 python3-pip
+)
+# Reference worker (model engine): BLAS for the matrix products.
+PACKAGES+=(libopenblas-dev)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install_deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
