@@ -1,0 +1,140 @@
+// KvStore: the cache service's core. Owns the pools and the sequence registry and
+// implements every operation as plain C++ with absl::Status results; the RPC layer only
+// converts messages. Thread-safe: any number of callers may use it concurrently.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "cachesvc/core/block_pool.h"
+#include "cachesvc/core/sequence_registry.h"
+#include "cachesvc/core/types.h"
+
+namespace kvc::cachesvc {
+
+struct KvStoreOptions {
+  std::vector<PoolOptions> pools;  // at least one; the first is the default
+  int64_t max_sequences = 1000000;
+  int64_t max_tokens_per_append = int64_t{1} << 20;
+};
+
+struct CreateSequenceParams {
+  std::string pool;                // empty = default pool
+  std::string tenant;              // <= 128 bytes
+  std::string client_sequence_id;  // empty = the service picks one
+  CompressionSpec policy;
+};
+
+struct AppendParams {
+  std::string sequence_id;
+  int64_t layer = 0;
+  int64_t start_position = 0;
+  int64_t num_tokens = 0;
+  DType dtype = DType::kF16;
+  bool dtype_set = false;  // false = the pool's dtype
+  // Dense [num_tokens, num_kv_heads, head_dim] of dtype; borrowed for the call.
+  absl::string_view keys;
+  absl::string_view values;
+};
+
+struct AppendResult {
+  int64_t layer_tokens = 0;
+  int64_t visible_tokens = 0;
+};
+
+enum class FetchFormat : uint8_t { kDense, kStored };
+
+struct FetchParams {
+  std::string sequence_id;
+  std::vector<int64_t> layers;  // empty = all
+  FetchFormat format = FetchFormat::kDense;
+  DType dtype = DType::kF16;
+  bool dtype_set = false;       // false = the pool's dtype
+  int64_t max_chunk_bytes = 0;  // 0 = kDefaultChunkBytes; clamped to [4 KiB, 3 MiB]
+};
+
+// One (layer, kv head, token range) of a Fetch. The sink may move the strings out.
+struct FetchChunk {
+  int layer = 0;
+  int kv_head = 0;
+  int64_t first_index = 0;
+  int num_tokens = 0;
+  std::vector<int32_t> positions;
+  std::string keys;
+  std::string values;
+  DType dtype = DType::kF16;
+  StorageFormat storage = StorageFormat::kF16;
+  int record_bytes = 0;  // kStored only
+  bool last = false;
+  int64_t visible_tokens = 0;
+};
+
+// Receives chunks in order, called without any lock held. Returns false to stop (the
+// caller went away); Fetch then returns CANCELLED.
+using FetchSink = std::function<bool(FetchChunk& chunk)>;
+
+struct ReleaseResult {
+  int64_t freed_blocks = 0;
+  int64_t freed_bytes = 0;
+};
+
+struct ListSequencesParams {
+  std::string pool;
+  std::string tenant;
+  int64_t limit = 0;  // 0 = 1000
+};
+
+struct SequenceList {
+  std::vector<SequenceSnapshot> sequences;
+  int64_t total = 0;
+};
+
+class KvStore {
+ public:
+  static constexpr int64_t kDefaultChunkBytes = int64_t{1} << 20;
+  static constexpr int64_t kMinChunkBytes = int64_t{4} << 10;
+  static constexpr int64_t kMaxChunkBytes = int64_t{3} << 20;
+
+  // Creates every pool; INVALID_ARGUMENT for bad options or duplicate pool names.
+  static absl::StatusOr<std::unique_ptr<KvStore>> Create(const KvStoreOptions& options);
+
+  absl::StatusOr<SequenceSnapshot> CreateSequence(const CreateSequenceParams& params);
+  // All-or-nothing: on error nothing of the request was stored.
+  absl::StatusOr<AppendResult> Append(const AppendParams& params);
+  absl::Status Fetch(const FetchParams& params, const FetchSink& sink);
+  absl::StatusOr<SequenceSnapshot> GetSequence(const std::string& sequence_id) const;
+  absl::StatusOr<ReleaseResult> Release(const std::string& sequence_id);
+
+  std::vector<PoolSnapshot> ListPools() const;
+  // Empty pool name = every pool summed. NOT_FOUND for an unknown pool.
+  absl::StatusOr<PoolStatsSnapshot> GetPoolStats(const std::string& pool) const;
+  absl::StatusOr<SequenceList> ListSequences(const ListSequencesParams& params) const;
+
+  // The pool named `name` (empty = default), or NOT_FOUND listing the pools.
+  absl::StatusOr<BlockPool*> FindPool(const std::string& name) const;
+
+ private:
+  explicit KvStore(const KvStoreOptions& options) : options_(options) {}
+  absl::StatusOr<std::shared_ptr<Sequence>> FindLive(const std::string& id) const;
+  std::string NewSequenceId();
+
+  const KvStoreOptions options_;
+  std::vector<std::unique_ptr<BlockPool>> pools_;
+  SequenceRegistry registry_;
+  std::atomic<int64_t> appended_bytes_{0};
+  std::atomic<int64_t> fetched_bytes_{0};
+  std::atomic<uint64_t> id_counter_{0};
+  uint64_t id_salt_ = 0;
+};
+
+// Snapshot of a sequence; caller holds its lock (shared is enough).
+SequenceSnapshot SnapshotLocked(const Sequence& sequence)
+    ABSL_SHARED_LOCKS_REQUIRED(sequence.mu());
+
+}  // namespace kvc::cachesvc

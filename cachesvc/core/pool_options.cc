@@ -1,0 +1,71 @@
+#include "cachesvc/core/pool_options.h"
+
+#include "absl/strings/str_cat.h"
+#include "kvc/kernels/block_layout.h"
+
+namespace kvc::cachesvc {
+
+bool IsValidName(const std::string& name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == ':' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+absl::Status ValidatePoolOptions(const PoolOptions& o) {
+  const std::string where = absl::StrCat("pool '", o.name, "': ");
+  if (!IsValidName(o.name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pool name '", o.name, "' is invalid: use 1-128 characters from [A-Za-z0-9._:-]"));
+  }
+  if (o.device != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "device '", o.device, "' is not available: this build serves host pools ('cpu')"));
+  }
+  const PoolGeometry& g = o.geometry;
+  if (g.num_layers < 1 || g.num_layers > kMaxLayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "num_layers is ", g.num_layers, "; expected 1..", kMaxLayers));
+  }
+  if (g.num_kv_heads < 1 || g.num_kv_heads > kMaxKvHeads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "num_kv_heads is ", g.num_kv_heads, "; expected 1..", kMaxKvHeads));
+  }
+  if (g.num_query_heads < g.num_kv_heads || g.num_query_heads % g.num_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "num_query_heads is ", g.num_query_heads,
+                     "; expected a positive multiple of num_kv_heads (", g.num_kv_heads, ")"));
+  }
+  if (g.head_dim < 16 || g.head_dim > kMaxHeadDim || g.head_dim % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "head_dim is ", g.head_dim, "; expected a multiple of 16 in 16..", kMaxHeadDim));
+  }
+  if (g.block_tokens < 1 || g.block_tokens > kMaxBlockTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "block_tokens is ", g.block_tokens,
+                                                   "; expected 1..", kMaxBlockTokens));
+  }
+  if (g.rope.enabled) {
+    if (!(g.rope.theta > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "rope.theta is ", g.rope.theta, "; expected > 0"));
+    }
+    if (g.rope.rotary_dim < 0 || g.rope.rotary_dim > g.head_dim || g.rope.rotary_dim % 2 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "rope.rotary_dim is ", g.rope.rotary_dim,
+                       "; expected an even number in 0..head_dim (0 = head_dim)"));
+    }
+  }
+  const auto layout = kernels::MakeBlockLayout(kernels::RawFormatFor(g.dtype), g.head_dim,
+                                               g.block_tokens);
+  if (o.capacity_bytes < static_cast<int64_t>(layout.block_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "capacity_bytes is ", o.capacity_bytes,
+                                                   "; expected at least one block (",
+                                                   layout.block_bytes, " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,21 @@
+// Validation of pool options, shared by the config loader and pool constructors.
+#pragma once
+
+#include "absl/status/status.h"
+#include "cachesvc/core/types.h"
+
+namespace kvc::cachesvc {
+
+// Limits that keep every size computation far from overflow.
+inline constexpr int kMaxLayers = 1024;
+inline constexpr int kMaxKvHeads = 1024;
+inline constexpr int kMaxHeadDim = 512;
+inline constexpr int kMaxBlockTokens = 1024;
+
+// INVALID_ARGUMENT naming the field and the accepted range when options cannot form a pool.
+absl::Status ValidatePoolOptions(const PoolOptions& options);
+
+// True for names made of [A-Za-z0-9._:-], 1..128 bytes (pool names, client sequence ids).
+bool IsValidName(const std::string& name);
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,71 @@
+// Sequence: one engine sequence's state in one pool. Its mutex guards everything mutable;
+// it is held only for memory work (validation, block allocation, copies), never across
+// network I/O.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "cachesvc/core/block_pool.h"
+#include "cachesvc/core/block_table.h"
+#include "cachesvc/core/types.h"
+
+namespace kvc::cachesvc {
+
+class Sequence {
+ public:
+  Sequence(std::string id, std::string tenant, BlockPool* pool, CompressionSpec policy,
+           int64_t created_unix_ms)
+      : id_(std::move(id)),
+        tenant_(std::move(tenant)),
+        pool_(pool),
+        policy_(policy),
+        created_unix_ms_(created_unix_ms),
+        table_(pool->options().geometry.num_layers, pool->options().geometry.num_kv_heads,
+               pool->options().geometry.block_tokens),
+        layer_tokens_(static_cast<size_t>(pool->options().geometry.num_layers), 0) {}
+
+  const std::string& id() const { return id_; }
+  const std::string& tenant() const { return tenant_; }
+  BlockPool* pool() const { return pool_; }
+  const CompressionSpec& policy() const { return policy_; }
+  int64_t created_unix_ms() const { return created_unix_ms_; }
+
+  absl::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  BlockTable& table() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return table_; }
+  const BlockTable& table() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return table_; }
+  std::vector<int64_t>& layer_tokens() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return layer_tokens_; }
+  const std::vector<int64_t>& layer_tokens() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return layer_tokens_;
+  }
+  // Tokens every layer has: what Fetch may serve.
+  int64_t visible_tokens() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return *std::min_element(layer_tokens_.begin(), layer_tokens_.end());
+  }
+  // Set once by Release; every later operation sees NOT_FOUND.
+  bool released() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return released_; }
+  void set_released() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { released_ = true; }
+  // Bumped whenever stored tokens move or disappear (release, compression), so a streaming
+  // Fetch can detect that what it started to read changed under it.
+  uint64_t generation() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return generation_; }
+  void bump_generation() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { ++generation_; }
+
+ private:
+  const std::string id_;
+  const std::string tenant_;
+  BlockPool* const pool_;
+  const CompressionSpec policy_;
+  const int64_t created_unix_ms_;
+
+  mutable absl::Mutex mu_;
+  BlockTable table_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> layer_tokens_ ABSL_GUARDED_BY(mu_);  // tokens appended per layer
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvc::cachesvc

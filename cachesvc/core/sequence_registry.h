@@ -1,0 +1,46 @@
+// SequenceRegistry: id -> Sequence, sharded by id hash so concurrent RPCs on different
+// sequences rarely share a lock. A shard lock is held only for the map operation itself.
+//
+// Entries are shared_ptr because an RPC may still hold a sequence while Release removes it
+// from the map; the last holder frees the metadata (its blocks were already returned by
+// Release). Ownership is one level deep: nothing else is shared.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "cachesvc/core/sequence.h"
+
+namespace kvc::cachesvc {
+
+class SequenceRegistry {
+ public:
+  // ALREADY_EXISTS if the id is taken.
+  absl::Status Insert(std::shared_ptr<Sequence> sequence);
+  // NOT_FOUND (naming the id) if absent.
+  absl::StatusOr<std::shared_ptr<Sequence>> Find(const std::string& id) const;
+  // Removes the entry if present; returns whether it was.
+  bool Erase(const std::string& id);
+  int64_t size() const;
+  // A snapshot of every entry, for listings.
+  std::vector<std::shared_ptr<Sequence>> All() const;
+
+ private:
+  static constexpr size_t kShards = 32;
+  struct Shard {
+    mutable absl::Mutex mu;
+    absl::flat_hash_map<std::string, std::shared_ptr<Sequence>> map ABSL_GUARDED_BY(mu);
+  };
+  Shard& shard(const std::string& id) const;
+
+  mutable std::array<Shard, kShards> shards_;
+};
+
+}  // namespace kvc::cachesvc

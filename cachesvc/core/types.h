@@ -1,0 +1,104 @@
+// Plain domain types of the cache service core. No gRPC, protobuf or Prometheus here:
+// the RPC layer converts proto messages to and from these in one place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvc/kernels/dtype.h"
+
+namespace kvc::cachesvc {
+
+using kernels::DType;
+using kernels::StorageFormat;
+
+// Index of a block inside one pool's arena.
+using BlockId = int32_t;
+
+enum class RopeStyle : uint8_t { kNeox = 0, kGptj = 1 };
+
+struct RopeParams {
+  bool enabled = false;
+  double theta = 0;
+  int rotary_dim = 0;  // 0 = head_dim
+  RopeStyle style = RopeStyle::kNeox;
+};
+
+// Fixed shape of every sequence in a pool.
+struct PoolGeometry {
+  int num_layers = 30;
+  int num_kv_heads = 3;
+  int num_query_heads = 9;
+  int head_dim = 64;
+  int block_tokens = 16;
+  DType dtype = DType::kF16;
+  RopeParams rope;
+
+  // Bytes of one token of one layer, all kv heads, keys only, in `dtype`.
+  int64_t TokenLayerBytes(DType d) const {
+    return int64_t{num_kv_heads} * head_dim * static_cast<int64_t>(kernels::DTypeSize(d));
+  }
+};
+
+struct PoolOptions {
+  std::string name = "default";
+  std::string device = "cpu";
+  int64_t capacity_bytes = int64_t{1} << 30;
+  PoolGeometry geometry;
+};
+
+// Reserved for the compression work: one eviction rule x one storage format.
+struct CompressionSpec {
+  enum class Eviction : uint8_t { kNone, kStreamingLlm, kSnapKv, kH2o };
+  Eviction eviction = Eviction::kNone;
+  StorageFormat storage = StorageFormat::kF16;
+  bool storage_set = false;  // false = the pool's raw dtype
+  int residual_tokens = 0;
+
+  bool empty() const { return eviction == Eviction::kNone && !storage_set && residual_tokens == 0; }
+};
+
+struct FormatBytes {
+  StorageFormat format = StorageFormat::kF16;
+  int64_t blocks = 0;
+  int64_t bytes = 0;
+};
+
+// A consistent copy of a sequence's state, taken under its lock.
+struct SequenceSnapshot {
+  std::string id;
+  std::string pool;
+  std::string tenant;
+  int64_t visible_tokens = 0;
+  std::vector<int64_t> layer_tokens;
+  int64_t stored_token_heads = 0;
+  std::vector<FormatBytes> bytes_by_format;
+  int64_t bytes = 0;
+  double compression_ratio = 1.0;
+  int64_t created_unix_ms = 0;
+};
+
+struct PoolSnapshot {
+  PoolOptions options;
+  int64_t block_bytes = 0;
+  int64_t total_blocks = 0;
+  int64_t free_blocks = 0;
+  int64_t sequences = 0;
+};
+
+struct PoolStatsSnapshot {
+  std::string pool;  // empty = all pools
+  int64_t capacity_bytes = 0;
+  int64_t used_bytes = 0;
+  int64_t total_blocks = 0;
+  int64_t used_blocks = 0;
+  int64_t sequences = 0;
+  int64_t visible_tokens = 0;
+  int64_t stored_token_heads = 0;
+  std::vector<FormatBytes> bytes_by_format;
+  int64_t appended_bytes_total = 0;
+  int64_t fetched_bytes_total = 0;
+};
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,87 @@
+// kvcached: the KV-cache service. Wiring only: flags, config, signals.
+//
+//   kvcached                         one default host pool on 127.0.0.1:50051
+//   kvcached --listen=0.0.0.0:50051 --capacity=8GiB
+//   kvcached --config=/etc/kvcached/config.textproto
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "cachesvc/rpc/server.h"
+#include "common/logging.h"
+#include "kvc/kernels/dtype.h"
+
+ABSL_FLAG(std::string, listen, "", "host:port to serve on (default 127.0.0.1:50051, or the config's)");
+ABSL_FLAG(std::string, config, "", "text-format kvcache.v1.ServerConfig file (pools, listen)");
+ABSL_FLAG(std::string, capacity, "",
+          "block memory of the default pool, e.g. 512MiB or 8GiB (without --config; default 1GiB)");
+ABSL_FLAG(int32_t, shutdown_grace_seconds, 10,
+          "on SIGTERM/SIGINT, how long in-flight calls may take to finish");
+
+namespace {
+
+using kvc::cachesvc::KvCacheServer;
+using kvc::cachesvc::ServerOptions;
+
+int Fail(const std::string& message) {
+  KVC_LOG(ERROR) << message;
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("kvcached: the kvcache KV-cache service (see README.md)");
+  absl::ParseCommandLine(argc, argv);
+
+  ServerOptions options = kvc::cachesvc::DefaultServerOptions();
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  if (!config_path.empty()) {
+    if (!absl::GetFlag(FLAGS_capacity).empty()) {
+      return Fail("--capacity applies to the default pool only; set capacity_bytes in --config");
+    }
+    auto loaded = kvc::cachesvc::LoadServerConfig(config_path);
+    if (!loaded.ok()) return Fail(std::string(loaded.status().message()));
+    options = *loaded;
+  } else if (!absl::GetFlag(FLAGS_capacity).empty()) {
+    auto bytes = kvc::cachesvc::ParseByteSize(absl::GetFlag(FLAGS_capacity));
+    if (!bytes.ok()) return Fail(absl::StrCat("--capacity: ", bytes.status().message()));
+    options.store.pools.front().capacity_bytes = *bytes;
+  }
+  if (!absl::GetFlag(FLAGS_listen).empty()) options.listen = absl::GetFlag(FLAGS_listen);
+
+  // Block the stop signals before gRPC starts its threads, so only sigwait sees them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto server = KvCacheServer::Start(options);
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+  for (const auto& pool : (*server)->store()->ListPools()) {
+    const auto& g = pool.options.geometry;
+    KVC_LOG(INFO) << "pool '" << pool.options.name << "' on " << pool.options.device << ": "
+                  << g.num_layers << " layers x " << g.num_kv_heads << " kv heads ("
+                  << g.num_query_heads << " query heads) x head_dim " << g.head_dim << ", "
+                  << kvc::kernels::DTypeName(g.dtype) << ", " << g.block_tokens
+                  << " tokens/block, " << pool.total_blocks << " blocks of " << pool.block_bytes
+                  << " bytes = " << pool.options.capacity_bytes << " bytes capacity";
+  }
+  KVC_LOG(INFO) << "kvcached listening on " << (*server)->address();
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  const int grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
+  KVC_LOG(INFO) << "received signal " << signal_number << "; shutting down (grace " << grace
+                << " s)";
+  (*server)->Shutdown(absl::Seconds(grace));
+  (*server)->Wait();
+  KVC_LOG(INFO) << "kvcached stopped";
+  return 0;
+}

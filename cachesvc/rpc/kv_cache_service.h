@@ -1,0 +1,34 @@
+// gRPC KvCacheService over a KvStore. Handlers convert, call the store, convert back;
+// no lock is held across a network read or write.
+#pragma once
+
+#include "cachesvc/core/kv_store.h"
+#include "kvcache/v1/kvcache_service.grpc.pb.h"
+
+namespace kvc::cachesvc {
+
+class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
+ public:
+  explicit KvCacheServiceImpl(KvStore* store) : store_(store) {}
+
+  grpc::Status CreateSequence(grpc::ServerContext* context,
+                              const kvcache::v1::CreateSequenceRequest* request,
+                              kvcache::v1::SequenceInfo* response) override;
+  grpc::Status Append(grpc::ServerContext* context, const kvcache::v1::AppendRequest* request,
+                      kvcache::v1::AppendResponse* response) override;
+  grpc::Status AppendStream(grpc::ServerContext* context,
+                            grpc::ServerReader<kvcache::v1::AppendRequest>* reader,
+                            kvcache::v1::AppendStreamResponse* response) override;
+  grpc::Status Fetch(grpc::ServerContext* context, const kvcache::v1::FetchRequest* request,
+                     grpc::ServerWriter<kvcache::v1::FetchChunk>* writer) override;
+  grpc::Status GetSequence(grpc::ServerContext* context,
+                           const kvcache::v1::GetSequenceRequest* request,
+                           kvcache::v1::SequenceInfo* response) override;
+  grpc::Status Release(grpc::ServerContext* context, const kvcache::v1::ReleaseRequest* request,
+                       kvcache::v1::ReleaseResponse* response) override;
+
+ private:
+  KvStore* store_;
+};
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,223 @@
+#include "cachesvc/rpc/proto_convert.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace kvc::cachesvc {
+
+namespace pb = ::kvcache::v1;
+
+absl::StatusOr<DType> FromProto(pb::DType dtype, const char* field) {
+  switch (dtype) {
+    case pb::DTYPE_F32: return DType::kF32;
+    case pb::DTYPE_F16: return DType::kF16;
+    case pb::DTYPE_BF16: return DType::kBF16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " is ", static_cast<int>(dtype), "; expected DTYPE_F32, DTYPE_F16 or DTYPE_BF16"));
+  }
+}
+
+pb::DType ToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return pb::DTYPE_F32;
+    case DType::kF16: return pb::DTYPE_F16;
+    case DType::kBF16: return pb::DTYPE_BF16;
+  }
+  return pb::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<StorageFormat> FromProto(pb::StorageFormat format, const char* field) {
+  switch (format) {
+    case pb::STORAGE_FORMAT_F32: return StorageFormat::kF32;
+    case pb::STORAGE_FORMAT_F16: return StorageFormat::kF16;
+    case pb::STORAGE_FORMAT_BF16: return StorageFormat::kBF16;
+    case pb::STORAGE_FORMAT_FP8_E4M3: return StorageFormat::kFp8E4M3;
+    case pb::STORAGE_FORMAT_INT8: return StorageFormat::kInt8;
+    case pb::STORAGE_FORMAT_INT4_G32: return StorageFormat::kInt4G32;
+    case pb::STORAGE_FORMAT_INT4_G64: return StorageFormat::kInt4G64;
+    case pb::STORAGE_FORMAT_NVFP4: return StorageFormat::kNvfp4;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " is ", static_cast<int>(format), "; not a known StorageFormat"));
+  }
+}
+
+pb::StorageFormat ToProto(StorageFormat format) {
+  switch (format) {
+    case StorageFormat::kF32: return pb::STORAGE_FORMAT_F32;
+    case StorageFormat::kF16: return pb::STORAGE_FORMAT_F16;
+    case StorageFormat::kBF16: return pb::STORAGE_FORMAT_BF16;
+    case StorageFormat::kFp8E4M3: return pb::STORAGE_FORMAT_FP8_E4M3;
+    case StorageFormat::kInt8: return pb::STORAGE_FORMAT_INT8;
+    case StorageFormat::kInt4G32: return pb::STORAGE_FORMAT_INT4_G32;
+    case StorageFormat::kInt4G64: return pb::STORAGE_FORMAT_INT4_G64;
+    case StorageFormat::kNvfp4: return pb::STORAGE_FORMAT_NVFP4;
+  }
+  return pb::STORAGE_FORMAT_UNSPECIFIED;
+}
+
+absl::StatusOr<CompressionSpec> FromProto(const pb::CompressionSpec& spec) {
+  CompressionSpec out;
+  switch (spec.eviction_case()) {
+    case pb::CompressionSpec::kStreamingLlm: out.eviction = CompressionSpec::Eviction::kStreamingLlm; break;
+    case pb::CompressionSpec::kSnapkv: out.eviction = CompressionSpec::Eviction::kSnapKv; break;
+    case pb::CompressionSpec::kH2O: out.eviction = CompressionSpec::Eviction::kH2o; break;
+    case pb::CompressionSpec::EVICTION_NOT_SET: break;
+  }
+  if (spec.storage() != pb::STORAGE_FORMAT_UNSPECIFIED) {
+    KVC_ASSIGN_OR_RETURN(out.storage, FromProto(spec.storage(), "policy.storage"));
+    out.storage_set = true;
+  }
+  if (spec.residual_tokens() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy.residual_tokens is ", spec.residual_tokens(), "; expected >= 0"));
+  }
+  out.residual_tokens = spec.residual_tokens();
+  return out;
+}
+
+absl::StatusOr<PoolOptions> FromProto(const pb::PoolConfig& config) {
+  PoolOptions o;
+  o.name = config.name().empty() ? "default" : config.name();
+  o.device = config.device().empty() ? "cpu" : config.device();
+  o.capacity_bytes = config.capacity_bytes();
+  const pb::PoolGeometry& g = config.geometry();
+  o.geometry.num_layers = g.num_layers();
+  o.geometry.num_kv_heads = g.num_kv_heads();
+  o.geometry.num_query_heads = g.num_query_heads() == 0 ? g.num_kv_heads() : g.num_query_heads();
+  o.geometry.head_dim = g.head_dim();
+  o.geometry.block_tokens = g.block_tokens() == 0 ? 16 : g.block_tokens();
+  if (g.dtype() != pb::DTYPE_UNSPECIFIED) {
+    KVC_ASSIGN_OR_RETURN(o.geometry.dtype, FromProto(g.dtype(), "geometry.dtype"));
+  }
+  if (g.has_rope()) {
+    o.geometry.rope.enabled = true;
+    o.geometry.rope.theta = g.rope().theta();
+    o.geometry.rope.rotary_dim = g.rope().rotary_dim();
+    o.geometry.rope.style =
+        g.rope().style() == pb::ROPE_STYLE_GPTJ ? RopeStyle::kGptj : RopeStyle::kNeox;
+  }
+  return o;
+}
+
+void ToProto(const PoolGeometry& g, pb::PoolGeometry* out) {
+  out->set_num_layers(g.num_layers);
+  out->set_num_kv_heads(g.num_kv_heads);
+  out->set_num_query_heads(g.num_query_heads);
+  out->set_head_dim(g.head_dim);
+  out->set_block_tokens(g.block_tokens);
+  out->set_dtype(ToProto(g.dtype));
+  if (g.rope.enabled) {
+    out->mutable_rope()->set_theta(g.rope.theta);
+    out->mutable_rope()->set_rotary_dim(g.rope.rotary_dim);
+    out->mutable_rope()->set_style(g.rope.style == RopeStyle::kGptj ? pb::ROPE_STYLE_GPTJ
+                                                                     : pb::ROPE_STYLE_NEOX);
+  }
+}
+
+void ToProto(const SequenceSnapshot& s, pb::SequenceInfo* out) {
+  out->set_sequence_id(s.id);
+  out->set_pool(s.pool);
+  out->set_tenant(s.tenant);
+  out->set_visible_tokens(s.visible_tokens);
+  for (int64_t n : s.layer_tokens) out->add_layer_tokens(n);
+  out->set_stored_token_heads(s.stored_token_heads);
+  for (const FormatBytes& fb : s.bytes_by_format) {
+    auto* f = out->add_bytes_by_format();
+    f->set_format(ToProto(fb.format));
+    f->set_blocks(fb.blocks);
+    f->set_bytes(fb.bytes);
+  }
+  out->set_bytes(s.bytes);
+  out->set_compression_ratio(s.compression_ratio);
+  out->set_created_unix_ms(s.created_unix_ms);
+}
+
+void ToProto(const PoolSnapshot& s, pb::PoolInfo* out) {
+  out->set_name(s.options.name);
+  out->set_device(s.options.device);
+  ToProto(s.options.geometry, out->mutable_geometry());
+  out->set_capacity_bytes(s.options.capacity_bytes);
+  out->set_block_bytes(s.block_bytes);
+  out->set_total_blocks(s.total_blocks);
+  out->set_free_blocks(s.free_blocks);
+  out->set_used_bytes((s.total_blocks - s.free_blocks) * s.block_bytes);
+  out->set_sequences(s.sequences);
+}
+
+void ToProto(const PoolStatsSnapshot& s, pb::PoolStats* out) {
+  out->set_pool(s.pool);
+  out->set_capacity_bytes(s.capacity_bytes);
+  out->set_used_bytes(s.used_bytes);
+  out->set_free_bytes(s.capacity_bytes - s.used_bytes);
+  out->set_total_blocks(s.total_blocks);
+  out->set_used_blocks(s.used_blocks);
+  out->set_sequences(s.sequences);
+  out->set_visible_tokens(s.visible_tokens);
+  out->set_stored_token_heads(s.stored_token_heads);
+  for (const FormatBytes& fb : s.bytes_by_format) {
+    auto* f = out->add_bytes_by_format();
+    f->set_format(ToProto(fb.format));
+    f->set_blocks(fb.blocks);
+    f->set_bytes(fb.bytes);
+  }
+  out->set_appended_bytes_total(s.appended_bytes_total);
+  out->set_fetched_bytes_total(s.fetched_bytes_total);
+}
+
+absl::StatusOr<AppendParams> FromProto(const pb::AppendRequest& r) {
+  AppendParams p;
+  p.sequence_id = r.sequence_id();
+  p.layer = r.layer();
+  p.start_position = r.start_position();
+  p.num_tokens = r.num_tokens();
+  if (r.dtype() != pb::DTYPE_UNSPECIFIED) {
+    KVC_ASSIGN_OR_RETURN(p.dtype, FromProto(r.dtype(), "dtype"));
+    p.dtype_set = true;
+  }
+  p.keys = absl::string_view(r.keys().data(), r.keys().size());
+  p.values = absl::string_view(r.values().data(), r.values().size());
+  return p;
+}
+
+absl::StatusOr<FetchParams> FromProto(const pb::FetchRequest& r) {
+  FetchParams p;
+  p.sequence_id = r.sequence_id();
+  p.layers.assign(r.layers().begin(), r.layers().end());
+  switch (r.format()) {
+    case pb::FETCH_FORMAT_UNSPECIFIED:
+    case pb::FETCH_FORMAT_DENSE: p.format = FetchFormat::kDense; break;
+    case pb::FETCH_FORMAT_STORED: p.format = FetchFormat::kStored; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "format is ", static_cast<int>(r.format()), "; expected FETCH_FORMAT_DENSE or _STORED"));
+  }
+  if (r.dtype() != pb::DTYPE_UNSPECIFIED) {
+    KVC_ASSIGN_OR_RETURN(p.dtype, FromProto(r.dtype(), "dtype"));
+    p.dtype_set = true;
+  }
+  if (r.max_chunk_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_chunk_bytes is ", r.max_chunk_bytes(), "; expected >= 0 (0 = 1 MiB)"));
+  }
+  p.max_chunk_bytes = r.max_chunk_bytes();
+  return p;
+}
+
+void ToProto(FetchChunk& c, pb::FetchChunk* out) {
+  out->set_layer(c.layer);
+  out->set_kv_head(c.kv_head);
+  out->set_first_index(c.first_index);
+  out->set_num_tokens(c.num_tokens);
+  out->mutable_positions()->Add(c.positions.begin(), c.positions.end());
+  out->set_keys(std::move(c.keys));
+  out->set_values(std::move(c.values));
+  out->set_dtype(ToProto(c.dtype));
+  out->set_storage(ToProto(c.storage));
+  out->set_record_bytes(c.record_bytes);
+  out->set_last(c.last);
+  out->set_visible_tokens(c.visible_tokens);
+}
+
+}  // namespace kvc::cachesvc

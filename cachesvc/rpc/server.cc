@@ -1,0 +1,59 @@
+#include "cachesvc/rpc/server.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "cachesvc/rpc/admin_service.h"
+#include "cachesvc/rpc/kv_cache_service.h"
+#include "common/status_macros.h"
+
+namespace kvc::cachesvc {
+
+KvCacheServer::KvCacheServer() = default;
+
+KvCacheServer::~KvCacheServer() {
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const ServerOptions& options) {
+  if (options.max_message_bytes < (int64_t{64} << 10) ||
+      options.max_message_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_message_bytes is ",
+                                                   options.max_message_bytes,
+                                                   "; expected 64 KiB .. 1 GiB"));
+  }
+  std::unique_ptr<KvCacheServer> server(new KvCacheServer());
+  KVC_ASSIGN_OR_RETURN(server->store_, KvStore::Create(options.store));
+  server->kv_service_ = std::make_unique<KvCacheServiceImpl>(server->store_.get());
+  server->admin_service_ = std::make_unique<AdminServiceImpl>(server->store_.get());
+
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.RegisterService(server->kv_service_.get());
+  builder.RegisterService(server->admin_service_.get());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    server->server_.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on '", options.listen,
+        "': the address is malformed, in use, or not local; pick another with --listen"));
+  }
+  const auto colon = options.listen.rfind(':');
+  server->address_ = absl::StrCat(options.listen.substr(0, colon), ":", server->port_);
+  return server;
+}
+
+void KvCacheServer::Shutdown(absl::Duration deadline) {
+  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
+}
+
+void KvCacheServer::Wait() {
+  if (server_ != nullptr) server_->Wait();
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,49 @@
+// KvCacheServer: a running kvcached — the KvStore, both gRPC services and the listener.
+// Used by main.cc and, in-process on 127.0.0.1:0, by the tests.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cachesvc/core/kv_store.h"
+#include "cachesvc/rpc/server_config.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace kvc::cachesvc {
+
+class KvCacheServiceImpl;
+class AdminServiceImpl;
+
+class KvCacheServer {
+ public:
+  // Builds the pools and starts listening. UNAVAILABLE if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<KvCacheServer>> Start(const ServerOptions& options);
+  ~KvCacheServer();
+
+  // "host:port" with the port actually bound (useful with port 0).
+  const std::string& address() const { return address_; }
+  int port() const { return port_; }
+  KvStore* store() const { return store_.get(); }
+
+  // Stops accepting calls, lets in-flight calls finish until `deadline`, then cancels them.
+  void Shutdown(absl::Duration deadline);
+  // Blocks until the server has shut down.
+  void Wait();
+
+ private:
+  KvCacheServer();
+
+  std::unique_ptr<KvStore> store_;
+  std::unique_ptr<KvCacheServiceImpl> kv_service_;
+  std::unique_ptr<AdminServiceImpl> admin_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  int port_ = 0;
+};
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,31 @@
+// kvcached configuration: defaults, the text-format config file (kvcache.v1.ServerConfig)
+// and byte sizes such as "2GiB".
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cachesvc/core/kv_store.h"
+
+namespace kvc::cachesvc {
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:50051";
+  KvStoreOptions store;
+  int64_t max_message_bytes = int64_t{16} << 20;
+};
+
+// One host pool named "default", shaped like the reference model (SmolLM2-135M: 30 layers,
+// 3 kv heads, 9 query heads, head_dim 64, f16, RoPE theta 100000), 1 GiB.
+ServerOptions DefaultServerOptions();
+
+// Reads a text-format kvcache.v1.ServerConfig. INVALID_ARGUMENT with the parser's line and
+// column on syntax errors; NOT_FOUND when the file cannot be read.
+absl::StatusOr<ServerOptions> LoadServerConfig(const std::string& path);
+absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text);
+
+// "1073741824", "512MiB", "2GiB", "64KiB", "1.5GiB" -> bytes. INVALID_ARGUMENT otherwise.
+absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
+
+}  // namespace kvc::cachesvc
