@@ -1,0 +1,41 @@
+// Prompt prefill (in chunks) and the token-by-token decode loop over a KvStore, with timings.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/engine/kv_store.h"
+#include "worker/engine/llama_model.h"
+#include "worker/engine/sampler.h"
+
+namespace kvc::worker {
+
+struct GenerateOptions {
+  int32_t max_new_tokens = 128;
+  int32_t prefill_chunk = 256;  // tokens per prefill Forward (bounds the score matrix)
+  SamplingOptions sampling;
+  AttentionPath path = AttentionPath::kStoreAttend;
+  std::vector<int32_t> stop_ids;  // generation ends after emitting one of these (not included)
+  std::function<void(int32_t token)> on_token;  // streaming callback, may be empty
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated ids, stop token excluded
+  std::string text;
+  int64_t prompt_tokens = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  int64_t decode_steps = 0;  // forward passes in the decode loop
+};
+
+// Prefills `prompt` at positions 0.. into an empty `kv`, then decodes. InvalidArgument for an
+// empty prompt; model and store errors pass through.
+absl::StatusOr<GenerateResult> Generate(LlamaModel& model, KvStore& kv,
+                                        absl::Span<const int32_t> prompt,
+                                        const GenerateOptions& options);
+
+}  // namespace kvc::worker

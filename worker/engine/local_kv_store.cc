@@ -1,0 +1,127 @@
+#include "worker/engine/local_kv_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/attention.h"
+
+namespace kvc::worker {
+
+LocalKvStore::LocalKvStore(const KvGeometry& geometry, std::unique_ptr<LocalEvictionPolicy> policy,
+                           ThreadPool* pool)
+    : geometry_(geometry), policy_(std::move(policy)), pool_(pool) {
+  layers_.resize(static_cast<size_t>(geometry_.num_layers));
+  for (LayerKv& l : layers_) l.heads.resize(static_cast<size_t>(geometry_.num_kv_heads));
+}
+
+absl::Status LocalKvStore::Append(int32_t layer, absl::Span<const int32_t> positions,
+                                  absl::Span<const float> keys, absl::Span<const float> values) {
+  if (layer < 0 || layer >= geometry_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  }
+  const size_t n = positions.size();
+  const size_t row = static_cast<size_t>(geometry_.num_kv_heads) * geometry_.head_dim;
+  if (keys.size() != n * row || values.size() != n * row) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keys/values must be [", n, ", ", geometry_.num_kv_heads, ", ", geometry_.head_dim, "]"));
+  }
+  LayerKv& l = layers_[layer];
+  for (size_t i = 0; i < n; ++i) {
+    const bool after_prev = i == 0 ? true : positions[i] > positions[i - 1];
+    bool after_stored = true;
+    for (const HeadKv& h : l.heads) {
+      if (!h.positions.empty() && positions[i] <= h.positions.back()) after_stored = false;
+    }
+    if (!after_prev || !after_stored || positions[i] < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer, ": position ", positions[i], " is not after the last"));
+    }
+  }
+  const size_t hd = static_cast<size_t>(geometry_.head_dim);
+  for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) {
+    HeadKv& head = l.heads[h];
+    for (size_t i = 0; i < n; ++i) {
+      head.positions.push_back(positions[i]);
+      const size_t off = i * row + static_cast<size_t>(h) * hd;
+      head.keys.insert(head.keys.end(), keys.begin() + off, keys.begin() + off + hd);
+      head.values.insert(head.values.end(), values.begin() + off, values.begin() + off + hd);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalKvStore::Attend(int32_t layer, absl::Span<const float> queries,
+                                  absl::Span<const int32_t> query_positions,
+                                  absl::Span<float> out) {
+  if (layer < 0 || layer >= geometry_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  }
+  const size_t expect =
+      query_positions.size() * static_cast<size_t>(geometry_.num_q_heads) * geometry_.head_dim;
+  if (queries.size() != expect || out.size() != expect || query_positions.empty()) {
+    return absl::InvalidArgumentError("queries/out must be [n, num_q_heads, head_dim], n > 0");
+  }
+  AttendLayer(geometry_, layers_[layer], queries, query_positions, out, pool_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LayerKv> LocalKvStore::Fetch(int32_t layer) {
+  if (layer < 0 || layer >= geometry_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+  }
+  return layers_[layer];
+}
+
+absl::Status LocalKvStore::Retain(int32_t layer, int32_t kv_head, absl::Span<const int64_t> keep) {
+  if (layer < 0 || layer >= geometry_.num_layers || kv_head < 0 ||
+      kv_head >= geometry_.num_kv_heads) {
+    return absl::InvalidArgumentError("layer or kv head out of range");
+  }
+  HeadKv& h = layers_[layer].heads[kv_head];
+  const int64_t n = static_cast<int64_t>(h.positions.size());
+  for (size_t i = 0; i < keep.size(); ++i) {
+    if (keep[i] < 0 || keep[i] >= n || (i > 0 && keep[i] <= keep[i - 1])) {
+      return absl::InvalidArgumentError("keep indices must be ascending and in range");
+    }
+  }
+  const size_t hd = static_cast<size_t>(geometry_.head_dim);
+  // In-place compaction: survivors move down, order (and so position order) is preserved.
+  for (size_t i = 0; i < keep.size(); ++i) {
+    const size_t src = static_cast<size_t>(keep[i]);
+    if (src == i) continue;
+    h.positions[i] = h.positions[src];
+    std::copy_n(h.keys.begin() + src * hd, hd, h.keys.begin() + i * hd);
+    std::copy_n(h.values.begin() + src * hd, hd, h.values.begin() + i * hd);
+  }
+  h.positions.resize(keep.size());
+  h.keys.resize(keep.size() * hd);
+  h.values.resize(keep.size() * hd);
+  return absl::OkStatus();
+}
+
+absl::Status LocalKvStore::CommitStep(int32_t /*end_position*/) {
+  if (policy_ == nullptr) return absl::OkStatus();
+  for (int32_t l = 0; l < geometry_.num_layers; ++l) {
+    for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) {
+      const std::vector<int32_t>& pos = layers_[l].heads[h].positions;
+      const std::vector<int64_t> keep = policy_->SelectKeep(l, h, pos);
+      if (keep.size() == pos.size()) continue;
+      if (auto s = Retain(l, h, keep); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t LocalKvStore::StoredTokenSlots() const {
+  int64_t total = 0;
+  for (const LayerKv& l : layers_) {
+    for (const HeadKv& h : l.heads) total += static_cast<int64_t>(h.positions.size());
+  }
+  return total;
+}
+
+std::string LocalKvStore::Describe() const {
+  return policy_ == nullptr ? "local full" : policy_->Describe();
+}
+
+}  // namespace kvc::worker

@@ -1,0 +1,43 @@
+// In-memory KvStore: dense f32 rows per (layer, kv head), attention computed locally. With no
+// policy it is the full cache (the quality ceiling); with a LocalEvictionPolicy it evicts at
+// every CommitStep. Not thread-safe; one sequence per store.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/engine/kv_store.h"
+#include "worker/engine/local_policy.h"
+#include "worker/engine/thread_pool.h"
+
+namespace kvc::worker {
+
+class LocalKvStore : public KvStore {
+ public:
+  // `policy` may be null (full cache). `pool` (optional, not owned) parallelizes attention.
+  LocalKvStore(const KvGeometry& geometry, std::unique_ptr<LocalEvictionPolicy> policy,
+               ThreadPool* pool);
+
+  const KvGeometry& geometry() const override { return geometry_; }
+  absl::Status Append(int32_t layer, absl::Span<const int32_t> positions,
+                      absl::Span<const float> keys, absl::Span<const float> values) override;
+  absl::Status Attend(int32_t layer, absl::Span<const float> queries,
+                      absl::Span<const int32_t> query_positions, absl::Span<float> out) override;
+  absl::StatusOr<LayerKv> Fetch(int32_t layer) override;
+  absl::Status CommitStep(int32_t end_position) override;
+  int64_t StoredTokenSlots() const override;
+  std::string Describe() const override;
+
+  // Keeps only rows `keep` (ascending indices) of one (layer, kv head): the hook a policy
+  // (local or test) uses to give heads different token sets. InvalidArgument on bad indices.
+  absl::Status Retain(int32_t layer, int32_t kv_head, absl::Span<const int64_t> keep);
+
+ private:
+  KvGeometry geometry_;
+  std::unique_ptr<LocalEvictionPolicy> policy_;
+  ThreadPool* pool_;
+  std::vector<LayerKv> layers_;  // [num_layers]
+};
+
+}  // namespace kvc::worker

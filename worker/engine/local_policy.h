@@ -1,0 +1,34 @@
+// Eviction policies for the LOCAL in-memory store only: simple baselines that let the
+// evaluation harness be validated before the service's policies (StreamingLLM, SnapKV, H2O in
+// cachesvc/) are wired in. They see positions only, no attention scores.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+
+namespace kvc::worker {
+
+class LocalEvictionPolicy {
+ public:
+  virtual ~LocalEvictionPolicy() = default;
+
+  // Indices (ascending) into `positions` of the tokens one (layer, kv head) keeps.
+  // positions: the stored positions, strictly increasing.
+  virtual std::vector<int64_t> SelectKeep(int32_t layer, int32_t kv_head,
+                                          absl::Span<const int32_t> positions) const = 0;
+
+  virtual std::string Describe() const = 0;
+};
+
+// Keeps the last `window` tokens (window-only attention; diverges once early tokens go).
+std::unique_ptr<LocalEvictionPolicy> MakeLocalWindowPolicy(int64_t window);
+
+// StreamingLLM-style: the first `sinks` stored tokens plus the last `window` tokens. Keys keep
+// their original positions (no re-rotation to in-cache positions).
+std::unique_ptr<LocalEvictionPolicy> MakeLocalSinkWindowPolicy(int64_t sinks, int64_t window);
+
+}  // namespace kvc::worker

@@ -1,0 +1,33 @@
+// Dense f32 building blocks of the Llama forward pass. Row-major everywhere; n = tokens.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "worker/engine/thread_pool.h"
+
+namespace kvc::worker {
+
+// y[n, out] = x[n, in] * w[out, in]^T (OpenBLAS sgemm; beta = 0, or 1 when `accumulate`).
+void MatMul(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out,
+            bool accumulate);
+
+// out[n, d] = x / sqrt(mean(x^2) + eps) * weight[d], per row.
+void RmsNorm(const float* x, const float* weight, float* out, int64_t n, int64_t d, float eps);
+
+// Rotate-half (NeoX / Hugging Face) RoPE in place on x[n, heads, head_dim] at `positions`:
+// pairs (i, i + head_dim/2) rotate by positions[t] * theta^(-2i/head_dim). Angles are formed in
+// double so large positions keep their precision.
+void ApplyRope(float* x, absl::Span<const int32_t> positions, int32_t heads, int32_t head_dim,
+               float theta);
+
+// gate[i] = silu(gate[i]) * up[i] for i < count.
+void SiluMul(float* gate, const float* up, int64_t count, ThreadPool* pool);
+
+// Row-wise log-softmax of logits[vocab] at `target`: log p(target).
+double LogProb(const float* logits, int64_t vocab, int32_t target);
+
+// Sets OpenBLAS's thread count (<= 0: leave as is).
+void SetBlasThreads(int num_threads);
+
+}  // namespace kvc::worker
