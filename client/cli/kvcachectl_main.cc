@@ -1,0 +1,195 @@
+// kvcachectl: inspect a running kvcached.
+//
+//   kvcachectl [--target=host:port] [--json] pools
+//   kvcachectl [--target=host:port] [--json] sequences [--pool=P] [--tenant=T] [--limit=N]
+//   kvcachectl [--target=host:port] [--json] stats [--pool=P]
+//
+// Human tables by default; --json prints the kvcache.v1 response as JSON for scripts.
+// Exit codes: 0 ok, 1 usage error, 2 target unreachable, 3 the server refused the call.
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cli/table.h"
+#include "google/protobuf/util/json_util.h"
+#include "kvcache/v1/admin_service.grpc.pb.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051", "kvcached address (host:port or unix:/path)");
+ABSL_FLAG(bool, json, false, "print JSON instead of a table");
+ABSL_FLAG(std::string, pool, "", "only this pool (sequences, stats)");
+ABSL_FLAG(std::string, tenant, "", "only this tenant (sequences)");
+ABSL_FLAG(int32_t, limit, 0, "at most this many sequences (0 = server default, 1000)");
+ABSL_FLAG(int32_t, timeout_ms, 5000, "deadline of the call");
+
+namespace {
+
+namespace pb = ::kvcache::v1;
+using kvc::cli::FormatBytes;
+using kvc::cli::Table;
+
+constexpr char kUsage[] =
+    "kvcachectl [--target=host:port] [--json] <command>\n"
+    "commands:\n"
+    "  pools                                   pools, geometry and usage\n"
+    "  sequences [--pool=P] [--tenant=T] [--limit=N]   live sequences\n"
+    "  stats [--pool=P]                        usage summed over pools (or one pool)";
+
+std::string Json(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+const char* DTypeName(pb::DType dtype) {
+  switch (dtype) {
+    case pb::DTYPE_F32: return "f32";
+    case pb::DTYPE_F16: return "f16";
+    case pb::DTYPE_BF16: return "bf16";
+    default: return "?";
+  }
+}
+
+std::string FormatName(pb::StorageFormat format) {
+  std::string name = pb::StorageFormat_Name(format);
+  const std::string prefix = "STORAGE_FORMAT_";
+  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+int Report(const grpc::Status& status, const std::string& target) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::fprintf(stderr,
+                 "kvcachectl: cannot reach kvcached at %s: %s\n"
+                 "  is kvcached running there? set the address with --target=host:port\n",
+                 target.c_str(), status.error_message().c_str());
+    return 2;
+  }
+  std::fprintf(stderr, "kvcachectl: %s: %s\n",
+               absl::StrCat("code ", static_cast<int>(status.error_code())).c_str(),
+               status.error_message().c_str());
+  return 3;
+}
+
+void PrintPools(const pb::ListPoolsResponse& response) {
+  Table table({"POOL", "DEVICE", "LAYERS", "KV_HEADS", "Q_HEADS", "HEAD_DIM", "DTYPE", "BLOCK",
+               "CAPACITY", "USED", "FREE_BLOCKS", "SEQUENCES"});
+  for (const auto& p : response.pools()) {
+    const auto& g = p.geometry();
+    table.AddRow({p.name(), p.device(), absl::StrCat(g.num_layers()),
+                  absl::StrCat(g.num_kv_heads()), absl::StrCat(g.num_query_heads()),
+                  absl::StrCat(g.head_dim()), DTypeName(g.dtype()),
+                  absl::StrCat(g.block_tokens(), " tok/", FormatBytes(p.block_bytes())),
+                  FormatBytes(p.capacity_bytes()), FormatBytes(p.used_bytes()),
+                  absl::StrCat(p.free_blocks(), "/", p.total_blocks()),
+                  absl::StrCat(p.sequences())});
+  }
+  std::cout << table.Render();
+}
+
+void PrintSequences(const pb::ListSequencesResponse& response) {
+  Table table({"SEQUENCE", "POOL", "TENANT", "TOKENS", "STORED_TOKEN_HEADS", "BYTES", "RATIO",
+               "FORMATS"});
+  for (const auto& s : response.sequences()) {
+    std::string formats;
+    for (const auto& fb : s.bytes_by_format()) {
+      absl::StrAppend(&formats, formats.empty() ? "" : ",", FormatName(fb.format()));
+    }
+    table.AddRow({s.sequence_id(), s.pool(), s.tenant().empty() ? "-" : s.tenant(),
+                  absl::StrCat(s.visible_tokens()), absl::StrCat(s.stored_token_heads()),
+                  FormatBytes(s.bytes()), absl::StrFormat("%.2f", s.compression_ratio()),
+                  formats.empty() ? "-" : formats});
+  }
+  std::cout << table.Render();
+  if (response.total() > response.sequences_size()) {
+    std::cout << "(" << response.sequences_size() << " of " << response.total()
+              << " sequences shown; raise --limit)\n";
+  }
+}
+
+void PrintStats(const pb::PoolStats& s) {
+  Table table({"FIELD", "VALUE"});
+  table.AddRow({"pool", s.pool().empty() ? "(all)" : s.pool()});
+  table.AddRow({"capacity", FormatBytes(s.capacity_bytes())});
+  table.AddRow({"used", absl::StrFormat("%s (%.1f%%)", FormatBytes(s.used_bytes()),
+                                        s.capacity_bytes() > 0 ? 100.0 * static_cast<double>(s.used_bytes()) /
+                                                                     static_cast<double>(s.capacity_bytes())
+                                                               : 0.0)});
+  table.AddRow({"free", FormatBytes(s.free_bytes())});
+  table.AddRow({"blocks used/total", absl::StrCat(s.used_blocks(), "/", s.total_blocks())});
+  table.AddRow({"sequences", absl::StrCat(s.sequences())});
+  table.AddRow({"visible tokens", absl::StrCat(s.visible_tokens())});
+  table.AddRow({"stored token-heads", absl::StrCat(s.stored_token_heads())});
+  for (const auto& fb : s.bytes_by_format()) {
+    table.AddRow({absl::StrCat("bytes ", FormatName(fb.format())),
+                  absl::StrCat(FormatBytes(fb.bytes()), " in ", fb.blocks(), " blocks")});
+  }
+  table.AddRow({"appended (total)", FormatBytes(s.appended_bytes_total())});
+  table.AddRow({"fetched (total)", FormatBytes(s.fetched_bytes_total())});
+  std::cout << table.Render();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::fprintf(stderr, "usage: %s\n", kUsage);
+    return 1;
+  }
+  const std::string command = args[1];
+  const std::string target = absl::GetFlag(FLAGS_target);
+  const bool json = absl::GetFlag(FLAGS_json);
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto stub = pb::AdminService::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
+
+  if (command == "pools") {
+    pb::ListPoolsResponse response;
+    const grpc::Status status = stub->ListPools(&context, pb::ListPoolsRequest(), &response);
+    if (!status.ok()) return Report(status, target);
+    if (json) std::cout << Json(response);
+    else PrintPools(response);
+    return 0;
+  }
+  if (command == "sequences") {
+    pb::ListSequencesRequest request;
+    request.set_pool(absl::GetFlag(FLAGS_pool));
+    request.set_tenant(absl::GetFlag(FLAGS_tenant));
+    request.set_limit(absl::GetFlag(FLAGS_limit));
+    pb::ListSequencesResponse response;
+    const grpc::Status status = stub->ListSequences(&context, request, &response);
+    if (!status.ok()) return Report(status, target);
+    if (json) std::cout << Json(response);
+    else PrintSequences(response);
+    return 0;
+  }
+  if (command == "stats") {
+    pb::GetPoolStatsRequest request;
+    request.set_pool(absl::GetFlag(FLAGS_pool));
+    pb::PoolStats response;
+    const grpc::Status status = stub->GetPoolStats(&context, request, &response);
+    if (!status.ok()) return Report(status, target);
+    if (json) std::cout << Json(response);
+    else PrintStats(response);
+    return 0;
+  }
+  std::fprintf(stderr, "kvcachectl: unknown command '%s'\nusage: %s\n", command.c_str(), kUsage);
+  return 1;
+}

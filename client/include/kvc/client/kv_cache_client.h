@@ -1,0 +1,93 @@
+// KvCacheClient: the engine-facing C++ API of kvcache.
+//
+//   auto client = kvc::client::KvCacheClient::Connect({.target = "127.0.0.1:50051"});
+//   auto seq = (*client)->CreateSequence({});
+//   (*client)->Append({seq->sequence_id, layer, pos, n, DType::kF16, k, v, bytes});
+//   auto kv = (*client)->Fetch(seq->sequence_id, {});
+//
+// Every call returns absl::Status codes as the service sent them (INVALID_ARGUMENT,
+// NOT_FOUND, FAILED_PRECONDITION, RESOURCE_EXHAUSTED, ...). Each call has a deadline
+// (ClientOptions::default_deadline unless CallOptions says otherwise). Only idempotent
+// reads (GetSequence, Fetch before its first chunk, admin calls) are retried, and only on
+// UNAVAILABLE, with exponential backoff. Thread-safe: share one client per process.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kvc/client/types.h"
+
+namespace kvc::client {
+
+struct ClientOptions {
+  std::string target = "127.0.0.1:50051";  // any gRPC target: host:port, unix:/path, dns:///
+  absl::Duration default_deadline = absl::Seconds(30);
+  int max_attempts = 4;                     // for retried calls; 1 disables retries
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  int64_t max_message_bytes = int64_t{16} << 20;
+};
+
+struct CallOptions {
+  absl::Duration deadline = absl::ZeroDuration();  // zero = ClientOptions::default_deadline
+};
+
+class AppendStream;
+
+class KvCacheClient {
+ public:
+  // Creates the channel (connection is lazy: an unreachable target shows up as
+  // UNAVAILABLE on the first call). INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<KvCacheClient>> Connect(const ClientOptions& options);
+  ~KvCacheClient();
+
+  absl::StatusOr<SequenceInfo> CreateSequence(const CreateSequenceOptions& options,
+                                              const CallOptions& call = {});
+  absl::StatusOr<AppendResult> Append(const AppendChunk& chunk, const CallOptions& call = {});
+  // A client-streaming append for large prefills; see AppendStream.
+  std::unique_ptr<AppendStream> StartAppendStream(const CallOptions& call = {});
+
+  // Calls `on_chunk` for each chunk as it arrives; a non-OK return cancels the stream and
+  // is returned.
+  absl::Status FetchChunks(const std::string& sequence_id, const FetchOptions& options,
+                           const std::function<absl::Status(FetchedChunk&)>& on_chunk,
+                           const CallOptions& call = {});
+  // Fetches and assembles the whole sequence per (layer, kv head).
+  absl::StatusOr<FetchResult> Fetch(const std::string& sequence_id, const FetchOptions& options,
+                                    const CallOptions& call = {});
+  absl::StatusOr<SequenceInfo> GetSequence(const std::string& sequence_id,
+                                           const CallOptions& call = {});
+  absl::StatusOr<ReleaseResult> Release(const std::string& sequence_id,
+                                        const CallOptions& call = {});
+
+  // Admin.
+  absl::StatusOr<std::vector<PoolInfo>> ListPools(const CallOptions& call = {});
+  absl::StatusOr<PoolStats> GetPoolStats(const std::string& pool, const CallOptions& call = {});
+  absl::StatusOr<SequenceList> ListSequences(const ListSequencesOptions& options,
+                                             const CallOptions& call = {});
+
+  const ClientOptions& options() const;
+
+  struct Impl;
+
+ private:
+  explicit KvCacheClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Streams many AppendChunks in one call. Each chunk is applied atomically and in order by
+// the server; Finish() reports the totals, or the first rejected chunk's error together
+// with how many earlier chunks were applied. Not thread-safe; use from one thread.
+class AppendStream {
+ public:
+  virtual ~AppendStream() = default;
+  // Sends one chunk. A non-OK status means the stream broke; call Finish() for the reason.
+  virtual absl::Status Write(const AppendChunk& chunk) = 0;
+  virtual absl::StatusOr<AppendStreamResult> Finish() = 0;
+};
+
+}  // namespace kvc::client

@@ -1,0 +1,177 @@
+// Plain types of the kvcache client API. No generated protobuf types: engines depend on
+// this header and Abseil only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace kvc::client {
+
+// Element type of dense keys/values.
+enum class DType { kPoolDefault = 0, kF32 = 1, kF16 = 2, kBF16 = 3 };
+
+// Bytes per element; 0 for kPoolDefault.
+constexpr int DTypeBytes(DType dtype) {
+  return dtype == DType::kF32 ? 4 : (dtype == DType::kPoolDefault ? 0 : 2);
+}
+const char* DTypeName(DType dtype);
+
+// Storage formats, as in kvcache.v1.StorageFormat.
+enum class StorageFormat {
+  kPoolDefault = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kFp8E4M3 = 4, kInt8 = 5, kInt4G32 = 6,
+  kInt4G64 = 7, kNvfp4 = 8
+};
+const char* StorageFormatName(StorageFormat format);
+
+struct RopeInfo {
+  bool enabled = false;
+  double theta = 0;
+  int rotary_dim = 0;
+  bool gptj_style = false;  // false = NeoX pairing
+};
+
+struct PoolGeometry {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int num_query_heads = 0;
+  int head_dim = 0;
+  int block_tokens = 0;
+  DType dtype = DType::kF16;
+  RopeInfo rope;
+};
+
+struct FormatBytes {
+  StorageFormat format = StorageFormat::kPoolDefault;
+  int64_t blocks = 0;
+  int64_t bytes = 0;
+};
+
+struct SequenceInfo {
+  std::string sequence_id;
+  std::string pool;
+  std::string tenant;
+  int64_t visible_tokens = 0;             // every layer has them; the logical length
+  std::vector<int64_t> layer_tokens;      // appended per layer
+  int64_t stored_token_heads = 0;
+  std::vector<FormatBytes> bytes_by_format;
+  int64_t bytes = 0;
+  double compression_ratio = 1.0;
+  int64_t created_unix_ms = 0;
+};
+
+struct PoolInfo {
+  std::string name;
+  std::string device;
+  PoolGeometry geometry;
+  int64_t capacity_bytes = 0;
+  int64_t block_bytes = 0;
+  int64_t total_blocks = 0;
+  int64_t free_blocks = 0;
+  int64_t used_bytes = 0;
+  int64_t sequences = 0;
+};
+
+struct PoolStats {
+  std::string pool;  // empty = all pools
+  int64_t capacity_bytes = 0;
+  int64_t used_bytes = 0;
+  int64_t free_bytes = 0;
+  int64_t total_blocks = 0;
+  int64_t used_blocks = 0;
+  int64_t sequences = 0;
+  int64_t visible_tokens = 0;
+  int64_t stored_token_heads = 0;
+  std::vector<FormatBytes> bytes_by_format;
+  int64_t appended_bytes_total = 0;
+  int64_t fetched_bytes_total = 0;
+};
+
+struct CreateSequenceOptions {
+  std::string pool;                // empty = the server's default pool
+  std::string tenant;
+  std::string client_sequence_id;  // empty = the server picks one
+};
+
+// One layer's new tokens. keys/values: dense [num_tokens, num_kv_heads, head_dim] of
+// dtype, borrowed for the duration of the call.
+struct AppendChunk {
+  std::string sequence_id;
+  int layer = 0;
+  int64_t start_position = 0;
+  int num_tokens = 0;
+  DType dtype = DType::kPoolDefault;
+  const void* keys = nullptr;
+  const void* values = nullptr;
+  size_t bytes = 0;  // bytes of keys (== bytes of values)
+};
+
+struct AppendResult {
+  int64_t layer_tokens = 0;
+  int64_t visible_tokens = 0;
+};
+
+struct AppendStreamResult {
+  int64_t messages = 0;
+  int64_t tokens = 0;
+  int64_t visible_tokens = 0;
+};
+
+struct FetchOptions {
+  std::vector<int> layers;         // empty = all
+  DType dtype = DType::kPoolDefault;
+  bool stored_format = false;      // true: token records as stored, with scales
+  int64_t max_chunk_bytes = 0;     // 0 = server default (1 MiB)
+};
+
+// One (layer, kv head, token range) as it arrives.
+struct FetchedChunk {
+  int layer = 0;
+  int kv_head = 0;
+  int64_t first_index = 0;
+  int num_tokens = 0;
+  std::vector<int32_t> positions;
+  std::string keys;    // [num_tokens, head_dim] of dtype, or num_tokens stored records
+  std::string values;
+  DType dtype = DType::kPoolDefault;
+  StorageFormat storage = StorageFormat::kPoolDefault;
+  int record_bytes = 0;
+  int64_t visible_tokens = 0;
+};
+
+// A whole fetch assembled per (layer, kv head), in request order.
+struct FetchedHead {
+  int layer = 0;
+  int kv_head = 0;
+  std::vector<int32_t> positions;
+  std::string keys;
+  std::string values;
+};
+
+struct FetchResult {
+  int64_t visible_tokens = 0;
+  DType dtype = DType::kPoolDefault;
+  StorageFormat storage = StorageFormat::kPoolDefault;
+  int record_bytes = 0;
+  std::vector<FetchedHead> heads;
+};
+
+struct ReleaseResult {
+  int64_t freed_blocks = 0;
+  int64_t freed_bytes = 0;
+};
+
+struct ListSequencesOptions {
+  std::string pool;
+  std::string tenant;
+  int limit = 0;  // 0 = server default (1000)
+};
+
+struct SequenceList {
+  std::vector<SequenceInfo> sequences;
+  int64_t total = 0;
+};
+
+}  // namespace kvc::client

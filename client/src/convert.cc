@@ -1,0 +1,146 @@
+#include "client/src/convert.h"
+
+#include <utility>
+
+namespace kvc::client {
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kPoolDefault: return "pool-default";
+    case DType::kF32: return "f32";
+    case DType::kF16: return "f16";
+    case DType::kBF16: return "bf16";
+  }
+  return "?";
+}
+
+const char* StorageFormatName(StorageFormat format) {
+  switch (format) {
+    case StorageFormat::kPoolDefault: return "pool-default";
+    case StorageFormat::kF32: return "f32";
+    case StorageFormat::kF16: return "f16";
+    case StorageFormat::kBF16: return "bf16";
+    case StorageFormat::kFp8E4M3: return "fp8_e4m3";
+    case StorageFormat::kInt8: return "int8";
+    case StorageFormat::kInt4G32: return "int4_g32";
+    case StorageFormat::kInt4G64: return "int4_g64";
+    case StorageFormat::kNvfp4: return "nvfp4";
+  }
+  return "?";
+}
+
+namespace internal {
+
+namespace pb = ::kvcache::v1;
+
+// The public enums use the proto's numbers, so conversion is a checked cast.
+pb::DType ToProto(DType dtype) { return static_cast<pb::DType>(dtype); }
+
+DType FromProto(pb::DType dtype) {
+  return pb::DType_IsValid(dtype) ? static_cast<DType>(dtype) : DType::kPoolDefault;
+}
+
+StorageFormat FromProto(pb::StorageFormat format) {
+  return pb::StorageFormat_IsValid(format) ? static_cast<StorageFormat>(format)
+                                           : StorageFormat::kPoolDefault;
+}
+
+namespace {
+
+std::vector<FormatBytes> FromProto(
+    const google::protobuf::RepeatedPtrField<pb::FormatBytes>& list) {
+  std::vector<FormatBytes> out;
+  for (const auto& fb : list) out.push_back({internal::FromProto(fb.format()), fb.blocks(), fb.bytes()});
+  return out;
+}
+
+}  // namespace
+
+SequenceInfo FromProto(const pb::SequenceInfo& in) {
+  SequenceInfo s;
+  s.sequence_id = in.sequence_id();
+  s.pool = in.pool();
+  s.tenant = in.tenant();
+  s.visible_tokens = in.visible_tokens();
+  s.layer_tokens.assign(in.layer_tokens().begin(), in.layer_tokens().end());
+  s.stored_token_heads = in.stored_token_heads();
+  s.bytes_by_format = FromProto(in.bytes_by_format());
+  s.bytes = in.bytes();
+  s.compression_ratio = in.compression_ratio();
+  s.created_unix_ms = in.created_unix_ms();
+  return s;
+}
+
+PoolInfo FromProto(const pb::PoolInfo& in) {
+  PoolInfo p;
+  p.name = in.name();
+  p.device = in.device();
+  const pb::PoolGeometry& g = in.geometry();
+  p.geometry.num_layers = g.num_layers();
+  p.geometry.num_kv_heads = g.num_kv_heads();
+  p.geometry.num_query_heads = g.num_query_heads();
+  p.geometry.head_dim = g.head_dim();
+  p.geometry.block_tokens = g.block_tokens();
+  p.geometry.dtype = FromProto(g.dtype());
+  if (g.has_rope()) {
+    p.geometry.rope.enabled = true;
+    p.geometry.rope.theta = g.rope().theta();
+    p.geometry.rope.rotary_dim = g.rope().rotary_dim();
+    p.geometry.rope.gptj_style = g.rope().style() == pb::ROPE_STYLE_GPTJ;
+  }
+  p.capacity_bytes = in.capacity_bytes();
+  p.block_bytes = in.block_bytes();
+  p.total_blocks = in.total_blocks();
+  p.free_blocks = in.free_blocks();
+  p.used_bytes = in.used_bytes();
+  p.sequences = in.sequences();
+  return p;
+}
+
+PoolStats FromProto(const pb::PoolStats& in) {
+  PoolStats s;
+  s.pool = in.pool();
+  s.capacity_bytes = in.capacity_bytes();
+  s.used_bytes = in.used_bytes();
+  s.free_bytes = in.free_bytes();
+  s.total_blocks = in.total_blocks();
+  s.used_blocks = in.used_blocks();
+  s.sequences = in.sequences();
+  s.visible_tokens = in.visible_tokens();
+  s.stored_token_heads = in.stored_token_heads();
+  s.bytes_by_format = FromProto(in.bytes_by_format());
+  s.appended_bytes_total = in.appended_bytes_total();
+  s.fetched_bytes_total = in.fetched_bytes_total();
+  return s;
+}
+
+void ToProto(const AppendChunk& c, pb::AppendRequest* out) {
+  out->set_sequence_id(c.sequence_id);
+  out->set_layer(c.layer);
+  out->set_start_position(c.start_position);
+  out->set_num_tokens(c.num_tokens);
+  out->set_dtype(ToProto(c.dtype));
+  // A null pointer with zero bytes is a valid empty payload.
+  out->set_keys(c.keys != nullptr ? static_cast<const char*>(c.keys) : "", c.keys ? c.bytes : 0);
+  out->set_values(c.values != nullptr ? static_cast<const char*>(c.values) : "",
+                  c.values ? c.bytes : 0);
+}
+
+FetchedChunk FromProto(pb::FetchChunk& in) {
+  FetchedChunk c;
+  c.layer = in.layer();
+  c.kv_head = in.kv_head();
+  c.first_index = in.first_index();
+  c.num_tokens = in.num_tokens();
+  c.positions.assign(in.positions().begin(), in.positions().end());
+  c.keys = std::move(*in.mutable_keys());
+  c.values = std::move(*in.mutable_values());
+  c.dtype = FromProto(in.dtype());
+  c.storage = FromProto(in.storage());
+  c.record_bytes = in.record_bytes();
+  c.visible_tokens = in.visible_tokens();
+  return c;
+}
+
+}  // namespace internal
+}  // namespace kvc::client

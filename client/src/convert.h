@@ -1,0 +1,20 @@
+// kvcache.v1 messages <-> public client types. Private to the client library.
+#pragma once
+
+#include "kvc/client/types.h"
+#include "kvcache/v1/admin_service.pb.h"
+#include "kvcache/v1/kvcache_service.pb.h"
+
+namespace kvc::client::internal {
+
+kvcache::v1::DType ToProto(DType dtype);
+DType FromProto(kvcache::v1::DType dtype);
+StorageFormat FromProto(kvcache::v1::StorageFormat format);
+SequenceInfo FromProto(const kvcache::v1::SequenceInfo& info);
+PoolInfo FromProto(const kvcache::v1::PoolInfo& info);
+PoolStats FromProto(const kvcache::v1::PoolStats& stats);
+void ToProto(const AppendChunk& chunk, kvcache::v1::AppendRequest* out);
+// Moves the payload out of `chunk`.
+FetchedChunk FromProto(kvcache::v1::FetchChunk& chunk);
+
+}  // namespace kvc::client::internal

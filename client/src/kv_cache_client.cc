@@ -1,0 +1,303 @@
+#include "kvc/client/kv_cache_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/src/convert.h"
+#include "kvcache/v1/admin_service.grpc.pb.h"
+#include "kvcache/v1/kvcache_service.grpc.pb.h"
+#include "proto/rpc_status.h"
+
+namespace kvc::client {
+
+namespace pb = ::kvcache::v1;
+using internal::FromProto;
+using internal::ToProto;
+
+struct KvCacheClient::Impl {
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::KvCacheService::Stub> kv;
+  std::unique_ptr<pb::AdminService::Stub> admin;
+
+  void Prepare(grpc::ClientContext* context, const CallOptions& call) const {
+    const absl::Duration deadline =
+        call.deadline > absl::ZeroDuration() ? call.deadline : options.default_deadline;
+    context->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  }
+
+  // Runs `attempt` (which must build a fresh ClientContext each time) and retries it on
+  // UNAVAILABLE with exponential backoff. Only for idempotent calls.
+  template <typename Fn>
+  absl::Status Retry(Fn&& attempt) const {
+    absl::Duration backoff = options.initial_backoff;
+    absl::Status status;
+    for (int i = 0; i < options.max_attempts; ++i) {
+      status = attempt();
+      if (status.code() != absl::StatusCode::kUnavailable || i + 1 == options.max_attempts) break;
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, options.max_backoff);
+    }
+    return status;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(
+    const ClientOptions& options) {
+  if (options.target.empty()) return absl::InvalidArgumentError("target is empty");
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_attempts is ", options.max_attempts, "; expected >= 1"));
+  }
+  if (options.default_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("default_deadline must be positive");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  impl->channel =
+      grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  impl->kv = pb::KvCacheService::NewStub(impl->channel);
+  impl->admin = pb::AdminService::NewStub(impl->channel);
+  return std::unique_ptr<KvCacheClient>(new KvCacheClient(std::move(impl)));
+}
+
+KvCacheClient::KvCacheClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvCacheClient::~KvCacheClient() = default;
+
+const ClientOptions& KvCacheClient::options() const { return impl_->options; }
+
+absl::StatusOr<SequenceInfo> KvCacheClient::CreateSequence(const CreateSequenceOptions& options,
+                                                           const CallOptions& call) {
+  pb::CreateSequenceRequest request;
+  request.set_pool(options.pool);
+  request.set_tenant(options.tenant);
+  request.set_client_sequence_id(options.client_sequence_id);
+  pb::SequenceInfo response;
+  grpc::ClientContext context;
+  impl_->Prepare(&context, call);
+  // Not retried: a lost reply would make a retry create a second sequence.
+  const absl::Status status = FromGrpcStatus(impl_->kv->CreateSequence(&context, request, &response));
+  if (!status.ok()) return status;
+  return FromProto(response);
+}
+
+absl::StatusOr<AppendResult> KvCacheClient::Append(const AppendChunk& chunk,
+                                                   const CallOptions& call) {
+  pb::AppendRequest request;
+  ToProto(chunk, &request);
+  pb::AppendResponse response;
+  grpc::ClientContext context;
+  impl_->Prepare(&context, call);
+  // Not retried: a retry after a lost reply would be refused as out of order.
+  const absl::Status status = FromGrpcStatus(impl_->kv->Append(&context, request, &response));
+  if (!status.ok()) return status;
+  return AppendResult{response.layer_tokens(), response.visible_tokens()};
+}
+
+namespace {
+
+class GrpcAppendStream final : public AppendStream {
+ public:
+  GrpcAppendStream(pb::KvCacheService::Stub* stub, const KvCacheClient::Impl& impl,
+                   const CallOptions& call) {
+    impl.Prepare(&context_, call);
+    writer_ = stub->AppendStream(&context_, &response_);
+  }
+
+  absl::Status Write(const AppendChunk& chunk) override {
+    if (broken_) return absl::FailedPreconditionError("the append stream is broken; call Finish()");
+    request_.Clear();
+    ToProto(chunk, &request_);
+    if (!writer_->Write(request_)) {
+      broken_ = true;
+      return absl::AbortedError("the server closed the append stream; call Finish() for why");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<AppendStreamResult> Finish() override {
+    if (finished_) return absl::FailedPreconditionError("Finish() was already called");
+    finished_ = true;
+    writer_->WritesDone();
+    const absl::Status status = FromGrpcStatus(writer_->Finish());
+    if (!status.ok()) return status;
+    return AppendStreamResult{response_.messages(), response_.tokens(),
+                              response_.visible_tokens()};
+  }
+
+ private:
+  grpc::ClientContext context_;
+  pb::AppendStreamResponse response_;
+  pb::AppendRequest request_;
+  std::unique_ptr<grpc::ClientWriter<pb::AppendRequest>> writer_;
+  bool broken_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<AppendStream> KvCacheClient::StartAppendStream(const CallOptions& call) {
+  return std::make_unique<GrpcAppendStream>(impl_->kv.get(), *impl_, call);
+}
+
+absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id,
+                                        const FetchOptions& options,
+                                        const std::function<absl::Status(FetchedChunk&)>& on_chunk,
+                                        const CallOptions& call) {
+  pb::FetchRequest request;
+  request.set_sequence_id(sequence_id);
+  for (int layer : options.layers) request.add_layers(layer);
+  request.set_format(options.stored_format ? pb::FETCH_FORMAT_STORED : pb::FETCH_FORMAT_DENSE);
+  request.set_dtype(ToProto(options.dtype));
+  request.set_max_chunk_bytes(options.max_chunk_bytes);
+  // Retried only while no chunk has been delivered, so the caller never sees duplicates.
+  bool delivered = false;
+  return impl_->Retry([&]() -> absl::Status {
+    if (delivered) return absl::OkStatus();
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    auto reader = impl_->kv->Fetch(&context, request);
+    pb::FetchChunk message;
+    absl::Status callback_status;
+    while (reader->Read(&message)) {
+      delivered = true;
+      FetchedChunk chunk = FromProto(message);
+      callback_status = on_chunk(chunk);
+      if (!callback_status.ok()) {
+        context.TryCancel();
+        break;
+      }
+    }
+    const absl::Status status = FromGrpcStatus(reader->Finish());
+    if (!callback_status.ok()) return callback_status;
+    if (!status.ok() && delivered) {
+      // A stream that broke midway cannot be resumed transparently.
+      return absl::Status(status.code(), absl::StrCat("Fetch broke after some chunks: ",
+                                                      status.message()));
+    }
+    return status;
+  });
+}
+
+absl::StatusOr<FetchResult> KvCacheClient::Fetch(const std::string& sequence_id,
+                                                 const FetchOptions& options,
+                                                 const CallOptions& call) {
+  FetchResult result;
+  std::vector<std::pair<int, int>> order;  // (layer, head) of result.heads
+  const absl::Status status = FetchChunks(
+      sequence_id, options,
+      [&](FetchedChunk& chunk) -> absl::Status {
+        result.visible_tokens = chunk.visible_tokens;
+        result.dtype = chunk.dtype;
+        result.storage = chunk.storage;
+        result.record_bytes = chunk.record_bytes;
+        if (order.empty() || order.back() != std::make_pair(chunk.layer, chunk.kv_head)) {
+          order.emplace_back(chunk.layer, chunk.kv_head);
+          FetchedHead head;
+          head.layer = chunk.layer;
+          head.kv_head = chunk.kv_head;
+          result.heads.push_back(std::move(head));
+        }
+        FetchedHead& head = result.heads.back();
+        if (chunk.first_index != static_cast<int64_t>(head.positions.size())) {
+          return absl::InternalError(absl::StrCat("Fetch chunk for layer ", chunk.layer, " head ",
+                                                  chunk.kv_head, " starts at ", chunk.first_index,
+                                                  " but ", head.positions.size(),
+                                                  " tokens arrived before it"));
+        }
+        head.positions.insert(head.positions.end(), chunk.positions.begin(),
+                              chunk.positions.end());
+        if (head.keys.empty()) {
+          head.keys = std::move(chunk.keys);
+          head.values = std::move(chunk.values);
+        } else {
+          head.keys += chunk.keys;
+          head.values += chunk.values;
+        }
+        return absl::OkStatus();
+      },
+      call);
+  if (!status.ok()) return status;
+  return result;
+}
+
+absl::StatusOr<SequenceInfo> KvCacheClient::GetSequence(const std::string& sequence_id,
+                                                        const CallOptions& call) {
+  pb::GetSequenceRequest request;
+  request.set_sequence_id(sequence_id);
+  pb::SequenceInfo response;
+  const absl::Status status = impl_->Retry([&] {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    return FromGrpcStatus(impl_->kv->GetSequence(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return FromProto(response);
+}
+
+absl::StatusOr<ReleaseResult> KvCacheClient::Release(const std::string& sequence_id,
+                                                     const CallOptions& call) {
+  pb::ReleaseRequest request;
+  request.set_sequence_id(sequence_id);
+  pb::ReleaseResponse response;
+  grpc::ClientContext context;
+  impl_->Prepare(&context, call);
+  const absl::Status status = FromGrpcStatus(impl_->kv->Release(&context, request, &response));
+  if (!status.ok()) return status;
+  return ReleaseResult{response.freed_blocks(), response.freed_bytes()};
+}
+
+absl::StatusOr<std::vector<PoolInfo>> KvCacheClient::ListPools(const CallOptions& call) {
+  pb::ListPoolsResponse response;
+  const absl::Status status = impl_->Retry([&] {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    return FromGrpcStatus(impl_->admin->ListPools(&context, pb::ListPoolsRequest(), &response));
+  });
+  if (!status.ok()) return status;
+  std::vector<PoolInfo> pools;
+  for (const auto& pool : response.pools()) pools.push_back(FromProto(pool));
+  return pools;
+}
+
+absl::StatusOr<PoolStats> KvCacheClient::GetPoolStats(const std::string& pool,
+                                                      const CallOptions& call) {
+  pb::GetPoolStatsRequest request;
+  request.set_pool(pool);
+  pb::PoolStats response;
+  const absl::Status status = impl_->Retry([&] {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    return FromGrpcStatus(impl_->admin->GetPoolStats(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return FromProto(response);
+}
+
+absl::StatusOr<SequenceList> KvCacheClient::ListSequences(const ListSequencesOptions& options,
+                                                          const CallOptions& call) {
+  pb::ListSequencesRequest request;
+  request.set_pool(options.pool);
+  request.set_tenant(options.tenant);
+  request.set_limit(options.limit);
+  pb::ListSequencesResponse response;
+  const absl::Status status = impl_->Retry([&] {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    return FromGrpcStatus(impl_->admin->ListSequences(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  SequenceList list;
+  for (const auto& s : response.sequences()) list.sequences.push_back(FromProto(s));
+  list.total = response.total();
+  return list;
+}
+
+}  // namespace kvc::client
