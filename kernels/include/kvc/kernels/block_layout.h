@@ -38,6 +38,8 @@ constexpr bool FormatSupportsHeadDim(StorageFormat format, int head_dim) {
 }
 
 // Bytes of one token's key (or value) record in `format`: packed elements, then scales.
+// Always a multiple of 4 (for head_dim % 16 == 0), so every record's f32 scale is aligned
+// when the block is. Field offsets inside a record: kvc/kernels/record_codec.h.
 constexpr size_t TokenRecordBytes(StorageFormat format, int head_dim) {
   const size_t d = static_cast<size_t>(head_dim);
   switch (format) {
@@ -48,7 +50,8 @@ constexpr size_t TokenRecordBytes(StorageFormat format, int head_dim) {
     case StorageFormat::kInt8: return d + 4;                 // int8/e4m3 x d, f32 scale
     case StorageFormat::kInt4G32: return d / 2 + (d / 32) * 4;  // nibbles, (f16 scale, f16 zero)/group
     case StorageFormat::kInt4G64: return d / 2 + (d / 64) * 4;
-    case StorageFormat::kNvfp4: return d / 2 + d / 16 + 4;  // e2m1 nibbles, e4m3/16, f32 tensor scale
+    // e2m1 nibbles, one e4m3 scale per 16, padded to 4 bytes, then the f32 tensor scale.
+    case StorageFormat::kNvfp4: return AlignUp(d / 2 + d / 16, 4) + 4;
   }
   return 0;
 }
@@ -83,6 +86,9 @@ constexpr BlockLayout MakeBlockLayout(StorageFormat format, int head_dim, int bl
 static_assert(TokenRecordBytes(StorageFormat::kF16, 64) == 128, "f16 record");
 static_assert(TokenRecordBytes(StorageFormat::kInt4G32, 128) == 64 + 16, "int4 g32 record");
 static_assert(TokenRecordBytes(StorageFormat::kNvfp4, 128) == 64 + 8 + 4, "nvfp4 record");
+static_assert(TokenRecordBytes(StorageFormat::kNvfp4, 16) == 12 + 4, "nvfp4 record, padded");
+static_assert(TokenRecordBytes(StorageFormat::kFp8E4M3, 128) == 128 + 4, "fp8 record");
+static_assert(TokenRecordBytes(StorageFormat::kInt4G64, 128) == 64 + 8, "int4 g64 record");
 static_assert(MakeBlockLayout(StorageFormat::kF16, 64, 16).block_bytes == 2 * 16 * 128 + 64 + 64,
               "f16 block of 16 tokens x 64 dims");
 

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kvc/kernels/host_device.h"
+
 namespace kvc::kernels {
 
 // Element type of dense keys/values as engines send and receive them.
@@ -73,72 +75,63 @@ constexpr StorageFormat RawFormatFor(DType dtype) {
 }
 
 // IEEE 754 half <-> float, round to nearest even; handles subnormals, inf and NaN.
-inline float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: normalize
-      exp = 127 - 15 + 1;
-      while ((mant & 0x400u) == 0) {
-        mant <<= 1;
-        --exp;
-      }
-      mant &= 0x3ffu;
-      bits = sign | (exp << 23) | (mant << 13);
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+// Branch-free (selects only) so that loops over elements vectorize on the CPU backend.
+KVC_HD float HalfToFloat(uint16_t h) {
+  const uint32_t kShiftedExp = 0x7c00u << 13;
+  uint32_t o = (static_cast<uint32_t>(h) & 0x7fffu) << 13;
+  const uint32_t exp = kShiftedExp & o;
+  o += (127u - 15u) << 23;
+  const uint32_t inf_nan = o + ((128u - 16u) << 23);
+  // Zero/subnormal: renormalize by letting the FPU subtract the implicit bit's value.
+  const float sub = BitsAsFloat(o + (1u << 23)) - BitsAsFloat(113u << 23);
+  o = exp == kShiftedExp ? inf_nan : o;
+  o = exp == 0 ? FloatAsBits(sub) : o;
+  return BitsAsFloat(o | ((static_cast<uint32_t>(h) & 0x8000u) << 16));
 }
 
-inline uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof x);
+KVC_HD uint16_t FloatToHalf(float f) {
+  const uint32_t x = FloatAsBits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
   if (abs >= 0x7f800000u) {  // inf or NaN
     return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
   }
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (abs < 0x38800000u) {                                               // subnormal or zero
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
-    const uint32_t exp = abs >> 23;
-    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exp;  // 14 + (113 - exp) ... places mant into 10 bits
-    uint32_t half_mant = mant >> (shift - 0);
-    const uint32_t rem = mant & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half_mant & 1u))) ++half_mant;
-    return static_cast<uint16_t>(sign | half_mant);
+  if (abs < 0x38800000u) {  // result is subnormal or zero: add 0.5 to let the FPU round
+    const float r = BitsAsFloat(abs) + 0.5f;
+    return static_cast<uint16_t>(sign | (FloatAsBits(r) - FloatAsBits(0.5f)));
   }
-  uint32_t h = ((abs >> 13) - ((127 - 15) << 10));
-  const uint32_t rem = abs & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return static_cast<uint16_t>(sign | h);
+  const uint32_t mant_odd = (abs >> 13) & 1u;
+  const uint32_t rounded = abs + ((15u - 127u) << 23) + 0xfffu + mant_odd;
+  return static_cast<uint16_t>(sign | (rounded >> 13));
 }
 
-inline float BFloat16ToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
+KVC_HD float BFloat16ToFloat(uint16_t b) { return BitsAsFloat(static_cast<uint32_t>(b) << 16); }
 
-inline uint16_t FloatToBFloat16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof x);
+KVC_HD uint16_t FloatToBFloat16(float f) {
+  const uint32_t x = FloatAsBits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
   const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+// Element i of a dense array of `dtype`, as float.
+KVC_HD float LoadElement(const void* p, DType dtype, size_t i) {
+  switch (dtype) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kF16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16: return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0.0f;
+}
+
+// Stores v as element i of a dense array of `dtype` (round to nearest even).
+KVC_HD void StoreElement(void* p, DType dtype, size_t i, float v) {
+  switch (dtype) {
+    case DType::kF32: static_cast<float*>(p)[i] = v; break;
+    case DType::kF16: static_cast<uint16_t*>(p)[i] = FloatToHalf(v); break;
+    case DType::kBF16: static_cast<uint16_t*>(p)[i] = FloatToBFloat16(v); break;
+  }
 }
 
 }  // namespace kvc::kernels

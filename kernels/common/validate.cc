@@ -1,0 +1,171 @@
+#include "common/validate.h"
+
+#include "kvc/kernels/record_codec.h"
+
+namespace kvc::kernels::internal {
+
+KernelStatus CheckArena(const PagedArena& arena) {
+  const BlockLayout& l = arena.layout;
+  if (arena.base == nullptr && arena.num_blocks > 0) return KernelStatus::Invalid("arena base is null");
+  if (arena.num_blocks < 0) return KernelStatus::Invalid("arena num_blocks < 0");
+  if (static_cast<int>(l.format) >= kNumStorageFormats) {
+    return KernelStatus::Invalid("unknown storage format");
+  }
+  if (!FormatSupportsHeadDim(l.format, l.head_dim) || l.head_dim > kMaxHeadDim) {
+    return KernelStatus::Unsupported(
+        "head_dim must be a multiple of 16 (and of the format's group), at most 512");
+  }
+  if (l.block_tokens <= 0) return KernelStatus::Invalid("block_tokens must be positive");
+  const BlockLayout expect = MakeBlockLayout(l.format, l.head_dim, l.block_tokens);
+  if (expect.record_bytes != l.record_bytes || expect.key_offset != l.key_offset ||
+      expect.value_offset != l.value_offset || expect.positions_offset != l.positions_offset ||
+      expect.scores_offset != l.scores_offset || expect.block_bytes != l.block_bytes) {
+    return KernelStatus::Invalid("block layout does not match MakeBlockLayout");
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckLanesScalar(const LaneTable& lanes) {
+  if (lanes.num_lanes < 0 || lanes.max_tokens < 0) {
+    return KernelStatus::Invalid("num_lanes and max_tokens must be >= 0");
+  }
+  if (lanes.num_lanes > 0 &&
+      (lanes.block_offsets == nullptr || lanes.block_ids == nullptr || lanes.num_tokens == nullptr)) {
+    return KernelStatus::Invalid("lane table pointers must be set");
+  }
+  return KernelStatus::Ok();
+}
+
+static bool ValidDType(DType d) { return static_cast<int>(d) <= static_cast<int>(DType::kBF16); }
+
+static KernelStatus CheckRowsScalar(int32_t n, const void* a, const void* b) {
+  if (n < 0) return KernelStatus::Invalid("num_rows < 0");
+  if (n > 0 && (a == nullptr || b == nullptr)) return KernelStatus::Invalid("row index arrays must be set");
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckWrite(const WriteTokensArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckRowsScalar(a.num_rows, a.dst_blocks, a.dst_slots));
+  if (!ValidDType(a.dtype)) return KernelStatus::Invalid("unknown dtype");
+  if (a.num_rows > 0 && (a.keys == nullptr || a.values == nullptr || a.positions == nullptr)) {
+    return KernelStatus::Invalid("keys, values and positions must be set");
+  }
+  if (a.row_stride != 0 && a.row_stride < a.arena.layout.head_dim) {
+    return KernelStatus::Invalid("row_stride < head_dim");
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckRead(const ReadTokensArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckRowsScalar(a.num_rows, a.src_blocks, a.src_slots));
+  if (!ValidDType(a.dtype)) return KernelStatus::Invalid("unknown dtype");
+  if (a.row_stride != 0 && a.row_stride < a.arena.layout.head_dim) {
+    return KernelStatus::Invalid("row_stride < head_dim");
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckGather(const GatherArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.src));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.dst));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckRowsScalar(a.num_rows, a.src_blocks, a.src_slots));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckRowsScalar(a.num_rows, a.dst_blocks, a.dst_slots));
+  if (a.src.layout.format != a.dst.layout.format || a.src.layout.head_dim != a.dst.layout.head_dim) {
+    return KernelStatus::Invalid("gather needs the same format and head_dim on both sides");
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckRerotate(const RerotateArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckRowsScalar(a.num_rows, a.blocks, a.slots));
+  if (a.num_rows > 0 && a.deltas == nullptr) return KernelStatus::Invalid("deltas must be set");
+  const int rd = a.rope.rotary_dim == 0 ? a.arena.layout.head_dim : a.rope.rotary_dim;
+  if (rd <= 0 || rd % 2 != 0 || rd > a.arena.layout.head_dim) {
+    return KernelStatus::Invalid("rotary_dim must be even and in (0, head_dim]");
+  }
+  if (!(a.rope.theta > 0)) return KernelStatus::Invalid("rope theta must be positive");
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckSnapKv(const SnapKvScoreArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
+  if (a.group_size <= 0 || a.window <= 0) return KernelStatus::Invalid("group_size and window must be positive");
+  if (a.pool_kernel <= 0 || a.pool_kernel % 2 == 0) return KernelStatus::Invalid("pool_kernel must be odd");
+  if (!ValidDType(a.query_dtype)) return KernelStatus::Invalid("unknown dtype");
+  if (a.lanes.num_lanes > 0 && (a.queries == nullptr || a.query_positions == nullptr)) {
+    return KernelStatus::Invalid("queries and query_positions must be set");
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckAccumulate(const AccumulateScoresArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
+  if (a.group_size <= 0) return KernelStatus::Invalid("group_size must be positive");
+  if (a.lanes.num_lanes > 0 && a.weights == nullptr) return KernelStatus::Invalid("weights must be set");
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckSelect(const SelectArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
+  if (a.sinks < 0 || a.recent < 0 || a.budget < 0) return KernelStatus::Invalid("sinks, recent and budget must be >= 0");
+  if (a.lanes.num_lanes > 0 && a.keep == nullptr) return KernelStatus::Invalid("keep must be set");
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckCompact(const CompactArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
+  if (a.lanes.num_lanes > 0 &&
+      (a.keep == nullptr || a.new_num_tokens == nullptr || a.new_num_blocks == nullptr)) {
+    return KernelStatus::Invalid("keep, new_num_tokens and new_num_blocks must be set");
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckDecode(const DecodeAttentionArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
+  if (a.group_size <= 0 || a.group_size > 64) return KernelStatus::Invalid("group_size must be in [1, 64]");
+  if (!ValidDType(a.dtype)) return KernelStatus::Invalid("unknown dtype");
+  if (a.lanes.num_lanes > 0 && (a.queries == nullptr || a.out == nullptr)) {
+    return KernelStatus::Invalid("queries and out must be set");
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckLaneContents(const PagedArena& arena, const LaneTable& lanes) {
+  if (lanes.num_lanes == 0) return KernelStatus::Ok();
+  if (lanes.block_offsets[0] != 0) return KernelStatus::Invalid("block_offsets[0] must be 0");
+  for (int32_t l = 0; l < lanes.num_lanes; ++l) {
+    const int32_t b0 = lanes.block_offsets[l], b1 = lanes.block_offsets[l + 1];
+    if (b1 < b0) return KernelStatus::Invalid("block_offsets must be nondecreasing");
+    const int64_t n = lanes.num_tokens[l];
+    if (n < 0 || n > static_cast<int64_t>(b1 - b0) * arena.layout.block_tokens) {
+      return KernelStatus::Invalid("lane num_tokens exceeds its blocks");
+    }
+    if (n > lanes.max_tokens) return KernelStatus::Invalid("lane num_tokens exceeds max_tokens");
+    for (int32_t i = b0; i < b1; ++i) {
+      if (lanes.block_ids[i] < 0 || lanes.block_ids[i] >= arena.num_blocks) {
+        return KernelStatus::Invalid("block id out of range");
+      }
+    }
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckRowContents(const PagedArena& arena, int32_t n, const int32_t* blocks,
+                              const int32_t* slots) {
+  for (int32_t r = 0; r < n; ++r) {
+    if (blocks[r] < 0 || blocks[r] >= arena.num_blocks) return KernelStatus::Invalid("block id out of range");
+    if (slots[r] < 0 || slots[r] >= arena.layout.block_tokens) return KernelStatus::Invalid("slot out of range");
+  }
+  return KernelStatus::Ok();
+}
+
+}  // namespace kvc::kernels::internal

@@ -1,0 +1,47 @@
+// The CPU backend: validation, then the threaded ops over one ThreadPool per backend.
+#include <memory>
+#include <thread>
+
+#include "common/host_backend.h"
+#include "cpu/cpu_ops.h"
+
+namespace kvc::kernels {
+namespace {
+
+class CpuBackend final : public internal::HostBackend {
+ public:
+  explicit CpuBackend(int threads) : pool_(threads) {}
+  BackendKind kind() const override { return BackendKind::kCpu; }
+  const char* name() const override { return "cpu"; }
+
+#define KVC_CPU_OP(Name, Args)                              \
+  KernelStatus Name(const Args& a, StreamHandle) override { \
+    KVC_KERNEL_RETURN_IF_ERROR(internal::CheckHost(a));     \
+    cpu::Name(pool_, a);                                    \
+    return KernelStatus::Ok();                              \
+  }
+  KVC_CPU_OP(WriteTokens, WriteTokensArgs)
+  KVC_CPU_OP(ReadTokens, ReadTokensArgs)
+  KVC_CPU_OP(Gather, GatherArgs)
+  KVC_CPU_OP(Rerotate, RerotateArgs)
+  KVC_CPU_OP(SnapKvScore, SnapKvScoreArgs)
+  KVC_CPU_OP(AccumulateScores, AccumulateScoresArgs)
+  KVC_CPU_OP(Select, SelectArgs)
+  KVC_CPU_OP(Compact, CompactArgs)
+  KVC_CPU_OP(DecodeAttention, DecodeAttentionArgs)
+#undef KVC_CPU_OP
+
+ private:
+  cpu::ThreadPool pool_;
+};
+
+}  // namespace
+
+namespace internal {
+std::unique_ptr<KernelBackend> MakeCpuBackend(int num_threads) {
+  if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
+  return std::make_unique<CpuBackend>(num_threads > 0 ? num_threads : 1);
+}
+}  // namespace internal
+
+}  // namespace kvc::kernels

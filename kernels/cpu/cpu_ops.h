@@ -1,0 +1,21 @@
+// The CPU backend's ops: the reference algorithms restructured for threads (lanes, rows or
+// token chunks spread over a ThreadPool) and for auto-vectorization (dtype switches
+// hoisted out of element loops, multi-accumulator dot products). Arguments are validated.
+#pragma once
+
+#include "cpu/thread_pool.h"
+#include "kvc/kernels/ops.h"
+
+namespace kvc::kernels::cpu {
+
+void WriteTokens(ThreadPool& pool, const WriteTokensArgs& a);
+void ReadTokens(ThreadPool& pool, const ReadTokensArgs& a);
+void Gather(ThreadPool& pool, const GatherArgs& a);
+void Rerotate(ThreadPool& pool, const RerotateArgs& a);
+void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a);
+void AccumulateScores(ThreadPool& pool, const AccumulateScoresArgs& a);
+void Select(ThreadPool& pool, const SelectArgs& a);
+void Compact(ThreadPool& pool, const CompactArgs& a);
+void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a);
+
+}  // namespace kvc::kernels::cpu

@@ -1,0 +1,100 @@
+// CPU write/read/gather/re-rotation: rows are independent, so they are split across threads.
+#include <cstring>
+
+#include "common/rope.h"
+#include "common/validate.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/cpu_rows.h"
+#include "kvc/kernels/record_codec.h"
+
+namespace kvc::kernels::cpu {
+namespace {
+constexpr int64_t kRowGrain = 64;
+}  // namespace
+
+void WriteTokens(ThreadPool& pool, const WriteTokensArgs& a) {
+  const BlockLayout& l = a.arena.layout;
+  const int d = l.head_dim;
+  const int64_t stride = internal::RowStride(a.row_stride, d);
+  const bool raw_copy = l.format == RawFormatFor(a.dtype);
+  pool.ParallelFor(a.num_rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    alignas(64) float x[kMaxHeadDim];
+    for (int64_t r = begin; r < end; ++r) {
+      const int32_t b = a.dst_blocks[r], s = a.dst_slots[r];
+      const size_t off = static_cast<size_t>(r * stride);
+      if (raw_copy) {  // same element type: the record is the row's bytes
+        std::memcpy(KeyRecord(a.arena, b, s), static_cast<const uint8_t*>(a.keys) + off * DTypeSize(a.dtype), l.record_bytes);
+        std::memcpy(ValueRecord(a.arena, b, s), static_cast<const uint8_t*>(a.values) + off * DTypeSize(a.dtype), l.record_bytes);
+      } else {
+        LoadRow(a.keys, a.dtype, off, d, x);
+        QuantizeRecord(l.format, d, x, KeyRecord(a.arena, b, s));
+        LoadRow(a.values, a.dtype, off, d, x);
+        QuantizeRecord(l.format, d, x, ValueRecord(a.arena, b, s));
+      }
+      *PositionPtr(a.arena, b, s) = a.positions[r];
+      *ScorePtr(a.arena, b, s) = 0.0f;
+    }
+  });
+}
+
+void ReadTokens(ThreadPool& pool, const ReadTokensArgs& a) {
+  const BlockLayout& l = a.arena.layout;
+  const int d = l.head_dim;
+  const int64_t stride = internal::RowStride(a.row_stride, d);
+  const bool raw_copy = l.format == RawFormatFor(a.dtype);
+  pool.ParallelFor(a.num_rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    alignas(64) float x[kMaxHeadDim];
+    for (int64_t r = begin; r < end; ++r) {
+      const int32_t b = a.src_blocks[r], s = a.src_slots[r];
+      const size_t off = static_cast<size_t>(r * stride);
+      if (a.keys != nullptr) {
+        if (raw_copy) {
+          std::memcpy(static_cast<uint8_t*>(a.keys) + off * DTypeSize(a.dtype), KeyRecord(a.arena, b, s), l.record_bytes);
+        } else {
+          DequantizeRecord(l.format, d, KeyRecord(a.arena, b, s), x);
+          StoreRow(x, d, a.keys, a.dtype, off);
+        }
+      }
+      if (a.values != nullptr) {
+        if (raw_copy) {
+          std::memcpy(static_cast<uint8_t*>(a.values) + off * DTypeSize(a.dtype), ValueRecord(a.arena, b, s), l.record_bytes);
+        } else {
+          DequantizeRecord(l.format, d, ValueRecord(a.arena, b, s), x);
+          StoreRow(x, d, a.values, a.dtype, off);
+        }
+      }
+      if (a.positions != nullptr) a.positions[r] = *PositionPtr(a.arena, b, s);
+      if (a.scores != nullptr) a.scores[r] = *ScorePtr(a.arena, b, s);
+    }
+  });
+}
+
+void Gather(ThreadPool& pool, const GatherArgs& a) {
+  const size_t rec = a.src.layout.record_bytes;
+  pool.ParallelFor(a.num_rows, kRowGrain * 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int32_t sb = a.src_blocks[r], ss = a.src_slots[r];
+      const int32_t db = a.dst_blocks[r], ds = a.dst_slots[r];
+      std::memcpy(KeyRecord(a.dst, db, ds), KeyRecord(a.src, sb, ss), rec);
+      std::memcpy(ValueRecord(a.dst, db, ds), ValueRecord(a.src, sb, ss), rec);
+      *PositionPtr(a.dst, db, ds) = *PositionPtr(a.src, sb, ss);
+      *ScorePtr(a.dst, db, ds) = *ScorePtr(a.src, sb, ss);
+    }
+  });
+}
+
+void Rerotate(ThreadPool& pool, const RerotateArgs& a) {
+  const BlockLayout& l = a.arena.layout;
+  pool.ParallelFor(a.num_rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    alignas(64) float x[kMaxHeadDim];
+    for (int64_t r = begin; r < end; ++r) {
+      uint8_t* rec = KeyRecord(a.arena, a.blocks[r], a.slots[r]);
+      DequantizeRecord(l.format, l.head_dim, rec, x);
+      internal::RopeRotate(a.rope, l.head_dim, a.deltas[r], x);
+      QuantizeRecord(l.format, l.head_dim, x, rec);
+      if (a.update_positions) *PositionPtr(a.arena, a.blocks[r], a.slots[r]) += a.deltas[r];
+    }
+  });
+}
+
+}  // namespace kvc::kernels::cpu

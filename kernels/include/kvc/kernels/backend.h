@@ -1,0 +1,75 @@
+// The op-granular kernel interface the service calls, and the factory for its backends.
+// Ops return a KernelStatus and never throw. Host backends (kReference, kCpu) run ops
+// synchronously; kCuda enqueues them on the given stream and reports launch errors only
+// (call Synchronize to see execution errors and before reading results on the host).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "kvc/kernels/ops.h"
+#include "kvc/kernels/status.h"
+
+namespace kvc::kernels {
+
+enum class BackendKind : uint8_t {
+  kReference = 0,  // slow, obvious scalar code: the specification
+  kCpu = 1,        // multi-threaded, vectorizable; the service's backend without a GPU
+  kCuda = 2,       // CUDA kernels, sm_80+; available when built with nvcc and a device exists
+};
+
+constexpr const char* BackendKindName(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kReference: return "reference";
+    case BackendKind::kCpu: return "cpu";
+    case BackendKind::kCuda: return "cuda";
+  }
+  return "?";
+}
+
+struct BackendOptions {
+  int num_threads = 0;  // kCpu: worker threads; 0 means std::thread::hardware_concurrency
+  int device = 0;       // kCuda: device ordinal
+};
+
+class KernelBackend {
+ public:
+  virtual ~KernelBackend() = default;
+
+  virtual BackendKind kind() const = 0;
+  virtual const char* name() const = 0;
+
+  // Memory the backend's ops can use: 64-byte aligned host memory for host backends, device
+  // memory for CUDA. Free(nullptr) is a no-op.
+  virtual KernelStatus Allocate(size_t bytes, void** out) = 0;
+  virtual void Free(void* ptr) = 0;
+  virtual KernelStatus CopyToDevice(void* dst, const void* host_src, size_t bytes,
+                                    StreamHandle stream) = 0;
+  virtual KernelStatus CopyToHost(void* host_dst, const void* src, size_t bytes,
+                                  StreamHandle stream) = 0;
+  virtual KernelStatus CopyOnDevice(void* dst, const void* src, size_t bytes,
+                                    StreamHandle stream) = 0;
+  virtual KernelStatus Memset(void* dst, int value, size_t bytes, StreamHandle stream) = 0;
+  virtual KernelStatus Synchronize(StreamHandle stream) = 0;
+
+  virtual KernelStatus WriteTokens(const WriteTokensArgs& args, StreamHandle stream) = 0;
+  virtual KernelStatus ReadTokens(const ReadTokensArgs& args, StreamHandle stream) = 0;
+  virtual KernelStatus Gather(const GatherArgs& args, StreamHandle stream) = 0;
+  virtual KernelStatus Rerotate(const RerotateArgs& args, StreamHandle stream) = 0;
+  virtual KernelStatus SnapKvScore(const SnapKvScoreArgs& args, StreamHandle stream) = 0;
+  virtual KernelStatus AccumulateScores(const AccumulateScoresArgs& args,
+                                        StreamHandle stream) = 0;
+  virtual KernelStatus Select(const SelectArgs& args, StreamHandle stream) = 0;
+  virtual KernelStatus Compact(const CompactArgs& args, StreamHandle stream) = 0;
+  virtual KernelStatus DecodeAttention(const DecodeAttentionArgs& args, StreamHandle stream) = 0;
+};
+
+// Creates a backend. kCuda gives kUnavailable when the library was built without CUDA or no
+// usable device/driver is present (the detail says which); *out is then null.
+KernelStatus CreateBackend(BackendKind kind, const BackendOptions& options,
+                           std::unique_ptr<KernelBackend>* out);
+
+// True when this build contains the CUDA backend (a device may still be missing).
+bool CudaBackendCompiled();
+
+}  // namespace kvc::kernels

@@ -1,0 +1,230 @@
+// The byte layout of one token record (the key or the value of one token of one kv head)
+// for every StorageFormat, and the scalar code that writes and reads it. This header is the
+// specification of the formats: the reference, CPU and CUDA backends all call these
+// functions, so a record quantized by one backend reads back identically on another.
+//
+// Record layouts for head_dim d (byte offsets; all multi-byte fields little-endian):
+//   f32 / f16 / bf16  [0, d*size)       elements as stored by the engine
+//   fp8_e4m3          [0, d)            E4M3 codes of x / s
+//                     [d, d+4)          f32 s = amax / 448
+//   int8              [0, d)            int8 codes q = rne(clamp(x / s, -127, 127))
+//                     [d, d+4)          f32 s = amax / 127
+//   int4_g32/g64      [0, d/2)          nibbles: byte i = q[2i] | q[2i+1] << 4, q in 0..15
+//                     [d/2, d/2+4*G)    per group g of 32/64 elements: f16 scale at +4g,
+//                                       f16 min at +4g+2; x ~= q * scale + min
+//   nvfp4             [0, d/2)          E2M1 codes (sign in bit 3), same nibble packing
+//                     [d/2, d/2+d/16)   E4M3 block scale per 16 elements
+//                     [A, A+4)          f32 tensor scale t = amax / (448 * 6),
+//                                       A = align4(d/2 + d/16); x ~= e2m1 * e4m3 * t
+// Zero tokens (amax == 0) store zero scales and zero codes and read back as exact zeros.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvc/kernels/block_layout.h"
+#include "kvc/kernels/dtype.h"
+#include "kvc/kernels/fp_formats.h"
+#include "kvc/kernels/host_device.h"
+
+namespace kvc::kernels {
+
+constexpr int kMaxHeadDim = 512;  // bounds per-thread scratch in every backend
+
+constexpr int Nvfp4TensorScaleOffset(int head_dim) {
+  return static_cast<int>(AlignUp(static_cast<size_t>(head_dim / 2 + head_dim / 16), 4));
+}
+static_assert(Nvfp4TensorScaleOffset(128) == 72, "nvfp4 d=128: 64 nibble bytes + 8 scales");
+static_assert(Nvfp4TensorScaleOffset(64) == 36, "nvfp4 d=64");
+
+KVC_HD float LoadF32(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const float*>(p);  // records keep f32 fields 4-byte aligned
+#else
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+#endif
+}
+
+KVC_HD void StoreF32(uint8_t* p, float v) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<float*>(p) = v;
+#else
+  std::memcpy(p, &v, sizeof v);
+#endif
+}
+
+KVC_HD uint16_t LoadU16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8));
+}
+
+KVC_HD void StoreU16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v & 0xff);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+
+KVC_HD float AbsMax(const float* x, int n) {
+  float m = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    const float a = x[j] < 0 ? -x[j] : x[j];
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
+// Writes one record of `format` from d floats.
+KVC_HD void QuantizeRecord(StorageFormat format, int d, const float* x, uint8_t* rec) {
+  switch (format) {
+    case StorageFormat::kF32:
+      for (int j = 0; j < d; ++j) StoreF32(rec + 4 * j, x[j]);
+      return;
+    case StorageFormat::kF16:
+      for (int j = 0; j < d; ++j) StoreU16(rec + 2 * j, FloatToHalf(x[j]));
+      return;
+    case StorageFormat::kBF16:
+      for (int j = 0; j < d; ++j) StoreU16(rec + 2 * j, FloatToBFloat16(x[j]));
+      return;
+    case StorageFormat::kFp8E4M3: {
+      const float scale = AbsMax(x, d) / kE4M3Max;
+      const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+      for (int j = 0; j < d; ++j) rec[j] = FloatToE4M3(x[j] * inv);
+      StoreF32(rec + d, scale);
+      return;
+    }
+    case StorageFormat::kInt8: {
+      const float scale = AbsMax(x, d) / 127.0f;
+      const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+      for (int j = 0; j < d; ++j) {
+        const float q = RoundHalfEven(ClampF(x[j] * inv, -127.0f, 127.0f));
+        rec[j] = static_cast<uint8_t>(static_cast<int8_t>(q));
+      }
+      StoreF32(rec + d, scale);
+      return;
+    }
+    case StorageFormat::kInt4G32:
+    case StorageFormat::kInt4G64: {
+      const int group = format == StorageFormat::kInt4G32 ? 32 : 64;
+      for (int g = 0; g < d / group; ++g) {
+        const float* xg = x + g * group;
+        float lo = xg[0], hi = xg[0];
+        for (int j = 1; j < group; ++j) {
+          lo = xg[j] < lo ? xg[j] : lo;
+          hi = xg[j] > hi ? xg[j] : hi;
+        }
+        // Quantize against the f16-rounded scale and min that the reader will see.
+        const uint16_t scale_h = FloatToHalf((hi - lo) / 15.0f);
+        const uint16_t min_h = FloatToHalf(lo);
+        const float scale = HalfToFloat(scale_h);
+        const float min = HalfToFloat(min_h);
+        const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+        uint8_t* bytes = rec + g * group / 2;
+        for (int j = 0; j < group; j += 2) {
+          const float q0 = RoundHalfEven(ClampF((xg[j] - min) * inv, 0.0f, 15.0f));
+          const float q1 = RoundHalfEven(ClampF((xg[j + 1] - min) * inv, 0.0f, 15.0f));
+          bytes[j / 2] = static_cast<uint8_t>(static_cast<uint32_t>(q0) |
+                                              (static_cast<uint32_t>(q1) << 4));
+        }
+        StoreU16(rec + d / 2 + 4 * g, scale_h);
+        StoreU16(rec + d / 2 + 4 * g + 2, min_h);
+      }
+      return;
+    }
+    case StorageFormat::kNvfp4: {
+      const float t = AbsMax(x, d) / (kE4M3Max * kE2M1Max);
+      uint8_t* block_scales = rec + d / 2;
+      for (int b = 0; b < d / 16; ++b) {
+        const float* xb = x + b * 16;
+        uint8_t sb = 0;
+        float inv = 0.0f;
+        if (t > 0) {
+          sb = FloatToE4M3(AbsMax(xb, 16) / (kE2M1Max * t));
+          const float eff = E4M3ToFloat(sb) * t;
+          inv = eff > 0 ? 1.0f / eff : 0.0f;
+        }
+        block_scales[b] = sb;
+        for (int j = 0; j < 16; j += 2) {
+          rec[(b * 16 + j) / 2] = static_cast<uint8_t>(FloatToE2M1(xb[j] * inv) |
+                                                       (FloatToE2M1(xb[j + 1] * inv) << 4));
+        }
+      }
+      for (int p = d / 2 + d / 16; p < Nvfp4TensorScaleOffset(d); ++p) rec[p] = 0;
+      StoreF32(rec + Nvfp4TensorScaleOffset(d), t);
+      return;
+    }
+  }
+}
+
+// Element j of a record of `format`, as float.
+KVC_HD float DequantizeElement(StorageFormat format, int d, const uint8_t* rec, int j) {
+  switch (format) {
+    case StorageFormat::kF32: return LoadF32(rec + 4 * j);
+    case StorageFormat::kF16: return HalfToFloat(LoadU16(rec + 2 * j));
+    case StorageFormat::kBF16: return BFloat16ToFloat(LoadU16(rec + 2 * j));
+    case StorageFormat::kFp8E4M3: return E4M3ToFloat(rec[j]) * LoadF32(rec + d);
+    case StorageFormat::kInt8: return static_cast<float>(static_cast<int8_t>(rec[j])) * LoadF32(rec + d);
+    case StorageFormat::kInt4G32:
+    case StorageFormat::kInt4G64: {
+      const int g = j / (format == StorageFormat::kInt4G32 ? 32 : 64);
+      const uint32_t q = (rec[j / 2] >> (4 * (j & 1))) & 15u;
+      const float scale = HalfToFloat(LoadU16(rec + d / 2 + 4 * g));
+      const float min = HalfToFloat(LoadU16(rec + d / 2 + 4 * g + 2));
+      return static_cast<float>(q) * scale + min;
+    }
+    case StorageFormat::kNvfp4: {
+      const uint8_t q = static_cast<uint8_t>((rec[j / 2] >> (4 * (j & 1))) & 15u);
+      const float eff = E4M3ToFloat(rec[d / 2 + j / 16]) * LoadF32(rec + Nvfp4TensorScaleOffset(d));
+      return E2M1ToFloat(q) * eff;
+    }
+  }
+  return 0.0f;
+}
+
+// All d elements of a record, as float. Same values as DequantizeElement, with the scales
+// loaded once per group.
+KVC_HD void DequantizeRecord(StorageFormat format, int d, const uint8_t* rec, float* out) {
+  switch (format) {
+    case StorageFormat::kFp8E4M3:
+    case StorageFormat::kInt8: {
+      const float s = LoadF32(rec + d);
+      if (format == StorageFormat::kInt8) {
+        for (int j = 0; j < d; ++j) out[j] = static_cast<float>(static_cast<int8_t>(rec[j])) * s;
+      } else {
+        for (int j = 0; j < d; ++j) out[j] = E4M3ToFloat(rec[j]) * s;
+      }
+      return;
+    }
+    case StorageFormat::kInt4G32:
+    case StorageFormat::kInt4G64: {
+      const int group = format == StorageFormat::kInt4G32 ? 32 : 64;
+      for (int g = 0; g < d / group; ++g) {
+        const float scale = HalfToFloat(LoadU16(rec + d / 2 + 4 * g));
+        const float min = HalfToFloat(LoadU16(rec + d / 2 + 4 * g + 2));
+        const uint8_t* bytes = rec + g * group / 2;
+        float* o = out + g * group;
+        for (int j = 0; j < group; j += 2) {
+          o[j] = static_cast<float>(bytes[j / 2] & 15u) * scale + min;
+          o[j + 1] = static_cast<float>(bytes[j / 2] >> 4) * scale + min;
+        }
+      }
+      return;
+    }
+    case StorageFormat::kNvfp4: {
+      const float t = LoadF32(rec + Nvfp4TensorScaleOffset(d));
+      for (int b = 0; b < d / 16; ++b) {
+        const float eff = E4M3ToFloat(rec[d / 2 + b]) * t;
+        for (int j = 0; j < 16; j += 2) {
+          const uint8_t byte = rec[(b * 16 + j) / 2];
+          out[b * 16 + j] = E2M1ToFloat(byte & 15u) * eff;
+          out[b * 16 + j + 1] = E2M1ToFloat(byte >> 4) * eff;
+        }
+      }
+      return;
+    }
+    default:
+      for (int j = 0; j < d; ++j) out[j] = DequantizeElement(format, d, rec, j);
+      return;
+  }
+}
+
+}  // namespace kvc::kernels

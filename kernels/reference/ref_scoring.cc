@@ -1,0 +1,146 @@
+// Reference SnapKV scoring, H2O accumulation and top-k selection.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kvc/kernels/record_codec.h"
+#include "reference/reference_ops.h"
+
+namespace kvc::kernels::reference {
+namespace {
+
+// All stored keys of a lane, dequantized: [n, head_dim].
+std::vector<float> LaneKeys(const PagedArena& arena, const LaneTable& lanes, int32_t lane,
+                            std::vector<int32_t>* positions) {
+  const BlockLayout& l = arena.layout;
+  const int32_t n = lanes.num_tokens[lane];
+  std::vector<float> k(static_cast<size_t>(n) * l.head_dim);
+  positions->resize(n);
+  for (int32_t t = 0; t < n; ++t) {
+    int32_t b, s;
+    LaneTokenSlot(lanes, l.block_tokens, lane, t, &b, &s);
+    DequantizeRecord(l.format, l.head_dim, KeyRecord(arena, b, s), &k[static_cast<size_t>(t) * l.head_dim]);
+    (*positions)[t] = *PositionPtr(arena, b, s);
+  }
+  return k;
+}
+
+float ScoreForRanking(float s) { return std::isnan(s) ? -std::numeric_limits<float>::infinity() : s; }
+
+}  // namespace
+
+void SnapKvScore(const SnapKvScoreArgs& a) {
+  const BlockLayout& l = a.arena.layout;
+  const int d = l.head_dim;
+  const float scale = a.scale != 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  for (int32_t lane = 0; lane < a.lanes.num_lanes; ++lane) {
+    const int32_t n = a.lanes.num_tokens[lane];
+    std::vector<int32_t> pos;
+    const std::vector<float> keys = LaneKeys(a.arena, a.lanes, lane, &pos);
+    std::vector<float> score(n, 0.0f), vote(n), logits(n);
+    const int32_t pooled_len = std::max(0, n - a.window);
+    for (int g = 0; g < a.group_size; ++g) {
+      std::fill(vote.begin(), vote.end(), 0.0f);
+      for (int w = 0; w < a.window; ++w) {
+        const size_t q_row = (static_cast<size_t>(lane) * a.group_size + g) * a.window + w;
+        const int32_t q_pos = a.query_positions[static_cast<size_t>(lane) * a.window + w];
+        float m = -std::numeric_limits<float>::infinity();
+        for (int32_t t = 0; t < n; ++t) {
+          if (pos[t] > q_pos) {
+            logits[t] = -std::numeric_limits<float>::infinity();
+            continue;
+          }
+          float dot = 0.0f;
+          for (int j = 0; j < d; ++j) {
+            dot += LoadElement(a.queries, a.query_dtype, q_row * d + j) * keys[static_cast<size_t>(t) * d + j];
+          }
+          logits[t] = dot * scale;
+          m = std::max(m, logits[t]);
+        }
+        if (m == -std::numeric_limits<float>::infinity()) continue;  // every key masked
+        float sum = 0.0f;
+        for (int32_t t = 0; t < n; ++t) sum += std::exp(logits[t] - m);
+        for (int32_t t = 0; t < n; ++t) vote[t] += std::exp(logits[t] - m) / sum;
+      }
+      const int half = a.pool_kernel / 2;
+      for (int32_t t = 0; t < n; ++t) {
+        float v = vote[t];
+        if (t < pooled_len && a.pool_kernel > 1) {
+          const int32_t lo = std::max(0, t - half), hi = std::min(pooled_len - 1, t + half);
+          if (a.pool == PoolKind::kMax) {
+            v = vote[lo];
+            for (int32_t u = lo; u <= hi; ++u) v = std::max(v, vote[u]);
+          } else {
+            v = 0.0f;
+            for (int32_t u = lo; u <= hi; ++u) v += vote[u];
+            v /= static_cast<float>(a.pool_kernel);  // zero padding counts, as avg_pool1d
+          }
+        }
+        score[t] += v / static_cast<float>(a.group_size);
+      }
+    }
+    for (int32_t t = 0; t < n; ++t) {
+      int32_t b, s;
+      LaneTokenSlot(a.lanes, l.block_tokens, lane, t, &b, &s);
+      float* dst = ScorePtr(a.arena, b, s);
+      *dst = a.mode == ScoreMode::kAccumulate ? *dst + score[t] : score[t];
+      if (a.out_scores != nullptr) a.out_scores[static_cast<size_t>(lane) * a.lanes.max_tokens + t] = score[t];
+    }
+  }
+}
+
+void AccumulateScores(const AccumulateScoresArgs& a) {
+  const BlockLayout& l = a.arena.layout;
+  for (int32_t lane = 0; lane < a.lanes.num_lanes; ++lane) {
+    for (int32_t t = 0; t < a.lanes.num_tokens[lane]; ++t) {
+      float sum = 0.0f;
+      for (int g = 0; g < a.group_size; ++g) {
+        sum += a.weights[(static_cast<size_t>(lane) * a.group_size + g) * a.lanes.max_tokens + t];
+      }
+      int32_t b, s;
+      LaneTokenSlot(a.lanes, l.block_tokens, lane, t, &b, &s);
+      *ScorePtr(a.arena, b, s) += sum / static_cast<float>(a.group_size);
+    }
+  }
+}
+
+void Select(const SelectArgs& a) {
+  const BlockLayout& l = a.arena.layout;
+  for (int32_t lane = 0; lane < a.lanes.num_lanes; ++lane) {
+    const int32_t n = a.lanes.num_tokens[lane];
+    uint8_t* keep = a.keep + static_cast<size_t>(lane) * a.lanes.max_tokens;
+    std::fill(keep, keep + a.lanes.max_tokens, 0);
+    const int64_t budget = std::max<int64_t>(0, a.budgets != nullptr ? a.budgets[lane] : a.budget);
+    if (static_cast<int64_t>(n) <= static_cast<int64_t>(a.sinks) + a.recent + budget) {
+      std::fill(keep, keep + n, 1);
+      if (a.kept != nullptr) a.kept[lane] = n;
+      continue;
+    }
+    std::vector<int32_t> pos(n);
+    std::vector<float> score(n);
+    for (int32_t t = 0; t < n; ++t) {
+      int32_t b, s;
+      LaneTokenSlot(a.lanes, l.block_tokens, lane, t, &b, &s);
+      pos[t] = *PositionPtr(a.arena, b, s);
+      score[t] = ScoreForRanking(*ScorePtr(a.arena, b, s));
+    }
+    std::vector<int32_t> by_pos(n);
+    for (int32_t t = 0; t < n; ++t) by_pos[t] = t;
+    std::sort(by_pos.begin(), by_pos.end(), [&](int32_t x, int32_t y) {
+      return pos[x] != pos[y] ? pos[x] < pos[y] : x < y;
+    });
+    for (int32_t i = 0; i < a.sinks; ++i) keep[by_pos[i]] = 1;
+    for (int32_t i = n - a.recent; i < n; ++i) keep[by_pos[i]] = 1;
+    std::vector<int32_t> rest;
+    for (int32_t i = a.sinks; i < n - a.recent; ++i) rest.push_back(by_pos[i]);
+    std::sort(rest.begin(), rest.end(), [&](int32_t x, int32_t y) {
+      if (score[x] != score[y]) return score[x] > score[y];
+      return pos[x] != pos[y] ? pos[x] < pos[y] : x < y;
+    });
+    for (int64_t i = 0; i < budget; ++i) keep[rest[i]] = 1;
+    if (a.kept != nullptr) a.kept[lane] = static_cast<int32_t>(a.sinks + a.recent + budget);
+  }
+}
+
+}  // namespace kvc::kernels::reference

@@ -1,0 +1,71 @@
+// Reference write/read/gather/re-rotation of token records.
+#include <cstring>
+#include <vector>
+
+#include "common/rope.h"
+#include "common/validate.h"
+#include "kvc/kernels/record_codec.h"
+#include "reference/reference_ops.h"
+
+namespace kvc::kernels::reference {
+
+void WriteTokens(const WriteTokensArgs& a) {
+  const BlockLayout& l = a.arena.layout;
+  const int64_t stride = internal::RowStride(a.row_stride, l.head_dim);
+  std::vector<float> x(l.head_dim);
+  for (int32_t r = 0; r < a.num_rows; ++r) {
+    const int32_t b = a.dst_blocks[r], s = a.dst_slots[r];
+    for (int j = 0; j < l.head_dim; ++j) x[j] = LoadElement(a.keys, a.dtype, r * stride + j);
+    QuantizeRecord(l.format, l.head_dim, x.data(), KeyRecord(a.arena, b, s));
+    for (int j = 0; j < l.head_dim; ++j) x[j] = LoadElement(a.values, a.dtype, r * stride + j);
+    QuantizeRecord(l.format, l.head_dim, x.data(), ValueRecord(a.arena, b, s));
+    *PositionPtr(a.arena, b, s) = a.positions[r];
+    *ScorePtr(a.arena, b, s) = 0.0f;
+  }
+}
+
+void ReadTokens(const ReadTokensArgs& a) {
+  const BlockLayout& l = a.arena.layout;
+  const int64_t stride = internal::RowStride(a.row_stride, l.head_dim);
+  for (int32_t r = 0; r < a.num_rows; ++r) {
+    const int32_t b = a.src_blocks[r], s = a.src_slots[r];
+    for (int j = 0; j < l.head_dim; ++j) {
+      if (a.keys != nullptr) {
+        StoreElement(a.keys, a.dtype, r * stride + j,
+                     DequantizeElement(l.format, l.head_dim, KeyRecord(a.arena, b, s), j));
+      }
+      if (a.values != nullptr) {
+        StoreElement(a.values, a.dtype, r * stride + j,
+                     DequantizeElement(l.format, l.head_dim, ValueRecord(a.arena, b, s), j));
+      }
+    }
+    if (a.positions != nullptr) a.positions[r] = *PositionPtr(a.arena, b, s);
+    if (a.scores != nullptr) a.scores[r] = *ScorePtr(a.arena, b, s);
+  }
+}
+
+void Gather(const GatherArgs& a) {
+  const size_t rec = a.src.layout.record_bytes;
+  for (int32_t r = 0; r < a.num_rows; ++r) {
+    const int32_t sb = a.src_blocks[r], ss = a.src_slots[r];
+    const int32_t db = a.dst_blocks[r], ds = a.dst_slots[r];
+    std::memcpy(KeyRecord(a.dst, db, ds), KeyRecord(a.src, sb, ss), rec);
+    std::memcpy(ValueRecord(a.dst, db, ds), ValueRecord(a.src, sb, ss), rec);
+    *PositionPtr(a.dst, db, ds) = *PositionPtr(a.src, sb, ss);
+    *ScorePtr(a.dst, db, ds) = *ScorePtr(a.src, sb, ss);
+  }
+}
+
+void Rerotate(const RerotateArgs& a) {
+  const BlockLayout& l = a.arena.layout;
+  std::vector<float> x(l.head_dim);
+  for (int32_t r = 0; r < a.num_rows; ++r) {
+    uint8_t* rec = KeyRecord(a.arena, a.blocks[r], a.slots[r]);
+    for (int j = 0; j < l.head_dim; ++j) x[j] = DequantizeElement(l.format, l.head_dim, rec, j);
+    internal::RopeRotate(a.rope, l.head_dim, a.deltas[r], x.data());
+    QuantizeRecord(l.format, l.head_dim, x.data(), rec);
+    if (a.update_positions) *PositionPtr(a.arena, a.blocks[r], a.slots[r]) += a.deltas[r];
+  }
+}
+
+}  // namespace kvc::kernels::reference

@@ -1,0 +1,20 @@
+// The reference backend's ops: slow, obvious, single-threaded scalar code. This is the
+// executable specification the CPU and CUDA backends are tested against. Arguments are
+// already validated (common/host_backend.h).
+#pragma once
+
+#include "kvc/kernels/ops.h"
+
+namespace kvc::kernels::reference {
+
+void WriteTokens(const WriteTokensArgs& a);
+void ReadTokens(const ReadTokensArgs& a);
+void Gather(const GatherArgs& a);
+void Rerotate(const RerotateArgs& a);
+void SnapKvScore(const SnapKvScoreArgs& a);
+void AccumulateScores(const AccumulateScoresArgs& a);
+void Select(const SelectArgs& a);
+void Compact(const CompactArgs& a);
+void DecodeAttention(const DecodeAttentionArgs& a);
+
+}  // namespace kvc::kernels::reference
