@@ -84,6 +84,11 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
         "compression policies are not served by this build yet; create the sequence without "
         "a policy");
   }
+  if (!params.client_sequence_id.empty() && registry_.Find(params.client_sequence_id).ok()) {
+    return absl::AlreadyExistsError(absl::StrCat("sequence '", params.client_sequence_id,
+                                                 "' already exists; choose another "
+                                                 "client_sequence_id or Release the old one"));
+  }
   if (registry_.size() >= options_.max_sequences) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the server holds its maximum of ", options_.max_sequences,
