@@ -1,0 +1,115 @@
+// Backend checks of paged decode attention against the reference, and a spec check of the
+// reference against dense double-precision attention.
+#include <cmath>
+#include <random>
+
+#include "check_framework.h"
+#include "test_support.h"
+
+namespace kvc::kernels::testing {
+namespace {
+
+KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
+  std::mt19937 rng(31);
+  struct Case {
+    int d, group;
+    DType dtype;
+    bool weights;
+    std::vector<int32_t> tokens;
+  };
+  const Case cases[] = {
+      {128, 1, DType::kF32, true, {1, 17, 600}},
+      {64, 3, DType::kF16, false, {300, 2}},
+      {128, 8, DType::kBF16, true, {33, 1030}},
+  };
+  for (StorageFormat f : AllFormats()) {
+    for (const Case& c : cases) {
+      const BlockLayout l = MakeBlockLayout(f, c.d, 16);
+      const LaneSpec lanes = MakeLanes(l, c.tokens, 0, rng);
+      const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, true, rng);
+      const int32_t L = lanes.num_lanes();
+      const std::vector<uint8_t> q =
+          ToDType(RandomRows(static_cast<int64_t>(L) * c.group, c.d, DataKind::kGaussian, rng), c.dtype);
+      const size_t out_bytes = static_cast<size_t>(L) * c.group * c.d * DTypeSize(c.dtype);
+      const size_t nw = static_cast<size_t>(L) * c.group * lanes.max_tokens;
+      std::vector<float> out[2], weights[2], scores[2];
+      KernelBackend* backends[2] = {ctx.reference, ctx.backend};
+      for (int i = 0; i < 2; ++i) {
+        Session s(*backends[i], ctx);
+        const DeviceLanes dl = UploadLanes(s, lanes, arena);
+        DecodeAttentionArgs a;
+        a.arena = dl.arena;
+        a.lanes = dl.table;
+        a.group_size = c.group;
+        a.dtype = c.dtype;
+        a.queries = s.Upload(q);
+        a.out = s.Alloc(out_bytes);
+        a.weights = c.weights ? static_cast<float*>(s.Alloc(nw * 4)) : nullptr;
+        a.accumulate_scores = c.weights;
+        if (!ctx.ExpectOk(backends[i]->DecodeAttention(a, StreamHandle{}), "DecodeAttention")) return;
+        out[i] = DecodeDense(s.DownloadBytes(a.out, out_bytes), c.dtype);
+        if (c.weights) weights[i] = s.Download(a.weights, nw);
+        PagedArena host{nullptr, l, lanes.num_blocks};
+        std::vector<uint8_t> bytes = s.DownloadBytes(a.arena.base, arena.size());
+        host.base = bytes.data();
+        std::vector<int32_t> blocks, slots;
+        lanes.Rows(&blocks, &slots);
+        for (size_t r = 0; r < blocks.size(); ++r) scores[i].push_back(*ScorePtr(host, blocks[r], slots[r]));
+      }
+      const std::string what = Str("decode ", ShapeName(l), " G", c.group, " ", DTypeName(c.dtype));
+      const double out_tol = c.dtype == DType::kF32 ? 1e-9 : 1e-5;
+      ctx.Expect(Nmse(out[0], out[1]) < out_tol, Str(what, ": output NMSE ", Nmse(out[0], out[1])));
+      if (c.weights) {
+        ctx.Expect(Nmse(weights[0], weights[1]) < 1e-9, Str(what, ": weights NMSE ", Nmse(weights[0], weights[1])));
+        ctx.Expect(Nmse(scores[0], scores[1]) < 1e-10, Str(what, ": scores NMSE ", Nmse(scores[0], scores[1])));
+      }
+    }
+  }
+}
+
+// Spec: the reference over f32 blocks equals dense attention computed in double.
+KVC_SPEC_CHECK(DecodeAttentionIsSoftmaxAttention) {
+  std::unique_ptr<KernelBackend> ref;
+  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create")) return;
+  std::mt19937 rng(32);
+  const int d = 64, G = 2;
+  const BlockLayout l = MakeBlockLayout(StorageFormat::kF32, d, 16);
+  const LaneSpec lanes = MakeLanes(l, {45}, 0, rng);
+  std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, true, rng);
+  const std::vector<float> q = RandomRows(G, d, DataKind::kGaussian, rng);
+  std::vector<float> out(G * d), w(G * 45);
+  DecodeAttentionArgs a;
+  a.arena = PagedArena{arena.data(), l, lanes.num_blocks};
+  a.lanes = LaneTable{1, lanes.offsets.data(), lanes.ids.data(), lanes.tokens.data(), 45};
+  a.group_size = G;
+  a.dtype = DType::kF32;
+  a.queries = q.data();
+  a.out = out.data();
+  a.weights = w.data();
+  ctx.ExpectOk(ref->DecodeAttention(a, StreamHandle{}), "DecodeAttention");
+  for (int g = 0; g < G; ++g) {
+    std::vector<double> logit(45);
+    double m = -1e300;
+    for (int t = 0; t < 45; ++t) {
+      const uint8_t* k = KeyRecord(a.arena, lanes.ids[t / 16], t % 16);
+      double dot = 0;
+      for (int j = 0; j < d; ++j) dot += static_cast<double>(q[g * d + j]) * LoadF32(k + 4 * j);
+      logit[t] = dot / std::sqrt(static_cast<double>(d));
+      m = std::max(m, logit[t]);
+    }
+    double sum = 0;
+    for (double& x : logit) sum += (x = std::exp(x - m));
+    std::vector<float> want(d, 0.0f), got(out.begin() + g * d, out.begin() + (g + 1) * d);
+    std::vector<double> acc(d, 0.0);
+    for (int t = 0; t < 45; ++t) {
+      const uint8_t* v = ValueRecord(a.arena, lanes.ids[t / 16], t % 16);
+      for (int j = 0; j < d; ++j) acc[j] += logit[t] / sum * LoadF32(v + 4 * j);
+      ctx.Expect(std::fabs(w[g * 45 + t] - logit[t] / sum) < 1e-6, "weights are softmax probabilities");
+    }
+    for (int j = 0; j < d; ++j) want[j] = static_cast<float>(acc[j]);
+    ctx.Expect(Nmse(want, got) < 1e-10, Str("reference decode vs double attention, NMSE ", Nmse(want, got)));
+  }
+}
+
+}  // namespace
+}  // namespace kvc::kernels::testing

@@ -1,0 +1,272 @@
+// Backend checks of the token ops (write, read, gather, re-rotation) against the reference.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "check_framework.h"
+#include "common/rope.h"
+#include "test_support.h"
+
+namespace kvc::kernels::testing {
+namespace {
+
+// Distinct random (block, slot) destinations.
+void RandomSlots(int32_t n, const BlockLayout& l, int32_t num_blocks, std::mt19937& rng,
+                 std::vector<int32_t>* blocks, std::vector<int32_t>* slots) {
+  std::vector<int32_t> all(static_cast<size_t>(num_blocks) * l.block_tokens);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  blocks->resize(n);
+  slots->resize(n);
+  for (int32_t i = 0; i < n; ++i) {
+    (*blocks)[i] = all[i] / l.block_tokens;
+    (*slots)[i] = all[i] % l.block_tokens;
+  }
+}
+
+std::vector<uint8_t> RandomBytes(size_t n, std::mt19937& rng) {
+  std::vector<uint8_t> b(n);
+  for (auto& x : b) x = static_cast<uint8_t>(rng());
+  return b;
+}
+
+// Compares arenas written by the reference (want) and the backend (got): quantized records
+// of the written slots may differ by one quantization step per element; everything else,
+// including untouched bytes, must be identical.
+void CompareWrittenArena(CheckContext& ctx, const std::string& what, const BlockLayout& l,
+                         std::vector<uint8_t> want, const std::vector<uint8_t>& got,
+                         const std::vector<int32_t>& blocks, const std::vector<int32_t>& slots) {
+  if (want.size() != got.size()) return ctx.Fail(what + ": arena size");
+  int reported = 0;
+  for (size_t r = 0; r < blocks.size(); ++r) {
+    for (size_t section : {l.key_offset, l.value_offset}) {
+      const size_t off = static_cast<size_t>(blocks[r]) * l.block_bytes + section + static_cast<size_t>(slots[r]) * l.record_bytes;
+      if (std::memcmp(&want[off], &got[off], l.record_bytes) == 0) continue;
+      for (int j = 0; j < l.head_dim; ++j) {
+        const float a = DequantizeElement(l.format, l.head_dim, &want[off], j);
+        const float b = DequantizeElement(l.format, l.head_dim, &got[off], j);
+        const float tol = QuantStep(l.format, l.head_dim, &want[off], j) * 1.001f + 1e-6f * std::fabs(a);
+        if (!(std::fabs(a - b) <= tol) && reported++ < 5) {
+          ctx.Fail(Str(what, ": row ", r, " elem ", j, " want ", a, " got ", b, " tol ", tol));
+        }
+      }
+      std::memcpy(&want[off], &got[off], l.record_bytes);  // accepted; compare the rest exactly
+    }
+  }
+  if (want != got) {
+    size_t i = 0;
+    while (want[i] == got[i]) ++i;
+    ctx.Fail(Str(what, ": arena bytes differ outside the records, first at byte ", i));
+  }
+}
+
+KVC_BACKEND_CHECK(WriteTokensMatchesReference) {
+  std::mt19937 rng(1);
+  struct Case {
+    int d;
+    DType dtype;
+    int32_t rows;
+    int64_t stride;
+  };
+  const Case cases[] = {{128, DType::kF16, 37, 0}, {64, DType::kBF16, 1, 0}, {128, DType::kF32, 100, 0},
+                        {64, DType::kF16, 20, 80}};
+  for (StorageFormat f : AllFormats()) {
+    for (const Case& c : cases) {
+      const BlockLayout l = MakeBlockLayout(f, c.d, 16);
+      const int32_t num_blocks = 12;
+      const std::vector<uint8_t> init = RandomBytes(static_cast<size_t>(num_blocks) * l.block_bytes, rng);
+      const int64_t stride = c.stride == 0 ? c.d : c.stride;
+      const std::vector<uint8_t> k = ToDType(RandomRows(c.rows * stride / c.d + 1, c.d, DataKind::kOutliers, rng), c.dtype);
+      const std::vector<uint8_t> v = ToDType(RandomRows(c.rows * stride / c.d + 1, c.d, DataKind::kGaussian, rng), c.dtype);
+      std::vector<int32_t> blocks, slots, pos(c.rows);
+      RandomSlots(c.rows, l, num_blocks, rng, &blocks, &slots);
+      for (auto& p : pos) p = static_cast<int32_t>(rng() % 100000);
+      std::vector<uint8_t> out[2];
+      KernelBackend* backends[2] = {ctx.reference, ctx.backend};
+      for (int i = 0; i < 2; ++i) {
+        Session s(*backends[i], ctx);
+        WriteTokensArgs w;
+        w.arena = PagedArena{s.UploadBytes(init.data(), init.size()), l, num_blocks};
+        w.num_rows = c.rows;
+        w.dtype = c.dtype;
+        w.keys = s.Upload(k);
+        w.values = s.Upload(v);
+        w.row_stride = c.stride;
+        w.positions = s.Upload(pos);
+        w.dst_blocks = s.Upload(blocks);
+        w.dst_slots = s.Upload(slots);
+        if (!ctx.ExpectOk(backends[i]->WriteTokens(w, StreamHandle{}), "WriteTokens")) return;
+        out[i] = s.DownloadBytes(w.arena.base, init.size());
+      }
+      CompareWrittenArena(ctx, Str("write ", ShapeName(l), " ", DTypeName(c.dtype), " rows ", c.rows), l, out[0],
+                          out[1], blocks, slots);
+    }
+  }
+}
+
+KVC_BACKEND_CHECK(ReadTokensMatchesReference) {
+  std::mt19937 rng(2);
+  for (StorageFormat f : AllFormats()) {
+    for (int d : {64, 128}) {
+      for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32}) {
+        const BlockLayout l = MakeBlockLayout(f, d, 16);
+        const LaneSpec lanes = MakeLanes(l, {1, 40, 16}, 2, rng);
+        const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, true, rng);
+        std::vector<int32_t> blocks, slots;
+        lanes.Rows(&blocks, &slots);
+        std::vector<int32_t> perm(blocks.size());
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        std::vector<int32_t> pb, ps;
+        for (int32_t p : perm) pb.push_back(blocks[p]), ps.push_back(slots[p]);
+        const int32_t n = static_cast<int32_t>(pb.size());
+        const size_t bytes = static_cast<size_t>(n) * d * DTypeSize(dtype);
+        std::vector<uint8_t> keys[2], values[2], pos[2], scores[2];
+        KernelBackend* backends[2] = {ctx.reference, ctx.backend};
+        for (int i = 0; i < 2; ++i) {
+          Session s(*backends[i], ctx);
+          ReadTokensArgs r;
+          r.arena = PagedArena{s.UploadBytes(arena.data(), arena.size()), l, lanes.num_blocks};
+          r.num_rows = n;
+          r.dtype = dtype;
+          r.keys = s.Alloc(bytes);
+          r.values = s.Alloc(bytes);
+          r.positions = static_cast<int32_t*>(s.Alloc(n * 4));
+          r.scores = static_cast<float*>(s.Alloc(n * 4));
+          r.src_blocks = s.Upload(pb);
+          r.src_slots = s.Upload(ps);
+          if (!ctx.ExpectOk(backends[i]->ReadTokens(r, StreamHandle{}), "ReadTokens")) return;
+          keys[i] = s.DownloadBytes(r.keys, bytes);
+          values[i] = s.DownloadBytes(r.values, bytes);
+          pos[i] = s.DownloadBytes(r.positions, n * 4);
+          scores[i] = s.DownloadBytes(r.scores, n * 4);
+        }
+        const std::string what = Str("read ", ShapeName(l), " as ", DTypeName(dtype));
+        ctx.Expect(pos[0] == pos[1] && scores[0] == scores[1], what + ": positions/scores exact");
+        if (IsRawFormat(f)) {
+          ctx.Expect(keys[0] == keys[1] && values[0] == values[1], what + ": raw bytes exact");
+          continue;
+        }
+        // Same records dequantized: allow one ulp of the output type (fma vs mul+add).
+        const float ulp = dtype == DType::kF32 ? 1e-6f : dtype == DType::kF16 ? 1.0f / 1024 : 1.0f / 128;
+        for (auto* pair : {keys, values}) {
+          const std::vector<float> a = DecodeDense(pair[0], dtype), b = DecodeDense(pair[1], dtype);
+          int bad = 0;
+          for (size_t e = 0; e < a.size(); ++e) {
+            if (std::fabs(a[e] - b[e]) > ulp * std::fabs(a[e]) + 1e-7f && bad++ < 3) {
+              ctx.Fail(Str(what, ": element ", e, " want ", a[e], " got ", b[e]));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+KVC_BACKEND_CHECK(GatherMatchesReference) {
+  std::mt19937 rng(3);
+  for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32, StorageFormat::kNvfp4, StorageFormat::kFp8E4M3}) {
+    const BlockLayout src_l = MakeBlockLayout(f, 128, 16), dst_l = MakeBlockLayout(f, 128, 32);
+    const LaneSpec lanes = MakeLanes(src_l, {70, 5}, 0, rng);
+    const std::vector<uint8_t> src = MakeArenaBytes(lanes, DataKind::kGaussian, true, rng);
+    std::vector<int32_t> sb, ss, db, ds;
+    lanes.Rows(&sb, &ss);
+    RandomSlots(static_cast<int32_t>(sb.size()), dst_l, 4, rng, &db, &ds);
+    const std::vector<uint8_t> dst_init = RandomBytes(4 * dst_l.block_bytes, rng);
+    std::vector<uint8_t> out[2];
+    KernelBackend* backends[2] = {ctx.reference, ctx.backend};
+    for (int i = 0; i < 2; ++i) {
+      Session s(*backends[i], ctx);
+      GatherArgs g;
+      g.src = PagedArena{s.UploadBytes(src.data(), src.size()), src_l, lanes.num_blocks};
+      g.dst = PagedArena{s.UploadBytes(dst_init.data(), dst_init.size()), dst_l, 4};
+      g.num_rows = static_cast<int32_t>(sb.size());
+      g.src_blocks = s.Upload(sb);
+      g.src_slots = s.Upload(ss);
+      g.dst_blocks = s.Upload(db);
+      g.dst_slots = s.Upload(ds);
+      if (!ctx.ExpectOk(backends[i]->Gather(g, StreamHandle{}), "Gather")) return;
+      out[i] = s.DownloadBytes(g.dst.base, dst_init.size());
+    }
+    ctx.Expect(out[0] == out[1], Str("gather ", StorageFormatName(f), ": bytes exact"));
+  }
+}
+
+KVC_BACKEND_CHECK(RerotateMatchesReference) {
+  std::mt19937 rng(4);
+  const StorageFormat formats[] = {StorageFormat::kF32, StorageFormat::kF16, StorageFormat::kInt8,
+                                   StorageFormat::kInt4G64, StorageFormat::kNvfp4};
+  for (StorageFormat f : formats) {
+    for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptJ}) {
+      const BlockLayout l = MakeBlockLayout(f, 128, 16);
+      const LaneSpec lanes = MakeLanes(l, {33}, 0, rng);
+      const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kGaussian, false, rng);
+      std::vector<int32_t> blocks, slots, deltas;
+      lanes.Rows(&blocks, &slots);
+      for (size_t i = 0; i < blocks.size(); ++i) deltas.push_back(static_cast<int32_t>(rng() % 2000000) - 1000);
+      std::vector<uint8_t> out[2];
+      KernelBackend* backends[2] = {ctx.reference, ctx.backend};
+      for (int i = 0; i < 2; ++i) {
+        Session s(*backends[i], ctx);
+        RerotateArgs r;
+        r.arena = PagedArena{s.UploadBytes(arena.data(), arena.size()), l, lanes.num_blocks};
+        r.num_rows = static_cast<int32_t>(blocks.size());
+        r.blocks = s.Upload(blocks);
+        r.slots = s.Upload(slots);
+        r.deltas = s.Upload(deltas);
+        r.rope = RopeConfig{500000.0f, style == RopeStyle::kNeox ? 128 : 64, style};
+        if (!ctx.ExpectOk(backends[i]->Rerotate(r, StreamHandle{}), "Rerotate")) return;
+        out[i] = s.DownloadBytes(r.arena.base, arena.size());
+      }
+      // Requantization may pick a neighbouring code: compare like a write.
+      CompareWrittenArena(ctx, Str("rerotate ", StorageFormatName(f), style == RopeStyle::kNeox ? " neox" : " gptj"),
+                          l, out[0], out[1], blocks, slots);
+    }
+  }
+}
+
+// Spec: rotating a key written at position p by delta equals writing it at p + delta.
+KVC_SPEC_CHECK(RerotateComposesWithRope) {
+  std::unique_ptr<KernelBackend> ref;
+  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create")) return;
+  std::mt19937 rng(5);
+  for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptJ}) {
+    const int d = 64;
+    const RopeConfig rope{10000.0f, 32, style};
+    const BlockLayout l = MakeBlockLayout(StorageFormat::kF32, d, 16);
+    std::vector<uint8_t> arena(l.block_bytes);
+    const std::vector<float> x = RandomRows(1, d, DataKind::kGaussian, rng);
+    const int32_t p = 123, delta = 45678;
+    std::vector<float> at_p = x, at_q = x;
+    internal::RopeRotate(rope, d, p, at_p.data());
+    internal::RopeRotate(rope, d, p + delta, at_q.data());
+    int32_t block = 0, slot = 3;
+    WriteTokensArgs w;
+    w.arena = PagedArena{arena.data(), l, 1};
+    w.num_rows = 1;
+    w.dtype = DType::kF32;
+    w.keys = at_p.data();
+    w.values = at_p.data();
+    w.positions = &p;
+    w.dst_blocks = &block;
+    w.dst_slots = &slot;
+    ctx.ExpectOk(ref->WriteTokens(w, StreamHandle{}), "write");
+    RerotateArgs r;
+    r.arena = w.arena;
+    r.num_rows = 1;
+    r.blocks = &block;
+    r.slots = &slot;
+    r.deltas = &delta;
+    r.rope = rope;
+    ctx.ExpectOk(ref->Rerotate(r, StreamHandle{}), "rerotate");
+    std::vector<float> got(d);
+    DequantizeRecord(l.format, d, KeyRecord(w.arena, block, slot), got.data());
+    ctx.Expect(Nmse(at_q, got) < 1e-10, Str("rerotated key differs from RoPE at p + delta, NMSE ", Nmse(at_q, got)));
+    ctx.Expect(*PositionPtr(w.arena, block, slot) == p + delta, "position updated");
+    ctx.Expect(std::equal(x.begin() + 32, x.end(), got.begin() + 32), "dims past rotary_dim untouched");
+  }
+}
+
+}  // namespace
+}  // namespace kvc::kernels::testing
