@@ -1,0 +1,204 @@
+// kvc-loadgen: drives a KV workload through kvcached with the client library, the way an
+// engine does during prefill: create sequences, stream every layer's keys/values in,
+// fetch them back, check every byte, report throughput and pool usage, release.
+//
+//   kvc-loadgen --target=127.0.0.1:50051 --sequences=8 --tokens=4096
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "kvc/client/kv_cache_client.h"
+
+ABSL_FLAG(std::string, target, "127.0.0.1:50051", "kvcached address");
+ABSL_FLAG(std::string, pool, "", "pool to use (default: the server's first pool)");
+ABSL_FLAG(int32_t, sequences, 8, "sequences to create");
+ABSL_FLAG(int32_t, tokens, 4096, "prompt tokens per sequence");
+ABSL_FLAG(int32_t, chunk_tokens, 512, "tokens per Append message");
+ABSL_FLAG(int32_t, threads, 2, "concurrent client threads");
+ABSL_FLAG(int32_t, keep, 0, "leave this many sequences in the pool (for kvcachectl)");
+ABSL_FLAG(std::string, tenant, "loadgen", "tenant label of the sequences");
+
+namespace {
+
+using kvc::client::AppendChunk;
+using kvc::client::KvCacheClient;
+
+std::string Human(double bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.1f %s", bytes, kUnits[unit]);
+}
+
+struct Totals {
+  absl::Mutex mu;
+  int64_t bytes_in = 0, bytes_out = 0, tokens = 0;
+  double append_seconds = 0, fetch_seconds = 0;
+  std::vector<std::string> kept;
+  std::string error;
+};
+
+// Payload of one layer of one sequence: pseudo-random f16 of moderate magnitude.
+std::string LayerPayload(uint64_t seed, size_t bytes) {
+  std::string out(bytes, '\0');
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i + 1 < bytes; i += 2) {
+    const uint16_t h = static_cast<uint16_t>(0x3000 + (rng() % 0x1000)) | ((rng() & 1) << 15);
+    out[i] = static_cast<char>(h & 0xff);
+    out[i + 1] = static_cast<char>(h >> 8);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("kvc-loadgen: drive a prefill-style KV workload through kvcached");
+  absl::ParseCommandLine(argc, argv);
+  kvc::client::ClientOptions options;
+  options.target = absl::GetFlag(FLAGS_target);
+  auto client_or = KvCacheClient::Connect(options);
+  if (!client_or.ok()) {
+    std::fprintf(stderr, "kvc-loadgen: %s\n", client_or.status().ToString().c_str());
+    return 1;
+  }
+  KvCacheClient& client = **client_or;
+  auto pools = client.ListPools();
+  if (!pools.ok()) {
+    std::fprintf(stderr, "kvc-loadgen: cannot reach kvcached at %s: %s\n", options.target.c_str(),
+                 pools.status().ToString().c_str());
+    return 2;
+  }
+  const std::string pool_name = absl::GetFlag(FLAGS_pool);
+  const kvc::client::PoolInfo* pool = &pools->front();
+  for (const auto& p : *pools) {
+    if (p.name == pool_name) pool = &p;
+  }
+  const auto& g = pool->geometry;
+  const int dtype_bytes = kvc::client::DTypeBytes(g.dtype);
+  const int tokens = absl::GetFlag(FLAGS_tokens);
+  const int chunk = std::max(1, absl::GetFlag(FLAGS_chunk_tokens));
+  const int sequences = absl::GetFlag(FLAGS_sequences);
+  const int keep = std::min(absl::GetFlag(FLAGS_keep), sequences);
+  const size_t token_layer_bytes = static_cast<size_t>(g.num_kv_heads) * g.head_dim * dtype_bytes;
+  std::printf("kvc-loadgen: pool '%s' (%d layers x %d kv heads x head_dim %d, %s), %d sequences x "
+              "%d tokens, %d threads\n",
+              pool->name.c_str(), g.num_layers, g.num_kv_heads, g.head_dim,
+              kvc::client::DTypeName(g.dtype), sequences, tokens, absl::GetFlag(FLAGS_threads));
+
+  Totals totals;
+  std::atomic<int> next{0};
+  auto worker = [&] {
+    for (int s = next.fetch_add(1); s < sequences; s = next.fetch_add(1)) {
+      auto fail = [&](const std::string& what, const absl::Status& status) {
+        absl::MutexLock lock(&totals.mu);
+        if (totals.error.empty()) totals.error = what + ": " + status.ToString();
+      };
+      auto seq = client.CreateSequence({pool->name, absl::GetFlag(FLAGS_tenant), ""});
+      if (!seq.ok()) return fail("CreateSequence", seq.status());
+      std::vector<std::string> keys(static_cast<size_t>(g.num_layers));
+      std::vector<std::string> values(static_cast<size_t>(g.num_layers));
+      for (int l = 0; l < g.num_layers; ++l) {
+        keys[static_cast<size_t>(l)] = LayerPayload(uint64_t(s) << 20 | uint64_t(l) << 1, tokens * token_layer_bytes);
+        values[static_cast<size_t>(l)] = LayerPayload(uint64_t(s) << 20 | uint64_t(l) << 1 | 1, tokens * token_layer_bytes);
+      }
+      // Prefill: chunks in position order, every layer of a chunk before the next chunk,
+      // as an engine produces them.
+      const absl::Time t0 = absl::Now();
+      auto stream = client.StartAppendStream();
+      for (int start = 0; start < tokens; start += chunk) {
+        const int n = std::min(chunk, tokens - start);
+        for (int l = 0; l < g.num_layers; ++l) {
+          AppendChunk c;
+          c.sequence_id = seq->sequence_id;
+          c.layer = l;
+          c.start_position = start;
+          c.num_tokens = n;
+          c.dtype = g.dtype;
+          c.keys = keys[static_cast<size_t>(l)].data() + start * token_layer_bytes;
+          c.values = values[static_cast<size_t>(l)].data() + start * token_layer_bytes;
+          c.bytes = n * token_layer_bytes;
+          if (!stream->Write(c).ok()) break;
+        }
+      }
+      auto appended = stream->Finish();
+      if (!appended.ok()) return fail("AppendStream", appended.status());
+      const absl::Time t1 = absl::Now();
+      auto kv = client.Fetch(seq->sequence_id, {});
+      if (!kv.ok()) return fail("Fetch", kv.status());
+      const absl::Time t2 = absl::Now();
+      // Fetch returns [tokens, head_dim] per head; the input was [tokens, heads, head_dim].
+      const size_t head_bytes = static_cast<size_t>(g.head_dim) * dtype_bytes;
+      for (const auto& h : kv->heads) {
+        const std::string& in = keys[static_cast<size_t>(h.layer)];
+        for (int t = 0; t < tokens; ++t) {
+          if (in.compare(t * token_layer_bytes + h.kv_head * head_bytes, head_bytes, h.keys,
+                         t * head_bytes, head_bytes) != 0) {
+            return fail("verify", absl::DataLossError(absl::StrFormat(
+                                      "sequence %s layer %d head %d token %d differs",
+                                      seq->sequence_id, h.layer, h.kv_head, t)));
+          }
+        }
+      }
+      const int64_t bytes = 2 * int64_t{tokens} * g.num_layers * static_cast<int64_t>(token_layer_bytes);
+      {
+        absl::MutexLock lock(&totals.mu);
+        totals.bytes_in += bytes;
+        totals.bytes_out += bytes;
+        totals.tokens += tokens;
+        totals.append_seconds += absl::ToDoubleSeconds(t1 - t0);
+        totals.fetch_seconds += absl::ToDoubleSeconds(t2 - t1);
+        if (static_cast<int>(totals.kept.size()) < keep) {
+          totals.kept.push_back(seq->sequence_id);
+          continue;
+        }
+      }
+      auto released = client.Release(seq->sequence_id);
+      if (!released.ok()) return fail("Release", released.status());
+    }
+  };
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_threads)); ++i) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+  const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+  if (!totals.error.empty()) {
+    std::fprintf(stderr, "kvc-loadgen: FAILED: %s\n", totals.error.c_str());
+    return 3;
+  }
+  auto stats = client.GetPoolStats(pool->name);
+  std::printf("  sequences        %d created, every byte fetched back and verified, %d released, %zu kept\n",
+              sequences, sequences - static_cast<int>(totals.kept.size()), totals.kept.size());
+  std::printf("  tokens           %lld prompt tokens x %d layers\n",
+              static_cast<long long>(totals.tokens), g.num_layers);
+  std::printf("  appended         %s in %.2f s of stream time (%.2f GB/s per stream)\n",
+              Human(static_cast<double>(totals.bytes_in)).c_str(), totals.append_seconds,
+              static_cast<double>(totals.bytes_in) / totals.append_seconds / 1e9);
+  std::printf("  fetched          %s in %.2f s of stream time (%.2f GB/s per stream)\n",
+              Human(static_cast<double>(totals.bytes_out)).c_str(), totals.fetch_seconds,
+              static_cast<double>(totals.bytes_out) / totals.fetch_seconds / 1e9);
+  std::printf("  wall             %.2f s, %.0f tokens/s end to end\n", wall,
+              static_cast<double>(totals.tokens) / wall);
+  if (stats.ok()) {
+    std::printf("  pool now         %s of %s used, %lld sequences, %lld visible tokens\n",
+                Human(static_cast<double>(stats->used_bytes)).c_str(),
+                Human(static_cast<double>(stats->capacity_bytes)).c_str(),
+                static_cast<long long>(stats->sequences),
+                static_cast<long long>(stats->visible_tokens));
+  }
+  for (const auto& id : totals.kept) std::printf("  kept             %s\n", id.c_str());
+  return 0;
+}
