@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# kvcachectl against a running kvcached: tables, --json, filters, unreachable target,
+# usage errors, and a clean SIGTERM shutdown of the server.
+# usage: kvcachectl_test.sh KVCACHED KVCACHECTL KVC_LOADGEN
+set -euo pipefail
+KVCACHED=$1 CTL=$2 LOADGEN=$3
+. "$(dirname "$0")/../testing/start_kvcached.sh"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+start_kvcached "$KVCACHED" --capacity=256MiB
+"$LOADGEN" --target="$KVC_TARGET" --sequences=3 --tokens=100 --keep=2 --tenant=ctl-test >/dev/null
+
+out=$("$CTL" --target="$KVC_TARGET" pools)
+echo "$out"
+echo "$out" | grep -q '^POOL ' || fail "pools: no header"
+echo "$out" | grep -Eq '^default +cpu +30 +3 +9 +64 +f16' || fail "pools: default pool row"
+
+out=$("$CTL" --target="$KVC_TARGET" sequences)
+echo "$out"
+[ "$(echo "$out" | grep -c 'ctl-test')" = 2 ] || fail "sequences: expected 2 rows"
+
+json=$("$CTL" --target="$KVC_TARGET" --json sequences --tenant=ctl-test)
+python3 - "$json" <<'PY' || fail "sequences --json"
+import json, sys
+d = json.loads(sys.argv[1])
+seqs = d["sequences"]
+assert len(seqs) == 2, seqs
+for s in seqs:
+    assert s["tenant"] == "ctl-test" and int(s["visible_tokens"]) == 100, s
+    assert len(s["layer_tokens"]) == 30, s
+PY
+[ "$("$CTL" --target="$KVC_TARGET" --json sequences --tenant=nobody | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["sequences"]))')" = 0 ] \
+  || fail "tenant filter"
+
+out=$("$CTL" --target="$KVC_TARGET" stats)
+echo "$out"
+echo "$out" | grep -Eq '^sequences +2$' || fail "stats: sequences"
+echo "$out" | grep -Eq '^visible tokens +200$' || fail "stats: visible tokens"
+python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["sequences"])==2 and int(d["used_bytes"])>0, d' \
+  <<<"$("$CTL" --target="$KVC_TARGET" --json stats)" || fail "stats --json"
+
+set +e
+"$CTL" --target="$KVC_TARGET" --pool=nosuch stats 2>err.txt; rc=$?
+set -e
+[ $rc = 3 ] || fail "unknown pool: exit $rc"
+grep -q "pool 'nosuch' not found" err.txt || fail "unknown pool message"
+
+set +e
+"$CTL" --target=127.0.0.1:1 pools 2>err.txt; rc=$?
+set -e
+[ $rc = 2 ] || fail "unreachable: exit $rc"
+grep -q "cannot reach kvcached at 127.0.0.1:1" err.txt || fail "unreachable message"
+
+set +e
+"$CTL" --target="$KVC_TARGET" frobnicate 2>err.txt; rc=$?
+set -e
+[ $rc = 1 ] || fail "unknown command: exit $rc"
+rm -f err.txt
+
+kill -TERM $KVC_PID
+for _ in $(seq 1 150); do kill -0 $KVC_PID 2>/dev/null || break; sleep 0.1; done
+if kill -0 $KVC_PID 2>/dev/null; then fail "kvcached did not stop on SIGTERM"; fi
+wait $KVC_PID || fail "kvcached exited non-zero after SIGTERM"
+grep -q "kvcached stopped" "$KVC_LOG" || fail "no shutdown log line"
+echo "kvcachectl_test: OK"
