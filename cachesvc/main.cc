@@ -16,7 +16,8 @@
 #include "common/logging.h"
 #include "kvc/kernels/dtype.h"
 
-ABSL_FLAG(std::string, listen, "", "host:port to serve on (default 127.0.0.1:50051, or the config's)");
+ABSL_FLAG(std::string, listen, "",
+          "host:port to serve on (default 127.0.0.1:50051, or the config's)");
 ABSL_FLAG(std::string, config, "", "text-format kvcache.v1.ServerConfig file (pools, listen)");
 ABSL_FLAG(std::string, capacity, "",
           "block memory of the default pool, e.g. 512MiB or 8GiB (without --config; default 1GiB)");
@@ -69,8 +70,8 @@ int main(int argc, char** argv) {
     KVC_LOG(INFO) << "pool '" << pool.options.name << "' on " << pool.options.device << ": "
                   << g.num_layers << " layers x " << g.num_kv_heads << " kv heads ("
                   << g.num_query_heads << " query heads) x head_dim " << g.head_dim << ", "
-                  << kvc::kernels::DTypeName(g.dtype) << ", " << g.block_tokens
-                  << " tokens/block, " << pool.total_blocks << " blocks of " << pool.block_bytes
+                  << kvc::kernels::DTypeName(g.dtype) << ", " << g.block_tokens << " tokens/block, "
+                  << pool.total_blocks << " blocks of " << pool.block_bytes
                   << " bytes = " << pool.options.capacity_bytes << " bytes capacity";
   }
   KVC_LOG(INFO) << "kvcached listening on " << (*server)->address();

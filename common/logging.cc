@@ -56,8 +56,8 @@ LogMessage::LogMessage(LogSeverity severity, const char* file, int line) : sever
   char stamp[32];
   std::snprintf(stamp, sizeof stamp, "%02d%02d %02d:%02d:%02d.%06lld", tm.tm_mon + 1, tm.tm_mday,
                 tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long long>(micros));
-  stream_ << kLetters[static_cast<int>(severity_)] << stamp << ' ' << Basename(file) << ':'
-          << line << "] ";
+  stream_ << kLetters[static_cast<int>(severity_)] << stamp << ' ' << Basename(file) << ':' << line
+          << "] ";
 }
 
 LogMessage::~LogMessage() {

@@ -33,7 +33,7 @@ class LogMessage {
 #define KVC_LOG_SEVERITY_WARNING ::kvc::LogSeverity::kWarning
 #define KVC_LOG_SEVERITY_ERROR ::kvc::LogSeverity::kError
 
-#define KVC_LOG(level)                                                  \
-  if (KVC_LOG_SEVERITY_##level < ::kvc::MinLogSeverity()) {             \
-  } else                                                                \
+#define KVC_LOG(level)                                      \
+  if (KVC_LOG_SEVERITY_##level < ::kvc::MinLogSeverity()) { \
+  } else                                                    \
     ::kvc::internal::LogMessage(KVC_LOG_SEVERITY_##level, __FILE__, __LINE__).stream()

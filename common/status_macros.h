@@ -9,10 +9,10 @@
 #define KVC_STATUS_CONCAT_(a, b) KVC_STATUS_CONCAT_INNER_(a, b)
 
 // Returns the status of `expr` from the enclosing function when it is not OK.
-#define KVC_RETURN_IF_ERROR(expr)                  \
-  do {                                             \
-    ::absl::Status kvc_status_ = (expr);           \
-    if (!kvc_status_.ok()) return kvc_status_;     \
+#define KVC_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::absl::Status kvc_status_ = (expr);       \
+    if (!kvc_status_.ok()) return kvc_status_; \
   } while (false)
 
 // `KVC_ASSIGN_OR_RETURN(auto x, Foo());` declares/assigns x from a StatusOr, or returns
@@ -20,7 +20,7 @@
 #define KVC_ASSIGN_OR_RETURN(lhs, expr) \
   KVC_ASSIGN_OR_RETURN_IMPL_(KVC_STATUS_CONCAT_(kvc_statusor_, __LINE__), lhs, expr)
 
-#define KVC_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
-  auto statusor = (expr);                               \
+#define KVC_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)    \
+  auto statusor = (expr);                                  \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = *std::move(statusor)

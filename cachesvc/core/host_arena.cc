@@ -12,12 +12,11 @@ namespace kvc::cachesvc {
 
 absl::StatusOr<HostArena> HostArena::Create(size_t bytes) {
   if (bytes == 0) return HostArena();
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", bytes,
-                                                     " bytes of host memory for the pool: ",
-                                                     std::strerror(errno)));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot map ", bytes, " bytes of host memory for the pool: ", std::strerror(errno)));
   }
   return HostArena(static_cast<uint8_t*>(p), bytes);
 }

@@ -53,8 +53,8 @@ absl::Status HostBlockPool::Allocate(int64_t n, std::vector<BlockId>* out) {
   if (n > free) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "pool '", options_.name, "' is full: this request needs ", n, " blocks (",
-        n * static_cast<int64_t>(layout_.block_bytes), " bytes) but ", free, " of ",
-        total_blocks_, " are free; release sequences or give the pool more capacity_bytes"));
+        n * static_cast<int64_t>(layout_.block_bytes), " bytes) but ", free, " of ", total_blocks_,
+        " are free; release sequences or give the pool more capacity_bytes"));
   }
   for (int64_t i = 0; i < n; ++i) {
     const BlockId id = free_list_.back();
@@ -68,7 +68,8 @@ absl::Status HostBlockPool::Allocate(int64_t n, std::vector<BlockId>* out) {
 void HostBlockPool::Free(absl::Span<const BlockId> blocks) {
   absl::MutexLock lock(&mu_);
   for (BlockId id : blocks) {
-    KVC_CHECK(id >= 0 && id < total_blocks_) << "block " << id << " is not in pool " << options_.name;
+    KVC_CHECK(id >= 0 && id < total_blocks_)
+        << "block " << id << " is not in pool " << options_.name;
     KVC_CHECK(allocated_[static_cast<size_t>(id)]) << "double free of block " << id;
     allocated_[static_cast<size_t>(id)] = false;
     free_list_.push_back(id);

@@ -90,9 +90,9 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
                                                  "client_sequence_id or Release the old one"));
   }
   if (registry_.size() >= options_.max_sequences) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the server holds its maximum of ", options_.max_sequences,
-                     " sequences; release some first"));
+    return absl::ResourceExhaustedError(absl::StrCat("the server holds its maximum of ",
+                                                     options_.max_sequences,
+                                                     " sequences; release some first"));
   }
   std::string id = params.client_sequence_id.empty() ? NewSequenceId() : params.client_sequence_id;
   auto sequence =
@@ -152,10 +152,10 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
   const size_t layer = static_cast<size_t>(p.layer);
   const int64_t have = seq->layer_tokens()[layer];
   if (p.start_position != have) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "append out of order for layer ", p.layer, ": start_position is ", p.start_position,
-        " but the layer has ", have, " tokens; the next append of this layer must start at ",
-        have));
+    return absl::FailedPreconditionError(
+        absl::StrCat("append out of order for layer ", p.layer, ": start_position is ",
+                     p.start_position, " but the layer has ", have,
+                     " tokens; the next append of this layer must start at ", have));
   }
   BlockTable& table = seq->table();
   int64_t needed = 0;
@@ -207,14 +207,15 @@ absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
     }
     layers.push_back(static_cast<int>(l));
   }
-  const int64_t chunk_bytes =
-      p.max_chunk_bytes == 0 ? kDefaultChunkBytes
-                             : std::clamp(p.max_chunk_bytes, kMinChunkBytes, kMaxChunkBytes);
+  const int64_t chunk_bytes = p.max_chunk_bytes == 0
+                                  ? kDefaultChunkBytes
+                                  : std::clamp(p.max_chunk_bytes, kMinChunkBytes, kMaxChunkBytes);
   const kernels::BlockLayout& layout = pool->layout();
   const DType dtype = p.dtype_set ? p.dtype : g.dtype;
-  const int64_t token_bytes = p.format == FetchFormat::kStored
-                                  ? static_cast<int64_t>(layout.record_bytes)
-                                  : int64_t{g.head_dim} * static_cast<int64_t>(kernels::DTypeSize(dtype));
+  const int64_t token_bytes =
+      p.format == FetchFormat::kStored
+          ? static_cast<int64_t>(layout.record_bytes)
+          : int64_t{g.head_dim} * static_cast<int64_t>(kernels::DTypeSize(dtype));
   const int64_t tokens_per_chunk = std::max<int64_t>(1, chunk_bytes / (2 * token_bytes));
 
   // Plan under the lock: what is visible now is what this Fetch serves, even if appends
@@ -326,7 +327,8 @@ SequenceSnapshot SnapshotLocked(const Sequence& seq) {
   s.bytes = blocks * static_cast<int64_t>(pool.layout().block_bytes);
   s.bytes_by_format.push_back(FormatBytes{pool.layout().format, blocks, s.bytes});
   const int64_t dense = 2 * s.visible_tokens * g.num_layers * g.TokenLayerBytes(g.dtype);
-  s.compression_ratio = s.bytes > 0 ? static_cast<double>(dense) / static_cast<double>(s.bytes) : 1.0;
+  s.compression_ratio =
+      s.bytes > 0 ? static_cast<double>(dense) / static_cast<double>(s.bytes) : 1.0;
   s.created_unix_ms = seq.created_unix_ms();
   return s;
 }

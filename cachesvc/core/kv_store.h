@@ -134,7 +134,6 @@ class KvStore {
 };
 
 // Snapshot of a sequence; caller holds its lock (shared is enough).
-SequenceSnapshot SnapshotLocked(const Sequence& sequence)
-    ABSL_SHARED_LOCKS_REQUIRED(sequence.mu());
+SequenceSnapshot SnapshotLocked(const Sequence& sequence) ABSL_SHARED_LOCKS_REQUIRED(sequence.mu());
 
 }  // namespace kvc::cachesvc

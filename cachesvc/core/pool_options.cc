@@ -44,8 +44,8 @@ absl::Status ValidatePoolOptions(const PoolOptions& o) {
         where, "head_dim is ", g.head_dim, "; expected a multiple of 16 in 16..", kMaxHeadDim));
   }
   if (g.block_tokens < 1 || g.block_tokens > kMaxBlockTokens) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "block_tokens is ", g.block_tokens,
-                                                   "; expected 1..", kMaxBlockTokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "block_tokens is ", g.block_tokens, "; expected 1..", kMaxBlockTokens));
   }
   if (g.rope.enabled) {
     if (!(g.rope.theta > 0)) {
@@ -58,8 +58,8 @@ absl::Status ValidatePoolOptions(const PoolOptions& o) {
                        "; expected an even number in 0..head_dim (0 = head_dim)"));
     }
   }
-  const auto layout = kernels::MakeBlockLayout(kernels::RawFormatFor(g.dtype), g.head_dim,
-                                               g.block_tokens);
+  const auto layout =
+      kernels::MakeBlockLayout(kernels::RawFormatFor(g.dtype), g.head_dim, g.block_tokens);
   if (o.capacity_bytes < static_cast<int64_t>(layout.block_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(where, "capacity_bytes is ", o.capacity_bytes,
                                                    "; expected at least one block (",

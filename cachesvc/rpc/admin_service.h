@@ -10,8 +10,7 @@ class AdminServiceImpl final : public kvcache::v1::AdminService::Service {
  public:
   explicit AdminServiceImpl(KvStore* store) : store_(store) {}
 
-  grpc::Status ListPools(grpc::ServerContext* context,
-                         const kvcache::v1::ListPoolsRequest* request,
+  grpc::Status ListPools(grpc::ServerContext* context, const kvcache::v1::ListPoolsRequest* request,
                          kvcache::v1::ListPoolsResponse* response) override;
   grpc::Status GetPoolStats(grpc::ServerContext* context,
                             const kvcache::v1::GetPoolStatsRequest* request,

@@ -9,9 +9,12 @@ namespace pb = ::kvcache::v1;
 
 absl::StatusOr<DType> FromProto(pb::DType dtype, const char* field) {
   switch (dtype) {
-    case pb::DTYPE_F32: return DType::kF32;
-    case pb::DTYPE_F16: return DType::kF16;
-    case pb::DTYPE_BF16: return DType::kBF16;
+    case pb::DTYPE_F32:
+      return DType::kF32;
+    case pb::DTYPE_F16:
+      return DType::kF16;
+    case pb::DTYPE_BF16:
+      return DType::kBF16;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           field, " is ", static_cast<int>(dtype), "; expected DTYPE_F32, DTYPE_F16 or DTYPE_BF16"));
@@ -20,23 +23,34 @@ absl::StatusOr<DType> FromProto(pb::DType dtype, const char* field) {
 
 pb::DType ToProto(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return pb::DTYPE_F32;
-    case DType::kF16: return pb::DTYPE_F16;
-    case DType::kBF16: return pb::DTYPE_BF16;
+    case DType::kF32:
+      return pb::DTYPE_F32;
+    case DType::kF16:
+      return pb::DTYPE_F16;
+    case DType::kBF16:
+      return pb::DTYPE_BF16;
   }
   return pb::DTYPE_UNSPECIFIED;
 }
 
 absl::StatusOr<StorageFormat> FromProto(pb::StorageFormat format, const char* field) {
   switch (format) {
-    case pb::STORAGE_FORMAT_F32: return StorageFormat::kF32;
-    case pb::STORAGE_FORMAT_F16: return StorageFormat::kF16;
-    case pb::STORAGE_FORMAT_BF16: return StorageFormat::kBF16;
-    case pb::STORAGE_FORMAT_FP8_E4M3: return StorageFormat::kFp8E4M3;
-    case pb::STORAGE_FORMAT_INT8: return StorageFormat::kInt8;
-    case pb::STORAGE_FORMAT_INT4_G32: return StorageFormat::kInt4G32;
-    case pb::STORAGE_FORMAT_INT4_G64: return StorageFormat::kInt4G64;
-    case pb::STORAGE_FORMAT_NVFP4: return StorageFormat::kNvfp4;
+    case pb::STORAGE_FORMAT_F32:
+      return StorageFormat::kF32;
+    case pb::STORAGE_FORMAT_F16:
+      return StorageFormat::kF16;
+    case pb::STORAGE_FORMAT_BF16:
+      return StorageFormat::kBF16;
+    case pb::STORAGE_FORMAT_FP8_E4M3:
+      return StorageFormat::kFp8E4M3;
+    case pb::STORAGE_FORMAT_INT8:
+      return StorageFormat::kInt8;
+    case pb::STORAGE_FORMAT_INT4_G32:
+      return StorageFormat::kInt4G32;
+    case pb::STORAGE_FORMAT_INT4_G64:
+      return StorageFormat::kInt4G64;
+    case pb::STORAGE_FORMAT_NVFP4:
+      return StorageFormat::kNvfp4;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(field, " is ", static_cast<int>(format), "; not a known StorageFormat"));
@@ -45,14 +59,22 @@ absl::StatusOr<StorageFormat> FromProto(pb::StorageFormat format, const char* fi
 
 pb::StorageFormat ToProto(StorageFormat format) {
   switch (format) {
-    case StorageFormat::kF32: return pb::STORAGE_FORMAT_F32;
-    case StorageFormat::kF16: return pb::STORAGE_FORMAT_F16;
-    case StorageFormat::kBF16: return pb::STORAGE_FORMAT_BF16;
-    case StorageFormat::kFp8E4M3: return pb::STORAGE_FORMAT_FP8_E4M3;
-    case StorageFormat::kInt8: return pb::STORAGE_FORMAT_INT8;
-    case StorageFormat::kInt4G32: return pb::STORAGE_FORMAT_INT4_G32;
-    case StorageFormat::kInt4G64: return pb::STORAGE_FORMAT_INT4_G64;
-    case StorageFormat::kNvfp4: return pb::STORAGE_FORMAT_NVFP4;
+    case StorageFormat::kF32:
+      return pb::STORAGE_FORMAT_F32;
+    case StorageFormat::kF16:
+      return pb::STORAGE_FORMAT_F16;
+    case StorageFormat::kBF16:
+      return pb::STORAGE_FORMAT_BF16;
+    case StorageFormat::kFp8E4M3:
+      return pb::STORAGE_FORMAT_FP8_E4M3;
+    case StorageFormat::kInt8:
+      return pb::STORAGE_FORMAT_INT8;
+    case StorageFormat::kInt4G32:
+      return pb::STORAGE_FORMAT_INT4_G32;
+    case StorageFormat::kInt4G64:
+      return pb::STORAGE_FORMAT_INT4_G64;
+    case StorageFormat::kNvfp4:
+      return pb::STORAGE_FORMAT_NVFP4;
   }
   return pb::STORAGE_FORMAT_UNSPECIFIED;
 }
@@ -60,10 +82,17 @@ pb::StorageFormat ToProto(StorageFormat format) {
 absl::StatusOr<CompressionSpec> FromProto(const pb::CompressionSpec& spec) {
   CompressionSpec out;
   switch (spec.eviction_case()) {
-    case pb::CompressionSpec::kStreamingLlm: out.eviction = CompressionSpec::Eviction::kStreamingLlm; break;
-    case pb::CompressionSpec::kSnapkv: out.eviction = CompressionSpec::Eviction::kSnapKv; break;
-    case pb::CompressionSpec::kH2O: out.eviction = CompressionSpec::Eviction::kH2o; break;
-    case pb::CompressionSpec::EVICTION_NOT_SET: break;
+    case pb::CompressionSpec::kStreamingLlm:
+      out.eviction = CompressionSpec::Eviction::kStreamingLlm;
+      break;
+    case pb::CompressionSpec::kSnapkv:
+      out.eviction = CompressionSpec::Eviction::kSnapKv;
+      break;
+    case pb::CompressionSpec::kH2O:
+      out.eviction = CompressionSpec::Eviction::kH2o;
+      break;
+    case pb::CompressionSpec::EVICTION_NOT_SET:
+      break;
   }
   if (spec.storage() != pb::STORAGE_FORMAT_UNSPECIFIED) {
     KVC_ASSIGN_OR_RETURN(out.storage, FromProto(spec.storage(), "policy.storage"));
@@ -112,7 +141,7 @@ void ToProto(const PoolGeometry& g, pb::PoolGeometry* out) {
     out->mutable_rope()->set_theta(g.rope.theta);
     out->mutable_rope()->set_rotary_dim(g.rope.rotary_dim);
     out->mutable_rope()->set_style(g.rope.style == RopeStyle::kGptj ? pb::ROPE_STYLE_GPTJ
-                                                                     : pb::ROPE_STYLE_NEOX);
+                                                                    : pb::ROPE_STYLE_NEOX);
   }
 }
 
@@ -187,11 +216,15 @@ absl::StatusOr<FetchParams> FromProto(const pb::FetchRequest& r) {
   p.layers.assign(r.layers().begin(), r.layers().end());
   switch (r.format()) {
     case pb::FETCH_FORMAT_UNSPECIFIED:
-    case pb::FETCH_FORMAT_DENSE: p.format = FetchFormat::kDense; break;
-    case pb::FETCH_FORMAT_STORED: p.format = FetchFormat::kStored; break;
+    case pb::FETCH_FORMAT_DENSE:
+      p.format = FetchFormat::kDense;
+      break;
+    case pb::FETCH_FORMAT_STORED:
+      p.format = FetchFormat::kStored;
+      break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "format is ", static_cast<int>(r.format()), "; expected FETCH_FORMAT_DENSE or _STORED"));
+      return absl::InvalidArgumentError(absl::StrCat("format is ", static_cast<int>(r.format()),
+                                                     "; expected FETCH_FORMAT_DENSE or _STORED"));
   }
   if (r.dtype() != pb::DTYPE_UNSPECIFIED) {
     KVC_ASSIGN_OR_RETURN(p.dtype, FromProto(r.dtype(), "dtype"));

@@ -21,9 +21,8 @@ KvCacheServer::~KvCacheServer() {
 absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const ServerOptions& options) {
   if (options.max_message_bytes < (int64_t{64} << 10) ||
       options.max_message_bytes > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat("max_message_bytes is ",
-                                                   options.max_message_bytes,
-                                                   "; expected 64 KiB .. 1 GiB"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes is ", options.max_message_bytes, "; expected 64 KiB .. 1 GiB"));
   }
   std::unique_ptr<KvCacheServer> server(new KvCacheServer());
   KVC_ASSIGN_OR_RETURN(server->store_, KvStore::Create(options.store));

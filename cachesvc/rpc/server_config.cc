@@ -55,8 +55,8 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
   ErrorCollector errors;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(text, &config)) {
-    return absl::InvalidArgumentError(absl::StrCat("config is not a valid ServerConfig: ",
-                                                   errors.errors()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config is not a valid ServerConfig: ", errors.errors()));
   }
   ServerOptions options;
   if (!config.listen().empty()) options.listen = config.listen();
@@ -97,10 +97,14 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
     const char* suffix;
     double factor;
   };
-  static constexpr Unit kUnits[] = {{"TiB", 1099511627776.0}, {"GiB", 1073741824.0},
-                                    {"MiB", 1048576.0},       {"KiB", 1024.0},
-                                    {"TB", 1e12},             {"GB", 1e9},
-                                    {"MB", 1e6},              {"KB", 1e3},
+  static constexpr Unit kUnits[] = {{"TiB", 1099511627776.0},
+                                    {"GiB", 1073741824.0},
+                                    {"MiB", 1048576.0},
+                                    {"KiB", 1024.0},
+                                    {"TB", 1e12},
+                                    {"GB", 1e9},
+                                    {"MB", 1e6},
+                                    {"KB", 1e3},
                                     {"B", 1.0}};
   double factor = 1;
   for (const Unit& unit : kUnits) {
@@ -110,10 +114,9 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& text) {
     }
   }
   double value = 0;
-  if (s.empty() || !absl::SimpleAtod(s, &value) || !(value >= 0) ||
-      value * factor > 9.2e18) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", text, "' is not a byte size; use e.g. 1073741824, 512MiB or 2GiB"));
+  if (s.empty() || !absl::SimpleAtod(s, &value) || !(value >= 0) || value * factor > 9.2e18) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not a byte size; use e.g. 1073741824, 512MiB or 2GiB"));
   }
   return static_cast<int64_t>(std::llround(value * factor));
 }

@@ -54,10 +54,14 @@ std::string Json(const google::protobuf::Message& message) {
 
 const char* DTypeName(pb::DType dtype) {
   switch (dtype) {
-    case pb::DTYPE_F32: return "f32";
-    case pb::DTYPE_F16: return "f16";
-    case pb::DTYPE_BF16: return "bf16";
-    default: return "?";
+    case pb::DTYPE_F32:
+      return "f32";
+    case pb::DTYPE_F16:
+      return "f16";
+    case pb::DTYPE_BF16:
+      return "bf16";
+    default:
+      return "?";
   }
 }
 
@@ -89,20 +93,19 @@ void PrintPools(const pb::ListPoolsResponse& response) {
                "CAPACITY", "USED", "FREE_BLOCKS", "SEQUENCES"});
   for (const auto& p : response.pools()) {
     const auto& g = p.geometry();
-    table.AddRow({p.name(), p.device(), absl::StrCat(g.num_layers()),
-                  absl::StrCat(g.num_kv_heads()), absl::StrCat(g.num_query_heads()),
-                  absl::StrCat(g.head_dim()), DTypeName(g.dtype()),
-                  absl::StrCat(g.block_tokens(), " tok/", FormatBytes(p.block_bytes())),
-                  FormatBytes(p.capacity_bytes()), FormatBytes(p.used_bytes()),
-                  absl::StrCat(p.free_blocks(), "/", p.total_blocks()),
-                  absl::StrCat(p.sequences())});
+    table.AddRow(
+        {p.name(), p.device(), absl::StrCat(g.num_layers()), absl::StrCat(g.num_kv_heads()),
+         absl::StrCat(g.num_query_heads()), absl::StrCat(g.head_dim()), DTypeName(g.dtype()),
+         absl::StrCat(g.block_tokens(), " tok/", FormatBytes(p.block_bytes())),
+         FormatBytes(p.capacity_bytes()), FormatBytes(p.used_bytes()),
+         absl::StrCat(p.free_blocks(), "/", p.total_blocks()), absl::StrCat(p.sequences())});
   }
   std::cout << table.Render();
 }
 
 void PrintSequences(const pb::ListSequencesResponse& response) {
-  Table table({"SEQUENCE", "POOL", "TENANT", "TOKENS", "STORED_TOKEN_HEADS", "BYTES", "RATIO",
-               "FORMATS"});
+  Table table(
+      {"SEQUENCE", "POOL", "TENANT", "TOKENS", "STORED_TOKEN_HEADS", "BYTES", "RATIO", "FORMATS"});
   for (const auto& s : response.sequences()) {
     std::string formats;
     for (const auto& fb : s.bytes_by_format()) {
@@ -125,9 +128,10 @@ void PrintStats(const pb::PoolStats& s) {
   table.AddRow({"pool", s.pool().empty() ? "(all)" : s.pool()});
   table.AddRow({"capacity", FormatBytes(s.capacity_bytes())});
   table.AddRow({"used", absl::StrFormat("%s (%.1f%%)", FormatBytes(s.used_bytes()),
-                                        s.capacity_bytes() > 0 ? 100.0 * static_cast<double>(s.used_bytes()) /
-                                                                     static_cast<double>(s.capacity_bytes())
-                                                               : 0.0)});
+                                        s.capacity_bytes() > 0
+                                            ? 100.0 * static_cast<double>(s.used_bytes()) /
+                                                  static_cast<double>(s.capacity_bytes())
+                                            : 0.0)});
   table.AddRow({"free", FormatBytes(s.free_bytes())});
   table.AddRow({"blocks used/total", absl::StrCat(s.used_blocks(), "/", s.total_blocks())});
   table.AddRow({"sequences", absl::StrCat(s.sequences())});
@@ -164,8 +168,10 @@ int main(int argc, char** argv) {
     pb::ListPoolsResponse response;
     const grpc::Status status = stub->ListPools(&context, pb::ListPoolsRequest(), &response);
     if (!status.ok()) return Report(status, target);
-    if (json) std::cout << Json(response);
-    else PrintPools(response);
+    if (json)
+      std::cout << Json(response);
+    else
+      PrintPools(response);
     return 0;
   }
   if (command == "sequences") {
@@ -176,8 +182,10 @@ int main(int argc, char** argv) {
     pb::ListSequencesResponse response;
     const grpc::Status status = stub->ListSequences(&context, request, &response);
     if (!status.ok()) return Report(status, target);
-    if (json) std::cout << Json(response);
-    else PrintSequences(response);
+    if (json)
+      std::cout << Json(response);
+    else
+      PrintSequences(response);
     return 0;
   }
   if (command == "stats") {
@@ -186,8 +194,10 @@ int main(int argc, char** argv) {
     pb::PoolStats response;
     const grpc::Status status = stub->GetPoolStats(&context, request, &response);
     if (!status.ok()) return Report(status, target);
-    if (json) std::cout << Json(response);
-    else PrintStats(response);
+    if (json)
+      std::cout << Json(response);
+    else
+      PrintStats(response);
     return 0;
   }
   std::fprintf(stderr, "kvcachectl: unknown command '%s'\nusage: %s\n", command.c_str(), kUsage);

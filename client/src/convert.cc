@@ -6,25 +6,38 @@ namespace kvc::client {
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kPoolDefault: return "pool-default";
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
+    case DType::kPoolDefault:
+      return "pool-default";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
   }
   return "?";
 }
 
 const char* StorageFormatName(StorageFormat format) {
   switch (format) {
-    case StorageFormat::kPoolDefault: return "pool-default";
-    case StorageFormat::kF32: return "f32";
-    case StorageFormat::kF16: return "f16";
-    case StorageFormat::kBF16: return "bf16";
-    case StorageFormat::kFp8E4M3: return "fp8_e4m3";
-    case StorageFormat::kInt8: return "int8";
-    case StorageFormat::kInt4G32: return "int4_g32";
-    case StorageFormat::kInt4G64: return "int4_g64";
-    case StorageFormat::kNvfp4: return "nvfp4";
+    case StorageFormat::kPoolDefault:
+      return "pool-default";
+    case StorageFormat::kF32:
+      return "f32";
+    case StorageFormat::kF16:
+      return "f16";
+    case StorageFormat::kBF16:
+      return "bf16";
+    case StorageFormat::kFp8E4M3:
+      return "fp8_e4m3";
+    case StorageFormat::kInt8:
+      return "int8";
+    case StorageFormat::kInt4G32:
+      return "int4_g32";
+    case StorageFormat::kInt4G64:
+      return "int4_g64";
+    case StorageFormat::kNvfp4:
+      return "nvfp4";
   }
   return "?";
 }
@@ -50,7 +63,8 @@ namespace {
 std::vector<FormatBytes> FromProto(
     const google::protobuf::RepeatedPtrField<pb::FormatBytes>& list) {
   std::vector<FormatBytes> out;
-  for (const auto& fb : list) out.push_back({internal::FromProto(fb.format()), fb.blocks(), fb.bytes()});
+  for (const auto& fb : list)
+    out.push_back({internal::FromProto(fb.format()), fb.blocks(), fb.bytes()});
   return out;
 }
 

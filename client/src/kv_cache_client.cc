@@ -83,7 +83,8 @@ absl::StatusOr<SequenceInfo> KvCacheClient::CreateSequence(const CreateSequenceO
   grpc::ClientContext context;
   impl_->Prepare(&context, call);
   // Not retried: a lost reply would make a retry create a second sequence.
-  const absl::Status status = FromGrpcStatus(impl_->kv->CreateSequence(&context, request, &response));
+  const absl::Status status =
+      FromGrpcStatus(impl_->kv->CreateSequence(&context, request, &response));
   if (!status.ok()) return status;
   return FromProto(response);
 }
@@ -128,8 +129,7 @@ class GrpcAppendStream final : public AppendStream {
     writer_->WritesDone();
     const absl::Status status = FromGrpcStatus(writer_->Finish());
     if (!status.ok()) return status;
-    return AppendStreamResult{response_.messages(), response_.tokens(),
-                              response_.visible_tokens()};
+    return AppendStreamResult{response_.messages(), response_.tokens(), response_.visible_tokens()};
   }
 
  private:
@@ -147,8 +147,7 @@ std::unique_ptr<AppendStream> KvCacheClient::StartAppendStream(const CallOptions
   return std::make_unique<GrpcAppendStream>(impl_->kv.get(), *impl_, call);
 }
 
-absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id,
-                                        const FetchOptions& options,
+absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const FetchOptions& options,
                                         const std::function<absl::Status(FetchedChunk&)>& on_chunk,
                                         const CallOptions& call) {
   pb::FetchRequest request;
@@ -179,8 +178,8 @@ absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id,
     if (!callback_status.ok()) return callback_status;
     if (!status.ok() && delivered) {
       // A stream that broke midway cannot be resumed transparently.
-      return absl::Status(status.code(), absl::StrCat("Fetch broke after some chunks: ",
-                                                      status.message()));
+      return absl::Status(status.code(),
+                          absl::StrCat("Fetch broke after some chunks: ", status.message()));
     }
     return status;
   });
@@ -207,13 +206,11 @@ absl::StatusOr<FetchResult> KvCacheClient::Fetch(const std::string& sequence_id,
         }
         FetchedHead& head = result.heads.back();
         if (chunk.first_index != static_cast<int64_t>(head.positions.size())) {
-          return absl::InternalError(absl::StrCat("Fetch chunk for layer ", chunk.layer, " head ",
-                                                  chunk.kv_head, " starts at ", chunk.first_index,
-                                                  " but ", head.positions.size(),
-                                                  " tokens arrived before it"));
+          return absl::InternalError(absl::StrCat(
+              "Fetch chunk for layer ", chunk.layer, " head ", chunk.kv_head, " starts at ",
+              chunk.first_index, " but ", head.positions.size(), " tokens arrived before it"));
         }
-        head.positions.insert(head.positions.end(), chunk.positions.begin(),
-                              chunk.positions.end());
+        head.positions.insert(head.positions.end(), chunk.positions.begin(), chunk.positions.end());
         if (head.keys.empty()) {
           head.keys = std::move(chunk.keys);
           head.values = std::move(chunk.values);

@@ -94,10 +94,11 @@ int main(int argc, char** argv) {
   const int sequences = absl::GetFlag(FLAGS_sequences);
   const int keep = std::min(absl::GetFlag(FLAGS_keep), sequences);
   const size_t token_layer_bytes = static_cast<size_t>(g.num_kv_heads) * g.head_dim * dtype_bytes;
-  std::printf("kvc-loadgen: pool '%s' (%d layers x %d kv heads x head_dim %d, %s), %d sequences x "
-              "%d tokens, %d threads\n",
-              pool->name.c_str(), g.num_layers, g.num_kv_heads, g.head_dim,
-              kvc::client::DTypeName(g.dtype), sequences, tokens, absl::GetFlag(FLAGS_threads));
+  std::printf(
+      "kvc-loadgen: pool '%s' (%d layers x %d kv heads x head_dim %d, %s), %d sequences x "
+      "%d tokens, %d threads\n",
+      pool->name.c_str(), g.num_layers, g.num_kv_heads, g.head_dim, kvc::client::DTypeName(g.dtype),
+      sequences, tokens, absl::GetFlag(FLAGS_threads));
 
   Totals totals;
   std::atomic<int> next{0};
@@ -112,8 +113,10 @@ int main(int argc, char** argv) {
       std::vector<std::string> keys(static_cast<size_t>(g.num_layers));
       std::vector<std::string> values(static_cast<size_t>(g.num_layers));
       for (int l = 0; l < g.num_layers; ++l) {
-        keys[static_cast<size_t>(l)] = LayerPayload(uint64_t(s) << 20 | uint64_t(l) << 1, tokens * token_layer_bytes);
-        values[static_cast<size_t>(l)] = LayerPayload(uint64_t(s) << 20 | uint64_t(l) << 1 | 1, tokens * token_layer_bytes);
+        keys[static_cast<size_t>(l)] =
+            LayerPayload(uint64_t(s) << 20 | uint64_t(l) << 1, tokens * token_layer_bytes);
+        values[static_cast<size_t>(l)] =
+            LayerPayload(uint64_t(s) << 20 | uint64_t(l) << 1 | 1, tokens * token_layer_bytes);
       }
       // Prefill: chunks in position order, every layer of a chunk before the next chunk,
       // as an engine produces them.
@@ -153,7 +156,8 @@ int main(int argc, char** argv) {
           }
         }
       }
-      const int64_t bytes = 2 * int64_t{tokens} * g.num_layers * static_cast<int64_t>(token_layer_bytes);
+      const int64_t bytes =
+          2 * int64_t{tokens} * g.num_layers * static_cast<int64_t>(token_layer_bytes);
       {
         absl::MutexLock lock(&totals.mu);
         totals.bytes_in += bytes;
@@ -180,8 +184,10 @@ int main(int argc, char** argv) {
     return 3;
   }
   auto stats = client.GetPoolStats(pool->name);
-  std::printf("  sequences        %d created, every byte fetched back and verified, %d released, %zu kept\n",
-              sequences, sequences - static_cast<int>(totals.kept.size()), totals.kept.size());
+  std::printf(
+      "  sequences        %d created, every byte fetched back and verified, %d released, %zu "
+      "kept\n",
+      sequences, sequences - static_cast<int>(totals.kept.size()), totals.kept.size());
   std::printf("  tokens           %lld prompt tokens x %d layers\n",
               static_cast<long long>(totals.tokens), g.num_layers);
   std::printf("  appended         %s in %.2f s of stream time (%.2f GB/s per stream)\n",

@@ -166,13 +166,13 @@ int main(int argc, char** argv) {
       fetch.max_chunk_bytes = payload_per_message;
       int64_t got = 0;
       const auto t1 = Clock::now();
-      const absl::Status st = (*client)->FetchChunks(
-          seq->sequence_id, fetch,
-          [&](kvc::client::FetchedChunk& c) {
-            got += static_cast<int64_t>(c.keys.size() + c.values.size());
-            return absl::OkStatus();
-          },
-          {});
+      const absl::Status st =
+          (*client)->FetchChunks(seq->sequence_id, fetch,
+                                 [&](kvc::client::FetchedChunk& c) {
+                                   got += static_cast<int64_t>(c.keys.size() + c.values.size());
+                                   return absl::OkStatus();
+                                 },
+                                 {});
       t_fetch.push_back(Seconds(t1, Clock::now()));
       if (!st.ok() || got != bytes) {
         std::fprintf(stderr, "fetch failed: %s (%lld bytes)\n", st.ToString().c_str(),
@@ -207,16 +207,21 @@ int main(int argc, char** argv) {
   const double raw_up = gb / Median(t_raw_up), raw_down = gb / Median(t_raw_down);
   const double append = gb / Median(t_append), fetch = gb / Median(t_fetch);
   const double memcpy_gbs = gb / Median(t_memcpy);
-  std::printf("rpc_benchmark: %lld messages x %lld bytes = %.1f MiB per measurement, %d rounds "
-              "(median), 127.0.0.1 TCP\n",
-              static_cast<long long>(messages), static_cast<long long>(payload_per_message),
-              static_cast<double>(bytes) / 1048576.0, rounds);
+  std::printf(
+      "rpc_benchmark: %lld messages x %lld bytes = %.1f MiB per measurement, %d rounds "
+      "(median), 127.0.0.1 TCP\n",
+      static_cast<long long>(messages), static_cast<long long>(payload_per_message),
+      static_cast<double>(bytes) / 1048576.0, rounds);
   std::printf("%-34s %10s %14s %12s\n", "measurement", "GB/s", "vs raw gRPC", "vs memcpy");
   std::printf("%-34s %10.3f %14s %12.3f\n", "memcpy", memcpy_gbs, "", 1.0);
-  std::printf("%-34s %10.3f %14.3f %12.3f\n", "raw gRPC client-stream (upload)", raw_up, 1.0, raw_up / memcpy_gbs);
-  std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache AppendStream", append, append / raw_up, append / memcpy_gbs);
-  std::printf("%-34s %10.3f %14.3f %12.3f\n", "raw gRPC server-stream (download)", raw_down, 1.0, raw_down / memcpy_gbs);
-  std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache Fetch (dense f16)", fetch, fetch / raw_down, fetch / memcpy_gbs);
+  std::printf("%-34s %10.3f %14.3f %12.3f\n", "raw gRPC client-stream (upload)", raw_up, 1.0,
+              raw_up / memcpy_gbs);
+  std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache AppendStream", append, append / raw_up,
+              append / memcpy_gbs);
+  std::printf("%-34s %10.3f %14.3f %12.3f\n", "raw gRPC server-stream (download)", raw_down, 1.0,
+              raw_down / memcpy_gbs);
+  std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache Fetch (dense f16)", fetch, fetch / raw_down,
+              fetch / memcpy_gbs);
   const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) {
     std::ofstream out(json_path);

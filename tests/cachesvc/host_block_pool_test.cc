@@ -48,7 +48,8 @@ TEST(HostBlockPoolTest, AllocateIsAllOrNothingWhenFull) {
   std::vector<BlockId> a;
   KVC_ASSERT_OK(pool->Allocate(3, &a));
   std::vector<BlockId> b;
-  EXPECT_THAT(pool->Allocate(3, &b), StatusIs(absl::StatusCode::kResourceExhausted, "pool 'p' is full"));
+  EXPECT_THAT(pool->Allocate(3, &b),
+              StatusIs(absl::StatusCode::kResourceExhausted, "pool 'p' is full"));
   EXPECT_TRUE(b.empty());
   EXPECT_EQ(pool->free_blocks(), 2);
   KVC_EXPECT_OK(pool->Allocate(2, &b));
@@ -91,8 +92,8 @@ TEST(HostBlockPoolTest, WritesAndReadsTokensExactly) {
     k[i] = static_cast<float>(i) * 0.25f;
     v[i] = -static_cast<float>(i);
   }
-  std::vector<TokenSlot> slots = {{blocks[1], 3}, {blocks[0], 0}, {blocks[0], 1}, {blocks[0], 2},
-                                  {blocks[1], 0}};
+  std::vector<TokenSlot> slots = {
+      {blocks[1], 3}, {blocks[0], 0}, {blocks[0], 1}, {blocks[0], 2}, {blocks[1], 0}};
   std::vector<int32_t> positions = {10, 11, 12, 13, 14};
   pool->WriteTokens(slots, reinterpret_cast<const uint8_t*>(k.data()),
                     reinterpret_cast<const uint8_t*>(v.data()), 16 * 4, DType::kF32, positions);

@@ -47,8 +47,8 @@ class KvStoreModelTest : public ::testing::TestWithParam<uint32_t> {};
 
 TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
   const uint32_t seed = GetParam();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed
-                                    << " (rerun: --gtest_filter=*RandomOperations*/" << seed << ")");
+  SCOPED_TRACE(::testing::Message()
+               << "seed " << seed << " (rerun: --gtest_filter=*RandomOperations*/" << seed << ")");
   std::mt19937 rng(seed);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
 
@@ -56,7 +56,8 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
   pool.name = "m";
   pool.geometry = {kLayers, kHeads, kHeads, kDim, kBlock, DType::kF16, {}};
   pool.capacity_bytes =
-      kBlocks * static_cast<int64_t>(kernels::MakeBlockLayout(StorageFormat::kF16, kDim, kBlock).block_bytes);
+      kBlocks *
+      static_cast<int64_t>(kernels::MakeBlockLayout(StorageFormat::kF16, kDim, kBlock).block_bytes);
   KvStoreOptions options;
   options.pools.push_back(pool);
   options.max_sequences = 12;
@@ -65,7 +66,8 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
   uint32_t next_seed = 1;
 
   auto pick = [&]() -> std::string {
-    if (model.sequences.empty() || uniform(0, 9) == 0) return "unknown-" + std::to_string(uniform(0, 3));
+    if (model.sequences.empty() || uniform(0, 9) == 0)
+      return "unknown-" + std::to_string(uniform(0, 3));
     auto it = model.sequences.begin();
     std::advance(it, uniform(0, static_cast<int>(model.sequences.size()) - 1));
     return it->first;
@@ -112,7 +114,8 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
       } else if (misorder) {
         ASSERT_THAT(r, StatusIs(Code::kFailedPrecondition));
       } else {
-        const int64_t grow = kHeads * ((have + n + kBlock - 1) / kBlock - (have + kBlock - 1) / kBlock);
+        const int64_t grow =
+            kHeads * ((have + n + kBlock - 1) / kBlock - (have + kBlock - 1) / kBlock);
         if (grow > kBlocks - model.used_blocks()) {
           ASSERT_THAT(r, StatusIs(Code::kResourceExhausted));
         } else {
@@ -137,8 +140,10 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
         const uint32_t s = it->second.seed;
         const DType dt = f.dtype_set ? f.dtype : DType::kF16;
         EXPECT_EQ(c.first_index, (got[{c.layer, c.kv_head}]));
-        EXPECT_EQ(c.keys, MakeHeadKv(s, c.layer, c.kv_head, c.first_index, c.num_tokens, kDim, dt, false));
-        EXPECT_EQ(c.values, MakeHeadKv(s, c.layer, c.kv_head, c.first_index, c.num_tokens, kDim, dt, true));
+        EXPECT_EQ(c.keys,
+                  MakeHeadKv(s, c.layer, c.kv_head, c.first_index, c.num_tokens, kDim, dt, false));
+        EXPECT_EQ(c.values,
+                  MakeHeadKv(s, c.layer, c.kv_head, c.first_index, c.num_tokens, kDim, dt, true));
         for (int i = 0; i < c.num_tokens; ++i) {
           EXPECT_EQ(c.positions[static_cast<size_t>(i)], c.first_index + i);
         }

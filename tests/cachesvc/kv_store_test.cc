@@ -26,7 +26,8 @@ KvStoreOptions SmallStore(int64_t blocks = 1000) {
   pool.geometry.head_dim = kDim;
   pool.geometry.block_tokens = kBlock;
   pool.capacity_bytes =
-      blocks * static_cast<int64_t>(kernels::MakeBlockLayout(StorageFormat::kF16, kDim, kBlock).block_bytes);
+      blocks *
+      static_cast<int64_t>(kernels::MakeBlockLayout(StorageFormat::kF16, kDim, kBlock).block_bytes);
   KvStoreOptions options;
   options.pools.push_back(pool);
   return options;
@@ -73,10 +74,11 @@ class KvStoreTest : public ::testing::Test {
   std::vector<FetchChunk> FetchAll(FetchParams params) {
     params.sequence_id = id_;
     std::vector<FetchChunk> chunks;
-    EXPECT_THAT(store_->Fetch(params, [&](FetchChunk& c) {
-      chunks.push_back(c);
-      return true;
-    }),
+    EXPECT_THAT(store_->Fetch(params,
+                              [&](FetchChunk& c) {
+                                chunks.push_back(c);
+                                return true;
+                              }),
                 ::kvc::testing::IsOk());
     return chunks;
   }

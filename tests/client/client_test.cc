@@ -82,7 +82,8 @@ TEST(ClientTest, ServerRejectsStartWhenTheAddressIsTaken) {
   auto t = ::kvc::testing::StartTestServer(::kvc::testing::SmallServerOptions(1 << 20));
   auto options = ::kvc::testing::SmallServerOptions(1 << 20);
   options.listen = t.server->address();
-  EXPECT_THAT(cachesvc::KvCacheServer::Start(options), StatusIs(Code::kUnavailable, "cannot listen"));
+  EXPECT_THAT(cachesvc::KvCacheServer::Start(options),
+              StatusIs(Code::kUnavailable, "cannot listen"));
 }
 
 }  // namespace

@@ -46,7 +46,9 @@ AppendChunk Chunk(const std::string& id, int layer, int64_t start, int n, const 
 
 class ServiceTest : public ::testing::Test {
  protected:
-  void SetUp() override { t_ = ::kvc::testing::StartTestServer(::kvc::testing::SmallServerOptions()); }
+  void SetUp() override {
+    t_ = ::kvc::testing::StartTestServer(::kvc::testing::SmallServerOptions());
+  }
 
   std::string NewSequence() {
     auto s = t_.client->CreateSequence({});
@@ -156,7 +158,8 @@ TEST_F(ServiceTest, AppendStreamReportsHowFarItGot) {
   const Payload p1 = MakePayload(0, 50, 10);
   KVC_ASSERT_OK(stream->Write(Chunk(id, 0, 0, 10, p0)));
   (void)stream->Write(Chunk(id, 0, 50, 10, p1));  // out of order
-  EXPECT_THAT(stream->Finish(), StatusIs(Code::kFailedPrecondition, "1 earlier messages were applied"));
+  EXPECT_THAT(stream->Finish(),
+              StatusIs(Code::kFailedPrecondition, "1 earlier messages were applied"));
   KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo info, t_.client->GetSequence(id));
   EXPECT_EQ(info.layer_tokens[0], 10);
 }
@@ -177,7 +180,8 @@ TEST_F(ServiceTest, EveryBadRequestGetsItsOwnStatus) {
   EXPECT_THAT(t_.client->Append(c), StatusIs(Code::kInvalidArgument, "start_position is -5"));
   c = Chunk(id, 0, 0, 4, p);
   c.bytes = 100;
-  EXPECT_THAT(t_.client->Append(c), StatusIs(Code::kInvalidArgument, "keys has 100 bytes; expected"));
+  EXPECT_THAT(t_.client->Append(c),
+              StatusIs(Code::kInvalidArgument, "keys has 100 bytes; expected"));
   c = Chunk(id, 0, 0, 4, p);
   c.dtype = DType::kF32;  // bytes are f16-sized
   EXPECT_THAT(t_.client->Append(c), StatusIs(Code::kInvalidArgument, "4 bytes (f32)"));
@@ -190,7 +194,8 @@ TEST_F(ServiceTest, EveryBadRequestGetsItsOwnStatus) {
 
   client::FetchOptions bad_layers;
   bad_layers.layers = {0, 4};
-  EXPECT_THAT(t_.client->Fetch(id, bad_layers), StatusIs(Code::kInvalidArgument, "layers contains 4"));
+  EXPECT_THAT(t_.client->Fetch(id, bad_layers),
+              StatusIs(Code::kInvalidArgument, "layers contains 4"));
   EXPECT_THAT(t_.client->Fetch("gone", {}), StatusIs(Code::kNotFound));
   EXPECT_THAT(t_.client->Release("gone"), StatusIs(Code::kNotFound));
   EXPECT_THAT(t_.client->CreateSequence({"nopool", "", ""}),
@@ -309,7 +314,8 @@ TEST_F(ServiceTest, ManyClientsAtOnce) {
         return;
       }
       for (const auto& h : kv->heads) {
-        if (h.keys != MakeHeadKv(1000 + i, h.layer, h.kv_head, 0, 50, kDim, kernels::DType::kF16, false)) {
+        if (h.keys !=
+            MakeHeadKv(1000 + i, h.layer, h.kv_head, 0, 50, kDim, kernels::DType::kF16, false)) {
           results[static_cast<size_t>(i)] = absl::InternalError("another client's data");
         }
       }

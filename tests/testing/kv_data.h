@@ -15,7 +15,8 @@ namespace kvc::testing {
 inline float KvValue(uint32_t seed, int layer, int head, int64_t position, int element,
                      bool is_value) {
   uint32_t x = seed * 2654435761u ^ static_cast<uint32_t>(layer * 7919 + head * 104729) ^
-               static_cast<uint32_t>(position * 31 + element * 131071) ^ (is_value ? 0x5bd1e995u : 0u);
+               static_cast<uint32_t>(position * 31 + element * 131071) ^
+               (is_value ? 0x5bd1e995u : 0u);
   x ^= x >> 13;
   x *= 0x5bd1e995u;
   x ^= x >> 15;

@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
   const float* got = reinterpret_cast<const float*>(kv->heads[0].keys.data());
   for (int t = 0; t < n; ++t) {
     for (int e = 0; e < g.head_dim; ++e) {
-      if (got[t * g.head_dim + e] != keys[(static_cast<size_t>(t) * g.num_kv_heads) * g.head_dim + e]) {
+      if (got[t * g.head_dim + e] !=
+          keys[(static_cast<size_t>(t) * g.num_kv_heads) * g.head_dim + e]) {
         std::fprintf(stderr, "mismatch at token %d element %d\n", t, e);
         return 1;
       }

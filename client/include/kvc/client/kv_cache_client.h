@@ -26,7 +26,7 @@ namespace kvc::client {
 struct ClientOptions {
   std::string target = "127.0.0.1:50051";  // any gRPC target: host:port, unix:/path, dns:///
   absl::Duration default_deadline = absl::Seconds(30);
-  int max_attempts = 4;                     // for retried calls; 1 disables retries
+  int max_attempts = 4;  // for retried calls; 1 disables retries
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
   int64_t max_message_bytes = int64_t{16} << 20;

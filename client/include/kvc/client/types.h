@@ -21,8 +21,15 @@ const char* DTypeName(DType dtype);
 
 // Storage formats, as in kvcache.v1.StorageFormat.
 enum class StorageFormat {
-  kPoolDefault = 0, kF32 = 1, kF16 = 2, kBF16 = 3, kFp8E4M3 = 4, kInt8 = 5, kInt4G32 = 6,
-  kInt4G64 = 7, kNvfp4 = 8
+  kPoolDefault = 0,
+  kF32 = 1,
+  kF16 = 2,
+  kBF16 = 3,
+  kFp8E4M3 = 4,
+  kInt8 = 5,
+  kInt4G32 = 6,
+  kInt4G64 = 7,
+  kNvfp4 = 8
 };
 const char* StorageFormatName(StorageFormat format);
 
@@ -53,8 +60,8 @@ struct SequenceInfo {
   std::string sequence_id;
   std::string pool;
   std::string tenant;
-  int64_t visible_tokens = 0;             // every layer has them; the logical length
-  std::vector<int64_t> layer_tokens;      // appended per layer
+  int64_t visible_tokens = 0;         // every layer has them; the logical length
+  std::vector<int64_t> layer_tokens;  // appended per layer
   int64_t stored_token_heads = 0;
   std::vector<FormatBytes> bytes_by_format;
   int64_t bytes = 0;
@@ -90,7 +97,7 @@ struct PoolStats {
 };
 
 struct CreateSequenceOptions {
-  std::string pool;                // empty = the server's default pool
+  std::string pool;  // empty = the server's default pool
   std::string tenant;
   std::string client_sequence_id;  // empty = the server picks one
 };
@@ -120,10 +127,10 @@ struct AppendStreamResult {
 };
 
 struct FetchOptions {
-  std::vector<int> layers;         // empty = all
+  std::vector<int> layers;  // empty = all
   DType dtype = DType::kPoolDefault;
-  bool stored_format = false;      // true: token records as stored, with scales
-  int64_t max_chunk_bytes = 0;     // 0 = server default (1 MiB)
+  bool stored_format = false;   // true: token records as stored, with scales
+  int64_t max_chunk_bytes = 0;  // 0 = server default (1 MiB)
 };
 
 // One (layer, kv head, token range) as it arrives.
@@ -133,7 +140,7 @@ struct FetchedChunk {
   int64_t first_index = 0;
   int num_tokens = 0;
   std::vector<int32_t> positions;
-  std::string keys;    // [num_tokens, head_dim] of dtype, or num_tokens stored records
+  std::string keys;  // [num_tokens, head_dim] of dtype, or num_tokens stored records
   std::string values;
   DType dtype = DType::kPoolDefault;
   StorageFormat storage = StorageFormat::kPoolDefault;

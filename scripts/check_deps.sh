@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Enforces the one-way layering of DESIGN.md by forbidden includes (CMake target links
+# enforce the rest). Exit 1 with every violation listed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+status=0
+check() {  # check DESCRIPTION REGEX PATH...
+  local what=$1 regex=$2
+  shift 2
+  local hits
+  hits=$(grep -rnE "$regex" "$@" --include='*.h' --include='*.cc' --include='*.cu' --include='*.cuh' 2>/dev/null)
+  if [ -n "$hits" ]; then
+    echo "check_deps: $what:"
+    echo "$hits" | sed 's/^/  /'
+    status=1
+  fi
+}
+inc='^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]'
+check "kernels/ must not include gRPC, Abseil, protobuf or Prometheus" \
+  "${inc}(grpc|grpcpp|absl|google/protobuf|prometheus)/|${inc}[^>\"]*\.pb\.h" kernels
+check "cachesvc/core must not include gRPC, protobuf or Prometheus" \
+  "${inc}(grpc|grpcpp|google/protobuf|prometheus)/|${inc}[^>\"]*\.pb\.h" cachesvc/core
+check "CUDA and NCCL headers belong in kernels/cuda only" \
+  "${inc}(cuda_runtime|cuda|nccl)[._a-z]*\.h" common proto cachesvc client worker
+check "client/ and worker/ must not include cachesvc/" "${inc}cachesvc/" client worker
+check "public client headers must not expose generated protobuf or gRPC types" \
+  "${inc}(grpc|grpcpp|google/protobuf)/|${inc}[^>\"]*\.pb\.h" client/include
+check "common/ is a leaf (Abseil and the standard library only)" \
+  "${inc}(grpc|grpcpp|google/protobuf|prometheus|kvc|cachesvc|client|proto)/" common
+[ $status = 0 ] && echo "check_deps: layering OK"
+exit $status
