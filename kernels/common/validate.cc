@@ -6,7 +6,8 @@ namespace kvc::kernels::internal {
 
 KernelStatus CheckArena(const PagedArena& arena) {
   const BlockLayout& l = arena.layout;
-  if (arena.base == nullptr && arena.num_blocks > 0) return KernelStatus::Invalid("arena base is null");
+  if (arena.base == nullptr && arena.num_blocks > 0)
+    return KernelStatus::Invalid("arena base is null");
   if (arena.num_blocks < 0) return KernelStatus::Invalid("arena num_blocks < 0");
   if (static_cast<int>(l.format) >= kNumStorageFormats) {
     return KernelStatus::Invalid("unknown storage format");
@@ -29,8 +30,8 @@ KernelStatus CheckLanesScalar(const LaneTable& lanes) {
   if (lanes.num_lanes < 0 || lanes.max_tokens < 0) {
     return KernelStatus::Invalid("num_lanes and max_tokens must be >= 0");
   }
-  if (lanes.num_lanes > 0 &&
-      (lanes.block_offsets == nullptr || lanes.block_ids == nullptr || lanes.num_tokens == nullptr)) {
+  if (lanes.num_lanes > 0 && (lanes.block_offsets == nullptr || lanes.block_ids == nullptr ||
+                              lanes.num_tokens == nullptr)) {
     return KernelStatus::Invalid("lane table pointers must be set");
   }
   return KernelStatus::Ok();
@@ -40,7 +41,8 @@ static bool ValidDType(DType d) { return static_cast<int>(d) <= static_cast<int>
 
 static KernelStatus CheckRowsScalar(int32_t n, const void* a, const void* b) {
   if (n < 0) return KernelStatus::Invalid("num_rows < 0");
-  if (n > 0 && (a == nullptr || b == nullptr)) return KernelStatus::Invalid("row index arrays must be set");
+  if (n > 0 && (a == nullptr || b == nullptr))
+    return KernelStatus::Invalid("row index arrays must be set");
   return KernelStatus::Ok();
 }
 
@@ -72,7 +74,8 @@ KernelStatus CheckGather(const GatherArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.dst));
   KVC_KERNEL_RETURN_IF_ERROR(CheckRowsScalar(a.num_rows, a.src_blocks, a.src_slots));
   KVC_KERNEL_RETURN_IF_ERROR(CheckRowsScalar(a.num_rows, a.dst_blocks, a.dst_slots));
-  if (a.src.layout.format != a.dst.layout.format || a.src.layout.head_dim != a.dst.layout.head_dim) {
+  if (a.src.layout.format != a.dst.layout.format ||
+      a.src.layout.head_dim != a.dst.layout.head_dim) {
     return KernelStatus::Invalid("gather needs the same format and head_dim on both sides");
   }
   return KernelStatus::Ok();
@@ -93,8 +96,10 @@ KernelStatus CheckRerotate(const RerotateArgs& a) {
 KernelStatus CheckSnapKv(const SnapKvScoreArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
   KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
-  if (a.group_size <= 0 || a.window <= 0) return KernelStatus::Invalid("group_size and window must be positive");
-  if (a.pool_kernel <= 0 || a.pool_kernel % 2 == 0) return KernelStatus::Invalid("pool_kernel must be odd");
+  if (a.group_size <= 0 || a.window <= 0)
+    return KernelStatus::Invalid("group_size and window must be positive");
+  if (a.pool_kernel <= 0 || a.pool_kernel % 2 == 0)
+    return KernelStatus::Invalid("pool_kernel must be odd");
   if (!ValidDType(a.query_dtype)) return KernelStatus::Invalid("unknown dtype");
   if (a.lanes.num_lanes > 0 && (a.queries == nullptr || a.query_positions == nullptr)) {
     return KernelStatus::Invalid("queries and query_positions must be set");
@@ -106,14 +111,16 @@ KernelStatus CheckAccumulate(const AccumulateScoresArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
   KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
   if (a.group_size <= 0) return KernelStatus::Invalid("group_size must be positive");
-  if (a.lanes.num_lanes > 0 && a.weights == nullptr) return KernelStatus::Invalid("weights must be set");
+  if (a.lanes.num_lanes > 0 && a.weights == nullptr)
+    return KernelStatus::Invalid("weights must be set");
   return KernelStatus::Ok();
 }
 
 KernelStatus CheckSelect(const SelectArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
   KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
-  if (a.sinks < 0 || a.recent < 0 || a.budget < 0) return KernelStatus::Invalid("sinks, recent and budget must be >= 0");
+  if (a.sinks < 0 || a.recent < 0 || a.budget < 0)
+    return KernelStatus::Invalid("sinks, recent and budget must be >= 0");
   if (a.lanes.num_lanes > 0 && a.keep == nullptr) return KernelStatus::Invalid("keep must be set");
   return KernelStatus::Ok();
 }
@@ -131,7 +138,8 @@ KernelStatus CheckCompact(const CompactArgs& a) {
 KernelStatus CheckDecode(const DecodeAttentionArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
   KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
-  if (a.group_size <= 0 || a.group_size > 64) return KernelStatus::Invalid("group_size must be in [1, 64]");
+  if (a.group_size <= 0 || a.group_size > 64)
+    return KernelStatus::Invalid("group_size must be in [1, 64]");
   if (!ValidDType(a.dtype)) return KernelStatus::Invalid("unknown dtype");
   if (a.lanes.num_lanes > 0 && (a.queries == nullptr || a.out == nullptr)) {
     return KernelStatus::Invalid("queries and out must be set");
@@ -162,8 +170,10 @@ KernelStatus CheckLaneContents(const PagedArena& arena, const LaneTable& lanes) 
 KernelStatus CheckRowContents(const PagedArena& arena, int32_t n, const int32_t* blocks,
                               const int32_t* slots) {
   for (int32_t r = 0; r < n; ++r) {
-    if (blocks[r] < 0 || blocks[r] >= arena.num_blocks) return KernelStatus::Invalid("block id out of range");
-    if (slots[r] < 0 || slots[r] >= arena.layout.block_tokens) return KernelStatus::Invalid("slot out of range");
+    if (blocks[r] < 0 || blocks[r] >= arena.num_blocks)
+      return KernelStatus::Invalid("block id out of range");
+    if (slots[r] < 0 || slots[r] >= arena.layout.block_tokens)
+      return KernelStatus::Invalid("slot out of range");
   }
   return KernelStatus::Ok();
 }

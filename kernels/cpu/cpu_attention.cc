@@ -35,7 +35,8 @@ void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
   for (int32_t lane = 0; lane < a.lanes.num_lanes; ++lane) {
     first_item[lane] = static_cast<int32_t>(items.size());
     const int32_t n = a.lanes.num_tokens[lane];
-    for (int32_t t = 0; t < n; t += kChunkTokens) items.push_back({lane, t, std::min(n, t + kChunkTokens)});
+    for (int32_t t = 0; t < n; t += kChunkTokens)
+      items.push_back({lane, t, std::min(n, t + kChunkTokens)});
   }
   first_item[a.lanes.num_lanes] = static_cast<int32_t>(items.size());
   const bool need_logits = a.weights != nullptr || a.accumulate_scores;
@@ -45,24 +46,28 @@ void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
   std::vector<float> logits_all(need_logits ? items.size() * G * kChunkTokens : 0);
 
   pool.ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> q(static_cast<size_t>(G) * d), kv(d), logits(static_cast<size_t>(G) * kChunkTokens);
+    std::vector<float> q(static_cast<size_t>(G) * d), kv(d),
+        logits(static_cast<size_t>(G) * kChunkTokens);
     for (int64_t i = i0; i < i1; ++i) {
       const Item it = items[i];
       const int32_t len = it.end - it.begin;
       for (int g = 0; g < G; ++g) {
-        LoadRow(a.queries, a.dtype, (static_cast<size_t>(it.lane) * G + g) * d, d, &q[static_cast<size_t>(g) * d]);
+        LoadRow(a.queries, a.dtype, (static_cast<size_t>(it.lane) * G + g) * d, d,
+                &q[static_cast<size_t>(g) * d]);
       }
       for (int32_t t = 0; t < len; ++t) {
         int32_t b, s;
         LaneTokenSlot(a.lanes, l.block_tokens, it.lane, it.begin + t, &b, &s);
         DequantizeRecord(l.format, d, KeyRecord(a.arena, b, s), kv.data());
-        for (int g = 0; g < G; ++g) logits[g * kChunkTokens + t] = Dot(&q[static_cast<size_t>(g) * d], kv.data(), d) * scale;
+        for (int g = 0; g < G; ++g)
+          logits[g * kChunkTokens + t] = Dot(&q[static_cast<size_t>(g) * d], kv.data(), d) * scale;
       }
       float* acc = &part_acc[static_cast<size_t>(i) * G * d];
       std::fill(acc, acc + static_cast<size_t>(G) * d, 0.0f);
       for (int g = 0; g < G; ++g) {
         float* lg = &logits[g * kChunkTokens];
-        if (need_logits) std::copy(lg, lg + len, &logits_all[(static_cast<size_t>(i) * G + g) * kChunkTokens]);
+        if (need_logits)
+          std::copy(lg, lg + len, &logits_all[(static_cast<size_t>(i) * G + g) * kChunkTokens]);
         float m = kNegInf;
         for (int32_t t = 0; t < len; ++t) m = std::max(m, lg[t]);
         float sum = 0.0f;
@@ -77,7 +82,8 @@ void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
         int32_t b, s;
         LaneTokenSlot(a.lanes, l.block_tokens, it.lane, it.begin + t, &b, &s);
         DequantizeRecord(l.format, d, ValueRecord(a.arena, b, s), kv.data());
-        for (int g = 0; g < G; ++g) Axpy(logits[g * kChunkTokens + t], kv.data(), acc + static_cast<size_t>(g) * d, d);
+        for (int g = 0; g < G; ++g)
+          Axpy(logits[g * kChunkTokens + t], kv.data(), acc + static_cast<size_t>(g) * d, d);
       }
     }
   });
@@ -89,7 +95,8 @@ void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
     for (int64_t lane = l0; lane < l1; ++lane) {
       for (int g = 0; g < G; ++g) {
         float M = kNegInf;
-        for (int32_t i = first_item[lane]; i < first_item[lane + 1]; ++i) M = std::max(M, part_m[i * G + g]);
+        for (int32_t i = first_item[lane]; i < first_item[lane + 1]; ++i)
+          M = std::max(M, part_m[i * G + g]);
         float L = 0.0f;
         std::fill(out.begin(), out.end(), 0.0f);
         for (int32_t i = first_item[lane]; i < first_item[lane + 1]; ++i) {
@@ -114,7 +121,9 @@ void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
         float mean = 0.0f;
         for (int g = 0; g < G; ++g) {
           const size_t row = static_cast<size_t>(it.lane) * G + g;
-          const float p = std::exp(logits_all[(static_cast<size_t>(i) * G + g) * kChunkTokens + t] - lane_m[row]) / lane_l[row];
+          const float p = std::exp(logits_all[(static_cast<size_t>(i) * G + g) * kChunkTokens + t] -
+                                   lane_m[row]) /
+                          lane_l[row];
           if (a.weights != nullptr) a.weights[row * a.lanes.max_tokens + it.begin + t] = p;
           mean += p / static_cast<float>(G);
         }

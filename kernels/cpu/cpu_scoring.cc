@@ -30,7 +30,8 @@ void Pool(const float* vote, int32_t n, int32_t pooled_len, int kernel, PoolKind
     }
     const int32_t lo = std::max(0, t - half), hi = std::min(pooled_len - 1, t + half);
     float v = kind == PoolKind::kMax ? vote[lo] : 0.0f;
-    for (int32_t u = lo; u <= hi; ++u) v = kind == PoolKind::kMax ? std::max(v, vote[u]) : v + vote[u];
+    for (int32_t u = lo; u <= hi; ++u)
+      v = kind == PoolKind::kMax ? std::max(v, vote[u]) : v + vote[u];
     out[t] = kind == PoolKind::kMax ? v : v / static_cast<float>(kernel);
   }
 }
@@ -76,7 +77,8 @@ void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a) {
         LoadRow(a.queries, a.query_dtype, q_row * d, d, q.data());
         float m = kNegInf;
         for (int32_t t = 0; t < n; ++t) {
-          logits[t] = p[t] > q_pos ? kNegInf : Dot(q.data(), k + static_cast<size_t>(t) * d, d) * scale;
+          logits[t] =
+              p[t] > q_pos ? kNegInf : Dot(q.data(), k + static_cast<size_t>(t) * d, d) * scale;
           m = std::max(m, logits[t]);
         }
         if (m == kNegInf) continue;
@@ -98,12 +100,14 @@ void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a) {
       const float* rows = &pooled[static_cast<size_t>(off[lane]) * a.group_size];
       for (int32_t t = 0; t < n; ++t) {
         float sc = 0.0f;
-        for (int g = 0; g < a.group_size; ++g) sc += rows[static_cast<size_t>(g) * n + t] / static_cast<float>(a.group_size);
+        for (int g = 0; g < a.group_size; ++g)
+          sc += rows[static_cast<size_t>(g) * n + t] / static_cast<float>(a.group_size);
         int32_t b, s;
         LaneTokenSlot(lanes, l.block_tokens, static_cast<int32_t>(lane), t, &b, &s);
         float* dst = ScorePtr(a.arena, b, s);
         *dst = a.mode == ScoreMode::kAccumulate ? *dst + sc : sc;
-        if (a.out_scores != nullptr) a.out_scores[static_cast<size_t>(lane) * lanes.max_tokens + t] = sc;
+        if (a.out_scores != nullptr)
+          a.out_scores[static_cast<size_t>(lane) * lanes.max_tokens + t] = sc;
       }
     }
   });
@@ -135,7 +139,8 @@ void Select(ThreadPool& pool, const SelectArgs& a) {
       const int32_t n = a.lanes.num_tokens[lane];
       uint8_t* keep = a.keep + static_cast<size_t>(lane) * a.lanes.max_tokens;
       std::memset(keep, 0, a.lanes.max_tokens);
-      const int64_t budget = std::max<int64_t>(0, a.budgets != nullptr ? a.budgets[lane] : a.budget);
+      const int64_t budget =
+          std::max<int64_t>(0, a.budgets != nullptr ? a.budgets[lane] : a.budget);
       if (static_cast<int64_t>(n) <= static_cast<int64_t>(a.sinks) + a.recent + budget) {
         std::memset(keep, 1, n);
         if (a.kept != nullptr) a.kept[lane] = n;
@@ -152,7 +157,9 @@ void Select(ThreadPool& pool, const SelectArgs& a) {
         score[t] = std::isnan(sc) ? kNegInf : sc;
         idx[t] = t;
       }
-      auto by_pos = [&](int32_t x, int32_t y) { return pos[x] != pos[y] ? pos[x] < pos[y] : x < y; };
+      auto by_pos = [&](int32_t x, int32_t y) {
+        return pos[x] != pos[y] ? pos[x] < pos[y] : x < y;
+      };
       // Partition: [0, sinks) lowest positions, [n - recent, n) highest, the rest between.
       auto first = idx.begin(), last = idx.end();
       if (a.sinks > 0) std::nth_element(first, first + a.sinks, last, by_pos);

@@ -23,8 +23,11 @@ void WriteTokens(ThreadPool& pool, const WriteTokensArgs& a) {
       const int32_t b = a.dst_blocks[r], s = a.dst_slots[r];
       const size_t off = static_cast<size_t>(r * stride);
       if (raw_copy) {  // same element type: the record is the row's bytes
-        std::memcpy(KeyRecord(a.arena, b, s), static_cast<const uint8_t*>(a.keys) + off * DTypeSize(a.dtype), l.record_bytes);
-        std::memcpy(ValueRecord(a.arena, b, s), static_cast<const uint8_t*>(a.values) + off * DTypeSize(a.dtype), l.record_bytes);
+        std::memcpy(KeyRecord(a.arena, b, s),
+                    static_cast<const uint8_t*>(a.keys) + off * DTypeSize(a.dtype), l.record_bytes);
+        std::memcpy(ValueRecord(a.arena, b, s),
+                    static_cast<const uint8_t*>(a.values) + off * DTypeSize(a.dtype),
+                    l.record_bytes);
       } else {
         LoadRow(a.keys, a.dtype, off, d, x);
         QuantizeRecord(l.format, d, x, KeyRecord(a.arena, b, s));
@@ -49,7 +52,8 @@ void ReadTokens(ThreadPool& pool, const ReadTokensArgs& a) {
       const size_t off = static_cast<size_t>(r * stride);
       if (a.keys != nullptr) {
         if (raw_copy) {
-          std::memcpy(static_cast<uint8_t*>(a.keys) + off * DTypeSize(a.dtype), KeyRecord(a.arena, b, s), l.record_bytes);
+          std::memcpy(static_cast<uint8_t*>(a.keys) + off * DTypeSize(a.dtype),
+                      KeyRecord(a.arena, b, s), l.record_bytes);
         } else {
           DequantizeRecord(l.format, d, KeyRecord(a.arena, b, s), x);
           StoreRow(x, d, a.keys, a.dtype, off);
@@ -57,7 +61,8 @@ void ReadTokens(ThreadPool& pool, const ReadTokensArgs& a) {
       }
       if (a.values != nullptr) {
         if (raw_copy) {
-          std::memcpy(static_cast<uint8_t*>(a.values) + off * DTypeSize(a.dtype), ValueRecord(a.arena, b, s), l.record_bytes);
+          std::memcpy(static_cast<uint8_t*>(a.values) + off * DTypeSize(a.dtype),
+                      ValueRecord(a.arena, b, s), l.record_bytes);
         } else {
           DequantizeRecord(l.format, d, ValueRecord(a.arena, b, s), x);
           StoreRow(x, d, a.values, a.dtype, off);

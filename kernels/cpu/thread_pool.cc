@@ -5,7 +5,8 @@
 namespace kvc::kernels::cpu {
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < std::max(1, num_threads); ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 1; i < std::max(1, num_threads); ++i)
+    workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {

@@ -20,13 +20,16 @@ std::vector<float> LaneKeys(const PagedArena& arena, const LaneTable& lanes, int
   for (int32_t t = 0; t < n; ++t) {
     int32_t b, s;
     LaneTokenSlot(lanes, l.block_tokens, lane, t, &b, &s);
-    DequantizeRecord(l.format, l.head_dim, KeyRecord(arena, b, s), &k[static_cast<size_t>(t) * l.head_dim]);
+    DequantizeRecord(l.format, l.head_dim, KeyRecord(arena, b, s),
+                     &k[static_cast<size_t>(t) * l.head_dim]);
     (*positions)[t] = *PositionPtr(arena, b, s);
   }
   return k;
 }
 
-float ScoreForRanking(float s) { return std::isnan(s) ? -std::numeric_limits<float>::infinity() : s; }
+float ScoreForRanking(float s) {
+  return std::isnan(s) ? -std::numeric_limits<float>::infinity() : s;
+}
 
 }  // namespace
 
@@ -53,7 +56,8 @@ void SnapKvScore(const SnapKvScoreArgs& a) {
           }
           float dot = 0.0f;
           for (int j = 0; j < d; ++j) {
-            dot += LoadElement(a.queries, a.query_dtype, q_row * d + j) * keys[static_cast<size_t>(t) * d + j];
+            dot += LoadElement(a.queries, a.query_dtype, q_row * d + j) *
+                   keys[static_cast<size_t>(t) * d + j];
           }
           logits[t] = dot * scale;
           m = std::max(m, logits[t]);
@@ -85,7 +89,8 @@ void SnapKvScore(const SnapKvScoreArgs& a) {
       LaneTokenSlot(a.lanes, l.block_tokens, lane, t, &b, &s);
       float* dst = ScorePtr(a.arena, b, s);
       *dst = a.mode == ScoreMode::kAccumulate ? *dst + score[t] : score[t];
-      if (a.out_scores != nullptr) a.out_scores[static_cast<size_t>(lane) * a.lanes.max_tokens + t] = score[t];
+      if (a.out_scores != nullptr)
+        a.out_scores[static_cast<size_t>(lane) * a.lanes.max_tokens + t] = score[t];
     }
   }
 }
@@ -127,9 +132,8 @@ void Select(const SelectArgs& a) {
     }
     std::vector<int32_t> by_pos(n);
     for (int32_t t = 0; t < n; ++t) by_pos[t] = t;
-    std::sort(by_pos.begin(), by_pos.end(), [&](int32_t x, int32_t y) {
-      return pos[x] != pos[y] ? pos[x] < pos[y] : x < y;
-    });
+    std::sort(by_pos.begin(), by_pos.end(),
+              [&](int32_t x, int32_t y) { return pos[x] != pos[y] ? pos[x] < pos[y] : x < y; });
     for (int32_t i = 0; i < a.sinks; ++i) keep[by_pos[i]] = 1;
     for (int32_t i = n - a.recent; i < n; ++i) keep[by_pos[i]] = 1;
     std::vector<int32_t> rest;

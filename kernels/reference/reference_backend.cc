@@ -12,11 +12,11 @@ class ReferenceBackend final : public internal::HostBackend {
   BackendKind kind() const override { return BackendKind::kReference; }
   const char* name() const override { return "reference"; }
 
-#define KVC_REF_OP(Name, Args)                                   \
-  KernelStatus Name(const Args& a, StreamHandle) override {      \
-    KVC_KERNEL_RETURN_IF_ERROR(internal::CheckHost(a));          \
-    reference::Name(a);                                          \
-    return KernelStatus::Ok();                                   \
+#define KVC_REF_OP(Name, Args)                              \
+  KernelStatus Name(const Args& a, StreamHandle) override { \
+    KVC_KERNEL_RETURN_IF_ERROR(internal::CheckHost(a));     \
+    reference::Name(a);                                     \
+    return KernelStatus::Ok();                              \
   }
   KVC_REF_OP(WriteTokens, WriteTokensArgs)
   KVC_REF_OP(ReadTokens, ReadTokensArgs)
@@ -33,7 +33,9 @@ class ReferenceBackend final : public internal::HostBackend {
 }  // namespace
 
 namespace internal {
-std::unique_ptr<KernelBackend> MakeReferenceBackend() { return std::make_unique<ReferenceBackend>(); }
+std::unique_ptr<KernelBackend> MakeReferenceBackend() {
+  return std::make_unique<ReferenceBackend>();
+}
 }  // namespace internal
 
 }  // namespace kvc::kernels

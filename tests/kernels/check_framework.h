@@ -69,13 +69,13 @@ struct Registrar {
   }
 };
 
-#define KVC_SPEC_CHECK(Name)                                                               \
-  static void Name(::kvc::kernels::testing::CheckContext& ctx);                            \
-  static ::kvc::kernels::testing::Registrar Name##_registrar(#Name, false, Name);          \
+#define KVC_SPEC_CHECK(Name)                                                      \
+  static void Name(::kvc::kernels::testing::CheckContext& ctx);                   \
+  static ::kvc::kernels::testing::Registrar Name##_registrar(#Name, false, Name); \
   static void Name(::kvc::kernels::testing::CheckContext& ctx)
-#define KVC_BACKEND_CHECK(Name)                                                            \
-  static void Name(::kvc::kernels::testing::CheckContext& ctx);                            \
-  static ::kvc::kernels::testing::Registrar Name##_registrar(#Name, true, Name);           \
+#define KVC_BACKEND_CHECK(Name)                                                  \
+  static void Name(::kvc::kernels::testing::CheckContext& ctx);                  \
+  static ::kvc::kernels::testing::Registrar Name##_registrar(#Name, true, Name); \
   static void Name(::kvc::kernels::testing::CheckContext& ctx)
 
 // Runs one check. For per-backend checks creates both backends; a backend that cannot be

@@ -28,8 +28,8 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
       const LaneSpec lanes = MakeLanes(l, c.tokens, 0, rng);
       const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, true, rng);
       const int32_t L = lanes.num_lanes();
-      const std::vector<uint8_t> q =
-          ToDType(RandomRows(static_cast<int64_t>(L) * c.group, c.d, DataKind::kGaussian, rng), c.dtype);
+      const std::vector<uint8_t> q = ToDType(
+          RandomRows(static_cast<int64_t>(L) * c.group, c.d, DataKind::kGaussian, rng), c.dtype);
       const size_t out_bytes = static_cast<size_t>(L) * c.group * c.d * DTypeSize(c.dtype);
       const size_t nw = static_cast<size_t>(L) * c.group * lanes.max_tokens;
       std::vector<float> out[2], weights[2], scores[2];
@@ -46,7 +46,8 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
         a.out = s.Alloc(out_bytes);
         a.weights = c.weights ? static_cast<float*>(s.Alloc(nw * 4)) : nullptr;
         a.accumulate_scores = c.weights;
-        if (!ctx.ExpectOk(backends[i]->DecodeAttention(a, StreamHandle{}), "DecodeAttention")) return;
+        if (!ctx.ExpectOk(backends[i]->DecodeAttention(a, StreamHandle{}), "DecodeAttention"))
+          return;
         out[i] = DecodeDense(s.DownloadBytes(a.out, out_bytes), c.dtype);
         if (c.weights) weights[i] = s.Download(a.weights, nw);
         PagedArena host{nullptr, l, lanes.num_blocks};
@@ -54,14 +55,17 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
         host.base = bytes.data();
         std::vector<int32_t> blocks, slots;
         lanes.Rows(&blocks, &slots);
-        for (size_t r = 0; r < blocks.size(); ++r) scores[i].push_back(*ScorePtr(host, blocks[r], slots[r]));
+        for (size_t r = 0; r < blocks.size(); ++r)
+          scores[i].push_back(*ScorePtr(host, blocks[r], slots[r]));
       }
       const std::string what = Str("decode ", ShapeName(l), " G", c.group, " ", DTypeName(c.dtype));
       const double out_tol = c.dtype == DType::kF32 ? 1e-9 : 1e-5;
       ctx.Expect(Nmse(out[0], out[1]) < out_tol, Str(what, ": output NMSE ", Nmse(out[0], out[1])));
       if (c.weights) {
-        ctx.Expect(Nmse(weights[0], weights[1]) < 1e-9, Str(what, ": weights NMSE ", Nmse(weights[0], weights[1])));
-        ctx.Expect(Nmse(scores[0], scores[1]) < 1e-10, Str(what, ": scores NMSE ", Nmse(scores[0], scores[1])));
+        ctx.Expect(Nmse(weights[0], weights[1]) < 1e-9,
+                   Str(what, ": weights NMSE ", Nmse(weights[0], weights[1])));
+        ctx.Expect(Nmse(scores[0], scores[1]) < 1e-10,
+                   Str(what, ": scores NMSE ", Nmse(scores[0], scores[1])));
       }
     }
   }
@@ -70,7 +74,8 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
 // Spec: the reference over f32 blocks equals dense attention computed in double.
 KVC_SPEC_CHECK(DecodeAttentionIsSoftmaxAttention) {
   std::unique_ptr<KernelBackend> ref;
-  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create")) return;
+  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create"))
+    return;
   std::mt19937 rng(32);
   const int d = 64, G = 2;
   const BlockLayout l = MakeBlockLayout(StorageFormat::kF32, d, 16);
@@ -104,10 +109,12 @@ KVC_SPEC_CHECK(DecodeAttentionIsSoftmaxAttention) {
     for (int t = 0; t < 45; ++t) {
       const uint8_t* v = ValueRecord(a.arena, lanes.ids[t / 16], t % 16);
       for (int j = 0; j < d; ++j) acc[j] += logit[t] / sum * LoadF32(v + 4 * j);
-      ctx.Expect(std::fabs(w[g * 45 + t] - logit[t] / sum) < 1e-6, "weights are softmax probabilities");
+      ctx.Expect(std::fabs(w[g * 45 + t] - logit[t] / sum) < 1e-6,
+                 "weights are softmax probabilities");
     }
     for (int j = 0; j < d; ++j) want[j] = static_cast<float>(acc[j]);
-    ctx.Expect(Nmse(want, got) < 1e-10, Str("reference decode vs double attention, NMSE ", Nmse(want, got)));
+    ctx.Expect(Nmse(want, got) < 1e-10,
+               Str("reference decode vs double attention, NMSE ", Nmse(want, got)));
   }
 }
 

@@ -62,7 +62,8 @@ KVC_SPEC_CHECK(E4M3Conversions) {
   ctx.Expect(FloatToE4M3(460.0f) == 0x7e, "just above max saturates");
   // Midpoints between neighbours go to the even code.
   for (int c = 0; c < 0x7e; ++c) {
-    const float mid = 0.5f * (E4M3ToFloat(static_cast<uint8_t>(c)) + E4M3ToFloat(static_cast<uint8_t>(c + 1)));
+    const float mid =
+        0.5f * (E4M3ToFloat(static_cast<uint8_t>(c)) + E4M3ToFloat(static_cast<uint8_t>(c + 1)));
     const int expect = (c % 2 == 0) ? c : c + 1;
     ctx.Expect(FloatToE4M3(mid) == expect, Str("e4m3 tie between codes ", c, " and ", c + 1));
   }
@@ -89,11 +90,11 @@ KVC_SPEC_CHECK(RecordLayouts) {
     size_t bytes;
   };
   const Row rows[] = {
-      {StorageFormat::kF32, 128, 512},     {StorageFormat::kF16, 128, 256},
-      {StorageFormat::kBF16, 64, 128},     {StorageFormat::kFp8E4M3, 128, 132},
-      {StorageFormat::kInt8, 64, 68},      {StorageFormat::kInt4G32, 128, 80},
-      {StorageFormat::kInt4G64, 128, 72},  {StorageFormat::kInt4G64, 64, 36},
-      {StorageFormat::kNvfp4, 128, 76},    {StorageFormat::kNvfp4, 64, 40},
+      {StorageFormat::kF32, 128, 512},    {StorageFormat::kF16, 128, 256},
+      {StorageFormat::kBF16, 64, 128},    {StorageFormat::kFp8E4M3, 128, 132},
+      {StorageFormat::kInt8, 64, 68},     {StorageFormat::kInt4G32, 128, 80},
+      {StorageFormat::kInt4G64, 128, 72}, {StorageFormat::kInt4G64, 64, 36},
+      {StorageFormat::kNvfp4, 128, 76},   {StorageFormat::kNvfp4, 64, 40},
       {StorageFormat::kNvfp4, 16, 16},
   };
   for (const Row& r : rows) {
@@ -104,8 +105,8 @@ KVC_SPEC_CHECK(RecordLayouts) {
     for (int d : {16, 32, 64, 128, 256}) {
       if (!FormatSupportsHeadDim(f, d)) continue;
       const BlockLayout l = MakeBlockLayout(f, d, 16);
-      ctx.Expect(l.block_bytes % 64 == 0 && l.value_offset % 16 == 0 && l.positions_offset % 16 == 0 &&
-                     l.scores_offset % 16 == 0,
+      ctx.Expect(l.block_bytes % 64 == 0 && l.value_offset % 16 == 0 &&
+                     l.positions_offset % 16 == 0 && l.scores_offset % 16 == 0,
                  Str("alignment of ", ShapeName(l)));
     }
   }
@@ -126,10 +127,11 @@ void RoundTrip(CheckContext& ctx, StorageFormat f, DataKind kind, const char* ki
     QuantizeRecord(f, d, &x[r * d], rec.data());
     DequantizeRecord(f, d, rec.data(), &y[r * d]);
     for (int j = 0; j < d; ++j) {
-      const float tol = QuantStep(f, d, rec.data(), j) + 1e-6f + std::fabs(x[r * d + j]) * (1.0f / 1024);
+      const float tol =
+          QuantStep(f, d, rec.data(), j) + 1e-6f + std::fabs(x[r * d + j]) * (1.0f / 1024);
       if (std::fabs(x[r * d + j] - y[r * d + j]) > tol && bad++ < 3) {
-        ctx.Fail(Str(StorageFormatName(f), " ", kind_name, ": row ", r, " elem ", j, " x=", x[r * d + j],
-                     " got ", y[r * d + j], " tol ", tol));
+        ctx.Fail(Str(StorageFormatName(f), " ", kind_name, ": row ", r, " elem ", j,
+                     " x=", x[r * d + j], " got ", y[r * d + j], " tol ", tol));
       }
     }
   }
@@ -137,7 +139,8 @@ void RoundTrip(CheckContext& ctx, StorageFormat f, DataKind kind, const char* ki
   ctx.Metric(Str("roundtrip_nmse/", StorageFormatName(f), "/", kind_name), nmse);
   ctx.Log(Str("round trip ", StorageFormatName(f), " on ", kind_name, " data (d=128): NMSE ", nmse,
               ", max abs err ", MaxAbs(x, y)));
-  ctx.Expect(nmse <= max_nmse, Str(StorageFormatName(f), " ", kind_name, " NMSE ", nmse, " > ", max_nmse));
+  ctx.Expect(nmse <= max_nmse,
+             Str(StorageFormatName(f), " ", kind_name, " NMSE ", nmse, " > ", max_nmse));
 }
 
 KVC_SPEC_CHECK(RoundTripError) {

@@ -39,7 +39,8 @@ KVC_BACKEND_CHECK(SnapKvMatchesReference) {
     const LaneSpec lanes = MakeLanes(l, c.tokens, 1, rng);
     const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, false, rng);
     const int32_t L = lanes.num_lanes();
-    const std::vector<float> q = RandomRows(static_cast<int64_t>(L) * c.group * c.window, c.d, DataKind::kGaussian, rng);
+    const std::vector<float> q =
+        RandomRows(static_cast<int64_t>(L) * c.group * c.window, c.d, DataKind::kGaussian, rng);
     const std::vector<uint8_t> qb = ToDType(q, DType::kBF16);
     std::vector<int32_t> qpos;
     for (int32_t lane = 0; lane < L; ++lane) {
@@ -66,8 +67,10 @@ KVC_BACKEND_CHECK(SnapKvMatchesReference) {
       scores[i] = LaneScores(lanes, s.DownloadBytes(a.arena.base, arena.size()));
       out[i] = s.Download(a.out_scores, static_cast<size_t>(L) * lanes.max_tokens);
     }
-    const std::string what = Str("snapkv ", ShapeName(l), " G", c.group, " w", c.window, " k", c.kernel);
-    ctx.Expect(Nmse(scores[0], scores[1]) < 1e-8, Str(what, ": block scores NMSE ", Nmse(scores[0], scores[1])));
+    const std::string what =
+        Str("snapkv ", ShapeName(l), " G", c.group, " w", c.window, " k", c.kernel);
+    ctx.Expect(Nmse(scores[0], scores[1]) < 1e-8,
+               Str(what, ": block scores NMSE ", Nmse(scores[0], scores[1])));
     ctx.Expect(Nmse(out[0], out[1]) < 1e-8, Str(what, ": out_scores NMSE ", Nmse(out[0], out[1])));
   }
 }
@@ -108,17 +111,23 @@ KVC_BACKEND_CHECK(SelectMatchesReference) {
     int sinks, recent, budget;
     bool per_lane, ties;
   };
-  const Case cases[] = {{0, 8, 20, false, false}, {4, 16, 10, false, true}, {2, 0, 0, false, false},
-                        {0, 0, 33, true, true},   {4, 1020, 100, false, false}};
+  const Case cases[] = {{0, 8, 20, false, false},
+                        {4, 16, 10, false, true},
+                        {2, 0, 0, false, false},
+                        {0, 0, 33, true, true},
+                        {4, 1020, 100, false, false}};
   for (const Case& c : cases) {
     const BlockLayout l = MakeBlockLayout(StorageFormat::kF16, 64, 16);
     const LaneSpec lanes = MakeLanes(l, {1, 30, 64, 257, 2000}, 0, rng);
     std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kGaussian, true, rng);
     if (c.ties) {
-      SetScores(lanes, &arena, [&](size_t r) { return r % 97 == 5 ? NAN : static_cast<float>(rng() % 4) * 0.25f; });
+      SetScores(lanes, &arena, [&](size_t r) {
+        return r % 97 == 5 ? NAN : static_cast<float>(rng() % 4) * 0.25f;
+      });
     }
     std::vector<int32_t> budgets;
-    for (int32_t lane = 0; lane < lanes.num_lanes(); ++lane) budgets.push_back(static_cast<int32_t>(rng() % 50));
+    for (int32_t lane = 0; lane < lanes.num_lanes(); ++lane)
+      budgets.push_back(static_cast<int32_t>(rng() % 50));
     std::vector<uint8_t> keep[2];
     std::vector<int32_t> kept[2];
     KernelBackend* backends[2] = {ctx.reference, ctx.backend};
@@ -139,8 +148,9 @@ KVC_BACKEND_CHECK(SelectMatchesReference) {
       keep[i] = s.DownloadBytes(a.keep, n);
       kept[i] = s.Download(a.kept, lanes.num_lanes());
     }
-    const std::string what = Str("select sinks ", c.sinks, " recent ", c.recent, " budget ", c.budget,
-                                 c.per_lane ? " per-lane" : "", c.ties ? " with ties/NaN" : "");
+    const std::string what =
+        Str("select sinks ", c.sinks, " recent ", c.recent, " budget ", c.budget,
+            c.per_lane ? " per-lane" : "", c.ties ? " with ties/NaN" : "");
     ctx.Expect(keep[0] == keep[1], what + ": keep masks identical");
     ctx.Expect(kept[0] == kept[1], what + ": kept counts identical");
   }
@@ -149,7 +159,8 @@ KVC_BACKEND_CHECK(SelectMatchesReference) {
 // Spec: hand-checked selection with ties, sinks and recent tokens.
 KVC_SPEC_CHECK(SelectRules) {
   std::unique_ptr<KernelBackend> ref;
-  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create")) return;
+  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create"))
+    return;
   const BlockLayout l = MakeBlockLayout(StorageFormat::kF16, 16, 4);
   std::vector<uint8_t> arena(3 * l.block_bytes, 0);
   PagedArena a{arena.data(), l, 3};
@@ -214,7 +225,8 @@ KVC_BACKEND_CHECK(CompactMatchesReference) {
     }
     const std::string what = Str("compact ", StorageFormatName(f));
     ctx.Expect(out[0] == out[1], what + ": arena bytes exact");
-    ctx.Expect(tok[0] == tok[1] && nb[0] == nb[1] && moved[0] == moved[1], what + ": reported counts");
+    ctx.Expect(tok[0] == tok[1] && nb[0] == nb[1] && moved[0] == moved[1],
+               what + ": reported counts");
   }
 }
 
@@ -222,7 +234,8 @@ KVC_BACKEND_CHECK(CompactMatchesReference) {
 // kept tokens fill a prefix; trailing blocks are reported free.
 KVC_SPEC_CHECK(CompactKeepsExactlyTheKeptTokens) {
   std::unique_ptr<KernelBackend> ref;
-  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create")) return;
+  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create"))
+    return;
   std::mt19937 rng(25);
   const BlockLayout l = MakeBlockLayout(StorageFormat::kInt8, 64, 16);
   const LaneSpec lanes = MakeLanes(l, {100}, 0, rng);

@@ -41,12 +41,14 @@ void CompareWrittenArena(CheckContext& ctx, const std::string& what, const Block
   int reported = 0;
   for (size_t r = 0; r < blocks.size(); ++r) {
     for (size_t section : {l.key_offset, l.value_offset}) {
-      const size_t off = static_cast<size_t>(blocks[r]) * l.block_bytes + section + static_cast<size_t>(slots[r]) * l.record_bytes;
+      const size_t off = static_cast<size_t>(blocks[r]) * l.block_bytes + section +
+                         static_cast<size_t>(slots[r]) * l.record_bytes;
       if (std::memcmp(&want[off], &got[off], l.record_bytes) == 0) continue;
       for (int j = 0; j < l.head_dim; ++j) {
         const float a = DequantizeElement(l.format, l.head_dim, &want[off], j);
         const float b = DequantizeElement(l.format, l.head_dim, &got[off], j);
-        const float tol = QuantStep(l.format, l.head_dim, &want[off], j) * 1.001f + 1e-6f * std::fabs(a);
+        const float tol =
+            QuantStep(l.format, l.head_dim, &want[off], j) * 1.001f + 1e-6f * std::fabs(a);
         if (!(std::fabs(a - b) <= tol) && reported++ < 5) {
           ctx.Fail(Str(what, ": row ", r, " elem ", j, " want ", a, " got ", b, " tol ", tol));
         }
@@ -69,16 +71,21 @@ KVC_BACKEND_CHECK(WriteTokensMatchesReference) {
     int32_t rows;
     int64_t stride;
   };
-  const Case cases[] = {{128, DType::kF16, 37, 0}, {64, DType::kBF16, 1, 0}, {128, DType::kF32, 100, 0},
+  const Case cases[] = {{128, DType::kF16, 37, 0},
+                        {64, DType::kBF16, 1, 0},
+                        {128, DType::kF32, 100, 0},
                         {64, DType::kF16, 20, 80}};
   for (StorageFormat f : AllFormats()) {
     for (const Case& c : cases) {
       const BlockLayout l = MakeBlockLayout(f, c.d, 16);
       const int32_t num_blocks = 12;
-      const std::vector<uint8_t> init = RandomBytes(static_cast<size_t>(num_blocks) * l.block_bytes, rng);
+      const std::vector<uint8_t> init =
+          RandomBytes(static_cast<size_t>(num_blocks) * l.block_bytes, rng);
       const int64_t stride = c.stride == 0 ? c.d : c.stride;
-      const std::vector<uint8_t> k = ToDType(RandomRows(c.rows * stride / c.d + 1, c.d, DataKind::kOutliers, rng), c.dtype);
-      const std::vector<uint8_t> v = ToDType(RandomRows(c.rows * stride / c.d + 1, c.d, DataKind::kGaussian, rng), c.dtype);
+      const std::vector<uint8_t> k =
+          ToDType(RandomRows(c.rows * stride / c.d + 1, c.d, DataKind::kOutliers, rng), c.dtype);
+      const std::vector<uint8_t> v =
+          ToDType(RandomRows(c.rows * stride / c.d + 1, c.d, DataKind::kGaussian, rng), c.dtype);
       std::vector<int32_t> blocks, slots, pos(c.rows);
       RandomSlots(c.rows, l, num_blocks, rng, &blocks, &slots);
       for (auto& p : pos) p = static_cast<int32_t>(rng() % 100000);
@@ -99,8 +106,9 @@ KVC_BACKEND_CHECK(WriteTokensMatchesReference) {
         if (!ctx.ExpectOk(backends[i]->WriteTokens(w, StreamHandle{}), "WriteTokens")) return;
         out[i] = s.DownloadBytes(w.arena.base, init.size());
       }
-      CompareWrittenArena(ctx, Str("write ", ShapeName(l), " ", DTypeName(c.dtype), " rows ", c.rows), l, out[0],
-                          out[1], blocks, slots);
+      CompareWrittenArena(ctx,
+                          Str("write ", ShapeName(l), " ", DTypeName(c.dtype), " rows ", c.rows), l,
+                          out[0], out[1], blocks, slots);
     }
   }
 }
@@ -149,7 +157,9 @@ KVC_BACKEND_CHECK(ReadTokensMatchesReference) {
           continue;
         }
         // Same records dequantized: allow one ulp of the output type (fma vs mul+add).
-        const float ulp = dtype == DType::kF32 ? 1e-6f : dtype == DType::kF16 ? 1.0f / 1024 : 1.0f / 128;
+        const float ulp = dtype == DType::kF32   ? 1e-6f
+                          : dtype == DType::kF16 ? 1.0f / 1024
+                                                 : 1.0f / 128;
         for (auto* pair : {keys, values}) {
           const std::vector<float> a = DecodeDense(pair[0], dtype), b = DecodeDense(pair[1], dtype);
           int bad = 0;
@@ -166,7 +176,8 @@ KVC_BACKEND_CHECK(ReadTokensMatchesReference) {
 
 KVC_BACKEND_CHECK(GatherMatchesReference) {
   std::mt19937 rng(3);
-  for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32, StorageFormat::kNvfp4, StorageFormat::kFp8E4M3}) {
+  for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32, StorageFormat::kNvfp4,
+                          StorageFormat::kFp8E4M3}) {
     const BlockLayout src_l = MakeBlockLayout(f, 128, 16), dst_l = MakeBlockLayout(f, 128, 32);
     const LaneSpec lanes = MakeLanes(src_l, {70, 5}, 0, rng);
     const std::vector<uint8_t> src = MakeArenaBytes(lanes, DataKind::kGaussian, true, rng);
@@ -204,7 +215,8 @@ KVC_BACKEND_CHECK(RerotateMatchesReference) {
       const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kGaussian, false, rng);
       std::vector<int32_t> blocks, slots, deltas;
       lanes.Rows(&blocks, &slots);
-      for (size_t i = 0; i < blocks.size(); ++i) deltas.push_back(static_cast<int32_t>(rng() % 2000000) - 1000);
+      for (size_t i = 0; i < blocks.size(); ++i)
+        deltas.push_back(static_cast<int32_t>(rng() % 2000000) - 1000);
       std::vector<uint8_t> out[2];
       KernelBackend* backends[2] = {ctx.reference, ctx.backend};
       for (int i = 0; i < 2; ++i) {
@@ -220,8 +232,10 @@ KVC_BACKEND_CHECK(RerotateMatchesReference) {
         out[i] = s.DownloadBytes(r.arena.base, arena.size());
       }
       // Requantization may pick a neighbouring code: compare like a write.
-      CompareWrittenArena(ctx, Str("rerotate ", StorageFormatName(f), style == RopeStyle::kNeox ? " neox" : " gptj"),
-                          l, out[0], out[1], blocks, slots);
+      CompareWrittenArena(
+          ctx,
+          Str("rerotate ", StorageFormatName(f), style == RopeStyle::kNeox ? " neox" : " gptj"), l,
+          out[0], out[1], blocks, slots);
     }
   }
 }
@@ -229,7 +243,8 @@ KVC_BACKEND_CHECK(RerotateMatchesReference) {
 // Spec: rotating a key written at position p by delta equals writing it at p + delta.
 KVC_SPEC_CHECK(RerotateComposesWithRope) {
   std::unique_ptr<KernelBackend> ref;
-  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create")) return;
+  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create"))
+    return;
   std::mt19937 rng(5);
   for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptJ}) {
     const int d = 64;
@@ -262,9 +277,11 @@ KVC_SPEC_CHECK(RerotateComposesWithRope) {
     ctx.ExpectOk(ref->Rerotate(r, StreamHandle{}), "rerotate");
     std::vector<float> got(d);
     DequantizeRecord(l.format, d, KeyRecord(w.arena, block, slot), got.data());
-    ctx.Expect(Nmse(at_q, got) < 1e-10, Str("rerotated key differs from RoPE at p + delta, NMSE ", Nmse(at_q, got)));
+    ctx.Expect(Nmse(at_q, got) < 1e-10,
+               Str("rerotated key differs from RoPE at p + delta, NMSE ", Nmse(at_q, got)));
     ctx.Expect(*PositionPtr(w.arena, block, slot) == p + delta, "position updated");
-    ctx.Expect(std::equal(x.begin() + 32, x.end(), got.begin() + 32), "dims past rotary_dim untouched");
+    ctx.Expect(std::equal(x.begin() + 32, x.end(), got.begin() + 32),
+               "dims past rotary_dim untouched");
   }
 }
 

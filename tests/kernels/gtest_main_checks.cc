@@ -44,8 +44,10 @@ int main(int argc, char** argv) {
   const std::string subset = KVC_CHECK_SUBSET;
   for (const CheckInfo& check : kvc::kernels::testing::Registry()) {
     if (subset == "cpu") {
-      if (check.per_backend) Register("Cpu", &check, BackendKind::kCpu);
-      else Register("Spec", &check, BackendKind::kReference);
+      if (check.per_backend)
+        Register("Cpu", &check, BackendKind::kCpu);
+      else
+        Register("Spec", &check, BackendKind::kReference);
     } else if (check.per_backend) {
       Register("Cuda", &check, BackendKind::kCuda);
     }

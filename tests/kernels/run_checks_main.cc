@@ -21,10 +21,14 @@ namespace {
 std::string JsonEscape(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
-    else if (c == '\n') o += "\\n";
-    else if (static_cast<unsigned char>(c) < 0x20) o += ' ';
-    else o += c;
+    if (c == '"' || c == '\\')
+      o += '\\', o += c;
+    else if (c == '\n')
+      o += "\\n";
+    else if (static_cast<unsigned char>(c) < 0x20)
+      o += ' ';
+    else
+      o += c;
   }
   return o;
 }
@@ -36,12 +40,19 @@ int main(int argc, char** argv) {
   bool require_cuda = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--backends" && i + 1 < argc) backends = argv[++i];
-    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
-    else if (a == "--require-cuda") require_cuda = true;
+    if (a == "--backends" && i + 1 < argc)
+      backends = argv[++i];
+    else if (a == "--filter" && i + 1 < argc)
+      filter = argv[++i];
+    else if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
+    else if (a == "--require-cuda")
+      require_cuda = true;
     else {
-      std::fprintf(stderr, "usage: %s [--backends spec,cpu,cuda] [--filter S] [--json FILE] [--require-cuda]\n", argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--backends spec,cpu,cuda] [--filter S] [--json FILE] [--require-cuda]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -51,9 +62,12 @@ int main(int argc, char** argv) {
     BackendKind kind;
   };
   std::vector<Target> targets;
-  if (backends.find("spec") != std::string::npos) targets.push_back({"spec", false, BackendKind::kReference});
-  if (backends.find("cpu") != std::string::npos) targets.push_back({"cpu", true, BackendKind::kCpu});
-  if (backends.find("cuda") != std::string::npos) targets.push_back({"cuda", true, BackendKind::kCuda});
+  if (backends.find("spec") != std::string::npos)
+    targets.push_back({"spec", false, BackendKind::kReference});
+  if (backends.find("cpu") != std::string::npos)
+    targets.push_back({"cpu", true, BackendKind::kCpu});
+  if (backends.find("cuda") != std::string::npos)
+    targets.push_back({"cuda", true, BackendKind::kCuda});
 
   int passed = 0, failed = 0, skipped = 0;
   std::string json = "{\"checks\": [\n";
@@ -66,7 +80,9 @@ int main(int argc, char** argv) {
       CheckContext ctx;
       const auto start = std::chrono::steady_clock::now();
       RunCheck(check, t.kind, &ctx);
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
       const bool skip_is_failure = require_cuda && t.kind == BackendKind::kCuda;
       const char* verdict = ctx.num_failures() > 0 ? "FAIL"
                             : ctx.skipped()        ? (skip_is_failure ? "FAIL" : "SKIP")
@@ -75,11 +91,15 @@ int main(int argc, char** argv) {
                   ctx.skipped() ? ctx.skip_reason().c_str() : "");
       for (const auto& line : ctx.logs()) std::printf("       %s\n", line.c_str());
       for (const auto& f : ctx.failures()) std::printf("       failure: %s\n", f.c_str());
-      if (verdict[0] == 'F') ++failed;
-      else if (verdict[0] == 'S') ++skipped;
-      else ++passed;
-      json += std::string(first ? "" : ",\n") + "  {\"name\": \"" + name + "\", \"verdict\": \"" + verdict +
-              "\", \"ms\": " + std::to_string(ms) + ", \"skip_reason\": \"" + JsonEscape(ctx.skip_reason()) +
+      if (verdict[0] == 'F')
+        ++failed;
+      else if (verdict[0] == 'S')
+        ++skipped;
+      else
+        ++passed;
+      json += std::string(first ? "" : ",\n") + "  {\"name\": \"" + name + "\", \"verdict\": \"" +
+              verdict + "\", \"ms\": " + std::to_string(ms) + ", \"skip_reason\": \"" +
+              JsonEscape(ctx.skip_reason()) +
               "\", \"failures\": " + std::to_string(ctx.num_failures()) + ", \"metrics\": {";
       bool first_metric = true;
       for (const auto& [k, v] : ctx.metrics()) {
@@ -89,9 +109,11 @@ int main(int argc, char** argv) {
         first_metric = false;
       }
       json += "}, \"log\": [";
-      for (size_t i = 0; i < ctx.logs().size(); ++i) json += (i ? ", \"" : "\"") + JsonEscape(ctx.logs()[i]) + "\"";
+      for (size_t i = 0; i < ctx.logs().size(); ++i)
+        json += (i ? ", \"" : "\"") + JsonEscape(ctx.logs()[i]) + "\"";
       json += "], \"failure_messages\": [";
-      for (size_t i = 0; i < ctx.failures().size(); ++i) json += (i ? ", \"" : "\"") + JsonEscape(ctx.failures()[i]) + "\"";
+      for (size_t i = 0; i < ctx.failures().size(); ++i)
+        json += (i ? ", \"" : "\"") + JsonEscape(ctx.failures()[i]) + "\"";
       json += "]}";
       first = false;
     }

@@ -22,7 +22,8 @@ void* Session::Alloc(size_t bytes) {
 
 void* Session::UploadBytes(const void* src, size_t bytes) {
   void* p = Alloc(bytes);
-  if (p != nullptr && bytes > 0) ctx_.ExpectOk(backend_.CopyToDevice(p, src, bytes, StreamHandle{}), "CopyToDevice");
+  if (p != nullptr && bytes > 0)
+    ctx_.ExpectOk(backend_.CopyToDevice(p, src, bytes, StreamHandle{}), "CopyToDevice");
   return p;
 }
 
@@ -146,22 +147,27 @@ double Nmse(const std::vector<float>& ref, const std::vector<float>& got) {
 
 double MaxAbs(const std::vector<float>& ref, const std::vector<float>& got) {
   double m = 0;
-  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) m = std::max(m, std::fabs(static_cast<double>(ref[i]) - got[i]));
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i)
+    m = std::max(m, std::fabs(static_cast<double>(ref[i]) - got[i]));
   return m;
 }
 
 float QuantStep(StorageFormat format, int d, const uint8_t* rec, int j) {
   const float v = std::fabs(DequantizeElement(format, d, rec, j));
   switch (format) {
-    case StorageFormat::kF32: return 0.0f;
-    case StorageFormat::kF16: return std::max(v * 1.0f / 1024.0f, 6e-8f);
-    case StorageFormat::kBF16: return std::max(v * 1.0f / 128.0f, 1e-38f);
+    case StorageFormat::kF32:
+      return 0.0f;
+    case StorageFormat::kF16:
+      return std::max(v * 1.0f / 1024.0f, 6e-8f);
+    case StorageFormat::kBF16:
+      return std::max(v * 1.0f / 128.0f, 1e-38f);
     case StorageFormat::kFp8E4M3: {
       const float s = LoadF32(rec + d);
       const int e = (rec[j] >> 3) & 15;
       return s * std::ldexp(1.0f, std::max(e, 1) - 7 - 3 + 1);  // spacing above this code
     }
-    case StorageFormat::kInt8: return LoadF32(rec + d);
+    case StorageFormat::kInt8:
+      return LoadF32(rec + d);
     case StorageFormat::kInt4G32:
     case StorageFormat::kInt4G64: {
       const int g = j / (format == StorageFormat::kInt4G32 ? 32 : 64);

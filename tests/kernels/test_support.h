@@ -67,8 +67,8 @@ std::vector<uint8_t> ToDType(const std::vector<float>& x, DType dtype);
 // Fills every stored token of `lanes` through the reference backend: random K/V, positions
 // (a shuffled permutation per lane when shuffle_positions, else 0..n-1) and scores.
 // Returns the arena bytes.
-std::vector<uint8_t> MakeArenaBytes(const LaneSpec& lanes, DataKind kind,
-                                    bool shuffle_positions, std::mt19937& rng);
+std::vector<uint8_t> MakeArenaBytes(const LaneSpec& lanes, DataKind kind, bool shuffle_positions,
+                                    std::mt19937& rng);
 
 // Everything an op needs, living in one backend's memory.
 struct DeviceLanes {

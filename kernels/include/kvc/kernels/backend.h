@@ -20,9 +20,12 @@ enum class BackendKind : uint8_t {
 
 constexpr const char* BackendKindName(BackendKind kind) {
   switch (kind) {
-    case BackendKind::kReference: return "reference";
-    case BackendKind::kCpu: return "cpu";
-    case BackendKind::kCuda: return "cuda";
+    case BackendKind::kReference:
+      return "reference";
+    case BackendKind::kCpu:
+      return "cpu";
+    case BackendKind::kCuda:
+      return "cuda";
   }
   return "?";
 }
@@ -57,8 +60,7 @@ class KernelBackend {
   virtual KernelStatus Gather(const GatherArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus Rerotate(const RerotateArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus SnapKvScore(const SnapKvScoreArgs& args, StreamHandle stream) = 0;
-  virtual KernelStatus AccumulateScores(const AccumulateScoresArgs& args,
-                                        StreamHandle stream) = 0;
+  virtual KernelStatus AccumulateScores(const AccumulateScoresArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus Select(const SelectArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus Compact(const CompactArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus DecodeAttention(const DecodeAttentionArgs& args, StreamHandle stream) = 0;

@@ -23,10 +23,14 @@ constexpr size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 // Elements of head_dim per quantization group, or 0 for formats without groups.
 constexpr int FormatGroupSize(StorageFormat format) {
   switch (format) {
-    case StorageFormat::kInt4G32: return 32;
-    case StorageFormat::kInt4G64: return 64;
-    case StorageFormat::kNvfp4: return 16;
-    default: return 0;
+    case StorageFormat::kInt4G32:
+      return 32;
+    case StorageFormat::kInt4G64:
+      return 64;
+    case StorageFormat::kNvfp4:
+      return 16;
+    default:
+      return 0;
   }
 }
 
@@ -43,15 +47,21 @@ constexpr bool FormatSupportsHeadDim(StorageFormat format, int head_dim) {
 constexpr size_t TokenRecordBytes(StorageFormat format, int head_dim) {
   const size_t d = static_cast<size_t>(head_dim);
   switch (format) {
-    case StorageFormat::kF32: return 4 * d;
+    case StorageFormat::kF32:
+      return 4 * d;
     case StorageFormat::kF16:
-    case StorageFormat::kBF16: return 2 * d;
+    case StorageFormat::kBF16:
+      return 2 * d;
     case StorageFormat::kFp8E4M3:
-    case StorageFormat::kInt8: return d + 4;                 // int8/e4m3 x d, f32 scale
-    case StorageFormat::kInt4G32: return d / 2 + (d / 32) * 4;  // nibbles, (f16 scale, f16 zero)/group
-    case StorageFormat::kInt4G64: return d / 2 + (d / 64) * 4;
+    case StorageFormat::kInt8:
+      return d + 4;  // int8/e4m3 x d, f32 scale
+    case StorageFormat::kInt4G32:
+      return d / 2 + (d / 32) * 4;  // nibbles, (f16 scale, f16 zero)/group
+    case StorageFormat::kInt4G64:
+      return d / 2 + (d / 64) * 4;
     // e2m1 nibbles, one e4m3 scale per 16, padded to 4 bytes, then the f32 tensor scale.
-    case StorageFormat::kNvfp4: return AlignUp(d / 2 + d / 16, 4) + 4;
+    case StorageFormat::kNvfp4:
+      return AlignUp(d / 2 + d / 16, 4) + 4;
   }
   return 0;
 }

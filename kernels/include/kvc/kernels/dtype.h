@@ -22,9 +22,12 @@ constexpr size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 constexpr const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
   }
   return "?";
 }
@@ -46,14 +49,22 @@ constexpr int kNumStorageFormats = 8;
 
 constexpr const char* StorageFormatName(StorageFormat format) {
   switch (format) {
-    case StorageFormat::kF32: return "f32";
-    case StorageFormat::kF16: return "f16";
-    case StorageFormat::kBF16: return "bf16";
-    case StorageFormat::kFp8E4M3: return "fp8_e4m3";
-    case StorageFormat::kInt8: return "int8";
-    case StorageFormat::kInt4G32: return "int4_g32";
-    case StorageFormat::kInt4G64: return "int4_g64";
-    case StorageFormat::kNvfp4: return "nvfp4";
+    case StorageFormat::kF32:
+      return "f32";
+    case StorageFormat::kF16:
+      return "f16";
+    case StorageFormat::kBF16:
+      return "bf16";
+    case StorageFormat::kFp8E4M3:
+      return "fp8_e4m3";
+    case StorageFormat::kInt8:
+      return "int8";
+    case StorageFormat::kInt4G32:
+      return "int4_g32";
+    case StorageFormat::kInt4G64:
+      return "int4_g64";
+    case StorageFormat::kNvfp4:
+      return "nvfp4";
   }
   return "?";
 }
@@ -67,9 +78,12 @@ constexpr bool IsRawFormat(StorageFormat format) {
 
 constexpr StorageFormat RawFormatFor(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return StorageFormat::kF32;
-    case DType::kF16: return StorageFormat::kF16;
-    case DType::kBF16: return StorageFormat::kBF16;
+    case DType::kF32:
+      return StorageFormat::kF32;
+    case DType::kF16:
+      return StorageFormat::kF16;
+    case DType::kBF16:
+      return StorageFormat::kBF16;
   }
   return StorageFormat::kF32;
 }
@@ -118,9 +132,12 @@ KVC_HD uint16_t FloatToBFloat16(float f) {
 // Element i of a dense array of `dtype`, as float.
 KVC_HD float LoadElement(const void* p, DType dtype, size_t i) {
   switch (dtype) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBF16: return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kF16:
+      return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
   }
   return 0.0f;
 }
@@ -128,9 +145,15 @@ KVC_HD float LoadElement(const void* p, DType dtype, size_t i) {
 // Stores v as element i of a dense array of `dtype` (round to nearest even).
 KVC_HD void StoreElement(void* p, DType dtype, size_t i, float v) {
   switch (dtype) {
-    case DType::kF32: static_cast<float*>(p)[i] = v; break;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = FloatToHalf(v); break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = FloatToBFloat16(v); break;
+    case DType::kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = FloatToHalf(v);
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = FloatToBFloat16(v);
+      break;
   }
 }
 
@@ -148,18 +171,27 @@ inline void ConvertElements(const void* src, DType src_dtype, void* dst, DType d
   }
   auto load = [&](size_t i) -> float {
     switch (src_dtype) {
-      case DType::kF32: return static_cast<const float*>(src)[i];
-      case DType::kF16: return HalfToFloat(static_cast<const uint16_t*>(src)[i]);
-      case DType::kBF16: return BFloat16ToFloat(static_cast<const uint16_t*>(src)[i]);
+      case DType::kF32:
+        return static_cast<const float*>(src)[i];
+      case DType::kF16:
+        return HalfToFloat(static_cast<const uint16_t*>(src)[i]);
+      case DType::kBF16:
+        return BFloat16ToFloat(static_cast<const uint16_t*>(src)[i]);
     }
     return 0.0f;
   };
   for (size_t i = 0; i < n; ++i) {
     const float v = load(i);
     switch (dst_dtype) {
-      case DType::kF32: static_cast<float*>(dst)[i] = v; break;
-      case DType::kF16: static_cast<uint16_t*>(dst)[i] = FloatToHalf(v); break;
-      case DType::kBF16: static_cast<uint16_t*>(dst)[i] = FloatToBFloat16(v); break;
+      case DType::kF32:
+        static_cast<float*>(dst)[i] = v;
+        break;
+      case DType::kF16:
+        static_cast<uint16_t*>(dst)[i] = FloatToHalf(v);
+        break;
+      case DType::kBF16:
+        static_cast<uint16_t*>(dst)[i] = FloatToBFloat16(v);
+        break;
     }
   }
 }

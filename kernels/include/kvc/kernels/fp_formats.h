@@ -17,7 +17,7 @@ KVC_HD uint8_t FloatToE4M3(float f) {
   const uint32_t x = FloatAsBits(f);
   const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
   uint32_t a = x & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7f);  // NaN stays NaN
+  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7f);   // NaN stays NaN
   if (a >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7e);  // >= 448 (and inf)
   if (a < 0x3c800000u) {  // below 2^-6: subnormal codes count steps of 2^-9 (exact scaling)
     const float steps = RoundHalfEven(BitsAsFloat(a) * 512.0f);

@@ -94,16 +94,16 @@ enum class ScoreMode : uint8_t {
 struct SnapKvScoreArgs {
   PagedArena arena;
   LaneTable lanes;
-  int32_t group_size = 1;                   // query heads per kv head
-  int32_t window = 0;                       // queries per query head
+  int32_t group_size = 1;  // query heads per kv head
+  int32_t window = 0;      // queries per query head
   DType query_dtype = DType::kF16;
-  const void* queries = nullptr;            // [num_lanes, group_size, window, head_dim]
-  const int32_t* query_positions = nullptr; // [num_lanes, window]
-  float scale = 0.0f;                       // 0 means 1/sqrt(head_dim)
-  int32_t pool_kernel = 7;                  // odd, >= 1
+  const void* queries = nullptr;             // [num_lanes, group_size, window, head_dim]
+  const int32_t* query_positions = nullptr;  // [num_lanes, window]
+  float scale = 0.0f;                        // 0 means 1/sqrt(head_dim)
+  int32_t pool_kernel = 7;                   // odd, >= 1
   PoolKind pool = PoolKind::kMax;
-  ScoreMode mode = ScoreMode::kOverwrite;   // how results land in the block score fields
-  float* out_scores = nullptr;              // optional [num_lanes, lanes.max_tokens]
+  ScoreMode mode = ScoreMode::kOverwrite;  // how results land in the block score fields
+  float* out_scores = nullptr;             // optional [num_lanes, lanes.max_tokens]
 };
 
 // Adds one decode step's attention weights to the per-token H2O scores: block score of
@@ -123,10 +123,10 @@ struct SelectArgs {
   LaneTable lanes;
   int32_t sinks = 0;
   int32_t recent = 0;
-  int32_t budget = 0;               // heavy hitters kept per lane (when `budgets` is null)
-  const int32_t* budgets = nullptr; // optional [num_lanes], overrides `budget`
-  uint8_t* keep = nullptr;          // out [num_lanes, lanes.max_tokens], 1 = keep, by stored index
-  int32_t* kept = nullptr;          // optional out [num_lanes], tokens kept
+  int32_t budget = 0;                // heavy hitters kept per lane (when `budgets` is null)
+  const int32_t* budgets = nullptr;  // optional [num_lanes], overrides `budget`
+  uint8_t* keep = nullptr;           // out [num_lanes, lanes.max_tokens], 1 = keep, by stored index
+  int32_t* kept = nullptr;           // optional out [num_lanes], tokens kept
 };
 
 // Tail-to-hole compaction: the j-th kept token at stored index >= kept count moves into the

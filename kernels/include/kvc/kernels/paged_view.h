@@ -40,7 +40,8 @@ KVC_HD uint8_t* BlockBase(const PagedArena& a, int32_t block) {
   return static_cast<uint8_t*>(a.base) + static_cast<size_t>(block) * a.layout.block_bytes;
 }
 KVC_HD uint8_t* KeyRecord(const PagedArena& a, int32_t block, int32_t slot) {
-  return BlockBase(a, block) + a.layout.key_offset + static_cast<size_t>(slot) * a.layout.record_bytes;
+  return BlockBase(a, block) + a.layout.key_offset +
+         static_cast<size_t>(slot) * a.layout.record_bytes;
 }
 KVC_HD uint8_t* ValueRecord(const PagedArena& a, int32_t block, int32_t slot) {
   return BlockBase(a, block) + a.layout.value_offset +

@@ -122,8 +122,8 @@ KVC_HD void QuantizeRecord(StorageFormat format, int d, const float* x, uint8_t*
         for (int j = 0; j < group; j += 2) {
           const float q0 = RoundHalfEven(ClampF((xg[j] - min) * inv, 0.0f, 15.0f));
           const float q1 = RoundHalfEven(ClampF((xg[j + 1] - min) * inv, 0.0f, 15.0f));
-          bytes[j / 2] = static_cast<uint8_t>(static_cast<uint32_t>(q0) |
-                                              (static_cast<uint32_t>(q1) << 4));
+          bytes[j / 2] =
+              static_cast<uint8_t>(static_cast<uint32_t>(q0) | (static_cast<uint32_t>(q1) << 4));
         }
         StoreU16(rec + d / 2 + 4 * g, scale_h);
         StoreU16(rec + d / 2 + 4 * g + 2, min_h);
@@ -144,8 +144,8 @@ KVC_HD void QuantizeRecord(StorageFormat format, int d, const float* x, uint8_t*
         }
         block_scales[b] = sb;
         for (int j = 0; j < 16; j += 2) {
-          rec[(b * 16 + j) / 2] = static_cast<uint8_t>(FloatToE2M1(xb[j] * inv) |
-                                                       (FloatToE2M1(xb[j + 1] * inv) << 4));
+          rec[(b * 16 + j) / 2] =
+              static_cast<uint8_t>(FloatToE2M1(xb[j] * inv) | (FloatToE2M1(xb[j + 1] * inv) << 4));
         }
       }
       for (int p = d / 2 + d / 16; p < Nvfp4TensorScaleOffset(d); ++p) rec[p] = 0;
@@ -158,11 +158,16 @@ KVC_HD void QuantizeRecord(StorageFormat format, int d, const float* x, uint8_t*
 // Element j of a record of `format`, as float.
 KVC_HD float DequantizeElement(StorageFormat format, int d, const uint8_t* rec, int j) {
   switch (format) {
-    case StorageFormat::kF32: return LoadF32(rec + 4 * j);
-    case StorageFormat::kF16: return HalfToFloat(LoadU16(rec + 2 * j));
-    case StorageFormat::kBF16: return BFloat16ToFloat(LoadU16(rec + 2 * j));
-    case StorageFormat::kFp8E4M3: return E4M3ToFloat(rec[j]) * LoadF32(rec + d);
-    case StorageFormat::kInt8: return static_cast<float>(static_cast<int8_t>(rec[j])) * LoadF32(rec + d);
+    case StorageFormat::kF32:
+      return LoadF32(rec + 4 * j);
+    case StorageFormat::kF16:
+      return HalfToFloat(LoadU16(rec + 2 * j));
+    case StorageFormat::kBF16:
+      return BFloat16ToFloat(LoadU16(rec + 2 * j));
+    case StorageFormat::kFp8E4M3:
+      return E4M3ToFloat(rec[j]) * LoadF32(rec + d);
+    case StorageFormat::kInt8:
+      return static_cast<float>(static_cast<int8_t>(rec[j])) * LoadF32(rec + d);
     case StorageFormat::kInt4G32:
     case StorageFormat::kInt4G64: {
       const int g = j / (format == StorageFormat::kInt4G32 ? 32 : 64);

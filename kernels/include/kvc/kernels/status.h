@@ -37,12 +37,18 @@ struct [[nodiscard]] KernelStatus {
 
 constexpr const char* KernelStatusCodeName(KernelStatusCode code) {
   switch (code) {
-    case KernelStatusCode::kOk: return "OK";
-    case KernelStatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
-    case KernelStatusCode::kUnsupported: return "UNSUPPORTED";
-    case KernelStatusCode::kUnavailable: return "UNAVAILABLE";
-    case KernelStatusCode::kOutOfMemory: return "OUT_OF_MEMORY";
-    case KernelStatusCode::kInternal: return "INTERNAL";
+    case KernelStatusCode::kOk:
+      return "OK";
+    case KernelStatusCode::kInvalidArgument:
+      return "INVALID_ARGUMENT";
+    case KernelStatusCode::kUnsupported:
+      return "UNSUPPORTED";
+    case KernelStatusCode::kUnavailable:
+      return "UNAVAILABLE";
+    case KernelStatusCode::kOutOfMemory:
+      return "OUT_OF_MEMORY";
+    case KernelStatusCode::kInternal:
+      return "INTERNAL";
   }
   return "?";
 }
@@ -50,8 +56,8 @@ constexpr const char* KernelStatusCodeName(KernelStatusCode code) {
 }  // namespace kvc::kernels
 
 // Returns early from a function returning KernelStatus when `expr` is not ok.
-#define KVC_KERNEL_RETURN_IF_ERROR(expr)              \
-  do {                                                \
+#define KVC_KERNEL_RETURN_IF_ERROR(expr)                \
+  do {                                                  \
     const ::kvc::kernels::KernelStatus _kvc_s = (expr); \
-    if (!_kvc_s.ok()) return _kvc_s;                  \
+    if (!_kvc_s.ok()) return _kvc_s;                    \
   } while (0)

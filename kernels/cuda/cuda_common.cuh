@@ -1,0 +1,91 @@
+// Shared CUDA plumbing: stream conversion, launch-error mapping, stream-ordered scratch,
+// warp reductions, and the one head_dim dispatch point (elements per lane).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "kvc/kernels/paged_view.h"
+#include "kvc/kernels/status.h"
+
+namespace kvc::kernels::cuda {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+inline cudaStream_t ToStream(StreamHandle s) { return static_cast<cudaStream_t>(s.native); }
+
+// cudaGetErrorString returns static strings, so they fit KernelStatus::detail.
+inline KernelStatus FromCuda(cudaError_t e) {
+  return e == cudaSuccess ? KernelStatus::Ok() : KernelStatus::Internal(cudaGetErrorString(e));
+}
+inline KernelStatus LaunchStatus() { return FromCuda(cudaGetLastError()); }
+
+// Scratch memory for one op, allocated and freed in stream order (cudaMallocAsync's pool
+// makes this cheap and safe with several streams).
+class Scratch {
+ public:
+  explicit Scratch(cudaStream_t stream) : stream_(stream) {}
+  ~Scratch() {
+    for (void* p : ptrs_) cudaFreeAsync(p, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  template <typename T>
+  T* Alloc(size_t count, KernelStatus* status) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMallocAsync(&p, count * sizeof(T) + 16, stream_);
+    if (e != cudaSuccess) {
+      *status = KernelStatus{KernelStatusCode::kOutOfMemory, cudaGetErrorString(e)};
+      return nullptr;
+    }
+    ptrs_.push_back(p);
+    return static_cast<T*>(p);
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<void*> ptrs_;
+};
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+__device__ __forceinline__ float WarpMin(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+// Max over each half-warp (lanes 0-15 and 16-31 separately).
+__device__ __forceinline__ float HalfWarpMax(float v) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// Lanes own elements j = lane + 32 k of a head_dim row, k < ceil(head_dim / 32). This is
+// the single head_dim dispatch: kernels are templated on the per-lane element count.
+template <typename F>
+KernelStatus DispatchHeadDim(int head_dim, F&& f) {
+  if (head_dim <= 64) return f(std::integral_constant<int, 2>{});
+  if (head_dim <= 128) return f(std::integral_constant<int, 4>{});
+  if (head_dim <= 256) return f(std::integral_constant<int, 8>{});
+  if (head_dim <= 512) return f(std::integral_constant<int, 16>{});
+  return KernelStatus::Unsupported("CUDA kernels support head_dim <= 512");
+}
+
+inline unsigned Blocks(int64_t items, int per_block) {
+  return static_cast<unsigned>((items + per_block - 1) / per_block);
+}
+
+}  // namespace kvc::kernels::cuda
