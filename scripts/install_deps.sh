@@ -12,6 +12,8 @@ PACKAGES=(
 )
 # Reference worker (model engine): BLAS for the matrix products.
 PACKAGES+=(libopenblas-dev)
+# Reference worker fixtures (scripts/worker/make_fixtures.py builds its venv with it).
+PACKAGES+=(python3-venv)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "worker/engine/attention.h"
+#include "worker/engine/ops.h"
 
 namespace kvc::worker {
 namespace {
@@ -78,6 +79,33 @@ TEST(LocalKvStoreTest, SinkWindowPolicyKeepsSinksAndRecentTokens) {
   ASSERT_TRUE(layer.ok());
   EXPECT_EQ(layer->heads[1].positions, (std::vector<int32_t>{0, 1, 7, 8, 9}));
   EXPECT_EQ(kv.Describe(), "local sinks=2 window=3");
+}
+
+TEST(LocalKvStoreTest, ReRotationMovesSinkKeysExactly) {
+  std::mt19937 rng(4);
+  KvGeometry g = kGeom;
+  g.rope_theta = 100000.0f;
+  LocalKvStore kv(g, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), nullptr);
+  std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, 7};
+  const size_t n = pos.size() * g.num_kv_heads * g.head_dim;
+  const std::vector<float> raw = Random(n, rng), values = Random(n, rng);
+  std::vector<float> keys = raw;
+  ApplyRope(keys.data(), pos, g.num_kv_heads, g.head_dim, g.rope_theta);
+  for (int32_t l = 0; l < g.num_layers; ++l) ASSERT_TRUE(kv.Append(l, pos, keys, values).ok());
+  ASSERT_TRUE(kv.CommitStep(8).ok());
+  auto layer = kv.Fetch(0);
+  ASSERT_TRUE(layer.ok());
+  // Sink (position 0) now sits right before the window {6, 7}, rotated as if it were at 5.
+  EXPECT_EQ(layer->heads[1].positions, (std::vector<int32_t>{5, 6, 7}));
+  std::vector<float> expect(raw.begin() + 1 * g.head_dim, raw.begin() + 2 * g.head_dim);
+  const int32_t at5[1] = {5};
+  ApplyRope(expect.data(), at5, 1, g.head_dim, g.rope_theta);
+  for (int32_t d = 0; d < g.head_dim; ++d) EXPECT_NEAR(layer->heads[1].keys[d], expect[d], 1e-5);
+  // Without rope_theta the store cannot move keys.
+  LocalKvStore no_theta(kGeom, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), nullptr);
+  for (int32_t l = 0; l < g.num_layers; ++l)
+    ASSERT_TRUE(no_theta.Append(l, pos, keys, values).ok());
+  EXPECT_EQ(no_theta.CommitStep(8).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(LocalKvStoreTest, WindowPolicyKeepsOnlyRecentTokens) {

@@ -2,8 +2,10 @@
 // with the client library).
 //   kvc-worker generate   --prompt TEXT | --prompt-file FILE [--question Q] [--policy P] ...
 //   kvc-worker perplexity --text-file FILE [--max-tokens N] [--policies P1,P2,...] [--json OUT]
+//   kvc-worker passkey    [--haystack-file FILE] [--lengths L1,L2] [--depths D1,D2] ...
 //   kvc-worker tokenize   --text TEXT | --text-file FILE
-// Policies (local baselines): full | window=W | streaming=S+W (S sinks + W recent tokens).
+// Policies (local baselines): full | window=W | streaming=S+W (S sinks + W recent tokens) |
+// streaming-rerotate=S+W (the same, sinks re-rotated next to the window).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -23,6 +25,7 @@
 #include "worker/engine/generator.h"
 #include "worker/engine/llama_model.h"
 #include "worker/engine/local_kv_store.h"
+#include "worker/eval/passkey.h"
 #include "worker/eval/perplexity.h"
 
 namespace kvc::worker {
@@ -46,16 +49,31 @@ absl::StatusOr<std::unique_ptr<LocalEvictionPolicy>> ParsePolicy(const std::stri
     int64_t w;
     if (absl::SimpleAtoi(kv[1], &w) && w > 0) return MakeLocalWindowPolicy(w);
   }
-  if (kv.size() == 2 && kv[0] == "streaming") {
+  if (kv.size() == 2 && (kv[0] == "streaming" || kv[0] == "streaming-rerotate")) {
     const std::vector<std::string> sw = absl::StrSplit(kv[1], '+');
     int64_t s, w;
     if (sw.size() == 2 && absl::SimpleAtoi(sw[0], &s) && absl::SimpleAtoi(sw[1], &w) && s >= 0 &&
         w > 0) {
-      return MakeLocalSinkWindowPolicy(s, w);
+      return MakeLocalSinkWindowPolicy(s, w, /*close_gaps=*/kv[0] == "streaming-rerotate");
     }
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "bad policy '", spec, "': use full, window=W or streaming=S+W (e.g. streaming=4+1020)"));
+      "bad policy '", spec,
+      "': use full, window=W, streaming=S+W or streaming-rerotate=S+W (e.g. streaming=4+1020)"));
+}
+
+// Splits "a,b,c" into numbers.
+template <typename T>
+absl::StatusOr<std::vector<T>> ParseList(const std::string& csv) {
+  std::vector<T> out;
+  for (absl::string_view item : absl::StrSplit(csv, ',')) {
+    double v;
+    if (!absl::SimpleAtod(item, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad number '", item, "' in '", csv, "'"));
+    }
+    out.push_back(static_cast<T>(v));
+  }
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const Flags& flags) {
@@ -123,7 +141,8 @@ absl::Status RunGenerate(int argc, char** argv) {
   if (!result.ok()) return result.status();
   std::cout << "\n";
   const KvGeometry g = kv.geometry();
-  const int64_t total = result->prompt_tokens + static_cast<int64_t>(result->tokens.size());
+  // Every fed token has K/V; the last sampled token is never fed back.
+  const int64_t total = result->prompt_tokens + result->decode_steps;
   const int64_t full_slots = int64_t{g.num_layers} * g.num_kv_heads * total;
   const int64_t slot_bytes_f16 = int64_t{2} * 2 * g.head_dim;  // K and V
   std::cerr << absl::StrFormat(
@@ -205,6 +224,95 @@ absl::Status RunPerplexity(int argc, char** argv) {
   return absl::OkStatus();
 }
 
+absl::Status RunPasskey(int argc, char** argv) {
+  auto flags = Flags::Parse(argc, argv, 2,
+                            {"model", "threads", "haystack-file", "lengths", "depths", "policies",
+                             "chunk", "seed", "json"},
+                            {});
+  if (!flags.ok()) return flags.status();
+  auto haystack = ReadFile(flags->Get("haystack-file", KVC_REPO_ROOT "/.cache/corpus/emma.txt"));
+  if (!haystack.ok()) return haystack.status();
+  auto lengths = ParseList<int64_t>(flags->Get("lengths", "1024,2048,4096"));
+  auto depths = ParseList<double>(flags->Get("depths", "0,0.25,0.5,0.75,1"));
+  auto chunk = flags->GetInt("chunk", 256);
+  auto seed = flags->GetInt("seed", 1234);
+  for (const absl::Status& s : {lengths.status(), depths.status(), chunk.status(), seed.status()}) {
+    if (!s.ok()) return s;
+  }
+  std::vector<PolicySpec> specs;
+  const std::vector<std::string> names =
+      absl::StrSplit(flags->Get("policies", "full,window=512,streaming=4+508"), ',');
+  for (const std::string& name : names) {
+    if (auto p = ParsePolicy(name); !p.ok()) return p.status();
+    specs.push_back({name, [name] { return *ParsePolicy(name); }});
+  }
+  auto model = LoadModel(*flags);
+  if (!model.ok()) return model.status();
+  PasskeyOptions opt;
+  opt.lengths = *lengths;
+  opt.depths = *depths;
+  opt.prefill_chunk = static_cast<int32_t>(*chunk);
+  opt.seed = static_cast<uint64_t>(*seed);
+  opt.on_score = [](const PasskeyScore& s) {
+    std::cerr << absl::StrFormat(
+        "[passkey] %-22s len %5d depth %.2f  logp %7.3f  tf %d  gen %d  %s\n", s.policy,
+        s.context_tokens, s.depth, s.answer_logprob, s.teacher_forced_match, s.generated_match,
+        s.generated);
+  };
+  auto scores = RunPasskey(**model, *haystack, specs, opt);
+  if (!scores.ok()) return scores.status();
+
+  // Markdown table: per policy and length, accuracy over depths (teacher-forced / generated)
+  // and the mean answer log-probability.
+  std::cout << "| policy |";
+  for (int64_t len : *lengths) std::cout << " " << len << " tok: tf acc / gen acc / mean logp |";
+  std::cout << "\n| --- |";
+  for (size_t i = 0; i < lengths->size(); ++i) std::cout << " --- |";
+  std::cout << "\n";
+  std::string json = "{\"scores\": [";
+  for (const PolicySpec& spec : specs) {
+    std::cout << "| " << spec.name << " |";
+    for (size_t li = 0; li < lengths->size(); ++li) {
+      int n = 0, tf = 0, gen = 0;
+      double logp = 0;
+      for (size_t i = 0; i < scores->size(); ++i) {
+        const PasskeyScore& s = (*scores)[i];
+        const size_t case_index = i / specs.size();
+        if (s.policy != spec.name || case_index / depths->size() != li) continue;
+        ++n;
+        tf += s.teacher_forced_match;
+        gen += s.generated_match;
+        logp += s.answer_logprob;
+      }
+      std::cout << absl::StrFormat(" %d/%d / %d/%d / %.2f |", tf, n, gen, n, logp / std::max(n, 1));
+    }
+    std::cout << "\n";
+  }
+  for (size_t i = 0; i < scores->size(); ++i) {
+    const PasskeyScore& s = (*scores)[i];
+    std::string gen;
+    for (char c : s.generated) {
+      if (c == '"' || c == '\\') gen += '\\';
+      if (static_cast<unsigned char>(c) >= 0x20) gen += c;
+    }
+    absl::StrAppend(
+        &json, i ? ",\n  " : "\n  ",
+        absl::StrFormat("{\"policy\": \"%s\", \"context_tokens\": %d, \"depth\": %.3f, "
+                        "\"answer_logprob\": %.5f, \"teacher_forced_match\": %s, "
+                        "\"generated_match\": %s, \"generated\": \"%s\", \"kv_slots\": %d}",
+                        s.policy, s.context_tokens, s.depth, s.answer_logprob,
+                        s.teacher_forced_match ? "true" : "false",
+                        s.generated_match ? "true" : "false", gen, s.kv_slots));
+  }
+  json += "\n]}\n";
+  if (flags->Has("json")) {
+    std::ofstream out(flags->Get("json", ""));
+    out << json;
+    if (!out) return absl::InternalError("cannot write --json file");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunTokenize(int argc, char** argv) {
   auto flags = Flags::Parse(argc, argv, 2, {"model", "text", "text-file", "special"}, {"special"});
   if (!flags.ok()) return flags.status();
@@ -229,16 +337,21 @@ int Main(int argc, char** argv) {
     s = RunGenerate(argc, argv);
   } else if (cmd == "perplexity") {
     s = RunPerplexity(argc, argv);
+  } else if (cmd == "passkey") {
+    s = RunPasskey(argc, argv);
   } else if (cmd == "tokenize") {
     s = RunTokenize(argc, argv);
   } else {
     std::cerr << "usage: kvc-worker generate|perplexity|tokenize [flags]\n"
                  "  generate   --prompt TEXT | --prompt-file FILE [--question Q] [--raw]\n"
-                 "             [--policy full|window=W|streaming=S+W] [--max-new-tokens N]\n"
+                 "             [--policy full|window=W|streaming=S+W|streaming-rerotate=S+W]\n"
+                 "             [--max-new-tokens N]\n"
                  "             [--temperature T --top-k K --top-p P --seed S]\n"
                  "             [--attention store|fetch] [--threads N] [--model GGUF]\n"
                  "  perplexity --text-file FILE [--max-tokens N] [--skip-tokens N] [--chunk C]\n"
                  "             [--policies full,window=1024,streaming=4+1020] [--json OUT]\n"
+                 "  passkey    [--haystack-file FILE] [--lengths 1024,2048] [--depths 0,0.5,1]\n"
+                 "             [--policies full,window=512,streaming=4+508] [--json OUT]\n"
                  "  tokenize   --text TEXT | --text-file FILE [--special]\n";
     return 2;
   }

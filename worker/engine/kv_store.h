@@ -27,6 +27,9 @@ struct KvGeometry {
   int32_t num_kv_heads = 0;
   int32_t num_q_heads = 0;
   int32_t head_dim = 0;
+  // RoPE base the keys were rotated with (rotate-half layout); 0 when unknown. A store needs it
+  // only to move keys to new positions (StreamingLLM re-rotation).
+  float rope_theta = 0.0f;
 
   int32_t group_size() const { return num_q_heads / num_kv_heads; }
 };

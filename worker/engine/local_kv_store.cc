@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/engine/attention.h"
+#include "worker/engine/ops.h"
 
 namespace kvc::worker {
 
@@ -72,6 +73,13 @@ absl::StatusOr<LayerKv> LocalKvStore::Fetch(int32_t layer) {
   return layers_[layer];
 }
 
+std::unique_ptr<LocalKvStore> LocalKvStore::Clone(
+    std::unique_ptr<LocalEvictionPolicy> policy) const {
+  auto copy = std::make_unique<LocalKvStore>(geometry_, std::move(policy), pool_);
+  copy->layers_ = layers_;
+  return copy;
+}
+
 absl::Status LocalKvStore::Retain(int32_t layer, int32_t kv_head, absl::Span<const int64_t> keep) {
   if (layer < 0 || layer >= geometry_.num_layers || kv_head < 0 ||
       kv_head >= geometry_.num_kv_heads) {
@@ -99,6 +107,27 @@ absl::Status LocalKvStore::Retain(int32_t layer, int32_t kv_head, absl::Span<con
   return absl::OkStatus();
 }
 
+absl::Status LocalKvStore::CloseGaps(int32_t layer, int32_t kv_head) {
+  if (geometry_.rope_theta <= 0.0f) {
+    return absl::FailedPreconditionError("re-rotation needs KvGeometry::rope_theta");
+  }
+  HeadKv& h = layers_[layer].heads[kv_head];
+  const int64_t n = static_cast<int64_t>(h.positions.size());
+  if (n == 0) return absl::OkStatus();
+  const int32_t last = h.positions.back();
+  std::vector<int32_t> delta(static_cast<size_t>(n));
+  bool moved = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t target = last - static_cast<int32_t>(n - 1 - i);
+    delta[i] = target - h.positions[i];
+    moved |= delta[i] != 0;
+    h.positions[i] = target;
+  }
+  // Rotations compose additively, so rotating by the shift moves a key to its new position.
+  if (moved) ApplyRope(h.keys.data(), delta, /*heads=*/1, geometry_.head_dim, geometry_.rope_theta);
+  return absl::OkStatus();
+}
+
 absl::Status LocalKvStore::CommitStep(int32_t /*end_position*/) {
   if (policy_ == nullptr) return absl::OkStatus();
   for (int32_t l = 0; l < geometry_.num_layers; ++l) {
@@ -107,6 +136,9 @@ absl::Status LocalKvStore::CommitStep(int32_t /*end_position*/) {
       const std::vector<int64_t> keep = policy_->SelectKeep(l, h, pos);
       if (keep.size() == pos.size()) continue;
       if (auto s = Retain(l, h, keep); !s.ok()) return s;
+      if (policy_->ClosesGaps()) {
+        if (auto s = CloseGaps(l, h); !s.ok()) return s;
+      }
     }
   }
   return absl::OkStatus();

@@ -29,9 +29,17 @@ class LocalKvStore : public KvStore {
   int64_t StoredTokenSlots() const override;
   std::string Describe() const override;
 
+  // A copy of everything stored, governed by `policy` from now on (the evaluation prefills
+  // once with the full cache and fans the same K/V out to each policy).
+  std::unique_ptr<LocalKvStore> Clone(std::unique_ptr<LocalEvictionPolicy> policy) const;
+
   // Keeps only rows `keep` (ascending indices) of one (layer, kv head): the hook a policy
   // (local or test) uses to give heads different token sets. InvalidArgument on bad indices.
   absl::Status Retain(int32_t layer, int32_t kv_head, absl::Span<const int64_t> keep);
+
+  // Gives the stored tokens of one (layer, kv head) consecutive positions ending at the newest
+  // one, re-rotating each key by its shift. FailedPrecondition without geometry().rope_theta.
+  absl::Status CloseGaps(int32_t layer, int32_t kv_head);
 
  private:
   KvGeometry geometry_;

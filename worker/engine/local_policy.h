@@ -21,6 +21,12 @@ class LocalEvictionPolicy {
   virtual std::vector<int64_t> SelectKeep(int32_t layer, int32_t kv_head,
                                           absl::Span<const int32_t> positions) const = 0;
 
+  // When true, after eviction the store closes the gaps: survivors get consecutive positions
+  // ending at the newest one and their keys are re-rotated by (new - old) position. This is
+  // StreamingLLM's "positions inside the cache": attention only sees relative offsets, so no
+  // offset ever exceeds the cache span, however long the stream.
+  virtual bool ClosesGaps() const { return false; }
+
   virtual std::string Describe() const = 0;
 };
 
@@ -29,6 +35,8 @@ std::unique_ptr<LocalEvictionPolicy> MakeLocalWindowPolicy(int64_t window);
 
 // StreamingLLM-style: the first `sinks` stored tokens plus the last `window` tokens. Keys keep
 // their original positions (no re-rotation to in-cache positions).
-std::unique_ptr<LocalEvictionPolicy> MakeLocalSinkWindowPolicy(int64_t sinks, int64_t window);
+// With `close_gaps`, sinks are re-rotated next to the window (see ClosesGaps()).
+std::unique_ptr<LocalEvictionPolicy> MakeLocalSinkWindowPolicy(int64_t sinks, int64_t window,
+                                                               bool close_gaps = false);
 
 }  // namespace kvc::worker

@@ -23,7 +23,9 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   float rms_eps = 1e-5f;
 
-  KvGeometry kv_geometry() const { return {num_layers, num_kv_heads, num_q_heads, head_dim}; }
+  KvGeometry kv_geometry() const {
+    return {num_layers, num_kv_heads, num_q_heads, head_dim, rope_theta};
+  }
 };
 
 // InvalidArgument when the architecture is not "llama" or the shapes are inconsistent

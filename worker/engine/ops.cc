@@ -12,9 +12,15 @@ namespace kvc::worker {
 
 void MatMul(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out,
             bool accumulate) {
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (n == 1) {  // decode: a matrix-vector product; sgemv skips sgemm's packing
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out), static_cast<int>(in), 1.0f, w,
+                static_cast<int>(in), x, 1, beta, y, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(out),
-              static_cast<int>(in), 1.0f, x, static_cast<int>(in), w, static_cast<int>(in),
-              accumulate ? 1.0f : 0.0f, y, static_cast<int>(out));
+              static_cast<int>(in), 1.0f, x, static_cast<int>(in), w, static_cast<int>(in), beta, y,
+              static_cast<int>(out));
 }
 
 void RmsNorm(const float* x, const float* weight, float* out, int64_t n, int64_t d, float eps) {
