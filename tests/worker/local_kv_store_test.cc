@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "tests/worker/kv_store_conformance.h"
 #include "worker/engine/attention.h"
 #include "worker/engine/ops.h"
 
@@ -117,3 +118,15 @@ TEST(LocalKvStoreTest, WindowPolicyKeepsOnlyRecentTokens) {
 
 }  // namespace
 }  // namespace kvc::worker
+
+namespace kvc::worker::testing {
+namespace {
+
+INSTANTIATE_TEST_SUITE_P(Local, KvStoreConformanceTest,
+                         ::testing::Values(KvStoreFactory{
+                             "local_full", [](const KvGeometry& g) -> std::unique_ptr<KvStore> {
+                               return std::make_unique<LocalKvStore>(g, nullptr, nullptr);
+                             }}));
+
+}  // namespace
+}  // namespace kvc::worker::testing
