@@ -104,29 +104,27 @@ KVC_HD float HalfToFloat(uint16_t h) {
 }
 
 KVC_HD uint16_t FloatToHalf(float f) {
+  // Selects instead of branches (vectorizes): each path is computed, the right one kept.
   const uint32_t x = FloatAsBits(f);
   const uint32_t sign = (x >> 16) & 0x8000u;
   const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {  // inf or NaN
-    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
-  }
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (abs < 0x38800000u) {  // result is subnormal or zero: add 0.5 to let the FPU round
-    const float r = BitsAsFloat(abs) + 0.5f;
-    return static_cast<uint16_t>(sign | (FloatAsBits(r) - FloatAsBits(0.5f)));
-  }
-  const uint32_t mant_odd = (abs >> 13) & 1u;
-  const uint32_t rounded = abs + ((15u - 127u) << 23) + 0xfffu + mant_odd;
-  return static_cast<uint16_t>(sign | (rounded >> 13));
+  // Normal results: rebias, then round at bit 13 (ties to even); overflow carries to inf.
+  const uint32_t normal = (abs + ((15u - 127u) << 23) + 0xfffu + ((abs >> 13) & 1u)) >> 13;
+  // Subnormal results: adding 0.5 makes the FPU round at the f16 subnormal step (2^-24).
+  const uint32_t sub = FloatAsBits(BitsAsFloat(abs) + 0.5f) - FloatAsBits(0.5f);
+  uint32_t h = abs < 0x38800000u ? sub : normal;
+  h = abs >= 0x477ff000u ? 0x7c00u : h;  // overflow -> inf
+  h = abs > 0x7f800000u ? 0x7e00u : h;   // NaN -> quiet NaN
+  return static_cast<uint16_t>(sign | h);
 }
 
 KVC_HD float BFloat16ToFloat(uint16_t b) { return BitsAsFloat(static_cast<uint32_t>(b) << 16); }
 
 KVC_HD uint16_t FloatToBFloat16(float f) {
   const uint32_t x = FloatAsBits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
-  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>((x + rounding) >> 16);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t nan = (x >> 16) | 0x40u;  // keep NaNs NaN (quiet)
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 // Element i of a dense array of `dtype`, as float.

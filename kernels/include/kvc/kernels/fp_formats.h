@@ -12,69 +12,70 @@ namespace kvc::kernels {
 constexpr float kE4M3Max = 448.0f;
 constexpr float kE2M1Max = 6.0f;
 
-// float -> E4M3 code (sign in bit 7, 4 exponent bits with bias 7, 3 mantissa bits).
+// float -> E4M3 code (sign in bit 7, 4 exponent bits with bias 7, 3 mantissa bits). Every
+// path is computed and selected, so that element loops vectorize on the CPU.
 KVC_HD uint8_t FloatToE4M3(float f) {
   const uint32_t x = FloatAsBits(f);
-  const uint8_t sign = static_cast<uint8_t>((x >> 24) & 0x80u);
-  uint32_t a = x & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7f);   // NaN stays NaN
-  if (a >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7e);  // >= 448 (and inf)
-  if (a < 0x3c800000u) {  // below 2^-6: subnormal codes count steps of 2^-9 (exact scaling)
-    const float steps = RoundHalfEven(BitsAsFloat(a) * 512.0f);
-    return static_cast<uint8_t>(sign | static_cast<uint8_t>(steps));  // 8 = smallest normal
-  }
-  a += 0x7ffffu + ((a >> 20) & 1u);  // round the mantissa to 3 bits, ties to even
-  const uint32_t e = (a >> 23) - 120u;
-  const uint32_t m = (a >> 20) & 7u;
-  if (e > 15u || (e == 15u && m == 7u)) return static_cast<uint8_t>(sign | 0x7e);
-  return static_cast<uint8_t>(sign | (e << 3) | m);
+  const uint32_t sign = (x >> 24) & 0x80u;
+  const uint32_t a = x & 0x7fffffffu;
+  // Normal: round the mantissa to 3 bits, ties to even, then rebias (127 -> 7).
+  const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+  const uint32_t normal = ((r >> 20) - (120u << 3)) & 0xffu;
+  // Below 2^-6: subnormal codes count steps of 2^-9 (exact scaling); 8 = smallest normal.
+  const uint32_t sub =
+      static_cast<uint32_t>(RoundHalfEven(BitsAsFloat(a < 0x3c800000u ? a : 0u) * 512.0f));
+  uint32_t c = a < 0x3c800000u ? sub : normal;
+  c = (a >= 0x43e00000u || (a >= 0x3c800000u && r >= 0x43f00000u)) ? 0x7eu : c;  // >= 448 saturates
+  c = a > 0x7f800000u ? 0x7fu : c;                                               // NaN stays NaN
+  return static_cast<uint8_t>(sign | c);
 }
 
+namespace internal {
+constexpr float E4M3Value(int c) {
+  const int e = (c >> 3) & 15, m = c & 7;
+  float v = e == 0 ? static_cast<float>(m) / 512.0f : 1.0f + static_cast<float>(m) / 8.0f;
+  for (int i = 7; i < e; ++i) v *= 2.0f;
+  for (int i = e; i < 7 && e != 0; ++i) v *= 0.5f;
+  return (c & 0x80) ? -v : v;
+}
+struct E4M3Table {
+  float v[256];
+  constexpr E4M3Table() : v() {
+    for (int c = 0; c < 256; ++c) v[c] = E4M3Value(c);
+  }
+};
+inline constexpr E4M3Table kE4M3Table{};
+}  // namespace internal
+
 KVC_HD float E4M3ToFloat(uint8_t c) {
+  if ((c & 0x7f) == 0x7f) return BitsAsFloat(0x7fc00000u);
+#if defined(__CUDA_ARCH__)
   const uint32_t e = (c >> 3) & 15u;
   const uint32_t m = c & 7u;
-  float v;
-  if (e == 0) {
-    v = static_cast<float>(m) * (1.0f / 512.0f);
-  } else if (e == 15u && m == 7u) {
-    v = BitsAsFloat(0x7fc00000u);
-  } else {
-    v = BitsAsFloat(((e + 120u) << 23) | (m << 20));
-  }
+  const float v = e == 0 ? static_cast<float>(m) * (1.0f / 512.0f)
+                         : BitsAsFloat(((e + 120u) << 23) | (m << 20));
   return (c & 0x80u) ? -v : v;
+#else
+  return internal::kE4M3Table.v[c];  // a load beats the bit assembly on the host
+#endif
 }
 
 // float -> E2M1 code (sign in bit 3; magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6). Ties go to the
-// even code, e.g. 0.25 -> 0, 2.5 -> 2, 5 -> 4. Values beyond 6 saturate.
+// even code, e.g. 0.25 -> 0, 2.5 -> 2, 5 -> 4. Values beyond 6 saturate; NaN gives 0.
 KVC_HD uint8_t FloatToE2M1(float f) {
-  const uint8_t sign = (FloatAsBits(f) >> 31) ? 8 : 0;
+  const uint32_t sign = (FloatAsBits(f) >> 28) & 8u;
   const float a = f < 0 ? -f : f;
-  uint8_t m;
-  if (!(a > 0.25f)) {
-    m = 0;  // also NaN
-  } else if (a < 0.75f) {
-    m = 1;
-  } else if (a <= 1.25f) {
-    m = 2;
-  } else if (a < 1.75f) {
-    m = 3;
-  } else if (a <= 2.5f) {
-    m = 4;
-  } else if (a < 3.5f) {
-    m = 5;
-  } else if (a <= 5.0f) {
-    m = 6;
-  } else {
-    m = 7;
-  }
+  const uint32_t m = static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) +
+                     static_cast<uint32_t>(a > 1.25f) + static_cast<uint32_t>(a >= 1.75f) +
+                     static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) +
+                     static_cast<uint32_t>(a > 5.0f);
   return static_cast<uint8_t>(sign | m);
 }
 
 KVC_HD float E2M1ToFloat(uint8_t c) {
   const uint32_t m = c & 7u;
-  const uint32_t e = m >> 1;
-  const float frac = (m & 1u) ? 0.5f : 0.0f;
-  const float v = e == 0 ? frac : (1.0f + frac) * static_cast<float>(1u << (e - 1));
+  const float v = m < 4 ? 0.5f * static_cast<float>(m)
+                        : (m < 6 ? static_cast<float>(m - 2) : static_cast<float>(2 * m - 8));
   return (c & 8u) ? -v : v;
 }
 

@@ -8,8 +8,10 @@
 
 #if defined(__CUDACC__)
 #define KVC_HD __host__ __device__ __forceinline__
+#define KVC_RESTRICT __restrict__
 #else
 #define KVC_HD inline
+#define KVC_RESTRICT __restrict
 #endif
 
 namespace kvc::kernels {

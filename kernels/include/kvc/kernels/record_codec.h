@@ -55,26 +55,49 @@ KVC_HD void StoreF32(uint8_t* p, float v) {
 #endif
 }
 
+// 16-bit fields sit at even offsets. Hosts and GPUs we target are little-endian.
 KVC_HD uint16_t LoadU16(const uint8_t* p) {
-  return static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8));
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint16_t*>(p);
+#else
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+#endif
 }
 
 KVC_HD void StoreU16(uint8_t* p, uint16_t v) {
-  p[0] = static_cast<uint8_t>(v & 0xff);
-  p[1] = static_cast<uint8_t>(v >> 8);
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint16_t*>(p) = v;
+#else
+  std::memcpy(p, &v, sizeof v);
+#endif
 }
 
-KVC_HD float AbsMax(const float* x, int n) {
-  float m = 0.0f;
+// max |x[j]|, computed on the bit patterns: for non-NaN floats the order of |x| is the
+// unsigned order of (bits & 0x7fffffff), and integer max reductions vectorize where float
+// ones may not (NaN ordering). A NaN input makes the result NaN.
+KVC_HD float AbsMax(const float* KVC_RESTRICT x, int n) {
+  uint32_t m = 0;
   for (int j = 0; j < n; ++j) {
-    const float a = x[j] < 0 ? -x[j] : x[j];
+    const uint32_t a = FloatAsBits(x[j]) & 0x7fffffffu;
     m = a > m ? a : m;
   }
-  return m;
+  return BitsAsFloat(m);
+}
+
+// Float order as unsigned integer order (negative values flipped), and back.
+KVC_HD uint32_t OrderedBits(float f) {
+  const uint32_t u = FloatAsBits(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+KVC_HD float FromOrderedBits(uint32_t o) {
+  return BitsAsFloat((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
 }
 
 // Writes one record of `format` from d floats.
-KVC_HD void QuantizeRecord(StorageFormat format, int d, const float* x, uint8_t* rec) {
+KVC_HD void QuantizeRecord(StorageFormat format, int d, const float* KVC_RESTRICT x,
+                           uint8_t* KVC_RESTRICT rec) {
   switch (format) {
     case StorageFormat::kF32:
       for (int j = 0; j < d; ++j) StoreF32(rec + 4 * j, x[j]);
@@ -106,12 +129,14 @@ KVC_HD void QuantizeRecord(StorageFormat format, int d, const float* x, uint8_t*
     case StorageFormat::kInt4G64: {
       const int group = format == StorageFormat::kInt4G32 ? 32 : 64;
       for (int g = 0; g < d / group; ++g) {
-        const float* xg = x + g * group;
-        float lo = xg[0], hi = xg[0];
-        for (int j = 1; j < group; ++j) {
-          lo = xg[j] < lo ? xg[j] : lo;
-          hi = xg[j] > hi ? xg[j] : hi;
+        const float* KVC_RESTRICT xg = x + g * group;
+        uint32_t lo_o = 0xffffffffu, hi_o = 0;
+        for (int j = 0; j < group; ++j) {
+          const uint32_t o = OrderedBits(xg[j]);
+          lo_o = o < lo_o ? o : lo_o;
+          hi_o = o > hi_o ? o : hi_o;
         }
+        const float lo = FromOrderedBits(lo_o), hi = FromOrderedBits(hi_o);
         // Quantize against the f16-rounded scale and min that the reader will see.
         const uint16_t scale_h = FloatToHalf((hi - lo) / 15.0f);
         const uint16_t min_h = FloatToHalf(lo);
@@ -187,7 +212,8 @@ KVC_HD float DequantizeElement(StorageFormat format, int d, const uint8_t* rec, 
 
 // All d elements of a record, as float. Same values as DequantizeElement, with the scales
 // loaded once per group.
-KVC_HD void DequantizeRecord(StorageFormat format, int d, const uint8_t* rec, float* out) {
+KVC_HD void DequantizeRecord(StorageFormat format, int d, const uint8_t* KVC_RESTRICT rec,
+                             float* KVC_RESTRICT out) {
   switch (format) {
     case StorageFormat::kFp8E4M3:
     case StorageFormat::kInt8: {

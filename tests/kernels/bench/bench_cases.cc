@@ -1,0 +1,321 @@
+#include "bench_cases.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "kvc/kernels/record_codec.h"
+
+namespace kvc::kernels::bench {
+namespace {
+
+// Buffers in a backend's memory, freed with the owner.
+class Buffers {
+ public:
+  explicit Buffers(KernelBackend& b) : b_(b) {}
+  ~Buffers() {
+    for (void* p : ptrs_) b_.Free(p);
+  }
+  void* Upload(const void* src, size_t bytes, KernelStatus* st) {
+    void* p = nullptr;
+    if (!st->ok()) return nullptr;
+    *st = b_.Allocate(std::max<size_t>(bytes, 64), &p);
+    if (!st->ok()) return nullptr;
+    ptrs_.push_back(p);
+    if (src != nullptr)
+      *st = b_.CopyToDevice(p, src, bytes, StreamHandle{});
+    else
+      *st = b_.Memset(p, 0, bytes, StreamHandle{});
+    return p;
+  }
+  template <typename T>
+  T* Upload(const std::vector<T>& v, KernelStatus* st) {
+    return static_cast<T*>(Upload(v.data(), v.size() * sizeof(T), st));
+  }
+  KernelBackend& backend() { return b_; }
+
+ private:
+  KernelBackend& b_;
+  std::vector<void*> ptrs_;
+};
+
+struct Geometry {
+  int lanes, tokens, d, group;
+};
+Geometry GeometryFor(BenchSize size) {
+  // Small: 8 kv heads x 4096 tokens (16 MiB of f16 K+V). Large: 32 lanes x 32768 tokens
+  // (512 MiB of f16 K+V), enough to saturate HBM.
+  return size == BenchSize::kSmall ? Geometry{8, 4096, 128, 4} : Geometry{32, 32768, 128, 4};
+}
+
+// Fast pseudo-random f16 values in [-2, 2) (xorshift; the large GPU cases need ~10^9).
+std::vector<uint16_t> RandomHalf(size_t n, std::mt19937& rng) {
+  uint64_t x = rng() | 1;
+  std::vector<uint16_t> v(n);
+  for (auto& h : v) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    h = FloatToHalf(static_cast<float>(static_cast<int32_t>(x >> 40) - (1 << 23)) *
+                    (1.0f / (1 << 22)));
+  }
+  return v;
+}
+
+// A paged arena holding `lanes` lanes of `tokens` tokens, filled by the backend itself.
+struct Paged {
+  PagedArena arena;
+  LaneTable table;
+  std::vector<int32_t> blocks, slots;  // every stored token, lane-major (host copies)
+};
+
+Paged MakePaged(Buffers& buf, StorageFormat f, const Geometry& g, KernelStatus* st) {
+  Paged p;
+  const BlockLayout l = MakeBlockLayout(f, g.d, 16);
+  const int per_lane = (g.tokens + 15) / 16;
+  const int32_t num_blocks = g.lanes * per_lane;
+  std::vector<int32_t> ids(num_blocks), offsets(g.lanes + 1), tokens(g.lanes, g.tokens);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::mt19937 rng(5);
+  std::shuffle(ids.begin(), ids.end(), rng);  // lanes' blocks scattered over the arena
+  for (int i = 0; i <= g.lanes; ++i) offsets[i] = i * per_lane;
+  for (int lane = 0; lane < g.lanes; ++lane) {
+    for (int t = 0; t < g.tokens; ++t) {
+      p.blocks.push_back(ids[lane * per_lane + t / 16]);
+      p.slots.push_back(t % 16);
+    }
+  }
+  p.arena = PagedArena{buf.Upload(nullptr, static_cast<size_t>(num_blocks) * l.block_bytes, st), l,
+                       num_blocks};
+  p.table = LaneTable{g.lanes, buf.Upload(offsets, st), buf.Upload(ids, st), buf.Upload(tokens, st),
+                      g.tokens};
+  const size_t rows = p.blocks.size();
+  std::vector<int32_t> pos(rows);
+  for (size_t r = 0; r < rows; ++r) pos[r] = static_cast<int32_t>(r % g.tokens);
+  const std::vector<uint16_t> kv = RandomHalf(rows * g.d, rng);
+  WriteTokensArgs w;
+  w.arena = p.arena;
+  w.num_rows = static_cast<int32_t>(rows);
+  w.dtype = DType::kF16;
+  w.keys = buf.Upload(kv, st);
+  w.values = w.keys;
+  w.positions = buf.Upload(pos, st);
+  w.dst_blocks = buf.Upload(p.blocks, st);
+  w.dst_slots = buf.Upload(p.slots, st);
+  if (st->ok()) *st = buf.backend().WriteTokens(w, StreamHandle{});
+  if (st->ok()) *st = buf.backend().Synchronize(StreamHandle{});
+  return p;
+}
+
+class WriteRun : public BenchRun {
+ public:
+  WriteRun(KernelBackend& b, StorageFormat f, const Geometry& g, KernelStatus* st) : buf_(b) {
+    const BlockLayout l = MakeBlockLayout(f, g.d, 16);
+    const int rows = g.lanes * g.tokens;
+    std::mt19937 rng(1);
+    std::vector<int32_t> blocks(rows), slots(rows), pos(rows);
+    std::vector<int32_t> order(rows);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);  // scatter, as appends of many sequences
+    for (int r = 0; r < rows; ++r) blocks[r] = order[r] / 16, slots[r] = order[r] % 16, pos[r] = r;
+    args_.arena = PagedArena{
+        buf_.Upload(nullptr, static_cast<size_t>(rows / 16) * l.block_bytes, st), l, rows / 16};
+    args_.num_rows = rows;
+    args_.dtype = DType::kF16;
+    args_.keys = buf_.Upload(RandomHalf(static_cast<size_t>(rows) * g.d, rng), st);
+    args_.values = buf_.Upload(RandomHalf(static_cast<size_t>(rows) * g.d, rng), st);
+    args_.positions = buf_.Upload(pos, st);
+    args_.dst_blocks = buf_.Upload(blocks, st);
+    args_.dst_slots = buf_.Upload(slots, st);
+    bytes_ = static_cast<double>(rows) * (2.0 * g.d * 2 + 2.0 * l.record_bytes);
+  }
+  KernelStatus Run() override { return buf_.backend().WriteTokens(args_, StreamHandle{}); }
+  double Bytes() const override { return bytes_; }
+  const char* Counted() const override { return "f16 K+V read + K+V records written"; }
+
+ private:
+  Buffers buf_;
+  WriteTokensArgs args_;
+  double bytes_;
+};
+
+class ReadRun : public BenchRun {
+ public:
+  ReadRun(KernelBackend& b, StorageFormat f, const Geometry& g, KernelStatus* st) : buf_(b) {
+    Paged p = MakePaged(buf_, f, g, st);
+    const size_t rows = p.blocks.size();
+    args_.arena = p.arena;
+    args_.num_rows = static_cast<int32_t>(rows);
+    args_.dtype = DType::kF16;
+    args_.keys = buf_.Upload(nullptr, rows * g.d * 2, st);
+    args_.values = buf_.Upload(nullptr, rows * g.d * 2, st);
+    args_.src_blocks = buf_.Upload(p.blocks, st);
+    args_.src_slots = buf_.Upload(p.slots, st);
+    bytes_ = static_cast<double>(rows) * (2.0 * g.d * 2 + 2.0 * p.arena.layout.record_bytes);
+  }
+  KernelStatus Run() override { return buf_.backend().ReadTokens(args_, StreamHandle{}); }
+  double Bytes() const override { return bytes_; }
+  const char* Counted() const override { return "K+V records read + f16 K+V written"; }
+
+ private:
+  Buffers buf_;
+  ReadTokensArgs args_;
+  double bytes_;
+};
+
+class CompactRun : public BenchRun {
+ public:
+  CompactRun(KernelBackend& b, StorageFormat f, const Geometry& g, KernelStatus* st) : buf_(b) {
+    Paged p = MakePaged(buf_, f, g, st);
+    std::mt19937 rng(3);
+    std::vector<uint8_t> keep(static_cast<size_t>(g.lanes) * g.tokens);
+    for (auto& k : keep) k = rng() % 2;  // keep half: about a quarter of the tokens move
+    int64_t moves = 0;
+    for (int lane = 0; lane < g.lanes; ++lane) {
+      const uint8_t* k = &keep[static_cast<size_t>(lane) * g.tokens];
+      const int kept = static_cast<int>(std::count(k, k + g.tokens, 1));
+      moves += std::count(k, k + kept, 0);
+    }
+    args_.arena = p.arena;
+    args_.lanes = p.table;
+    args_.keep = buf_.Upload(keep, st);
+    args_.new_num_tokens = static_cast<int32_t*>(buf_.Upload(nullptr, g.lanes * 4, st));
+    args_.new_num_blocks = static_cast<int32_t*>(buf_.Upload(nullptr, g.lanes * 4, st));
+    // Each move reads and writes K and V records plus position and score.
+    bytes_ = static_cast<double>(moves) * 2.0 * (2.0 * p.arena.layout.record_bytes + 8);
+  }
+  KernelStatus Run() override { return buf_.backend().Compact(args_, StreamHandle{}); }
+  double Bytes() const override { return bytes_; }
+  const char* Counted() const override {
+    return "moved tokens' K+V records, position, score (read + write)";
+  }
+
+ private:
+  Buffers buf_;
+  CompactArgs args_;
+  double bytes_;
+};
+
+class SnapKvRun : public BenchRun {
+ public:
+  SnapKvRun(KernelBackend& b, StorageFormat f, const Geometry& g, KernelStatus* st) : buf_(b) {
+    Paged p = MakePaged(buf_, f, g, st);
+    const int window = 32;
+    std::mt19937 rng(4);
+    std::vector<int32_t> qpos;
+    for (int lane = 0; lane < g.lanes; ++lane) {
+      for (int w = 0; w < window; ++w) qpos.push_back(g.tokens - window + w);
+    }
+    args_.arena = p.arena;
+    args_.lanes = p.table;
+    args_.group_size = g.group;
+    args_.window = window;
+    args_.query_dtype = DType::kF16;
+    args_.queries =
+        buf_.Upload(RandomHalf(static_cast<size_t>(g.lanes) * g.group * window * g.d, rng), st);
+    args_.query_positions = buf_.Upload(qpos, st);
+    args_.pool_kernel = 7;
+    args_.pool = PoolKind::kMax;
+    bytes_ = static_cast<double>(g.lanes) * g.tokens * p.arena.layout.record_bytes;
+  }
+  KernelStatus Run() override { return buf_.backend().SnapKvScore(args_, StreamHandle{}); }
+  double Bytes() const override { return bytes_; }
+  const char* Counted() const override {
+    return "K records read once (compute-bound: G x 32 queries per key)";
+  }
+
+ private:
+  Buffers buf_;
+  SnapKvScoreArgs args_;
+  double bytes_;
+};
+
+class DecodeRun : public BenchRun {
+ public:
+  DecodeRun(KernelBackend& b, StorageFormat f, const Geometry& g, KernelStatus* st) : buf_(b) {
+    Paged p = MakePaged(buf_, f, g, st);
+    std::mt19937 rng(6);
+    args_.arena = p.arena;
+    args_.lanes = p.table;
+    args_.group_size = g.group;
+    args_.dtype = DType::kF16;
+    args_.queries = buf_.Upload(RandomHalf(static_cast<size_t>(g.lanes) * g.group * g.d, rng), st);
+    args_.out = buf_.Upload(nullptr, static_cast<size_t>(g.lanes) * g.group * g.d * 2, st);
+    bytes_ = static_cast<double>(g.lanes) * g.tokens * 2.0 * p.arena.layout.record_bytes;
+  }
+  KernelStatus Run() override { return buf_.backend().DecodeAttention(args_, StreamHandle{}); }
+  double Bytes() const override { return bytes_; }
+  const char* Counted() const override { return "K+V records read (the roofline's bytes)"; }
+
+ private:
+  Buffers buf_;
+  DecodeAttentionArgs args_;
+  double bytes_;
+};
+
+class CopyRun : public BenchRun {
+ public:
+  CopyRun(KernelBackend& b, double bytes, int threads, KernelStatus* st)
+      : buf_(b), threads_(threads) {
+    n_ = static_cast<size_t>(bytes / 2);
+    src_ = buf_.Upload(nullptr, n_, st);
+    dst_ = buf_.Upload(nullptr, n_, st);
+    if (st->ok()) *st = b.Memset(src_, 1, n_, StreamHandle{});
+  }
+  KernelStatus Run() override {
+    if (threads_ <= 1) return buf_.backend().CopyOnDevice(dst_, src_, n_, StreamHandle{});
+    std::vector<std::thread> ts;
+    const size_t part = (n_ / threads_ + 63) / 64 * 64;
+    for (int i = 0; i < threads_; ++i) {
+      const size_t off = std::min(n_, part * i), len = std::min(n_ - off, part);
+      ts.emplace_back([=] {
+        std::memcpy(static_cast<char*>(dst_) + off, static_cast<char*>(src_) + off, len);
+      });
+    }
+    for (auto& t : ts) t.join();
+    return KernelStatus::Ok();
+  }
+  double Bytes() const override { return 2.0 * n_; }
+  const char* Counted() const override { return "read + write"; }
+
+ private:
+  Buffers buf_;
+  int threads_;
+  size_t n_ = 0;
+  void* src_ = nullptr;
+  void* dst_ = nullptr;
+};
+
+template <typename Run>
+BenchCase Case(const std::string& name, StorageFormat f, BenchSize size) {
+  return BenchCase{name + "/" + StorageFormatName(f),
+                   [f, size](KernelBackend& b, KernelStatus* st) {
+                     return std::unique_ptr<BenchRun>(new Run(b, f, GeometryFor(size), st));
+                   }};
+}
+
+}  // namespace
+
+std::vector<BenchCase> AllCases(BenchSize size) {
+  std::vector<BenchCase> cases;
+  const StorageFormat quant[] = {StorageFormat::kF16,     StorageFormat::kFp8E4M3,
+                                 StorageFormat::kInt8,    StorageFormat::kInt4G32,
+                                 StorageFormat::kInt4G64, StorageFormat::kNvfp4};
+  for (StorageFormat f : quant) cases.push_back(Case<WriteRun>("quantize", f, size));
+  for (StorageFormat f : quant) cases.push_back(Case<ReadRun>("dequantize", f, size));
+  for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32})
+    cases.push_back(Case<CompactRun>("compact", f, size));
+  cases.push_back(Case<SnapKvRun>("snapkv", StorageFormat::kF16, size));
+  for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kFp8E4M3, StorageFormat::kInt4G32,
+                          StorageFormat::kNvfp4}) {
+    cases.push_back(Case<DecodeRun>("decode", f, size));
+  }
+  return cases;
+}
+
+std::unique_ptr<BenchRun> MakeCopyRun(KernelBackend& backend, double bytes, int threads,
+                                      KernelStatus* status) {
+  return std::make_unique<CopyRun>(backend, bytes, threads, status);
+}
+
+}  // namespace kvc::kernels::bench
