@@ -14,6 +14,8 @@ PACKAGES=(
 PACKAGES+=(libopenblas-dev)
 # Reference worker fixtures (scripts/worker/make_fixtures.py builds its venv with it).
 PACKAGES+=(python3-venv)
+# Deploy checks (tests/deploy): Prometheus server + promtool, yamllint.
+PACKAGES+=(prometheus yamllint)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
