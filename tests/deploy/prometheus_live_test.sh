@@ -89,9 +89,8 @@ PY
 # Wait (bounded: 30 s) until Prometheus holds several scrapes with RPC traffic.
 ready=""
 for _ in $(seq 1 60); do
-  if [ "$(query 'count_over_time(kvc_rpc_requests_total{job="kvcached"}[1m]) > 4')" != 0 ] 2>/dev/null; then
-    ready=1; break
-  fi
+  n=$(query 'count_over_time(kvc_rpc_requests_total{job="kvcached"}[1m]) > 4' 2>/dev/null || echo 0)
+  if [ "${n:-0}" -gt 0 ]; then ready=1; break; fi
   kill -0 "$KVC_PID" 2>/dev/null || { cat "$tmp/kvcached.log" >&2; fail "kvcached exited"; }
   sleep 0.5
 done
