@@ -16,7 +16,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 for tool in prometheus promtool; do
   command -v $tool >/dev/null || fail "$tool not found: run scripts/install_deps.sh (Debian package prometheus)"
 done
-"$KVCACHED" --help 2>&1 | grep -q -- '--metrics_listen' \
+help=$("$KVCACHED" --helpfull 2>&1 || true)
+grep -q -- '--metrics_listen' <<<"$help" \
   || fail "$KVCACHED has no --metrics_listen flag (no Prometheus endpoint to scrape)"
 
 tmp=$(mktemp -d)
