@@ -72,8 +72,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default=os.path.join(root, ".cache", "eval"))
     args = ap.parse_args()
-    ppl = [os.path.join(args.dir, f) for f in ("ppl_8k.json", "ppl_long.json")
-           if os.path.exists(os.path.join(args.dir, f))]
+    ppl = sorted(os.path.join(args.dir, f) for f in os.listdir(args.dir)
+                 if f.startswith("ppl_") and f.endswith(".json"))
     if ppl:
         plot_perplexity(ppl, os.path.join(args.dir, "perplexity.png"))
     pk = os.path.join(args.dir, "passkey.json")
