@@ -21,6 +21,9 @@ ABSL_FLAG(std::string, listen, "",
 ABSL_FLAG(std::string, config, "", "text-format kvcache.v1.ServerConfig file (pools, listen)");
 ABSL_FLAG(std::string, capacity, "",
           "block memory of the default pool, e.g. 512MiB or 8GiB (without --config; default 1GiB)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port serving Prometheus /metrics (default 127.0.0.1:9464, or the config's; "
+          "port 0 = any free port; 'off' = none)");
 ABSL_FLAG(int32_t, shutdown_grace_seconds, 10,
           "on SIGTERM/SIGINT, how long in-flight calls may take to finish");
 
@@ -55,6 +58,12 @@ int main(int argc, char** argv) {
     options.store.pools.front().capacity_bytes = *bytes;
   }
   if (!absl::GetFlag(FLAGS_listen).empty()) options.listen = absl::GetFlag(FLAGS_listen);
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  } else if (options.metrics_listen.empty()) {
+    options.metrics_listen = "127.0.0.1:9464";
+  }
+  if (options.metrics_listen == "off") options.metrics_listen.clear();
 
   // Block the stop signals before gRPC starts its threads, so only sigwait sees them.
   sigset_t stop_signals;
@@ -74,6 +83,9 @@ int main(int argc, char** argv) {
                   << pool.total_blocks << " blocks of " << pool.block_bytes
                   << " bytes = " << pool.options.capacity_bytes << " bytes capacity";
   }
+  if (!(*server)->metrics_address().empty()) {
+    KVC_LOG(INFO) << "metrics on http://" << (*server)->metrics_address() << "/metrics";
+  }
   KVC_LOG(INFO) << "kvcached listening on " << (*server)->address();
 
   int signal_number = 0;
@@ -81,6 +93,8 @@ int main(int argc, char** argv) {
   const int grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
   KVC_LOG(INFO) << "received signal " << signal_number << "; shutting down (grace " << grace
                 << " s)";
+  // Draining first: no new sequences, health NOT_SERVING so load balancers move away,
+  // in-flight calls finish within the grace period.
   (*server)->Shutdown(absl::Seconds(grace));
   (*server)->Wait();
   KVC_LOG(INFO) << "kvcached stopped";

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "cachesvc/core/host_block_pool.h"
 #include "cachesvc/core/pool_options.h"
+#include "common/check.h"
 #include "common/status_macros.h"
 
 namespace kvc::cachesvc {
@@ -39,6 +40,7 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreOptions& o
     }
     KVC_ASSIGN_OR_RETURN(auto pool, HostBlockPool::Create(pool_options));
     store->pools_.push_back(std::move(pool));
+    store->operator_evicted_.push_back(std::make_unique<std::atomic<int64_t>>(0));
   }
   store->id_salt_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
   return store;
@@ -69,6 +71,11 @@ std::string KvStore::NewSequenceId() {
 }
 
 absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequenceParams& params) {
+  if (draining()) {
+    return absl::UnavailableError(
+        "kvcached is draining (shutting down) and takes no new sequences; create it on "
+        "another instance");
+  }
   KVC_ASSIGN_OR_RETURN(BlockPool * pool, FindPool(params.pool));
   if (params.tenant.size() > 128) {
     return absl::InvalidArgumentError(
@@ -293,12 +300,32 @@ absl::StatusOr<SequenceSnapshot> KvStore::GetSequence(const std::string& sequenc
 }
 
 absl::StatusOr<ReleaseResult> KvStore::Release(const std::string& sequence_id) {
+  return ReleaseInternal(sequence_id, /*evicted=*/false);
+}
+
+absl::StatusOr<ReleaseResult> KvStore::Evict(const std::string& sequence_id) {
+  return ReleaseInternal(sequence_id, /*evicted=*/true);
+}
+
+size_t KvStore::PoolIndex(const BlockPool* pool) const {
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    if (pools_[i].get() == pool) return i;
+  }
+  KVC_CHECK(false) << "sequence of an unknown pool";
+  return 0;
+}
+
+absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& sequence_id,
+                                                       bool evicted) {
   KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(sequence_id));
   ReleaseResult result;
   {
     absl::WriterMutexLock lock(&seq->mu());
     if (seq->released()) {
       return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' was released"));
+    }
+    if (evicted) {
+      operator_evicted_[PoolIndex(seq->pool())]->fetch_add(seq->table().TotalStoredTokens());
     }
     const std::vector<BlockId> blocks = seq->table().AllBlocks();
     seq->pool()->Free(blocks);
@@ -365,8 +392,11 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
   for (int f = 0; f < kernels::kNumStorageFormats; ++f) {
     by_format[static_cast<size_t>(f)].format = static_cast<StorageFormat>(f);
   }
-  for (const auto& pool : pools_) {
+  int64_t operator_evicted = 0;
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    const auto& pool = pools_[i];
     if (only != nullptr && pool.get() != only) continue;
+    operator_evicted += operator_evicted_[i]->load();
     const int64_t block_bytes = static_cast<int64_t>(pool->layout().block_bytes);
     const int64_t used = pool->total_blocks() - pool->free_blocks();
     stats.capacity_bytes += pool->options().capacity_bytes;
@@ -384,12 +414,15 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
     ++stats.sequences;
     stats.visible_tokens += seq->visible_tokens();
     stats.stored_token_heads += seq->table().TotalStoredTokens();
+    const PoolGeometry& g = seq->pool()->options().geometry;
+    stats.dense_bytes += 2 * seq->visible_tokens() * g.num_layers * g.TokenLayerBytes(g.dtype);
   }
   for (const FormatBytes& fb : by_format) {
     if (fb.blocks > 0) stats.bytes_by_format.push_back(fb);
   }
   stats.appended_bytes_total = appended_bytes_.load(std::memory_order_relaxed);
   stats.fetched_bytes_total = fetched_bytes_.load(std::memory_order_relaxed);
+  stats.evicted_token_heads.emplace_back("operator", operator_evicted);
   return stats;
 }
 

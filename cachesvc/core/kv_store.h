@@ -110,6 +110,13 @@ class KvStore {
   absl::Status Fetch(const FetchParams& params, const FetchSink& sink);
   absl::StatusOr<SequenceSnapshot> GetSequence(const std::string& sequence_id) const;
   absl::StatusOr<ReleaseResult> Release(const std::string& sequence_id);
+  // An operator's eviction: Release, counted as evicted tokens (policy "operator").
+  absl::StatusOr<ReleaseResult> Evict(const std::string& sequence_id);
+
+  // While draining, CreateSequence answers UNAVAILABLE; everything else keeps working so
+  // in-flight work can finish before shutdown.
+  void SetDraining(bool draining) { draining_.store(draining); }
+  bool draining() const { return draining_.load(); }
 
   std::vector<PoolSnapshot> ListPools() const;
   // Empty pool name = every pool summed. NOT_FOUND for an unknown pool.
@@ -122,13 +129,18 @@ class KvStore {
  private:
   explicit KvStore(const KvStoreOptions& options) : options_(options) {}
   absl::StatusOr<std::shared_ptr<Sequence>> FindLive(const std::string& id) const;
+  absl::StatusOr<ReleaseResult> ReleaseInternal(const std::string& id, bool evicted);
   std::string NewSequenceId();
+  size_t PoolIndex(const BlockPool* pool) const;
 
   const KvStoreOptions options_;
   std::vector<std::unique_ptr<BlockPool>> pools_;
   SequenceRegistry registry_;
   std::atomic<int64_t> appended_bytes_{0};
   std::atomic<int64_t> fetched_bytes_{0};
+  std::atomic<bool> draining_{false};
+  // Token-heads evicted per pool, by operator eviction (compression policies add theirs).
+  std::vector<std::unique_ptr<std::atomic<int64_t>>> operator_evicted_;
   std::atomic<uint64_t> id_counter_{0};
   uint64_t id_salt_ = 0;
 };

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvc/kernels/dtype.h"
@@ -96,9 +97,12 @@ struct PoolStatsSnapshot {
   int64_t sequences = 0;
   int64_t visible_tokens = 0;
   int64_t stored_token_heads = 0;
+  int64_t dense_bytes = 0;  // what the visible tokens take dense in the pool dtype (K + V)
   std::vector<FormatBytes> bytes_by_format;
   int64_t appended_bytes_total = 0;
   int64_t fetched_bytes_total = 0;
+  // Token-heads evicted since start, by what evicted them ("operator", later policies).
+  std::vector<std::pair<std::string, int64_t>> evicted_token_heads;
 };
 
 }  // namespace kvc::cachesvc

@@ -1,14 +1,20 @@
 // gRPC AdminService over a KvStore: what kvcachectl and operators call.
 #pragma once
 
+#include <functional>
+
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/metrics/metrics.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 
 namespace kvc::cachesvc {
 
 class AdminServiceImpl final : public kvcache::v1::AdminService::Service {
  public:
-  explicit AdminServiceImpl(KvStore* store) : store_(store) {}
+  // `metrics` may be null. `set_draining` switches the whole server (store, health,
+  // metrics) into or out of draining.
+  AdminServiceImpl(KvStore* store, Metrics* metrics, std::function<void(bool)> set_draining)
+      : store_(store), metrics_(metrics), set_draining_(std::move(set_draining)) {}
 
   grpc::Status ListPools(grpc::ServerContext* context, const kvcache::v1::ListPoolsRequest* request,
                          kvcache::v1::ListPoolsResponse* response) override;
@@ -18,9 +24,16 @@ class AdminServiceImpl final : public kvcache::v1::AdminService::Service {
   grpc::Status ListSequences(grpc::ServerContext* context,
                              const kvcache::v1::ListSequencesRequest* request,
                              kvcache::v1::ListSequencesResponse* response) override;
+  grpc::Status EvictSequence(grpc::ServerContext* context,
+                             const kvcache::v1::EvictSequenceRequest* request,
+                             kvcache::v1::EvictSequenceResponse* response) override;
+  grpc::Status Drain(grpc::ServerContext* context, const kvcache::v1::DrainRequest* request,
+                     kvcache::v1::DrainResponse* response) override;
 
  private:
   KvStore* store_;
+  Metrics* metrics_;
+  std::function<void(bool)> set_draining_;
 };
 
 }  // namespace kvc::cachesvc

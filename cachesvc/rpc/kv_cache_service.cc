@@ -2,42 +2,48 @@
 
 #include "absl/strings/str_cat.h"
 #include "cachesvc/rpc/proto_convert.h"
+#include "cachesvc/rpc/rpc_scope.h"
 #include "proto/rpc_status.h"
 
 namespace kvc::cachesvc {
 
 namespace pb = ::kvcache::v1;
+constexpr char kService[] = "KvCacheService";
 
 grpc::Status KvCacheServiceImpl::CreateSequence(grpc::ServerContext*,
                                                 const pb::CreateSequenceRequest* request,
                                                 pb::SequenceInfo* response) {
+  RpcScope scope(metrics_, kService, "CreateSequence");
   CreateSequenceParams params;
   params.pool = request->pool();
   params.tenant = request->tenant();
   params.client_sequence_id = request->client_sequence_id();
   auto policy = FromProto(request->policy());
-  if (!policy.ok()) return ToGrpcStatus(policy.status());
+  if (!policy.ok()) return scope.Finish(ToGrpcStatus(policy.status()));
   params.policy = *policy;
   auto created = store_->CreateSequence(params);
-  if (!created.ok()) return ToGrpcStatus(created.status());
+  if (!created.ok()) return scope.Finish(ToGrpcStatus(created.status()));
   ToProto(*created, response);
-  return grpc::Status::OK;
+  return scope.Finish(grpc::Status::OK);
 }
 
 grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext*, const pb::AppendRequest* request,
                                         pb::AppendResponse* response) {
+  RpcScope scope(metrics_, kService, "Append");
   auto params = FromProto(*request);
-  if (!params.ok()) return ToGrpcStatus(params.status());
+  if (!params.ok()) return scope.Finish(ToGrpcStatus(params.status()));
   auto result = store_->Append(*params);
-  if (!result.ok()) return ToGrpcStatus(result.status());
+  if (!result.ok()) return scope.Finish(ToGrpcStatus(result.status()));
+  scope.AddReceived(static_cast<int64_t>(request->keys().size() + request->values().size()));
   response->set_layer_tokens(result->layer_tokens);
   response->set_visible_tokens(result->visible_tokens);
-  return grpc::Status::OK;
+  return scope.Finish(grpc::Status::OK);
 }
 
 grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext*,
                                               grpc::ServerReader<pb::AppendRequest>* reader,
                                               pb::AppendStreamResponse* response) {
+  RpcScope scope(metrics_, kService, "AppendStream");
   pb::AppendRequest request;
   int64_t messages = 0;
   int64_t tokens = 0;
@@ -51,6 +57,7 @@ grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext*,
         ++messages;
         tokens += params->num_tokens;
         visible = result->visible_tokens;
+        scope.AddReceived(static_cast<int64_t>(request.keys().size() + request.values().size()));
         continue;
       }
       status = result.status();
@@ -58,49 +65,53 @@ grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext*,
       status = params.status();
     }
     // Earlier messages stay applied; say exactly how far the stream got.
-    return ToGrpcStatus(absl::Status(
+    return scope.Finish(ToGrpcStatus(absl::Status(
         status.code(), absl::StrCat("AppendStream message ", messages, " (layer ", request.layer(),
                                     ", start_position ", request.start_position(),
                                     ") rejected: ", status.message(), "; the ", messages,
-                                    " earlier messages were applied")));
+                                    " earlier messages were applied"))));
   }
   response->set_messages(messages);
   response->set_tokens(tokens);
   response->set_visible_tokens(visible);
-  return grpc::Status::OK;
+  return scope.Finish(grpc::Status::OK);
 }
 
 grpc::Status KvCacheServiceImpl::Fetch(grpc::ServerContext* context,
                                        const pb::FetchRequest* request,
                                        grpc::ServerWriter<pb::FetchChunk>* writer) {
+  RpcScope scope(metrics_, kService, "Fetch");
   auto params = FromProto(*request);
-  if (!params.ok()) return ToGrpcStatus(params.status());
+  if (!params.ok()) return scope.Finish(ToGrpcStatus(params.status()));
   pb::FetchChunk message;
   const absl::Status status = store_->Fetch(*params, [&](FetchChunk& chunk) {
     if (context->IsCancelled()) return false;
+    scope.AddSent(static_cast<int64_t>(chunk.keys.size() + chunk.values.size()));
     message.Clear();
     ToProto(chunk, &message);
     return writer->Write(message);
   });
-  return ToGrpcStatus(status);
+  return scope.Finish(ToGrpcStatus(status));
 }
 
 grpc::Status KvCacheServiceImpl::GetSequence(grpc::ServerContext*,
                                              const pb::GetSequenceRequest* request,
                                              pb::SequenceInfo* response) {
+  RpcScope scope(metrics_, kService, "GetSequence");
   auto snapshot = store_->GetSequence(request->sequence_id());
-  if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
+  if (!snapshot.ok()) return scope.Finish(ToGrpcStatus(snapshot.status()));
   ToProto(*snapshot, response);
-  return grpc::Status::OK;
+  return scope.Finish(grpc::Status::OK);
 }
 
 grpc::Status KvCacheServiceImpl::Release(grpc::ServerContext*, const pb::ReleaseRequest* request,
                                          pb::ReleaseResponse* response) {
+  RpcScope scope(metrics_, kService, "Release");
   auto released = store_->Release(request->sequence_id());
-  if (!released.ok()) return ToGrpcStatus(released.status());
+  if (!released.ok()) return scope.Finish(ToGrpcStatus(released.status()));
   response->set_freed_blocks(released->freed_blocks);
   response->set_freed_bytes(released->freed_bytes);
-  return grpc::Status::OK;
+  return scope.Finish(grpc::Status::OK);
 }
 
 }  // namespace kvc::cachesvc

@@ -3,13 +3,15 @@
 #pragma once
 
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/metrics/metrics.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 
 namespace kvc::cachesvc {
 
 class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
  public:
-  explicit KvCacheServiceImpl(KvStore* store) : store_(store) {}
+  // `metrics` may be null.
+  KvCacheServiceImpl(KvStore* store, Metrics* metrics) : store_(store), metrics_(metrics) {}
 
   grpc::Status CreateSequence(grpc::ServerContext* context,
                               const kvcache::v1::CreateSequenceRequest* request,
@@ -29,6 +31,7 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
 
  private:
   KvStore* store_;
+  Metrics* metrics_;
 };
 
 }  // namespace kvc::cachesvc

@@ -193,6 +193,10 @@ void ToProto(const PoolStatsSnapshot& s, pb::PoolStats* out) {
   }
   out->set_appended_bytes_total(s.appended_bytes_total);
   out->set_fetched_bytes_total(s.fetched_bytes_total);
+  out->set_dense_bytes(s.dense_bytes);
+  for (const auto& [policy, n] : s.evicted_token_heads) {
+    (*out->mutable_evicted_token_heads())[policy] = n;
+  }
 }
 
 absl::StatusOr<AppendParams> FromProto(const pb::AppendRequest& r) {

@@ -1,6 +1,8 @@
 #include "cachesvc/rpc/server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
 #include "cachesvc/rpc/admin_service.h"
@@ -26,8 +28,18 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   }
   std::unique_ptr<KvCacheServer> server(new KvCacheServer());
   KVC_ASSIGN_OR_RETURN(server->store_, KvStore::Create(options.store));
-  server->kv_service_ = std::make_unique<KvCacheServiceImpl>(server->store_.get());
-  server->admin_service_ = std::make_unique<AdminServiceImpl>(server->store_.get());
+  KVC_ASSIGN_OR_RETURN(server->metrics_,
+                       Metrics::Create(options.metrics_listen, server->store_.get()));
+  server->kv_service_ =
+      std::make_unique<KvCacheServiceImpl>(server->store_.get(), server->metrics_.get());
+  KvCacheServer* self = server.get();
+  server->admin_service_ =
+      std::make_unique<AdminServiceImpl>(server->store_.get(), server->metrics_.get(),
+                                         [self](bool draining) { self->SetDraining(draining); });
+
+  // grpc.health.v1 (Kubernetes gRPC probes) and server reflection (grpcurl and friends).
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
@@ -50,8 +62,18 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   return server;
 }
 
+void KvCacheServer::SetDraining(bool draining) {
+  store_->SetDraining(draining);
+  metrics_->SetDraining(draining);
+  if (server_ != nullptr && server_->GetHealthCheckService() != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(!draining);
+  }
+}
+
 void KvCacheServer::Shutdown(absl::Duration deadline) {
-  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
+  if (server_ == nullptr) return;
+  SetDraining(true);
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
 }
 
 void KvCacheServer::Wait() {

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/metrics/metrics.h"
 #include "cachesvc/rpc/server_config.h"
 
 namespace grpc {
@@ -29,8 +30,16 @@ class KvCacheServer {
   const std::string& address() const { return address_; }
   int port() const { return port_; }
   KvStore* store() const { return store_.get(); }
+  Metrics* metrics() const { return metrics_.get(); }
+  // "host:port" of /metrics, or "" when not served.
+  const std::string& metrics_address() const { return metrics_->address(); }
 
-  // Stops accepting calls, lets in-flight calls finish until `deadline`, then cancels them.
+  // Draining: no new sequences (UNAVAILABLE), health NOT_SERVING, kvc_draining 1. Existing
+  // sequences keep working. Thread-safe.
+  void SetDraining(bool draining);
+
+  // Drains, stops accepting calls, lets in-flight calls finish until `deadline`, then
+  // cancels them.
   void Shutdown(absl::Duration deadline);
   // Blocks until the server has shut down.
   void Wait();
@@ -39,6 +48,7 @@ class KvCacheServer {
   KvCacheServer();
 
   std::unique_ptr<KvStore> store_;
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<KvCacheServiceImpl> kv_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -60,6 +60,7 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
   }
   ServerOptions options;
   if (!config.listen().empty()) options.listen = config.listen();
+  options.metrics_listen = config.metrics_listen();
   if (config.max_message_bytes() < 0) {
     return absl::InvalidArgumentError("config max_message_bytes must be >= 0");
   }

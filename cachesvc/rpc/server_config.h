@@ -12,6 +12,7 @@ namespace kvc::cachesvc {
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";
+  std::string metrics_listen;  // "" = no /metrics endpoint (metrics are still kept)
   KvStoreOptions store;
   int64_t max_message_bytes = int64_t{16} << 20;
 };

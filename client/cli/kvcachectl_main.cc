@@ -3,11 +3,16 @@
 //   kvcachectl [--target=host:port] [--json] pools
 //   kvcachectl [--target=host:port] [--json] sequences [--pool=P] [--tenant=T] [--limit=N]
 //   kvcachectl [--target=host:port] [--json] stats [--pool=P]
+//   kvcachectl [--target=host:port] [--json] sequence show ID
+//   kvcachectl [--target=host:port] evict ID
+//   kvcachectl [--target=host:port] drain [--resume]
 //
 // Human tables by default; --json prints the kvcache.v1 response as JSON for scripts.
 // Exit codes: 0 ok, 1 usage error, 2 target unreachable, 3 the server refused the call.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -21,6 +26,7 @@
 #include "client/cli/table.h"
 #include "google/protobuf/util/json_util.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
+#include "kvcache/v1/kvcache_service.grpc.pb.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "kvcached address (host:port or unix:/path)");
 ABSL_FLAG(bool, json, false, "print JSON instead of a table");
@@ -28,6 +34,9 @@ ABSL_FLAG(std::string, pool, "", "only this pool (sequences, stats)");
 ABSL_FLAG(std::string, tenant, "", "only this tenant (sequences)");
 ABSL_FLAG(int32_t, limit, 0, "at most this many sequences (0 = server default, 1000)");
 ABSL_FLAG(int32_t, timeout_ms, 5000, "deadline of the call");
+ABSL_FLAG(std::string, sort, "created",
+          "sequences: order by created | tokens | bytes | id (largest first for tokens, bytes)");
+ABSL_FLAG(bool, resume, false, "drain: accept new sequences again");
 
 namespace {
 
@@ -40,7 +49,11 @@ constexpr char kUsage[] =
     "commands:\n"
     "  pools                                   pools, geometry and usage\n"
     "  sequences [--pool=P] [--tenant=T] [--limit=N]   live sequences\n"
-    "  stats [--pool=P]                        usage summed over pools (or one pool)";
+    "  stats [--pool=P]                        usage summed over pools (or one pool)\n"
+    "  sequence show ID                        one sequence: lengths per layer, bytes\n"
+    "  evict ID                                free a sequence (counted as evicted)\n"
+    "  drain [--resume]                        stop (or resume) accepting new sequences\n"
+    "sequences also takes --sort=created|tokens|bytes|id";
 
 std::string Json(const google::protobuf::Message& message) {
   std::string out;
@@ -123,6 +136,44 @@ void PrintSequences(const pb::ListSequencesResponse& response) {
   }
 }
 
+void SortSequences(pb::ListSequencesResponse* response, const std::string& by) {
+  auto* list = response->mutable_sequences();
+  std::stable_sort(list->begin(), list->end(),
+                   [&](const pb::SequenceInfo& a, const pb::SequenceInfo& b) {
+                     if (by == "tokens") return a.visible_tokens() > b.visible_tokens();
+                     if (by == "bytes") return a.bytes() > b.bytes();
+                     if (by == "id") return a.sequence_id() < b.sequence_id();
+                     return a.created_unix_ms() < b.created_unix_ms();
+                   });
+}
+
+void PrintSequence(const pb::SequenceInfo& s) {
+  Table table({"FIELD", "VALUE"});
+  table.AddRow({"sequence", s.sequence_id()});
+  table.AddRow({"pool", s.pool()});
+  table.AddRow({"tenant", s.tenant().empty() ? "-" : s.tenant()});
+  table.AddRow({"visible tokens", absl::StrCat(s.visible_tokens())});
+  int64_t lo = INT64_MAX, hi = 0;
+  for (int64_t n : s.layer_tokens()) {
+    lo = std::min(lo, n);
+    hi = std::max(hi, n);
+  }
+  table.AddRow({"layer tokens",
+                s.layer_tokens_size() == 0 ? "-"
+                : lo == hi
+                    ? absl::StrCat(lo, " in each of ", s.layer_tokens_size(), " layers")
+                    : absl::StrCat(lo, "..", hi, " over ", s.layer_tokens_size(), " layers")});
+  table.AddRow({"stored token-heads", absl::StrCat(s.stored_token_heads())});
+  table.AddRow({"bytes", FormatBytes(s.bytes())});
+  for (const auto& fb : s.bytes_by_format()) {
+    table.AddRow({absl::StrCat("bytes ", FormatName(fb.format())),
+                  absl::StrCat(FormatBytes(fb.bytes()), " in ", fb.blocks(), " blocks")});
+  }
+  table.AddRow({"compression ratio", absl::StrFormat("%.2f", s.compression_ratio())});
+  table.AddRow({"created (unix ms)", absl::StrCat(s.created_unix_ms())});
+  std::cout << table.Render();
+}
+
 void PrintStats(const pb::PoolStats& s) {
   Table table({"FIELD", "VALUE"});
   table.AddRow({"pool", s.pool().empty() ? "(all)" : s.pool()});
@@ -151,11 +202,17 @@ void PrintStats(const pb::PoolStats& s) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() != 2) {
+  if (args.size() < 2) {
     std::fprintf(stderr, "usage: %s\n", kUsage);
     return 1;
   }
   const std::string command = args[1];
+  const size_t expected_args = command == "sequence" ? 4 : (command == "evict" ? 3 : 2);
+  if (args.size() != expected_args || (command == "sequence" && std::string(args[2]) != "show")) {
+    std::fprintf(stderr, "kvcachectl: wrong arguments for '%s'\nusage: %s\n", command.c_str(),
+                 kUsage);
+    return 1;
+  }
   const std::string target = absl::GetFlag(FLAGS_target);
   const bool json = absl::GetFlag(FLAGS_json);
   auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
@@ -198,6 +255,46 @@ int main(int argc, char** argv) {
       std::cout << Json(response);
     else
       PrintStats(response);
+    return 0;
+  }
+  if (command == "sequence") {
+    auto kv = pb::KvCacheService::NewStub(channel);
+    pb::GetSequenceRequest request;
+    request.set_sequence_id(args[3]);
+    pb::SequenceInfo response;
+    const grpc::Status status = kv->GetSequence(&context, request, &response);
+    if (!status.ok()) return Report(status, target);
+    if (json)
+      std::cout << Json(response);
+    else
+      PrintSequence(response);
+    return 0;
+  }
+  if (command == "evict") {
+    pb::EvictSequenceRequest request;
+    request.set_sequence_id(args[2]);
+    pb::EvictSequenceResponse response;
+    const grpc::Status status = stub->EvictSequence(&context, request, &response);
+    if (!status.ok()) return Report(status, target);
+    if (json)
+      std::cout << Json(response);
+    else
+      std::cout << "evicted " << args[2] << ": freed " << response.freed_blocks() << " blocks ("
+                << FormatBytes(response.freed_bytes()) << ")\n";
+    return 0;
+  }
+  if (command == "drain") {
+    pb::DrainRequest request;
+    request.set_resume(absl::GetFlag(FLAGS_resume));
+    pb::DrainResponse response;
+    const grpc::Status status = stub->Drain(&context, request, &response);
+    if (!status.ok()) return Report(status, target);
+    if (json)
+      std::cout << Json(response);
+    else
+      std::cout << (response.draining() ? "draining: no new sequences accepted; "
+                                        : "accepting new sequences; ")
+                << response.sequences() << " sequences held\n";
     return 0;
   }
   std::fprintf(stderr, "kvcachectl: unknown command '%s'\nusage: %s\n", command.c_str(), kUsage);

@@ -59,3 +59,18 @@ TEST(ServerConfigTest, ParsesByteSizes) {
 
 }  // namespace
 }  // namespace kvc::cachesvc
+
+namespace kvc::cachesvc {
+namespace {
+
+// The sample shipped in deploy/ must stay loadable and valid.
+TEST(ServerConfigTest, ShippedSampleConfigLoads) {
+  KVC_ASSERT_OK_AND_ASSIGN(ServerOptions o,
+                           LoadServerConfig(KVC_SOURCE_DIR "/deploy/kvcached.textproto"));
+  ASSERT_EQ(o.store.pools.size(), 2u);
+  EXPECT_EQ(o.store.pools[1].geometry.dtype, DType::kBF16);
+  KVC_EXPECT_OK(KvStore::Create(o.store).status());
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc

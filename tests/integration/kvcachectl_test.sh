@@ -39,6 +39,25 @@ echo "$out" | grep -Eq '^visible tokens +200$' || fail "stats: visible tokens"
 python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["sequences"])==2 and int(d["used_bytes"])>0, d' \
   <<<"$("$CTL" --target="$KVC_TARGET" --json stats)" || fail "stats --json"
 
+# sequence show / --sort / evict / drain
+first=$("$CTL" --target="$KVC_TARGET" --json sequences --sort=id | python3 -c 'import json,sys; print(json.load(sys.stdin)["sequences"][0]["sequence_id"])')
+out=$("$CTL" --target="$KVC_TARGET" sequence show "$first")
+echo "$out"
+echo "$out" | grep -Eq "^layer tokens +100 in each of 30 layers$" || fail "sequence show"
+out=$("$CTL" --target="$KVC_TARGET" evict "$first")
+echo "$out" | grep -q "evicted $first: freed 630 blocks" || fail "evict: $out"
+set +e
+"$CTL" --target="$KVC_TARGET" sequence show "$first" 2>err.txt; rc=$?
+set -e
+[ $rc = 3 ] && grep -q "not found" err.txt || fail "show after evict: exit $rc"
+"$CTL" --target="$KVC_TARGET" drain | grep -q "draining: no new sequences accepted; 1 sequences held" || fail "drain"
+set +e
+"$LOADGEN" --target="$KVC_TARGET" --sequences=1 --tokens=10 >/dev/null 2>err.txt; rc=$?
+set -e
+[ $rc != 0 ] && grep -q "draining" err.txt || fail "create while draining must fail (rc $rc)"
+"$CTL" --target="$KVC_TARGET" drain --resume | grep -q "accepting new sequences" || fail "drain --resume"
+"$LOADGEN" --target="$KVC_TARGET" --sequences=1 --tokens=10 >/dev/null || fail "create after resume"
+
 set +e
 "$CTL" --target="$KVC_TARGET" --pool=nosuch stats 2>err.txt; rc=$?
 set -e

@@ -5,7 +5,7 @@ start_kvcached() {
   local bin=$1
   shift
   KVC_LOG=$(mktemp)
-  "$bin" --listen=127.0.0.1:0 "$@" 2>"$KVC_LOG" &
+  "$bin" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "$@" 2>"$KVC_LOG" &
   KVC_PID=$!
   trap 'kill -9 $KVC_PID 2>/dev/null || true; rm -f "$KVC_LOG"' EXIT
   for _ in $(seq 1 100); do

@@ -1,0 +1,185 @@
+#include "cachesvc/metrics/metrics.h"
+
+#include <algorithm>
+#include <exception>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+prometheus::MetricFamily GaugeFamily(const char* name, const char* help) {
+  prometheus::MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = prometheus::MetricType::Gauge;
+  return f;
+}
+
+void AddSample(prometheus::MetricFamily* family,
+               std::vector<prometheus::ClientMetric::Label> labels, double value) {
+  prometheus::ClientMetric m;
+  // Sorted like the registry's own metrics, so every series prints its labels one way.
+  std::sort(labels.begin(), labels.end());
+  m.label = std::move(labels);
+  if (family->type == prometheus::MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  family->metric.push_back(std::move(m));
+}
+
+}  // namespace
+
+// Reads every pool's usage from the store when Prometheus scrapes.
+class Metrics::PoolCollector : public prometheus::Collectable {
+ public:
+  explicit PoolCollector(KvStore* store) : store_(store) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    auto capacity = GaugeFamily("kvc_pool_capacity_bytes", "Block memory configured per pool.");
+    auto used = GaugeFamily("kvc_pool_used_bytes", "Bytes of blocks in use, by storage format.");
+    auto free = GaugeFamily("kvc_pool_free_bytes", "Bytes of free blocks.");
+    auto blocks = GaugeFamily("kvc_pool_blocks", "Blocks by state (used, free).");
+    auto sequences = GaugeFamily("kvc_sequences", "Live sequences.");
+    auto visible = GaugeFamily("kvc_visible_tokens",
+                               "Logical tokens of live sequences (every token ever appended).");
+    auto stored = GaugeFamily("kvc_stored_token_heads",
+                              "Tokens actually stored, counted per kv head and layer.");
+    auto ratio = GaugeFamily("kvc_compression_ratio",
+                             "Dense bytes of the visible tokens / bytes held (1 = no saving).");
+    prometheus::MetricFamily evicted;
+    evicted.name = "kvc_evicted_tokens_total";
+    evicted.help = "Token-heads evicted, by what evicted them.";
+    evicted.type = prometheus::MetricType::Counter;
+    for (const PoolSnapshot& pool : store_->ListPools()) {
+      auto stats = store_->GetPoolStats(pool.options.name);
+      if (!stats.ok()) continue;
+      const std::string& name = pool.options.name;
+      AddSample(&capacity, {{"pool", name}}, static_cast<double>(stats->capacity_bytes));
+      for (const FormatBytes& fb : stats->bytes_by_format) {
+        AddSample(&used, {{"pool", name}, {"format", kernels::StorageFormatName(fb.format)}},
+                  static_cast<double>(fb.bytes));
+      }
+      if (stats->bytes_by_format.empty()) {
+        AddSample(&used,
+                  {{"pool", name},
+                   {"format", kernels::StorageFormatName(
+                                  kernels::RawFormatFor(pool.options.geometry.dtype))}},
+                  0);
+      }
+      AddSample(&free, {{"pool", name}},
+                static_cast<double>(stats->capacity_bytes - stats->used_bytes));
+      AddSample(&blocks, {{"pool", name}, {"state", "used"}},
+                static_cast<double>(stats->used_blocks));
+      AddSample(&blocks, {{"pool", name}, {"state", "free"}},
+                static_cast<double>(stats->total_blocks - stats->used_blocks));
+      AddSample(&sequences, {{"pool", name}}, static_cast<double>(stats->sequences));
+      AddSample(&visible, {{"pool", name}}, static_cast<double>(stats->visible_tokens));
+      AddSample(&stored, {{"pool", name}}, static_cast<double>(stats->stored_token_heads));
+      AddSample(&ratio, {{"pool", name}},
+                stats->used_bytes > 0 ? static_cast<double>(stats->dense_bytes) /
+                                            static_cast<double>(stats->used_bytes)
+                                      : 1.0);
+      for (const auto& [policy, n] : stats->evicted_token_heads) {
+        AddSample(&evicted, {{"pool", name}, {"policy", policy}}, static_cast<double>(n));
+      }
+    }
+    return {capacity, used, free, blocks, sequences, visible, stored, ratio, evicted};
+  }
+
+ private:
+  KvStore* store_;
+};
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& listen,
+                                                         KvStore* store) {
+  std::unique_ptr<Metrics> m(new Metrics());
+  m->registry_ = std::make_shared<prometheus::Registry>();
+  m->pools_ = std::make_shared<PoolCollector>(store);
+  m->requests_ = &prometheus::BuildCounter()
+                      .Name("kvc_rpc_requests_total")
+                      .Help("RPCs finished, by service, method and gRPC status code.")
+                      .Register(*m->registry_);
+  m->duration_ = &prometheus::BuildHistogram()
+                      .Name("kvc_rpc_duration_seconds")
+                      .Help("RPC handling time in the server, by service and method.")
+                      .Register(*m->registry_);
+  m->received_ = &prometheus::BuildCounter()
+                      .Name("kvc_rpc_received_bytes_total")
+                      .Help("KV payload bytes received (Append), by method.")
+                      .Register(*m->registry_);
+  m->sent_ = &prometheus::BuildCounter()
+                  .Name("kvc_rpc_sent_bytes_total")
+                  .Help("KV payload bytes sent (Fetch), by method.")
+                  .Register(*m->registry_);
+  m->draining_ = &prometheus::BuildGauge()
+                      .Name("kvc_draining")
+                      .Help("1 while kvcached is draining before shutdown.")
+                      .Register(*m->registry_)
+                      .Add({});
+  prometheus::BuildGauge()
+      .Name("kvc_build_info")
+      .Help("Build information; always 1.")
+      .Register(*m->registry_)
+      .Add({{"version", "0.1.0"}})
+      .Set(1);
+  if (!listen.empty()) {
+    try {
+      m->exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot serve metrics on '", listen, "': ", e.what(), "; pick another --metrics_listen"));
+    }
+    m->exposer_->RegisterCollectable(m->registry_);
+    m->exposer_->RegisterCollectable(m->pools_);
+    const auto ports = m->exposer_->GetListeningPorts();
+    const auto colon = listen.rfind(':');
+    m->address_ = absl::StrCat(listen.substr(0, colon), ":", ports.empty() ? 0 : ports.front());
+  }
+  return m;
+}
+
+Metrics::~Metrics() = default;
+
+namespace {
+
+const std::vector<double>& LatencyBuckets() {
+  // 50 us .. 10 s: unary calls take ~100 us on loopback, large fetches seconds.
+  static const std::vector<double> kBuckets = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                               0.005,   0.01,   0.025,   0.05,   0.1,   0.25,
+                                               0.5,     1,      2.5,     5,      10};
+  return kBuckets;
+}
+
+}  // namespace
+
+void Metrics::RecordRpc(const char* service, const char* method, const char* code_name,
+                        double seconds, int64_t received_bytes, int64_t sent_bytes) {
+  requests_->Add({{"service", service}, {"method", method}, {"code", code_name}}).Increment();
+  duration_->Add({{"service", service}, {"method", method}}, LatencyBuckets()).Observe(seconds);
+  if (received_bytes > 0) {
+    received_->Add({{"method", method}}).Increment(static_cast<double>(received_bytes));
+  }
+  if (sent_bytes > 0) sent_->Add({{"method", method}}).Increment(static_cast<double>(sent_bytes));
+}
+
+void Metrics::SetDraining(bool draining) { draining_->Set(draining ? 1 : 0); }
+
+std::string Metrics::Serialize() const {
+  auto families = registry_->Collect();
+  auto pools = pools_->Collect();
+  families.insert(families.end(), pools.begin(), pools.end());
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+}  // namespace kvc::cachesvc

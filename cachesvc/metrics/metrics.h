@@ -1,0 +1,59 @@
+// Prometheus metrics of kvcached, served over HTTP (/metrics) by prometheus-cpp.
+// Pool gauges are read from the KvStore at scrape time, so they are never stale; RPC
+// counters and latency histograms are recorded by the RPC layer through RecordRpc.
+// Names follow Prometheus conventions (docs/OPERATIONS.md lists them).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cachesvc/core/kv_store.h"
+
+namespace prometheus {
+class Exposer;
+class Registry;
+template <typename T>
+class Family;
+class Counter;
+class Histogram;
+class Gauge;
+}  // namespace prometheus
+
+namespace kvc::cachesvc {
+
+class Metrics {
+ public:
+  // Creates the metrics and, when `listen` is non-empty, serves them on http://listen/metrics
+  // (port 0 picks a free port). UNAVAILABLE when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& listen, KvStore* store);
+  ~Metrics();
+
+  // "host:port" actually bound, or "" when not serving.
+  const std::string& address() const { return address_; }
+
+  // One finished RPC. `code_name` is the gRPC code name (OK, INVALID_ARGUMENT, ...).
+  // Thread-safe and non-blocking apart from prometheus-cpp's short label lookup.
+  void RecordRpc(const char* service, const char* method, const char* code_name, double seconds,
+                 int64_t received_bytes, int64_t sent_bytes);
+  void SetDraining(bool draining);
+
+  // The text exposition, as a scrape would return it (for tests and debugging).
+  std::string Serialize() const;
+
+ private:
+  Metrics() = default;
+  class PoolCollector;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<PoolCollector> pools_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  prometheus::Family<prometheus::Counter>* requests_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* duration_ = nullptr;
+  prometheus::Family<prometheus::Counter>* received_ = nullptr;
+  prometheus::Family<prometheus::Counter>* sent_ = nullptr;
+  prometheus::Gauge* draining_ = nullptr;
+  std::string address_;
+};
+
+}  // namespace kvc::cachesvc
