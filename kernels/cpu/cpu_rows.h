@@ -9,6 +9,15 @@
 
 #include "kvc/kernels/dtype.h"
 
+// Hot row loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time
+// (GCC ifunc), so the library stays portable while using the wide vectors where present.
+// FP contraction stays off (-std=c++17), so every clone computes bit-identical results.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define KVC_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define KVC_CPU_CLONES
+#endif
+
 namespace kvc::kernels::cpu {
 
 inline void LoadRow(const void* src, DType dtype, size_t offset, int n, float* out) {

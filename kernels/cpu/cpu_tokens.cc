@@ -12,66 +12,62 @@ namespace {
 constexpr int64_t kRowGrain = 64;
 }  // namespace
 
-void WriteTokens(ThreadPool& pool, const WriteTokensArgs& a) {
+// Rows [begin, end) of a write; a clone per instruction set (see cpu_rows.h).
+KVC_CPU_CLONES void WriteRows(const WriteTokensArgs& a, int64_t begin, int64_t end) {
   const BlockLayout& l = a.arena.layout;
   const int d = l.head_dim;
   const int64_t stride = internal::RowStride(a.row_stride, d);
   const bool raw_copy = l.format == RawFormatFor(a.dtype);
-  pool.ParallelFor(a.num_rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    alignas(64) float x[kMaxHeadDim];
-    for (int64_t r = begin; r < end; ++r) {
-      const int32_t b = a.dst_blocks[r], s = a.dst_slots[r];
-      const size_t off = static_cast<size_t>(r * stride);
-      if (raw_copy) {  // same element type: the record is the row's bytes
-        std::memcpy(KeyRecord(a.arena, b, s),
-                    static_cast<const uint8_t*>(a.keys) + off * DTypeSize(a.dtype), l.record_bytes);
-        std::memcpy(ValueRecord(a.arena, b, s),
-                    static_cast<const uint8_t*>(a.values) + off * DTypeSize(a.dtype),
-                    l.record_bytes);
-      } else {
-        LoadRow(a.keys, a.dtype, off, d, x);
-        QuantizeRecord(l.format, d, x, KeyRecord(a.arena, b, s));
-        LoadRow(a.values, a.dtype, off, d, x);
-        QuantizeRecord(l.format, d, x, ValueRecord(a.arena, b, s));
-      }
-      *PositionPtr(a.arena, b, s) = a.positions[r];
-      *ScorePtr(a.arena, b, s) = 0.0f;
+  alignas(64) float x[kMaxHeadDim];
+  for (int64_t r = begin; r < end; ++r) {
+    const int32_t b = a.dst_blocks[r], s = a.dst_slots[r];
+    const size_t off = static_cast<size_t>(r * stride);
+    if (raw_copy) {  // same element type: the record is the row's bytes
+      const size_t bytes = off * DTypeSize(a.dtype);
+      std::memcpy(KeyRecord(a.arena, b, s), static_cast<const uint8_t*>(a.keys) + bytes, l.record_bytes);
+      std::memcpy(ValueRecord(a.arena, b, s), static_cast<const uint8_t*>(a.values) + bytes, l.record_bytes);
+    } else {
+      LoadRow(a.keys, a.dtype, off, d, x);
+      QuantizeRecord(l.format, d, x, KeyRecord(a.arena, b, s));
+      LoadRow(a.values, a.dtype, off, d, x);
+      QuantizeRecord(l.format, d, x, ValueRecord(a.arena, b, s));
     }
-  });
+    *PositionPtr(a.arena, b, s) = a.positions[r];
+    *ScorePtr(a.arena, b, s) = 0.0f;
+  }
+}
+
+void WriteTokens(ThreadPool& pool, const WriteTokensArgs& a) {
+  pool.ParallelFor(a.num_rows, kRowGrain, [&](int64_t begin, int64_t end) { WriteRows(a, begin, end); });
+}
+
+KVC_CPU_CLONES void ReadRows(const ReadTokensArgs& a, int64_t begin, int64_t end) {
+  const BlockLayout& l = a.arena.layout;
+  const int d = l.head_dim;
+  const int64_t stride = internal::RowStride(a.row_stride, d);
+  const bool raw_copy = l.format == RawFormatFor(a.dtype);
+  alignas(64) float x[kMaxHeadDim];
+  for (int64_t r = begin; r < end; ++r) {
+    const int32_t b = a.src_blocks[r], s = a.src_slots[r];
+    const size_t off = static_cast<size_t>(r * stride);
+    for (int which = 0; which < 2; ++which) {
+      void* dst = which == 0 ? a.keys : a.values;
+      if (dst == nullptr) continue;
+      const uint8_t* rec = which == 0 ? KeyRecord(a.arena, b, s) : ValueRecord(a.arena, b, s);
+      if (raw_copy) {
+        std::memcpy(static_cast<uint8_t*>(dst) + off * DTypeSize(a.dtype), rec, l.record_bytes);
+      } else {
+        DequantizeRecord(l.format, d, rec, x);
+        StoreRow(x, d, dst, a.dtype, off);
+      }
+    }
+    if (a.positions != nullptr) a.positions[r] = *PositionPtr(a.arena, b, s);
+    if (a.scores != nullptr) a.scores[r] = *ScorePtr(a.arena, b, s);
+  }
 }
 
 void ReadTokens(ThreadPool& pool, const ReadTokensArgs& a) {
-  const BlockLayout& l = a.arena.layout;
-  const int d = l.head_dim;
-  const int64_t stride = internal::RowStride(a.row_stride, d);
-  const bool raw_copy = l.format == RawFormatFor(a.dtype);
-  pool.ParallelFor(a.num_rows, kRowGrain, [&](int64_t begin, int64_t end) {
-    alignas(64) float x[kMaxHeadDim];
-    for (int64_t r = begin; r < end; ++r) {
-      const int32_t b = a.src_blocks[r], s = a.src_slots[r];
-      const size_t off = static_cast<size_t>(r * stride);
-      if (a.keys != nullptr) {
-        if (raw_copy) {
-          std::memcpy(static_cast<uint8_t*>(a.keys) + off * DTypeSize(a.dtype),
-                      KeyRecord(a.arena, b, s), l.record_bytes);
-        } else {
-          DequantizeRecord(l.format, d, KeyRecord(a.arena, b, s), x);
-          StoreRow(x, d, a.keys, a.dtype, off);
-        }
-      }
-      if (a.values != nullptr) {
-        if (raw_copy) {
-          std::memcpy(static_cast<uint8_t*>(a.values) + off * DTypeSize(a.dtype),
-                      ValueRecord(a.arena, b, s), l.record_bytes);
-        } else {
-          DequantizeRecord(l.format, d, ValueRecord(a.arena, b, s), x);
-          StoreRow(x, d, a.values, a.dtype, off);
-        }
-      }
-      if (a.positions != nullptr) a.positions[r] = *PositionPtr(a.arena, b, s);
-      if (a.scores != nullptr) a.scores[r] = *ScorePtr(a.arena, b, s);
-    }
-  });
+  pool.ParallelFor(a.num_rows, kRowGrain, [&](int64_t begin, int64_t end) { ReadRows(a, begin, end); });
 }
 
 void Gather(ThreadPool& pool, const GatherArgs& a) {

@@ -114,10 +114,12 @@ class WriteRun : public BenchRun {
     const int rows = g.lanes * g.tokens;
     std::mt19937 rng(1);
     std::vector<int32_t> blocks(rows), slots(rows), pos(rows);
-    std::vector<int32_t> order(rows);
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);  // scatter, as appends of many sequences
-    for (int r = 0; r < rows; ++r) blocks[r] = order[r] / 16, slots[r] = order[r] % 16, pos[r] = r;
+    // Appends: each lane's tokens fill consecutive slots of its blocks; the blocks are
+    // scattered over the arena (as after many allocations and frees).
+    std::vector<int32_t> block_of(rows / 16);
+    std::iota(block_of.begin(), block_of.end(), 0);
+    std::shuffle(block_of.begin(), block_of.end(), rng);
+    for (int r = 0; r < rows; ++r) blocks[r] = block_of[r / 16], slots[r] = r % 16, pos[r] = r % g.tokens;
     args_.arena = PagedArena{
         buf_.Upload(nullptr, static_cast<size_t>(rows / 16) * l.block_bytes, st), l, rows / 16};
     args_.num_rows = rows;

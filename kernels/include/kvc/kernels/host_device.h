@@ -14,6 +14,16 @@
 #define KVC_RESTRICT __restrict
 #endif
 
+// For the record codec: always inlined, so that each caller (and each instruction-set clone
+// of a CPU row loop) gets a copy compiled and vectorized for its own target.
+#if defined(__CUDACC__)
+#define KVC_HD_INLINE __host__ __device__ __forceinline__
+#elif defined(__GNUC__)
+#define KVC_HD_INLINE inline __attribute__((always_inline))
+#else
+#define KVC_HD_INLINE inline
+#endif
+
 namespace kvc::kernels {
 
 KVC_HD uint32_t FloatAsBits(float f) {

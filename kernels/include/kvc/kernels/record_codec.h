@@ -95,8 +95,19 @@ KVC_HD float FromOrderedBits(uint32_t o) {
   return BitsAsFloat((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
 }
 
+// Two 4-bit codes per byte, element 2i in the low nibble (n even).
+KVC_HD void PackNibbles(const uint8_t* KVC_RESTRICT q, int n, uint8_t* KVC_RESTRICT out) {
+  for (int i = 0; i < n / 2; ++i) out[i] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
+}
+KVC_HD void UnpackNibbles(const uint8_t* KVC_RESTRICT in, int n, uint8_t* KVC_RESTRICT q) {
+  for (int i = 0; i < n / 2; ++i) {
+    q[2 * i] = in[i] & 15u;
+    q[2 * i + 1] = static_cast<uint8_t>(in[i] >> 4);
+  }
+}
+
 // Writes one record of `format` from d floats.
-KVC_HD void QuantizeRecord(StorageFormat format, int d, const float* KVC_RESTRICT x,
+KVC_HD_INLINE void QuantizeRecord(StorageFormat format, int d, const float* KVC_RESTRICT x,
                            uint8_t* KVC_RESTRICT rec) {
   switch (format) {
     case StorageFormat::kF32:
@@ -143,13 +154,12 @@ KVC_HD void QuantizeRecord(StorageFormat format, int d, const float* KVC_RESTRIC
         const float scale = HalfToFloat(scale_h);
         const float min = HalfToFloat(min_h);
         const float inv = scale > 0 ? 1.0f / scale : 0.0f;
-        uint8_t* bytes = rec + g * group / 2;
-        for (int j = 0; j < group; j += 2) {
-          const float q0 = RoundHalfEven(ClampF((xg[j] - min) * inv, 0.0f, 15.0f));
-          const float q1 = RoundHalfEven(ClampF((xg[j + 1] - min) * inv, 0.0f, 15.0f));
-          bytes[j / 2] =
-              static_cast<uint8_t>(static_cast<uint32_t>(q0) | (static_cast<uint32_t>(q1) << 4));
+        uint8_t q[64];
+        for (int j = 0; j < group; ++j) {
+          q[j] = static_cast<uint8_t>(
+              static_cast<int32_t>(RoundHalfEven(ClampF((xg[j] - min) * inv, 0.0f, 15.0f))));
         }
+        PackNibbles(q, group, rec + g * group / 2);
         StoreU16(rec + d / 2 + 4 * g, scale_h);
         StoreU16(rec + d / 2 + 4 * g + 2, min_h);
       }
@@ -168,10 +178,9 @@ KVC_HD void QuantizeRecord(StorageFormat format, int d, const float* KVC_RESTRIC
           inv = eff > 0 ? 1.0f / eff : 0.0f;
         }
         block_scales[b] = sb;
-        for (int j = 0; j < 16; j += 2) {
-          rec[(b * 16 + j) / 2] =
-              static_cast<uint8_t>(FloatToE2M1(xb[j] * inv) | (FloatToE2M1(xb[j + 1] * inv) << 4));
-        }
+        uint8_t q[16];
+        for (int j = 0; j < 16; ++j) q[j] = FloatToE2M1(xb[j] * inv);
+        PackNibbles(q, 16, rec + b * 8);
       }
       for (int p = d / 2 + d / 16; p < Nvfp4TensorScaleOffset(d); ++p) rec[p] = 0;
       StoreF32(rec + Nvfp4TensorScaleOffset(d), t);
@@ -212,9 +221,18 @@ KVC_HD float DequantizeElement(StorageFormat format, int d, const uint8_t* rec, 
 
 // All d elements of a record, as float. Same values as DequantizeElement, with the scales
 // loaded once per group.
-KVC_HD void DequantizeRecord(StorageFormat format, int d, const uint8_t* KVC_RESTRICT rec,
+KVC_HD_INLINE void DequantizeRecord(StorageFormat format, int d, const uint8_t* KVC_RESTRICT rec,
                              float* KVC_RESTRICT out) {
   switch (format) {
+    case StorageFormat::kF32:
+      for (int j = 0; j < d; ++j) out[j] = LoadF32(rec + 4 * j);
+      return;
+    case StorageFormat::kF16:
+      for (int j = 0; j < d; ++j) out[j] = HalfToFloat(LoadU16(rec + 2 * j));
+      return;
+    case StorageFormat::kBF16:
+      for (int j = 0; j < d; ++j) out[j] = BFloat16ToFloat(LoadU16(rec + 2 * j));
+      return;
     case StorageFormat::kFp8E4M3:
     case StorageFormat::kInt8: {
       const float s = LoadF32(rec + d);
@@ -231,12 +249,10 @@ KVC_HD void DequantizeRecord(StorageFormat format, int d, const uint8_t* KVC_RES
       for (int g = 0; g < d / group; ++g) {
         const float scale = HalfToFloat(LoadU16(rec + d / 2 + 4 * g));
         const float min = HalfToFloat(LoadU16(rec + d / 2 + 4 * g + 2));
-        const uint8_t* bytes = rec + g * group / 2;
-        float* o = out + g * group;
-        for (int j = 0; j < group; j += 2) {
-          o[j] = static_cast<float>(bytes[j / 2] & 15u) * scale + min;
-          o[j + 1] = static_cast<float>(bytes[j / 2] >> 4) * scale + min;
-        }
+        uint8_t q[64];
+        UnpackNibbles(rec + g * group / 2, group, q);
+        float* KVC_RESTRICT o = out + g * group;
+        for (int j = 0; j < group; ++j) o[j] = static_cast<float>(q[j]) * scale + min;
       }
       return;
     }
@@ -244,17 +260,12 @@ KVC_HD void DequantizeRecord(StorageFormat format, int d, const uint8_t* KVC_RES
       const float t = LoadF32(rec + Nvfp4TensorScaleOffset(d));
       for (int b = 0; b < d / 16; ++b) {
         const float eff = E4M3ToFloat(rec[d / 2 + b]) * t;
-        for (int j = 0; j < 16; j += 2) {
-          const uint8_t byte = rec[(b * 16 + j) / 2];
-          out[b * 16 + j] = E2M1ToFloat(byte & 15u) * eff;
-          out[b * 16 + j + 1] = E2M1ToFloat(byte >> 4) * eff;
-        }
+        uint8_t q[16];
+        UnpackNibbles(rec + b * 8, 16, q);
+        for (int j = 0; j < 16; ++j) out[b * 16 + j] = E2M1ToFloat(q[j]) * eff;
       }
       return;
     }
-    default:
-      for (int j = 0; j < d; ++j) out[j] = DequantizeElement(format, d, rec, j);
-      return;
   }
 }
 
