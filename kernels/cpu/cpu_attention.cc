@@ -25,6 +25,72 @@ struct Item {
 
 }  // namespace
 
+// The per-item work of the chunk pass, compiled per instruction set (cpu_rows.h).
+struct DecodeWork {
+  const DecodeAttentionArgs* a;
+  const Item* items;
+  float scale;
+  bool need_logits;
+  float* part_m;
+  float* part_l;
+  float* part_acc;
+  float* logits_all;
+};
+
+KVC_CPU_CLONES void DecodeItems(const DecodeWork& w, int64_t i0, int64_t i1) {
+  const DecodeAttentionArgs& a = *w.a;
+  const BlockLayout& l = a.arena.layout;
+  const int d = l.head_dim;
+  const int G = a.group_size;
+  const float scale = w.scale;
+  const bool need_logits = w.need_logits;
+  const Item* items = w.items;
+  float* part_m = w.part_m;
+  float* part_l = w.part_l;
+  float* part_acc = w.part_acc;
+  float* logits_all = w.logits_all;
+  std::vector<float> q(static_cast<size_t>(G) * d), kv(d),
+      logits(static_cast<size_t>(G) * kChunkTokens);
+  for (int64_t i = i0; i < i1; ++i) {
+    const Item it = items[i];
+    const int32_t len = it.end - it.begin;
+    for (int g = 0; g < G; ++g) {
+      LoadRow(a.queries, a.dtype, (static_cast<size_t>(it.lane) * G + g) * d, d,
+              &q[static_cast<size_t>(g) * d]);
+    }
+    for (int32_t t = 0; t < len; ++t) {
+      int32_t b, s;
+      LaneTokenSlot(a.lanes, l.block_tokens, it.lane, it.begin + t, &b, &s);
+      DequantizeRecord(l.format, d, KeyRecord(a.arena, b, s), kv.data());
+      for (int g = 0; g < G; ++g)
+        logits[g * kChunkTokens + t] = Dot(&q[static_cast<size_t>(g) * d], kv.data(), d) * scale;
+    }
+    float* acc = &part_acc[static_cast<size_t>(i) * G * d];
+    std::fill(acc, acc + static_cast<size_t>(G) * d, 0.0f);
+    for (int g = 0; g < G; ++g) {
+      float* lg = &logits[g * kChunkTokens];
+      if (need_logits)
+        std::copy(lg, lg + len, &logits_all[(static_cast<size_t>(i) * G + g) * kChunkTokens]);
+      float m = kNegInf;
+      for (int32_t t = 0; t < len; ++t) m = std::max(m, lg[t]);
+      float sum = 0.0f;
+      for (int32_t t = 0; t < len; ++t) {
+        lg[t] = std::exp(lg[t] - m);
+        sum += lg[t];
+      }
+      part_m[i * G + g] = m;
+      part_l[i * G + g] = sum;
+    }
+    for (int32_t t = 0; t < len; ++t) {
+      int32_t b, s;
+      LaneTokenSlot(a.lanes, l.block_tokens, it.lane, it.begin + t, &b, &s);
+      DequantizeRecord(l.format, d, ValueRecord(a.arena, b, s), kv.data());
+      for (int g = 0; g < G; ++g)
+        Axpy(logits[g * kChunkTokens + t], kv.data(), acc + static_cast<size_t>(g) * d, d);
+    }
+  }
+}
+
 void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
   const BlockLayout& l = a.arena.layout;
   const int d = l.head_dim;
@@ -45,48 +111,16 @@ void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
   std::vector<float> part_acc(items.size() * G * d);
   std::vector<float> logits_all(need_logits ? items.size() * G * kChunkTokens : 0);
 
-  pool.ParallelFor(static_cast<int64_t>(items.size()), 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> q(static_cast<size_t>(G) * d), kv(d),
-        logits(static_cast<size_t>(G) * kChunkTokens);
-    for (int64_t i = i0; i < i1; ++i) {
-      const Item it = items[i];
-      const int32_t len = it.end - it.begin;
-      for (int g = 0; g < G; ++g) {
-        LoadRow(a.queries, a.dtype, (static_cast<size_t>(it.lane) * G + g) * d, d,
-                &q[static_cast<size_t>(g) * d]);
-      }
-      for (int32_t t = 0; t < len; ++t) {
-        int32_t b, s;
-        LaneTokenSlot(a.lanes, l.block_tokens, it.lane, it.begin + t, &b, &s);
-        DequantizeRecord(l.format, d, KeyRecord(a.arena, b, s), kv.data());
-        for (int g = 0; g < G; ++g)
-          logits[g * kChunkTokens + t] = Dot(&q[static_cast<size_t>(g) * d], kv.data(), d) * scale;
-      }
-      float* acc = &part_acc[static_cast<size_t>(i) * G * d];
-      std::fill(acc, acc + static_cast<size_t>(G) * d, 0.0f);
-      for (int g = 0; g < G; ++g) {
-        float* lg = &logits[g * kChunkTokens];
-        if (need_logits)
-          std::copy(lg, lg + len, &logits_all[(static_cast<size_t>(i) * G + g) * kChunkTokens]);
-        float m = kNegInf;
-        for (int32_t t = 0; t < len; ++t) m = std::max(m, lg[t]);
-        float sum = 0.0f;
-        for (int32_t t = 0; t < len; ++t) {
-          lg[t] = std::exp(lg[t] - m);
-          sum += lg[t];
-        }
-        part_m[i * G + g] = m;
-        part_l[i * G + g] = sum;
-      }
-      for (int32_t t = 0; t < len; ++t) {
-        int32_t b, s;
-        LaneTokenSlot(a.lanes, l.block_tokens, it.lane, it.begin + t, &b, &s);
-        DequantizeRecord(l.format, d, ValueRecord(a.arena, b, s), kv.data());
-        for (int g = 0; g < G; ++g)
-          Axpy(logits[g * kChunkTokens + t], kv.data(), acc + static_cast<size_t>(g) * d, d);
-      }
-    }
-  });
+  const DecodeWork work{&a,
+                        items.data(),
+                        scale,
+                        need_logits,
+                        part_m.data(),
+                        part_l.data(),
+                        part_acc.data(),
+                        logits_all.data()};
+  pool.ParallelFor(static_cast<int64_t>(items.size()), 1,
+                   [&](int64_t i0, int64_t i1) { DecodeItems(work, i0, i1); });
 
   // Combine per (lane, query head); keep the global max and sum for the weights pass.
   std::vector<float> lane_m(static_cast<size_t>(a.lanes.num_lanes) * G), lane_l(lane_m.size());
