@@ -17,6 +17,7 @@ Set-up (no torch needed; building llama-cpp-python takes ~15 min on 2 cores):
   .cache/venv-fixtures/bin/python scripts/worker/make_fixtures.py
 
 Outputs (small, committed):
+  corpus_token_hashes.txt  per novel: token count and FNV-1a 64 of the ids (both oracles agree)
   tokenizer_cases.txt   per case: "TEXT <hex utf-8>", "SPECIAL 0|1", "IDS id id ..."
   logits_cases.txt      per prompt: "PROMPT <name>", "IDS ...", then per position
                         "POS i top1_llama top1_numpy" and the top-8 ids with both logits
@@ -192,6 +193,19 @@ def main():
                                                        " ".join(map(str, ids))))
     print("tokenizer cases: %d, oracle disagreements (dropped): %d" % (len(cases), mismatches))
 
+    # Whole novels (~1M tokens): only a count and a hash go in the fixture; the test re-reads
+    # the corpus from .cache/corpus when it is there.
+    with open(os.path.join(OUT, "corpus_token_hashes.txt"), "w") as fh:
+        fh.write("# made by scripts/worker/make_fixtures.py: NOVEL file tokens fnv1a64(ids as u32 LE)\n")
+        for name in sorted(os.listdir(CORPUS)):
+            text = open(os.path.join(CORPUS, name), encoding="utf-8").read()
+            ids = plain_ids(hf, text)
+            ref = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+            if list(ids) != list(ref):
+                raise SystemExit("tokenizer oracles disagree on %s" % name)
+            fh.write("NOVEL %s %d %016x\n" % (name, len(ids), fnv1a64(ids)))
+            print("%s: %d tokens, oracles agree" % (name, len(ids)))
+
     persuasion = open(os.path.join(CORPUS, "persuasion.txt"), encoding="utf-8").read()
     prompts = dict(PROMPTS)
     prompts["persuasion"] = (persuasion[2000:3200], False)
@@ -213,6 +227,13 @@ def main():
                     "%d:%.4f:%.4f" % (t, ref[i, t], npl[i, t]) for t in top)))
             ref[-1].astype("<f2").tofile(os.path.join(OUT, "logits_last_%s.f16" % name))
             npl[-1].astype("<f2").tofile(os.path.join(OUT, "logits_last_%s.np.f16" % name))
+
+
+def fnv1a64(ids):
+    h = 0xCBF29CE484222325
+    for b in np.asarray(ids, dtype="<u4").tobytes():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
 
 
 def plain_ids(hf, text):

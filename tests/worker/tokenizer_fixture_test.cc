@@ -75,6 +75,42 @@ TEST_F(TokenizerFixtureTest, MatchesReferenceTokenizersOnCorpusAndEdgeCases) {
   EXPECT_GT(tokens, 5000u);
 }
 
+// FNV-1a 64 over the ids as little-endian u32, as in make_fixtures.py.
+uint64_t HashIds(const std::vector<int32_t>& ids) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (int32_t id : ids) {
+    const auto u = static_cast<uint32_t>(id);
+    for (int b = 0; b < 4; ++b) {
+      h ^= (u >> (8 * b)) & 0xFF;
+      h *= 0x100000001B3ull;
+    }
+  }
+  return h;
+}
+
+TEST_F(TokenizerFixtureTest, WholeNovelsMatchReferenceTokenizers) {
+  std::ifstream in(testing::FixturePath("corpus_token_hashes.txt"));
+  std::string line;
+  int checked = 0;
+  while (std::getline(in, line)) {
+    std::istringstream ss(line);
+    std::string tag, name, hash_hex;
+    size_t count = 0;
+    if (!(ss >> tag >> name >> count >> hash_hex) || tag != "NOVEL") continue;
+    std::ifstream text_in(std::string(KVC_REPO_ROOT) + "/.cache/corpus/" + name);
+    if (!text_in) continue;
+    std::stringstream text;
+    text << text_in.rdbuf();
+    const std::vector<int32_t> ids = tok_->Encode(text.str(), /*parse_special=*/false);
+    EXPECT_EQ(ids.size(), count) << name;
+    EXPECT_EQ(HashIds(ids), std::stoull(hash_hex, nullptr, 16)) << name;
+    ++checked;
+  }
+  if (checked == 0) {
+    GTEST_SKIP() << "corpus not extracted; run python3 scripts/worker/extract_corpus.py";
+  }
+}
+
 TEST_F(TokenizerFixtureTest, DecodeInvertsEncode) {
   for (const TokenizerCase& c : ReadCases()) {
     if (c.text.find('\r') != std::string::npos) continue;  // \r has no byte token in SmolLM
