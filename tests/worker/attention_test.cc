@@ -58,3 +58,37 @@ TEST(AttentionTest, BlockedMatchesReference) {
 
 }  // namespace
 }  // namespace kvc::worker
+
+namespace kvc::worker {
+namespace {
+
+// Attention over committed tokens and over a pending chunk, merged by log-sum-exp, equals
+// attention over both at once (how a store that sees a chunk only after every layer has it
+// can still serve the forward pass exactly).
+TEST(AttentionTest, MergingDisjointKeySetsEqualsAttendingOverTheUnion) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal;
+  const KvGeometry g{1, 2, 6, 16};
+  Case all = RandomHead(rng, 40, g.head_dim);
+  const int64_t split = 25;  // tokens [0, 25) committed, [25, 40) pending
+  const size_t hd = g.head_dim;
+  const std::vector<int32_t> qpos = {all.positions[30], all.positions[39], all.positions[3]};
+  std::vector<float> q(qpos.size() * g.num_q_heads * hd);
+  for (float& x : q) x = normal(rng);
+  std::vector<float> whole(q.size()), a(q.size()), b(q.size());
+  std::vector<float> lse_a(qpos.size() * g.num_q_heads), lse_b(lse_a.size());
+  for (int32_t h = 0; h < g.num_kv_heads; ++h) {  // both kv heads share the rows here
+    HeadKvView all_v{all.positions.data(), all.keys.data(), all.values.data(), 40};
+    HeadKvView first{all.positions.data(), all.keys.data(), all.values.data(), split};
+    HeadKvView second{all.positions.data() + split, all.keys.data() + split * hd,
+                      all.values.data() + split * hd, 40 - split};
+    AttendKvHead(g, h, all_v, q, qpos, absl::MakeSpan(whole), nullptr);
+    AttendKvHead(g, h, first, q, qpos, absl::MakeSpan(a), nullptr, absl::MakeSpan(lse_a));
+    AttendKvHead(g, h, second, q, qpos, absl::MakeSpan(b), nullptr, absl::MakeSpan(lse_b));
+  }
+  MergeAttention(g, absl::MakeSpan(a), absl::MakeSpan(lse_a), b, lse_b);
+  for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(a[i], whole[i], 1e-5) << "i=" << i;
+}
+
+}  // namespace
+}  // namespace kvc::worker

@@ -19,7 +19,7 @@ int64_t VisibleCount(const HeadKvView& kv, int32_t pos) {
 
 void AttendKvHead(const KvGeometry& g, int32_t kv_head, const HeadKvView& kv,
                   absl::Span<const float> queries, absl::Span<const int32_t> query_positions,
-                  absl::Span<float> out, ThreadPool* pool) {
+                  absl::Span<float> out, ThreadPool* pool, absl::Span<float> lse) {
   const int64_t n = static_cast<int64_t>(query_positions.size());
   const int32_t group = g.group_size();
   const int32_t hd = g.head_dim;
@@ -27,11 +27,16 @@ void AttendKvHead(const KvGeometry& g, int32_t kv_head, const HeadKvView& kv,
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int32_t max_pos = *std::max_element(query_positions.begin(), query_positions.end());
   const int64_t t = VisibleCount(kv, max_pos);  // keys no query can see are never touched
+  const bool want_lse = !lse.empty();
+  auto lse_at = [&](int64_t row) -> float& {
+    return lse[(row / group) * g.num_q_heads + kv_head * group + row % group];
+  };
   if (t == 0) {
     for (int64_t i = 0; i < n; ++i) {
       for (int32_t j = 0; j < group; ++j) {
         float* o = out.data() + (i * g.num_q_heads + kv_head * group + j) * hd;
         std::fill(o, o + hd, 0.0f);
+        if (want_lse) lse_at(i * group + j) = -std::numeric_limits<float>::infinity();
       }
     }
     return;
@@ -54,6 +59,7 @@ void AttendKvHead(const KvGeometry& g, int32_t kv_head, const HeadKvView& kv,
       const int64_t visible = VisibleCount(kv, query_positions[r / group]);
       if (visible == 0) {
         std::fill(s, s + t, 0.0f);
+        if (want_lse) lse_at(r) = -std::numeric_limits<float>::infinity();
         continue;
       }
       float mx = -std::numeric_limits<float>::infinity();
@@ -63,6 +69,7 @@ void AttendKvHead(const KvGeometry& g, int32_t kv_head, const HeadKvView& kv,
         s[c] = std::exp(s[c] - mx);
         sum += s[c];
       }
+      if (want_lse) lse_at(r) = mx + std::log(sum);
       const float inv = 1.0f / sum;
       for (int64_t c = 0; c < visible; ++c) s[c] *= inv;
       std::fill(s + visible, s + t, 0.0f);
@@ -117,13 +124,29 @@ void AttendReference(const KvGeometry& g, int32_t kv_head, const HeadKvView& kv,
 }
 
 void AttendLayer(const KvGeometry& g, const LayerKv& layer, absl::Span<const float> queries,
-                 absl::Span<const int32_t> query_positions, absl::Span<float> out,
-                 ThreadPool* pool) {
+                 absl::Span<const int32_t> query_positions, absl::Span<float> out, ThreadPool* pool,
+                 absl::Span<float> lse) {
   for (int32_t h = 0; h < g.num_kv_heads; ++h) {
     const HeadKv& head = layer.heads[h];
     HeadKvView view{head.positions.data(), head.keys.data(), head.values.data(),
                     static_cast<int64_t>(head.positions.size())};
-    AttendKvHead(g, h, view, queries, query_positions, out, pool);
+    AttendKvHead(g, h, view, queries, query_positions, out, pool, lse);
+  }
+}
+
+void MergeAttention(const KvGeometry& g, absl::Span<float> out_a, absl::Span<float> lse_a,
+                    absl::Span<const float> out_b, absl::Span<const float> lse_b) {
+  const int64_t hd = g.head_dim;
+  for (size_t r = 0; r < lse_a.size(); ++r) {
+    const float la = lse_a[r], lb = lse_b[r];
+    const float m = std::max(la, lb);
+    if (m == -std::numeric_limits<float>::infinity()) continue;  // neither side saw a token
+    const float wa = std::exp(la - m), wb = std::exp(lb - m);
+    const float inv = 1.0f / (wa + wb);
+    float* a = out_a.data() + static_cast<int64_t>(r) * hd;
+    const float* b = out_b.data() + static_cast<int64_t>(r) * hd;
+    for (int64_t d = 0; d < hd; ++d) a[d] = (wa * a[d] + wb * b[d]) * inv;
+    lse_a[r] = m + std::log(wa + wb);
   }
 }
 
