@@ -37,7 +37,8 @@ struct DecodeWork {
   float* logits_all;
 };
 
-KVC_CPU_CLONES void DecodeItems(const DecodeWork& w, int64_t i0, int64_t i1) {
+template <bool kFast>
+KVC_CPU_INLINE void DecodeItemsT(const DecodeWork& w, int64_t i0, int64_t i1) {
   const DecodeAttentionArgs& a = *w.a;
   const BlockLayout& l = a.arena.layout;
   const int d = l.head_dim;
@@ -55,7 +56,7 @@ KVC_CPU_CLONES void DecodeItems(const DecodeWork& w, int64_t i0, int64_t i1) {
     const Item it = items[i];
     const int32_t len = it.end - it.begin;
     for (int g = 0; g < G; ++g) {
-      LoadRow(a.queries, a.dtype, (static_cast<size_t>(it.lane) * G + g) * d, d,
+      LoadRow<kFast>(a.queries, a.dtype, (static_cast<size_t>(it.lane) * G + g) * d, d,
               &q[static_cast<size_t>(g) * d]);
     }
     for (int32_t t = 0; t < len; ++t) {
@@ -89,6 +90,19 @@ KVC_CPU_CLONES void DecodeItems(const DecodeWork& w, int64_t i0, int64_t i1) {
         Axpy(logits[g * kChunkTokens + t], kv.data(), acc + static_cast<size_t>(g) * d, d);
     }
   }
+}
+
+#if defined(KVC_CPU_DISPATCH)
+KVC_CPU_TARGET_FAST void DecodeItemsFast(const DecodeWork& w, int64_t i0, int64_t i1) {
+  DecodeItemsT<true>(w, i0, i1);
+}
+#endif
+
+void DecodeItems(const DecodeWork& w, int64_t i0, int64_t i1) {
+#if defined(KVC_CPU_DISPATCH)
+  if (CpuHasFastPath()) return DecodeItemsFast(w, i0, i1);
+#endif
+  DecodeItemsT<false>(w, i0, i1);
 }
 
 void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
@@ -140,7 +154,7 @@ void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
         }
         const float inv = L > 0 ? 1.0f / L : 0.0f;
         for (int j = 0; j < d; ++j) out[j] *= inv;
-        StoreRow(out.data(), d, a.out, a.dtype, (static_cast<size_t>(lane) * G + g) * d);
+        StoreRow<false>(out.data(), d, a.out, a.dtype, (static_cast<size_t>(lane) * G + g) * d);
         lane_m[lane * G + g] = M;
         lane_l[lane * G + g] = L;
       }

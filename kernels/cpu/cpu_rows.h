@@ -9,23 +9,53 @@
 
 #include "kvc/kernels/dtype.h"
 
-// Hot row loops are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time
-// (GCC ifunc), so the library stays portable while using the wide vectors where present.
-// FP contraction stays off (-std=c++17), so every clone computes bit-identical results.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define KVC_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+// Hot loops are instantiated twice: for baseline x86-64 and for AVX2 + F16C (chosen at run
+// time by CPU feature, not model, so VMs with generic CPU names get it too). FP contraction
+// stays off (-ffp-contract=off), so both compute bit-identical results.
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__FLT16_MAX__)
+#define KVC_CPU_DISPATCH 1
+#define KVC_CPU_TARGET_FAST __attribute__((target("avx2,f16c")))
+#endif
+
+// Helpers called from the hot loops must be inlined into each instance to use its ISA.
+#if defined(__GNUC__)
+#define KVC_CPU_INLINE inline __attribute__((always_inline))
 #else
-#define KVC_CPU_CLONES
+#define KVC_CPU_INLINE inline
 #endif
 
 namespace kvc::kernels::cpu {
 
-inline void LoadRow(const void* src, DType dtype, size_t offset, int n, float* out) {
+inline bool CpuHasFastPath() {
+#if defined(KVC_CPU_DISPATCH)
+  static const bool fast = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return fast;
+#else
+  return false;
+#endif
+}
+
+#if defined(KVC_CPU_DISPATCH)
+// f16 <-> f32 through the compiler's _Float16: identical results to HalfToFloat/FloatToHalf
+// (IEEE, round to nearest even; the HalfConversions spec check compares them), but one
+// vcvtph2ps/vcvtps2ph per 8 elements with F16C. Used only in the fast instances.
+typedef _Float16 F16Alias __attribute__((may_alias));
+#endif
+
+template <bool kFast>
+KVC_CPU_INLINE void LoadRow(const void* src, DType dtype, size_t offset, int n, float* out) {
   switch (dtype) {
     case DType::kF32:
       std::memcpy(out, static_cast<const float*>(src) + offset, n * sizeof(float));
       return;
     case DType::kF16: {
+#if defined(KVC_CPU_DISPATCH)
+      if (kFast) {
+        const F16Alias* p = static_cast<const F16Alias*>(src) + offset;
+        for (int j = 0; j < n; ++j) out[j] = static_cast<float>(p[j]);
+        return;
+      }
+#endif
       const uint16_t* p = static_cast<const uint16_t*>(src) + offset;
       for (int j = 0; j < n; ++j) out[j] = HalfToFloat(p[j]);
       return;
@@ -38,12 +68,20 @@ inline void LoadRow(const void* src, DType dtype, size_t offset, int n, float* o
   }
 }
 
-inline void StoreRow(const float* in, int n, void* dst, DType dtype, size_t offset) {
+template <bool kFast>
+KVC_CPU_INLINE void StoreRow(const float* in, int n, void* dst, DType dtype, size_t offset) {
   switch (dtype) {
     case DType::kF32:
       std::memcpy(static_cast<float*>(dst) + offset, in, n * sizeof(float));
       return;
     case DType::kF16: {
+#if defined(KVC_CPU_DISPATCH)
+      if (kFast) {
+        F16Alias* p = static_cast<F16Alias*>(dst) + offset;
+        for (int j = 0; j < n; ++j) p[j] = static_cast<_Float16>(in[j]);
+        return;
+      }
+#endif
       uint16_t* p = static_cast<uint16_t*>(dst) + offset;
       for (int j = 0; j < n; ++j) p[j] = FloatToHalf(in[j]);
       return;
@@ -57,7 +95,7 @@ inline void StoreRow(const float* in, int n, void* dst, DType dtype, size_t offs
 }
 
 // n is a multiple of 16 (head_dim).
-inline float Dot(const float* a, const float* b, int n) {
+KVC_CPU_INLINE float Dot(const float* a, const float* b, int n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int j = 0; j < n; j += 8) {
     for (int u = 0; u < 8; ++u) acc[u] += a[j + u] * b[j + u];
@@ -65,7 +103,7 @@ inline float Dot(const float* a, const float* b, int n) {
   return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-inline void Axpy(float alpha, const float* x, float* y, int n) {
+KVC_CPU_INLINE void Axpy(float alpha, const float* x, float* y, int n) {
   for (int j = 0; j < n; ++j) y[j] += alpha * x[j];
 }
 

@@ -74,7 +74,7 @@ void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a) {
       for (int w = 0; w < a.window; ++w) {
         const size_t q_row = (static_cast<size_t>(lane) * a.group_size + g) * a.window + w;
         const int32_t q_pos = a.query_positions[static_cast<size_t>(lane) * a.window + w];
-        LoadRow(a.queries, a.query_dtype, q_row * d, d, q.data());
+        LoadRow<false>(a.queries, a.query_dtype, q_row * d, d, q.data());
         float m = kNegInf;
         for (int32_t t = 0; t < n; ++t) {
           logits[t] =

@@ -12,8 +12,9 @@ namespace {
 constexpr int64_t kRowGrain = 64;
 }  // namespace
 
-// Rows [begin, end) of a write; a clone per instruction set (see cpu_rows.h).
-KVC_CPU_CLONES void WriteRows(const WriteTokensArgs& a, int64_t begin, int64_t end) {
+// Rows [begin, end) of a write; instantiated per instruction set (see cpu_rows.h).
+template <bool kFast>
+KVC_CPU_INLINE void WriteRowsT(const WriteTokensArgs& a, int64_t begin, int64_t end) {
   const BlockLayout& l = a.arena.layout;
   const int d = l.head_dim;
   const int64_t stride = internal::RowStride(a.row_stride, d);
@@ -24,12 +25,14 @@ KVC_CPU_CLONES void WriteRows(const WriteTokensArgs& a, int64_t begin, int64_t e
     const size_t off = static_cast<size_t>(r * stride);
     if (raw_copy) {  // same element type: the record is the row's bytes
       const size_t bytes = off * DTypeSize(a.dtype);
-      std::memcpy(KeyRecord(a.arena, b, s), static_cast<const uint8_t*>(a.keys) + bytes, l.record_bytes);
-      std::memcpy(ValueRecord(a.arena, b, s), static_cast<const uint8_t*>(a.values) + bytes, l.record_bytes);
+      std::memcpy(KeyRecord(a.arena, b, s), static_cast<const uint8_t*>(a.keys) + bytes,
+                  l.record_bytes);
+      std::memcpy(ValueRecord(a.arena, b, s), static_cast<const uint8_t*>(a.values) + bytes,
+                  l.record_bytes);
     } else {
-      LoadRow(a.keys, a.dtype, off, d, x);
+      LoadRow<kFast>(a.keys, a.dtype, off, d, x);
       QuantizeRecord(l.format, d, x, KeyRecord(a.arena, b, s));
-      LoadRow(a.values, a.dtype, off, d, x);
+      LoadRow<kFast>(a.values, a.dtype, off, d, x);
       QuantizeRecord(l.format, d, x, ValueRecord(a.arena, b, s));
     }
     *PositionPtr(a.arena, b, s) = a.positions[r];
@@ -37,11 +40,8 @@ KVC_CPU_CLONES void WriteRows(const WriteTokensArgs& a, int64_t begin, int64_t e
   }
 }
 
-void WriteTokens(ThreadPool& pool, const WriteTokensArgs& a) {
-  pool.ParallelFor(a.num_rows, kRowGrain, [&](int64_t begin, int64_t end) { WriteRows(a, begin, end); });
-}
-
-KVC_CPU_CLONES void ReadRows(const ReadTokensArgs& a, int64_t begin, int64_t end) {
+template <bool kFast>
+KVC_CPU_INLINE void ReadRowsT(const ReadTokensArgs& a, int64_t begin, int64_t end) {
   const BlockLayout& l = a.arena.layout;
   const int d = l.head_dim;
   const int64_t stride = internal::RowStride(a.row_stride, d);
@@ -58,7 +58,7 @@ KVC_CPU_CLONES void ReadRows(const ReadTokensArgs& a, int64_t begin, int64_t end
         std::memcpy(static_cast<uint8_t*>(dst) + off * DTypeSize(a.dtype), rec, l.record_bytes);
       } else {
         DequantizeRecord(l.format, d, rec, x);
-        StoreRow(x, d, dst, a.dtype, off);
+        StoreRow<kFast>(x, d, dst, a.dtype, off);
       }
     }
     if (a.positions != nullptr) a.positions[r] = *PositionPtr(a.arena, b, s);
@@ -66,8 +66,37 @@ KVC_CPU_CLONES void ReadRows(const ReadTokensArgs& a, int64_t begin, int64_t end
   }
 }
 
+#if defined(KVC_CPU_DISPATCH)
+KVC_CPU_TARGET_FAST void WriteRowsFast(const WriteTokensArgs& a, int64_t begin, int64_t end) {
+  WriteRowsT<true>(a, begin, end);
+}
+KVC_CPU_TARGET_FAST void ReadRowsFast(const ReadTokensArgs& a, int64_t begin, int64_t end) {
+  ReadRowsT<true>(a, begin, end);
+}
+#endif
+
+void WriteRows(const WriteTokensArgs& a, int64_t begin, int64_t end) {
+#if defined(KVC_CPU_DISPATCH)
+  if (CpuHasFastPath()) return WriteRowsFast(a, begin, end);
+#endif
+  WriteRowsT<false>(a, begin, end);
+}
+
+void ReadRows(const ReadTokensArgs& a, int64_t begin, int64_t end) {
+#if defined(KVC_CPU_DISPATCH)
+  if (CpuHasFastPath()) return ReadRowsFast(a, begin, end);
+#endif
+  ReadRowsT<false>(a, begin, end);
+}
+
+void WriteTokens(ThreadPool& pool, const WriteTokensArgs& a) {
+  pool.ParallelFor(a.num_rows, kRowGrain,
+                   [&](int64_t begin, int64_t end) { WriteRows(a, begin, end); });
+}
+
 void ReadTokens(ThreadPool& pool, const ReadTokensArgs& a) {
-  pool.ParallelFor(a.num_rows, kRowGrain, [&](int64_t begin, int64_t end) { ReadRows(a, begin, end); });
+  pool.ParallelFor(a.num_rows, kRowGrain,
+                   [&](int64_t begin, int64_t end) { ReadRows(a, begin, end); });
 }
 
 void Gather(ThreadPool& pool, const GatherArgs& a) {
