@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "kvc/kernels/dtype.h"
@@ -26,9 +27,11 @@
 
 namespace kvc::kernels::cpu {
 
+// KVC_KERNELS_CPU_BASELINE=1 forces the baseline instances (tests cover both paths).
 inline bool CpuHasFastPath() {
 #if defined(KVC_CPU_DISPATCH)
-  static const bool fast = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool fast = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+                           std::getenv("KVC_KERNELS_CPU_BASELINE") == nullptr;
   return fast;
 #else
   return false;
