@@ -10,7 +10,7 @@
 namespace kvc::kernels::cuda {
 namespace {
 
-constexpr int kSelectThreads = 512;
+constexpr int kSelectThreads = 256;
 
 __device__ __forceinline__ uint32_t OrderedFloat(float f) {
   if (isnan(f)) f = -INFINITY;  // NaN ranks lowest
