@@ -30,34 +30,16 @@ KVC_HD uint8_t FloatToE4M3(float f) {
   return static_cast<uint8_t>(sign | c);
 }
 
-namespace internal {
-constexpr float E4M3Value(int c) {
-  const int e = (c >> 3) & 15, m = c & 7;
-  float v = e == 0 ? static_cast<float>(m) / 512.0f : 1.0f + static_cast<float>(m) / 8.0f;
-  for (int i = 7; i < e; ++i) v *= 2.0f;
-  for (int i = e; i < 7 && e != 0; ++i) v *= 0.5f;
-  return (c & 0x80) ? -v : v;
-}
-struct E4M3Table {
-  float v[256];
-  constexpr E4M3Table() : v() {
-    for (int c = 0; c < 256; ++c) v[c] = E4M3Value(c);
-  }
-};
-inline constexpr E4M3Table kE4M3Table{};
-}  // namespace internal
-
+// Selects only (vectorizes on the CPU; no table).
 KVC_HD float E4M3ToFloat(uint8_t c) {
-  if ((c & 0x7f) == 0x7f) return BitsAsFloat(0x7fc00000u);
-#if defined(__CUDA_ARCH__)
-  const uint32_t e = (c >> 3) & 15u;
-  const uint32_t m = c & 7u;
-  const float v = e == 0 ? static_cast<float>(m) * (1.0f / 512.0f)
-                         : BitsAsFloat(((e + 120u) << 23) | (m << 20));
-  return (c & 0x80u) ? -v : v;
-#else
-  return internal::kE4M3Table.v[c];  // a load beats the bit assembly on the host
-#endif
+  const uint32_t u = c;
+  const uint32_t e = (u >> 3) & 15u;
+  const uint32_t m = u & 7u;
+  const float sub = static_cast<float>(m) * (1.0f / 512.0f);
+  const float normal = BitsAsFloat(((e + 120u) << 23) | (m << 20));
+  uint32_t bits = FloatAsBits(e == 0 ? sub : normal);
+  bits = (u & 0x7fu) == 0x7fu ? 0x7fc00000u : bits;  // NaN
+  return BitsAsFloat(bits | ((u & 0x80u) << 24));
 }
 
 // float -> E2M1 code (sign in bit 3; magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6). Ties go to the
