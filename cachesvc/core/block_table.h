@@ -3,14 +3,22 @@
 // i % block_tokens. Plain metadata; the owning Sequence's mutex guards it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "absl/types/span.h"
 #include "cachesvc/core/block_pool.h"
 #include "common/check.h"
+#include "kvc/kernels/paged_view.h"
 
 namespace kvc::cachesvc {
+
+// Where one token lives: block and slot inside it.
+struct TokenSlot {
+  BlockId block;
+  int slot;
+};
 
 struct HeadBlocks {
   std::vector<BlockId> blocks;
@@ -54,6 +62,37 @@ class BlockTable {
     for (const auto& h : heads_) n += h.tokens;
     return n;
   }
+  // Lane arrays of one layer (lane = kv head) for kernel ops. Valid until the table changes.
+  struct LaneArrays {
+    std::vector<int32_t> block_offsets;  // [num_kv_heads + 1]
+    std::vector<int32_t> block_ids;
+    std::vector<int32_t> num_tokens;  // [num_kv_heads]
+    int32_t max_tokens = 0;
+    kernels::LaneTable view() const {
+      kernels::LaneTable t;
+      t.num_lanes = static_cast<int32_t>(num_tokens.size());
+      t.block_offsets = block_offsets.data();
+      t.block_ids = block_ids.data();
+      t.num_tokens = num_tokens.data();
+      t.max_tokens = max_tokens;
+      return t;
+    }
+  };
+  LaneArrays Lanes(int layer) const {
+    LaneArrays a;
+    a.block_offsets.push_back(0);
+    for (int h = 0; h < num_kv_heads_; ++h) {
+      const HeadBlocks& hb = head(layer, h);
+      a.block_ids.insert(a.block_ids.end(), hb.blocks.begin(), hb.blocks.end());
+      a.block_offsets.push_back(static_cast<int32_t>(a.block_ids.size()));
+      a.num_tokens.push_back(static_cast<int32_t>(hb.tokens));
+      a.max_tokens = std::max(a.max_tokens, static_cast<int32_t>(hb.tokens));
+    }
+    return a;
+  }
+  int num_kv_heads() const { return num_kv_heads_; }
+  int num_layers() const { return static_cast<int>(heads_.size()) / num_kv_heads_; }
+
   // Every block, for Release.
   std::vector<BlockId> AllBlocks() const {
     std::vector<BlockId> all;

@@ -1,7 +1,10 @@
-// HostBlockPool: a BlockPool in host memory. One arena of fixed-size blocks; a LIFO free
-// list gives O(1) allocate and free per block (LIFO also reuses warm memory first).
+// HostBlockPool: a BlockPool in host memory. Each storage format gets an arena reserved
+// for the whole capacity (MAP_NORESERVE: untouched pages cost nothing), handed out block by
+// block; one byte budget across formats caps what is in use. Free blocks of a format are
+// reused LIFO (warm memory first); allocate and free are O(1) per block.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -15,42 +18,41 @@ namespace kvc::cachesvc {
 
 class HostBlockPool final : public BlockPool {
  public:
-  // Validates options (geometry, capacity >= one block) and maps the arena.
-  static absl::StatusOr<std::unique_ptr<HostBlockPool>> Create(const PoolOptions& options);
+  // Validates options. `backend` must be a host backend (reference or cpu) and outlive the
+  // pool.
+  static absl::StatusOr<std::unique_ptr<HostBlockPool>> Create(const PoolOptions& options,
+                                                               kernels::KernelBackend* backend);
 
   const PoolOptions& options() const override { return options_; }
-  const kernels::BlockLayout& layout() const override { return layout_; }
-  int64_t total_blocks() const override { return total_blocks_; }
-  int64_t free_blocks() const override;
+  kernels::KernelBackend* backend() const override { return backend_; }
+  kernels::BlockLayout layout(StorageFormat format) const override;
+  kernels::PagedArena arena(StorageFormat format) override;
+  int64_t capacity_bytes() const override { return options_.capacity_bytes; }
+  int64_t used_bytes() const override;
+  int64_t used_blocks(StorageFormat format) const override;
 
-  absl::Status Allocate(int64_t n, std::vector<BlockId>* out) override;
-  void Free(absl::Span<const BlockId> blocks) override;
-
-  void WriteTokens(absl::Span<const TokenSlot> slots, const uint8_t* keys, const uint8_t* values,
-                   int64_t src_stride_bytes, DType dtype,
-                   absl::Span<const int32_t> positions) override;
-  void ReadTokens(absl::Span<const TokenSlot> slots, DType dtype, uint8_t* keys, uint8_t* values,
-                  int32_t* positions) const override;
-  void ReadRecords(absl::Span<const TokenSlot> slots, uint8_t* keys, uint8_t* values,
-                   int32_t* positions) const override;
+  absl::Status Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) override;
+  void Free(StorageFormat format, absl::Span<const BlockId> blocks) override;
 
  private:
-  HostBlockPool(const PoolOptions& options, const kernels::BlockLayout& layout, HostArena arena,
-                int64_t total_blocks);
-  uint8_t* block_data(BlockId id) const {
-    return arena_.data() + static_cast<size_t>(id) * layout_.block_bytes;
-  }
+  struct FormatArena {
+    HostArena memory;             // reserved lazily, on the first allocation
+    int64_t max_blocks = 0;       // blocks the reservation can hold
+    int64_t next_fresh = 0;       // blocks [0, next_fresh) have been handed out before
+    std::vector<BlockId> free;    // returned blocks, reused LIFO
+    std::vector<bool> allocated;  // double-free guard, grows with next_fresh
+    int64_t used = 0;
+  };
+
+  HostBlockPool(const PoolOptions& options, kernels::KernelBackend* backend)
+      : options_(options), backend_(backend) {}
+  absl::Status ReserveLocked(StorageFormat format) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PoolOptions options_;
-  const kernels::BlockLayout layout_;
-  const DType storage_dtype_;
-  HostArena arena_;
-  const int64_t total_blocks_;
-
+  kernels::KernelBackend* const backend_;
   mutable absl::Mutex mu_;
-  std::vector<BlockId> free_list_ ABSL_GUARDED_BY(mu_);
-  // Debug aid against double frees: allocated_[id] is true while the block is out.
-  std::vector<bool> allocated_ ABSL_GUARDED_BY(mu_);
+  std::array<FormatArena, kernels::kNumStorageFormats> arenas_ ABSL_GUARDED_BY(mu_);
+  int64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvc::cachesvc

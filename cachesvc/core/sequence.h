@@ -27,7 +27,9 @@ class Sequence {
         created_unix_ms_(created_unix_ms),
         table_(pool->options().geometry.num_layers, pool->options().geometry.num_kv_heads,
                pool->options().geometry.block_tokens),
-        layer_tokens_(static_cast<size_t>(pool->options().geometry.num_layers), 0) {}
+        layer_tokens_(static_cast<size_t>(pool->options().geometry.num_layers), 0),
+        format_(policy.storage_set ? policy.storage
+                                   : kernels::RawFormatFor(pool->options().geometry.dtype)) {}
 
   const std::string& id() const { return id_; }
   const std::string& tenant() const { return tenant_; }
@@ -46,6 +48,12 @@ class Sequence {
   int64_t visible_tokens() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return *std::min_element(layer_tokens_.begin(), layer_tokens_.end());
   }
+  // Format every stored token of this sequence is in (a Compress may change it).
+  StorageFormat format() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return format_; }
+  void set_format(StorageFormat format) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { format_ = format; }
+  // True once attention scores exist (an Attend ran or a scoring Compress did): H2O needs them.
+  bool has_scores() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return has_scores_; }
+  void set_has_scores() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { has_scores_ = true; }
   // Set once by Release; every later operation sees NOT_FOUND.
   bool released() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return released_; }
   void set_released() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { released_ = true; }
@@ -64,6 +72,8 @@ class Sequence {
   mutable absl::Mutex mu_;
   BlockTable table_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> layer_tokens_ ABSL_GUARDED_BY(mu_);  // tokens appended per layer
+  StorageFormat format_ ABSL_GUARDED_BY(mu_);
+  bool has_scores_ ABSL_GUARDED_BY(mu_) = false;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -49,16 +49,30 @@ struct PoolOptions {
   PoolGeometry geometry;
 };
 
-// Reserved for the compression work: one eviction rule x one storage format.
+// One eviction rule x one storage format (x a raw recent residual, not yet served).
+// Set at CreateSequence (applied as appends arrive) or sent with Compress.
 struct CompressionSpec {
   enum class Eviction : uint8_t { kNone, kStreamingLlm, kSnapKv, kH2o };
   Eviction eviction = Eviction::kNone;
+  // StreamingLLM: keep the first `sinks` and the last `window` tokens.
+  int sinks = 0;
+  int window = 0;
+  bool rerotate_keys = false;
+  // SnapKV: observation window `window` (above), keep `budget` tokens per kv head.
+  int budget = 0;
+  int pooling_kernel = 7;
+  bool pooling_avg = false;
+  // H2O: keep the `heavy` highest-scoring tokens plus the `recent` newest.
+  int heavy = 0;
+  int recent = 0;
   StorageFormat storage = StorageFormat::kF16;
-  bool storage_set = false;  // false = the pool's raw dtype
+  bool storage_set = false;  // false = keep the sequence's current format
   int residual_tokens = 0;
 
   bool empty() const { return eviction == Eviction::kNone && !storage_set && residual_tokens == 0; }
 };
+
+const char* EvictionName(CompressionSpec::Eviction eviction);
 
 struct FormatBytes {
   StorageFormat format = StorageFormat::kF16;
@@ -69,6 +83,9 @@ struct FormatBytes {
 // A consistent copy of a sequence's state, taken under its lock.
 struct SequenceSnapshot {
   std::string id;
+  StorageFormat storage = StorageFormat::kF16;
+  CompressionSpec policy;
+  std::vector<int64_t> stored_tokens;  // [layer][kv head], flattened
   std::string pool;
   std::string tenant;
   int64_t visible_tokens = 0;

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "cachesvc/rpc/proto_convert.h"
 #include "cachesvc/rpc/rpc_scope.h"
+#include "common/status_macros.h"
 #include "proto/rpc_status.h"
 
 namespace kvc::cachesvc {
@@ -111,6 +112,63 @@ grpc::Status KvCacheServiceImpl::Release(grpc::ServerContext*, const pb::Release
   if (!released.ok()) return scope.Finish(ToGrpcStatus(released.status()));
   response->set_freed_blocks(released->freed_blocks);
   response->set_freed_bytes(released->freed_bytes);
+  return scope.Finish(grpc::Status::OK);
+}
+
+grpc::Status KvCacheServiceImpl::Compress(grpc::ServerContext*, const pb::CompressRequest* request,
+                                          pb::CompressResponse* response) {
+  RpcScope scope(metrics_, kService, "Compress");
+  auto dtype = store_->SequenceDType(request->sequence_id());
+  if (!dtype.ok()) return scope.Finish(ToGrpcStatus(dtype.status()));
+  auto params = FromProto(*request, *dtype);
+  if (!params.ok()) return scope.Finish(ToGrpcStatus(params.status()));
+  for (const auto& q : request->queries())
+    scope.AddReceived(static_cast<int64_t>(q.queries().size()));
+  auto result = store_->Compress(*params);
+  if (!result.ok()) return scope.Finish(ToGrpcStatus(result.status()));
+  ToProto(*result, response);
+  auto snapshot = store_->GetSequence(request->sequence_id());
+  if (snapshot.ok()) ToProto(*snapshot, response->mutable_sequence());
+  return scope.Finish(grpc::Status::OK);
+}
+
+absl::Status KvCacheServiceImpl::AttendOne(const pb::AttendRequest& request,
+                                           pb::AttendResponse* response) {
+  KVC_ASSIGN_OR_RETURN(const DType pool_dtype, store_->SequenceDType(request.sequence_id()));
+  KVC_ASSIGN_OR_RETURN(AttendParams params, FromProto(request, pool_dtype));
+  KVC_ASSIGN_OR_RETURN(AttendResult result, store_->Attend(params));
+  ToProto(result, request.layer(), params.dtype, response);
+  return absl::OkStatus();
+}
+
+grpc::Status KvCacheServiceImpl::Attend(grpc::ServerContext*, const pb::AttendRequest* request,
+                                        pb::AttendResponse* response) {
+  RpcScope scope(metrics_, kService, "Attend");
+  scope.AddReceived(static_cast<int64_t>(request->queries().size()));
+  const absl::Status status = AttendOne(*request, response);
+  scope.AddSent(static_cast<int64_t>(response->output().size()));
+  return scope.Finish(ToGrpcStatus(status));
+}
+
+grpc::Status KvCacheServiceImpl::AttendStream(
+    grpc::ServerContext*, grpc::ServerReaderWriter<pb::AttendResponse, pb::AttendRequest>* stream) {
+  RpcScope scope(metrics_, kService, "AttendStream");
+  pb::AttendRequest request;
+  pb::AttendResponse response;
+  int64_t answered = 0;
+  while (stream->Read(&request)) {
+    response.Clear();
+    scope.AddReceived(static_cast<int64_t>(request.queries().size()));
+    const absl::Status status = AttendOne(request, &response);
+    if (!status.ok()) {
+      return scope.Finish(ToGrpcStatus(absl::Status(
+          status.code(), absl::StrCat("AttendStream request ", answered, " (layer ",
+                                      request.layer(), ") rejected: ", status.message()))));
+    }
+    scope.AddSent(static_cast<int64_t>(response.output().size()));
+    if (!stream->Write(response)) break;
+    ++answered;
+  }
   return scope.Finish(grpc::Status::OK);
 }
 

@@ -28,8 +28,18 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
                            kvcache::v1::SequenceInfo* response) override;
   grpc::Status Release(grpc::ServerContext* context, const kvcache::v1::ReleaseRequest* request,
                        kvcache::v1::ReleaseResponse* response) override;
+  grpc::Status Compress(grpc::ServerContext* context, const kvcache::v1::CompressRequest* request,
+                        kvcache::v1::CompressResponse* response) override;
+  grpc::Status Attend(grpc::ServerContext* context, const kvcache::v1::AttendRequest* request,
+                      kvcache::v1::AttendResponse* response) override;
+  grpc::Status AttendStream(grpc::ServerContext* context,
+                            grpc::ServerReaderWriter<kvcache::v1::AttendResponse,
+                                                     kvcache::v1::AttendRequest>* stream) override;
 
  private:
+  absl::Status AttendOne(const kvcache::v1::AttendRequest& request,
+                         kvcache::v1::AttendResponse* response);
+
   KvStore* store_;
   Metrics* metrics_;
 };

@@ -84,26 +84,56 @@ absl::StatusOr<CompressionSpec> FromProto(const pb::CompressionSpec& spec) {
   switch (spec.eviction_case()) {
     case pb::CompressionSpec::kStreamingLlm:
       out.eviction = CompressionSpec::Eviction::kStreamingLlm;
+      out.sinks = spec.streaming_llm().sinks();
+      out.window = spec.streaming_llm().window();
+      out.rerotate_keys = spec.streaming_llm().rerotate_keys();
       break;
     case pb::CompressionSpec::kSnapkv:
       out.eviction = CompressionSpec::Eviction::kSnapKv;
+      out.window = spec.snapkv().window();
+      out.budget = spec.snapkv().budget();
+      out.pooling_kernel = spec.snapkv().pooling_kernel() == 0 ? 7 : spec.snapkv().pooling_kernel();
+      out.pooling_avg = spec.snapkv().pooling() == pb::SnapKvSpec::POOLING_AVG;
       break;
     case pb::CompressionSpec::kH2O:
       out.eviction = CompressionSpec::Eviction::kH2o;
+      out.heavy = spec.h2o().heavy();
+      out.recent = spec.h2o().recent();
       break;
     case pb::CompressionSpec::EVICTION_NOT_SET:
       break;
   }
   if (spec.storage() != pb::STORAGE_FORMAT_UNSPECIFIED) {
-    KVC_ASSIGN_OR_RETURN(out.storage, FromProto(spec.storage(), "policy.storage"));
+    KVC_ASSIGN_OR_RETURN(out.storage, FromProto(spec.storage(), "storage"));
     out.storage_set = true;
-  }
-  if (spec.residual_tokens() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("policy.residual_tokens is ", spec.residual_tokens(), "; expected >= 0"));
   }
   out.residual_tokens = spec.residual_tokens();
   return out;
+}
+
+void ToProto(const CompressionSpec& s, pb::CompressionSpec* out) {
+  switch (s.eviction) {
+    case CompressionSpec::Eviction::kStreamingLlm:
+      out->mutable_streaming_llm()->set_sinks(s.sinks);
+      out->mutable_streaming_llm()->set_window(s.window);
+      out->mutable_streaming_llm()->set_rerotate_keys(s.rerotate_keys);
+      break;
+    case CompressionSpec::Eviction::kSnapKv:
+      out->mutable_snapkv()->set_window(s.window);
+      out->mutable_snapkv()->set_budget(s.budget);
+      out->mutable_snapkv()->set_pooling_kernel(s.pooling_kernel);
+      out->mutable_snapkv()->set_pooling(s.pooling_avg ? pb::SnapKvSpec::POOLING_AVG
+                                                       : pb::SnapKvSpec::POOLING_MAX);
+      break;
+    case CompressionSpec::Eviction::kH2o:
+      out->mutable_h2o()->set_heavy(s.heavy);
+      out->mutable_h2o()->set_recent(s.recent);
+      break;
+    case CompressionSpec::Eviction::kNone:
+      break;
+  }
+  if (s.storage_set) out->set_storage(ToProto(s.storage));
+  out->set_residual_tokens(s.residual_tokens);
 }
 
 absl::StatusOr<PoolOptions> FromProto(const pb::PoolConfig& config) {
@@ -161,6 +191,9 @@ void ToProto(const SequenceSnapshot& s, pb::SequenceInfo* out) {
   out->set_bytes(s.bytes);
   out->set_compression_ratio(s.compression_ratio);
   out->set_created_unix_ms(s.created_unix_ms);
+  out->set_storage(ToProto(s.storage));
+  for (int64_t n : s.stored_tokens) out->add_stored_tokens(n);
+  if (!s.policy.empty()) ToProto(s.policy, out->mutable_policy());
 }
 
 void ToProto(const PoolSnapshot& s, pb::PoolInfo* out) {
@@ -255,6 +288,65 @@ void ToProto(FetchChunk& c, pb::FetchChunk* out) {
   out->set_record_bytes(c.record_bytes);
   out->set_last(c.last);
   out->set_visible_tokens(c.visible_tokens);
+}
+
+}  // namespace kvc::cachesvc
+
+namespace kvc::cachesvc {
+
+absl::StatusOr<CompressParams> FromProto(const pb::CompressRequest& r, DType pool_dtype) {
+  CompressParams p;
+  p.sequence_id = r.sequence_id();
+  KVC_ASSIGN_OR_RETURN(p.spec, FromProto(r.spec()));
+  for (const auto& q : r.queries()) {
+    LayerQueries lq;
+    lq.layer = q.layer();
+    lq.dtype = pool_dtype;
+    if (q.dtype() != pb::DTYPE_UNSPECIFIED) {
+      KVC_ASSIGN_OR_RETURN(lq.dtype, FromProto(q.dtype(), "queries.dtype"));
+    }
+    lq.queries = absl::string_view(q.queries().data(), q.queries().size());
+    lq.positions.assign(q.positions().begin(), q.positions().end());
+    p.queries.push_back(std::move(lq));
+  }
+  return p;
+}
+
+void ToProto(const CompressResult& r, pb::CompressResponse* out) {
+  for (const LayerCompressResult& l : r.layers) {
+    auto* s = out->add_layers();
+    s->set_layer(l.layer);
+    s->set_token_heads_before(l.token_heads_before);
+    s->set_token_heads_after(l.token_heads_after);
+    s->set_bytes_before(l.bytes_before);
+    s->set_bytes_after(l.bytes_after);
+  }
+  out->set_bytes_before(r.bytes_before);
+  out->set_bytes_after(r.bytes_after);
+  out->set_storage(ToProto(r.storage));
+}
+
+absl::StatusOr<AttendParams> FromProto(const pb::AttendRequest& r, DType pool_dtype) {
+  AttendParams p;
+  p.sequence_id = r.sequence_id();
+  p.layer = r.layer();
+  p.dtype = pool_dtype;
+  if (r.dtype() != pb::DTYPE_UNSPECIFIED) {
+    KVC_ASSIGN_OR_RETURN(p.dtype, FromProto(r.dtype(), "dtype"));
+  }
+  p.queries = absl::string_view(r.queries().data(), r.queries().size());
+  p.positions.assign(r.positions().begin(), r.positions().end());
+  p.want_weights = r.return_weights();
+  return p;
+}
+
+void ToProto(AttendResult& r, int layer, DType dtype, pb::AttendResponse* out) {
+  out->set_layer(layer);
+  out->set_output(std::move(r.output));
+  out->set_dtype(ToProto(dtype));
+  out->set_max_stored(r.max_stored);
+  out->mutable_weights()->Add(r.weights.begin(), r.weights.end());
+  out->mutable_weight_positions()->Add(r.weight_positions.begin(), r.weight_positions.end());
 }
 
 }  // namespace kvc::cachesvc

@@ -82,6 +82,8 @@ SequenceInfo FromProto(const pb::SequenceInfo& in) {
   s.bytes = in.bytes();
   s.compression_ratio = in.compression_ratio();
   s.created_unix_ms = in.created_unix_ms();
+  s.storage = FromProto(in.storage());
+  s.stored_tokens.assign(in.stored_tokens().begin(), in.stored_tokens().end());
   return s;
 }
 
@@ -138,6 +140,64 @@ void ToProto(const AppendChunk& c, pb::AppendRequest* out) {
   out->set_keys(c.keys != nullptr ? static_cast<const char*>(c.keys) : "", c.keys ? c.bytes : 0);
   out->set_values(c.values != nullptr ? static_cast<const char*>(c.values) : "",
                   c.values ? c.bytes : 0);
+}
+
+void ToProto(const CompressionSpec& s, pb::CompressionSpec* out) {
+  switch (s.eviction) {
+    case CompressionSpec::Eviction::kStreamingLlm:
+      out->mutable_streaming_llm()->set_sinks(s.sinks);
+      out->mutable_streaming_llm()->set_window(s.window);
+      out->mutable_streaming_llm()->set_rerotate_keys(s.rerotate_keys);
+      break;
+    case CompressionSpec::Eviction::kSnapKv:
+      out->mutable_snapkv()->set_window(s.window);
+      out->mutable_snapkv()->set_budget(s.budget);
+      out->mutable_snapkv()->set_pooling_kernel(s.pooling_kernel);
+      out->mutable_snapkv()->set_pooling(s.pooling_avg ? pb::SnapKvSpec::POOLING_AVG
+                                                       : pb::SnapKvSpec::POOLING_MAX);
+      break;
+    case CompressionSpec::Eviction::kH2o:
+      out->mutable_h2o()->set_heavy(s.heavy);
+      out->mutable_h2o()->set_recent(s.recent);
+      break;
+    case CompressionSpec::Eviction::kNone:
+      break;
+  }
+  out->set_storage(static_cast<pb::StorageFormat>(s.storage));
+  out->set_residual_tokens(s.residual_tokens);
+}
+
+void ToProto(const AttendRequest& r, pb::AttendRequest* out) {
+  out->set_sequence_id(r.sequence_id);
+  out->set_layer(r.layer);
+  out->set_dtype(ToProto(r.dtype));
+  out->set_queries(r.queries != nullptr ? static_cast<const char*>(r.queries) : "",
+                   r.queries != nullptr ? r.bytes : 0);
+  out->mutable_positions()->Add(r.positions.begin(), r.positions.end());
+  out->set_return_weights(r.return_weights);
+}
+
+AttendResult FromProto(pb::AttendResponse& in) {
+  AttendResult r;
+  r.output = std::move(*in.mutable_output());
+  r.dtype = FromProto(in.dtype());
+  r.max_stored = in.max_stored();
+  r.weights.assign(in.weights().begin(), in.weights().end());
+  r.weight_positions.assign(in.weight_positions().begin(), in.weight_positions().end());
+  return r;
+}
+
+CompressResult FromProto(const pb::CompressResponse& in) {
+  CompressResult r;
+  for (const auto& l : in.layers()) {
+    r.layers.push_back({l.layer(), l.token_heads_before(), l.token_heads_after(), l.bytes_before(),
+                        l.bytes_after()});
+  }
+  r.bytes_before = in.bytes_before();
+  r.bytes_after = in.bytes_after();
+  r.storage = FromProto(in.storage());
+  r.sequence = FromProto(in.sequence());
+  return r;
 }
 
 FetchedChunk FromProto(pb::FetchChunk& in) {

@@ -14,6 +14,11 @@ SequenceInfo FromProto(const kvcache::v1::SequenceInfo& info);
 PoolInfo FromProto(const kvcache::v1::PoolInfo& info);
 PoolStats FromProto(const kvcache::v1::PoolStats& stats);
 void ToProto(const AppendChunk& chunk, kvcache::v1::AppendRequest* out);
+void ToProto(const CompressionSpec& spec, kvcache::v1::CompressionSpec* out);
+void ToProto(const AttendRequest& request, kvcache::v1::AttendRequest* out);
+// Moves the output out of `response`.
+AttendResult FromProto(kvcache::v1::AttendResponse& response);
+CompressResult FromProto(const kvcache::v1::CompressResponse& response);
 // Moves the payload out of `chunk`.
 FetchedChunk FromProto(kvcache::v1::FetchChunk& chunk);
 

@@ -79,6 +79,7 @@ absl::StatusOr<SequenceInfo> KvCacheClient::CreateSequence(const CreateSequenceO
   request.set_pool(options.pool);
   request.set_tenant(options.tenant);
   request.set_client_sequence_id(options.client_sequence_id);
+  ToProto(options.policy, request.mutable_policy());
   pb::SequenceInfo response;
   grpc::ClientContext context;
   impl_->Prepare(&context, call);
@@ -249,6 +250,96 @@ absl::StatusOr<ReleaseResult> KvCacheClient::Release(const std::string& sequence
   const absl::Status status = FromGrpcStatus(impl_->kv->Release(&context, request, &response));
   if (!status.ok()) return status;
   return ReleaseResult{response.freed_blocks(), response.freed_bytes()};
+}
+
+absl::StatusOr<CompressResult> KvCacheClient::Compress(const std::string& sequence_id,
+                                                       const CompressionSpec& spec,
+                                                       const std::vector<LayerQueries>& queries,
+                                                       const CallOptions& call) {
+  pb::CompressRequest request;
+  request.set_sequence_id(sequence_id);
+  ToProto(spec, request.mutable_spec());
+  for (const LayerQueries& q : queries) {
+    auto* out = request.add_queries();
+    out->set_layer(q.layer);
+    out->set_dtype(ToProto(q.dtype));
+    out->set_queries(q.queries != nullptr ? static_cast<const char*>(q.queries) : "",
+                     q.queries != nullptr ? q.bytes : 0);
+    out->mutable_positions()->Add(q.positions.begin(), q.positions.end());
+  }
+  pb::CompressResponse response;
+  grpc::ClientContext context;
+  impl_->Prepare(&context, call);
+  // Not retried: a second Compress after a lost reply would evict again.
+  const absl::Status status = FromGrpcStatus(impl_->kv->Compress(&context, request, &response));
+  if (!status.ok()) return status;
+  return FromProto(response);
+}
+
+absl::StatusOr<AttendResult> KvCacheClient::Attend(const AttendRequest& request,
+                                                   const CallOptions& call) {
+  pb::AttendRequest message;
+  ToProto(request, &message);
+  pb::AttendResponse response;
+  grpc::ClientContext context;
+  impl_->Prepare(&context, call);
+  // Not retried: each Attend adds to the tokens' H2O scores.
+  const absl::Status status = FromGrpcStatus(impl_->kv->Attend(&context, message, &response));
+  if (!status.ok()) return status;
+  return FromProto(response);
+}
+
+namespace {
+
+class GrpcAttendSession final : public AttendSession {
+ public:
+  GrpcAttendSession(pb::KvCacheService::Stub* stub, const KvCacheClient::Impl& impl,
+                    const CallOptions& call) {
+    impl.Prepare(&context_, call);
+    stream_ = stub->AttendStream(&context_);
+  }
+
+  absl::StatusOr<AttendResult> Attend(const AttendRequest& request) override {
+    if (done_) return absl::FailedPreconditionError("the attend session is closed; call Finish()");
+    request_.Clear();
+    ToProto(request, &request_);
+    if (!stream_->Write(request_) || !stream_->Read(&response_)) {
+      done_ = true;
+      stream_->WritesDone();
+      const absl::Status status = FromGrpcStatus(stream_->Finish());
+      finished_ = true;
+      return status.ok() ? absl::AbortedError("the server closed the attend stream") : status;
+    }
+    return FromProto(response_);
+  }
+
+  absl::Status Finish() override {
+    if (finished_) return absl::OkStatus();
+    finished_ = done_ = true;
+    stream_->WritesDone();
+    return FromGrpcStatus(stream_->Finish());
+  }
+
+  ~GrpcAttendSession() override {
+    if (!finished_) {
+      context_.TryCancel();
+      (void)stream_->Finish();
+    }
+  }
+
+ private:
+  grpc::ClientContext context_;
+  pb::AttendRequest request_;
+  pb::AttendResponse response_;
+  std::unique_ptr<grpc::ClientReaderWriter<pb::AttendRequest, pb::AttendResponse>> stream_;
+  bool done_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<AttendSession> KvCacheClient::StartAttendSession(const CallOptions& call) {
+  return std::make_unique<GrpcAttendSession>(impl_->kv.get(), *impl_, call);
 }
 
 absl::StatusOr<std::vector<PoolInfo>> KvCacheClient::ListPools(const CallOptions& call) {

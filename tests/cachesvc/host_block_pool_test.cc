@@ -1,6 +1,5 @@
 #include "cachesvc/core/host_block_pool.h"
 
-#include <algorithm>
 #include <set>
 #include <vector>
 
@@ -10,108 +9,116 @@
 namespace kvc::cachesvc {
 namespace {
 
+using kernels::StorageFormat;
 using ::kvc::testing::StatusIs;
 
-PoolOptions SmallPool(int64_t blocks) {
+constexpr int kDim = 64, kBlockTokens = 4;
+
+int64_t BlockBytes(StorageFormat f) {
+  return static_cast<int64_t>(kernels::MakeBlockLayout(f, kDim, kBlockTokens).block_bytes);
+}
+
+PoolOptions SmallPool(int64_t f16_blocks) {
   PoolOptions o;
   o.name = "p";
   o.geometry.num_layers = 2;
   o.geometry.num_kv_heads = 2;
   o.geometry.num_query_heads = 2;
-  o.geometry.head_dim = 16;
-  o.geometry.block_tokens = 4;
-  const auto layout = kernels::MakeBlockLayout(StorageFormat::kF16, 16, 4);
-  o.capacity_bytes = blocks * static_cast<int64_t>(layout.block_bytes);
+  o.geometry.head_dim = kDim;
+  o.geometry.block_tokens = kBlockTokens;
+  o.capacity_bytes = f16_blocks * BlockBytes(StorageFormat::kF16);
   return o;
 }
 
-TEST(HostBlockPoolTest, CarvesCapacityIntoWholeBlocks) {
-  PoolOptions o = SmallPool(10);
-  o.capacity_bytes += 5;  // a partial block is not a block
-  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(o));
-  EXPECT_EQ(pool->total_blocks(), 10);
-  EXPECT_EQ(pool->free_blocks(), 10);
-}
+class HostBlockPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(kernels::CreateBackend(kernels::BackendKind::kCpu, {}, &backend_).ok());
+  }
+  std::unique_ptr<kernels::KernelBackend> backend_;
+};
 
-TEST(HostBlockPoolTest, AllocatesDistinctBlocksAndFreesThem) {
-  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(8)));
+TEST_F(HostBlockPoolTest, AllocatesDistinctBlocksAndFreesThem) {
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(8), backend_.get()));
   std::vector<BlockId> a;
-  KVC_ASSERT_OK(pool->Allocate(8, &a));
+  KVC_ASSERT_OK(pool->Allocate(StorageFormat::kF16, 8, &a));
   EXPECT_EQ(std::set<BlockId>(a.begin(), a.end()).size(), 8u);
-  EXPECT_EQ(pool->free_blocks(), 0);
-  pool->Free(a);
-  EXPECT_EQ(pool->free_blocks(), 8);
+  EXPECT_EQ(pool->used_bytes(), pool->capacity_bytes());
+  EXPECT_EQ(pool->used_blocks(StorageFormat::kF16), 8);
+  pool->Free(StorageFormat::kF16, a);
+  EXPECT_EQ(pool->used_bytes(), 0);
 }
 
-TEST(HostBlockPoolTest, AllocateIsAllOrNothingWhenFull) {
-  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(5)));
+TEST_F(HostBlockPoolTest, AllocateIsAllOrNothingWhenFull) {
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(5), backend_.get()));
   std::vector<BlockId> a;
-  KVC_ASSERT_OK(pool->Allocate(3, &a));
+  KVC_ASSERT_OK(pool->Allocate(StorageFormat::kF16, 3, &a));
   std::vector<BlockId> b;
-  EXPECT_THAT(pool->Allocate(3, &b),
+  EXPECT_THAT(pool->Allocate(StorageFormat::kF16, 3, &b),
               StatusIs(absl::StatusCode::kResourceExhausted, "pool 'p' is full"));
   EXPECT_TRUE(b.empty());
-  EXPECT_EQ(pool->free_blocks(), 2);
-  KVC_EXPECT_OK(pool->Allocate(2, &b));
+  EXPECT_EQ(pool->used_blocks(StorageFormat::kF16), 3);
+  KVC_EXPECT_OK(pool->Allocate(StorageFormat::kF16, 2, &b));
 }
 
-TEST(HostBlockPoolTest, ReusesMostRecentlyFreedBlockFirst) {
-  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(4)));
+TEST_F(HostBlockPoolTest, FormatsShareOneByteCapacity) {
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(4), backend_.get()));
+  std::vector<BlockId> raw, int4;
+  KVC_ASSERT_OK(pool->Allocate(StorageFormat::kF16, 3, &raw));
+  // One f16 block of bytes is left: it holds several smaller INT4 blocks.
+  const int64_t fit = BlockBytes(StorageFormat::kF16) / BlockBytes(StorageFormat::kInt4G32);
+  ASSERT_GE(fit, 2);
+  KVC_ASSERT_OK(pool->Allocate(StorageFormat::kInt4G32, fit, &int4));
+  std::vector<BlockId> more;
+  EXPECT_THAT(pool->Allocate(StorageFormat::kInt4G32, 1, &more),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  // Freeing raw blocks makes room for the other format at once.
+  pool->Free(StorageFormat::kF16, raw);
+  KVC_EXPECT_OK(pool->Allocate(StorageFormat::kInt4G32, 1, &more));
+  EXPECT_EQ(pool->used_blocks(StorageFormat::kInt4G32), fit + 1);
+}
+
+TEST_F(HostBlockPoolTest, ReusesMostRecentlyFreedBlockFirst) {
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(4), backend_.get()));
   std::vector<BlockId> a;
-  KVC_ASSERT_OK(pool->Allocate(2, &a));
-  pool->Free({a[0]});
+  KVC_ASSERT_OK(pool->Allocate(StorageFormat::kF16, 2, &a));
+  pool->Free(StorageFormat::kF16, {a[0]});
   std::vector<BlockId> b;
-  KVC_ASSERT_OK(pool->Allocate(1, &b));
+  KVC_ASSERT_OK(pool->Allocate(StorageFormat::kF16, 1, &b));
   EXPECT_EQ(b[0], a[0]);
 }
 
-TEST(HostBlockPoolTest, RejectsInvalidGeometry) {
+TEST_F(HostBlockPoolTest, RejectsInvalidGeometryAndFormats) {
   PoolOptions o = SmallPool(4);
   o.geometry.head_dim = 20;
-  EXPECT_THAT(HostBlockPool::Create(o), StatusIs(absl::StatusCode::kInvalidArgument, "head_dim"));
+  EXPECT_THAT(HostBlockPool::Create(o, backend_.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "head_dim"));
   o = SmallPool(4);
   o.geometry.num_query_heads = 3;
-  EXPECT_THAT(HostBlockPool::Create(o),
+  EXPECT_THAT(HostBlockPool::Create(o, backend_.get()),
               StatusIs(absl::StatusCode::kInvalidArgument, "num_query_heads"));
   o = SmallPool(4);
   o.capacity_bytes = 10;
-  EXPECT_THAT(HostBlockPool::Create(o),
+  EXPECT_THAT(HostBlockPool::Create(o, backend_.get()),
               StatusIs(absl::StatusCode::kInvalidArgument, "capacity_bytes"));
   o = SmallPool(4);
   o.device = "cuda:0";
-  EXPECT_THAT(HostBlockPool::Create(o), StatusIs(absl::StatusCode::kInvalidArgument, "device"));
-}
-
-TEST(HostBlockPoolTest, WritesAndReadsTokensExactly) {
-  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(4)));
-  std::vector<BlockId> blocks;
-  KVC_ASSERT_OK(pool->Allocate(2, &blocks));
-  // 5 tokens of f32 input, stored as f16 (values exactly representable).
-  std::vector<float> k(5 * 16), v(5 * 16);
-  for (size_t i = 0; i < k.size(); ++i) {
-    k[i] = static_cast<float>(i) * 0.25f;
-    v[i] = -static_cast<float>(i);
-  }
-  std::vector<TokenSlot> slots = {
-      {blocks[1], 3}, {blocks[0], 0}, {blocks[0], 1}, {blocks[0], 2}, {blocks[1], 0}};
-  std::vector<int32_t> positions = {10, 11, 12, 13, 14};
-  pool->WriteTokens(slots, reinterpret_cast<const uint8_t*>(k.data()),
-                    reinterpret_cast<const uint8_t*>(v.data()), 16 * 4, DType::kF32, positions);
-  std::vector<float> k2(k.size()), v2(v.size());
-  std::vector<int32_t> p2(5);
-  pool->ReadTokens(slots, DType::kF32, reinterpret_cast<uint8_t*>(k2.data()),
-                   reinterpret_cast<uint8_t*>(v2.data()), p2.data());
-  EXPECT_EQ(k, k2);
-  EXPECT_EQ(v, v2);
-  EXPECT_EQ(positions, p2);
-}
-
-TEST(HostBlockPoolDeathTest, DoubleFreeAborts) {
-  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(4)));
+  EXPECT_THAT(HostBlockPool::Create(o, backend_.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "device"));
+  o = SmallPool(4);
+  o.geometry.head_dim = 48;  // INT4 g32 groups cannot tile 48
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(o, backend_.get()));
   std::vector<BlockId> a;
-  KVC_ASSERT_OK(pool->Allocate(1, &a));
-  pool->Free(a);
-  EXPECT_DEATH(pool->Free(a), "double free");
+  EXPECT_THAT(pool->Allocate(StorageFormat::kInt4G32, 1, &a),
+              StatusIs(absl::StatusCode::kInvalidArgument, "cannot store head_dim 48"));
+}
+
+TEST_F(HostBlockPoolTest, DoubleFreeAborts) {
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(4), backend_.get()));
+  std::vector<BlockId> a;
+  KVC_ASSERT_OK(pool->Allocate(StorageFormat::kF16, 1, &a));
+  pool->Free(StorageFormat::kF16, a);
+  EXPECT_DEATH(pool->Free(StorageFormat::kF16, a), "double free");
 }
 
 }  // namespace

@@ -185,7 +185,7 @@ TEST(KvStoreFullTest, PoolFullFailsWholeAppendAndKeepsBlocks) {
   KVC_ASSERT_OK(store->Append(Params(seq.id, 0, 0, 16, small)));
   const Payload big = MakePayload(1, 0, 48);
   EXPECT_THAT(store->Append(Params(seq.id, 1, 0, 48, big)),
-              StatusIs(Code::kResourceExhausted, "needs 6 blocks"));
+              StatusIs(Code::kResourceExhausted, "needs 6 f16 blocks"));
   KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, store->GetPoolStats("p"));
   EXPECT_EQ(stats.used_blocks, 2);
   KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot after, store->GetSequence(seq.id));
@@ -217,7 +217,10 @@ TEST_F(KvStoreTest, CreateValidatesItsArguments) {
   EXPECT_THAT(store_->CreateSequence(p), StatusIs(Code::kAlreadyExists, "'mine' already exists"));
   p.client_sequence_id = "";
   p.policy.eviction = CompressionSpec::Eviction::kSnapKv;
-  EXPECT_THAT(store_->CreateSequence(p), StatusIs(Code::kUnimplemented));
+  p.policy.window = 4;
+  p.policy.budget = 8;
+  EXPECT_THAT(store_->CreateSequence(p),
+              StatusIs(Code::kInvalidArgument, "cannot be an automatic policy"));
 }
 
 TEST_F(KvStoreTest, FetchAbortsWhenReleasedMidStream) {

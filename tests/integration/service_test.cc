@@ -227,11 +227,13 @@ TEST_F(ServiceTest, RawEnumValuesOutsideTheContractAreRejected) {
   EXPECT_NE(status.error_message().find("dtype is 42"), std::string::npos);
 
   kvcache::v1::CreateSequenceRequest create;
-  create.mutable_policy()->mutable_snapkv()->set_budget(10);
+  create.mutable_policy()->set_storage(static_cast<kvcache::v1::StorageFormat>(99));
   kvcache::v1::SequenceInfo info;
   grpc::ClientContext context2;
-  EXPECT_EQ(stub->CreateSequence(&context2, create, &info).error_code(),
-            grpc::StatusCode::UNIMPLEMENTED);
+  const grpc::Status bad_format = stub->CreateSequence(&context2, create, &info);
+  EXPECT_EQ(bad_format.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad_format.error_message().find("storage is 99"), std::string::npos)
+      << bad_format.error_message();
 }
 
 TEST(ServiceLimitsTest, PoolFullIsResourceExhaustedAndChangesNothing) {

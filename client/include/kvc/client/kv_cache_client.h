@@ -37,6 +37,7 @@ struct CallOptions {
 };
 
 class AppendStream;
+class AttendSession;
 
 class KvCacheClient {
  public:
@@ -63,6 +64,16 @@ class KvCacheClient {
                                            const CallOptions& call = {});
   absl::StatusOr<ReleaseResult> Release(const std::string& sequence_id,
                                         const CallOptions& call = {});
+  // Evicts and/or converts what the sequence stores. SnapKV needs `queries` for every layer
+  // (the last `window` query vectors); H2O may send every prompt query. All-or-nothing.
+  absl::StatusOr<CompressResult> Compress(const std::string& sequence_id,
+                                          const CompressionSpec& spec,
+                                          const std::vector<LayerQueries>& queries = {},
+                                          const CallOptions& call = {});
+  // Decode attention of one layer computed by the service over the stored KV.
+  absl::StatusOr<AttendResult> Attend(const AttendRequest& request, const CallOptions& call = {});
+  // One stream for a decode loop (one Attend per layer per step); see AttendSession.
+  std::unique_ptr<AttendSession> StartAttendSession(const CallOptions& call = {});
 
   // Admin.
   absl::StatusOr<std::vector<PoolInfo>> ListPools(const CallOptions& call = {});
@@ -88,6 +99,20 @@ class AppendStream {
   // Sends one chunk. A non-OK status means the stream broke; call Finish() for the reason.
   virtual absl::Status Write(const AppendChunk& chunk) = 0;
   virtual absl::StatusOr<AppendStreamResult> Finish() = 0;
+};
+
+}  // namespace kvc::client
+
+namespace kvc::client {
+
+// A bidirectional Attend stream: each Attend() sends one request and waits for its answer.
+// The deadline (CallOptions) covers the whole session. Not thread-safe.
+class AttendSession {
+ public:
+  virtual ~AttendSession() = default;
+  virtual absl::StatusOr<AttendResult> Attend(const AttendRequest& request) = 0;
+  // Closes the stream; returns the server's final status.
+  virtual absl::Status Finish() = 0;
 };
 
 }  // namespace kvc::client

@@ -67,6 +67,8 @@ struct SequenceInfo {
   int64_t bytes = 0;
   double compression_ratio = 1.0;
   int64_t created_unix_ms = 0;
+  StorageFormat storage = StorageFormat::kPoolDefault;
+  std::vector<int64_t> stored_tokens;  // [num_layers][num_kv_heads]
 };
 
 struct PoolInfo {
@@ -96,10 +98,89 @@ struct PoolStats {
   int64_t fetched_bytes_total = 0;
 };
 
+// One eviction rule x one storage format (kvcache.v1.CompressionSpec).
+struct CompressionSpec {
+  enum class Eviction { kNone, kStreamingLlm, kSnapKv, kH2o };
+  Eviction eviction = Eviction::kNone;
+  int sinks = 0;   // StreamingLLM
+  int window = 0;  // StreamingLLM recent window; SnapKV observation window
+  bool rerotate_keys = false;
+  int budget = 0;            // SnapKV tokens kept per kv head (including the window)
+  int pooling_kernel = 7;    // SnapKV
+  bool pooling_avg = false;  // SnapKV: avg instead of max pooling
+  int heavy = 0;             // H2O
+  int recent = 0;            // H2O
+  StorageFormat storage = StorageFormat::kPoolDefault;  // kPoolDefault = keep
+  int residual_tokens = 0;
+
+  static CompressionSpec StreamingLlm(int sinks, int window) {
+    CompressionSpec s;
+    s.eviction = Eviction::kStreamingLlm;
+    s.sinks = sinks;
+    s.window = window;
+    return s;
+  }
+  static CompressionSpec SnapKv(int window, int budget, int pooling_kernel = 7) {
+    CompressionSpec s;
+    s.eviction = Eviction::kSnapKv;
+    s.window = window;
+    s.budget = budget;
+    s.pooling_kernel = pooling_kernel;
+    return s;
+  }
+  static CompressionSpec H2o(int heavy, int recent) {
+    CompressionSpec s;
+    s.eviction = Eviction::kH2o;
+    s.heavy = heavy;
+    s.recent = recent;
+    return s;
+  }
+  CompressionSpec& WithStorage(StorageFormat format) {
+    storage = format;
+    return *this;
+  }
+};
+
 struct CreateSequenceOptions {
   std::string pool;  // empty = the server's default pool
   std::string tenant;
   std::string client_sequence_id;  // empty = the server picks one
+  CompressionSpec policy;          // automatic policy (StreamingLLM, H2O, storage format)
+};
+
+// Query vectors of one layer for Compress: [positions.size(), num_query_heads, head_dim].
+struct LayerQueries {
+  int layer = 0;
+  DType dtype = DType::kPoolDefault;
+  const void* queries = nullptr;
+  size_t bytes = 0;
+  std::vector<int32_t> positions;
+};
+
+struct LayerCompressStats {
+  int layer = 0;
+  int64_t token_heads_before = 0;
+  int64_t token_heads_after = 0;
+  int64_t bytes_before = 0;
+  int64_t bytes_after = 0;
+};
+
+struct AttendRequest {
+  std::string sequence_id;
+  int layer = 0;
+  DType dtype = DType::kPoolDefault;
+  const void* queries = nullptr;  // [positions.size(), num_query_heads, head_dim]
+  size_t bytes = 0;
+  std::vector<int32_t> positions;  // each >= the layer's last appended position
+  bool return_weights = false;
+};
+
+struct AttendResult {
+  std::string output;  // [n, num_query_heads, head_dim] of dtype
+  DType dtype = DType::kPoolDefault;
+  int max_stored = 0;
+  std::vector<float> weights;             // [n, num_query_heads, max_stored]
+  std::vector<int32_t> weight_positions;  // [num_kv_heads, max_stored], -1 = padding
 };
 
 // One layer's new tokens. keys/values: dense [num_tokens, num_kv_heads, head_dim] of
@@ -179,6 +260,14 @@ struct ListSequencesOptions {
 struct SequenceList {
   std::vector<SequenceInfo> sequences;
   int64_t total = 0;
+};
+
+struct CompressResult {
+  std::vector<LayerCompressStats> layers;
+  int64_t bytes_before = 0;
+  int64_t bytes_after = 0;
+  StorageFormat storage = StorageFormat::kPoolDefault;
+  SequenceInfo sequence;  // after compression
 };
 
 }  // namespace kvc::client

@@ -1,0 +1,409 @@
+// Compression inside the service: spec validation, the automatic policies applied on
+// append (StreamingLLM, H2O), and the Compress operation (SnapKV / H2O / StreamingLLM
+// eviction, storage-format conversion). Eviction is Select + tail-to-hole Compact per
+// (layer, kv head) lane; emptied trailing blocks go back to the pool at once.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "cachesvc/core/kv_store.h"
+#include "common/status_macros.h"
+
+namespace kvc::cachesvc {
+
+using Eviction = CompressionSpec::Eviction;
+
+const char* EvictionName(Eviction eviction) {
+  switch (eviction) {
+    case Eviction::kNone:
+      return "none";
+    case Eviction::kStreamingLlm:
+      return "streaming_llm";
+    case Eviction::kSnapKv:
+      return "snapkv";
+    case Eviction::kH2o:
+      return "h2o";
+  }
+  return "?";
+}
+
+absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool automatic) {
+  if (s.storage_set && !kernels::FormatSupportsHeadDim(s.storage, g.head_dim)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("storage ", kernels::StorageFormatName(s.storage), " cannot store head_dim ",
+                     g.head_dim, " (its quantization groups must tile head_dim)"));
+  }
+  if (s.residual_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("residual_tokens is ", s.residual_tokens, "; expected >= 0"));
+  }
+  int64_t kept = -1;  // tokens per head the eviction keeps; -1 = all
+  switch (s.eviction) {
+    case Eviction::kNone:
+      break;
+    case Eviction::kStreamingLlm:
+      if (s.sinks < 0 || s.window < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("streaming_llm needs sinks >= 0 and window >= 1; got sinks ", s.sinks,
+                         ", window ", s.window));
+      }
+      if (s.rerotate_keys) {
+        if (!g.rope.enabled) {
+          return absl::FailedPreconditionError(
+              "streaming_llm.rerotate_keys needs the pool's RoPE parameters (geometry.rope)");
+        }
+        return absl::UnimplementedError(
+            "streaming_llm.rerotate_keys is not served yet; keep original positions "
+            "(rerotate_keys: false)");
+      }
+      kept = int64_t{s.sinks} + s.window;
+      break;
+    case Eviction::kSnapKv:
+      if (s.window < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("snapkv.window is ", s.window, "; expected >= 1 (paper: 32)"));
+      }
+      if (s.budget <= s.window) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("snapkv.budget is ", s.budget, "; it must be larger than window (",
+                         s.window, ") so some prompt tokens are selected"));
+      }
+      if (s.pooling_kernel < 1 || s.pooling_kernel % 2 == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("snapkv.pooling_kernel is ",
+                                                       s.pooling_kernel,
+                                                       "; expected an odd number >= 1 (paper: 7)"));
+      }
+      if (automatic) {
+        return absl::InvalidArgumentError(
+            "snapkv needs the observation-window queries, so it cannot be an automatic policy; "
+            "apply it with Compress at the end of prefill");
+      }
+      kept = s.budget;
+      break;
+    case Eviction::kH2o:
+      if (s.heavy < 0 || s.recent < 0 || s.heavy + s.recent < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("h2o needs heavy >= 0, recent >= 0 and heavy + recent >= 1; got heavy ",
+                         s.heavy, ", recent ", s.recent));
+      }
+      kept = int64_t{s.heavy} + s.recent;
+      break;
+  }
+  if (s.residual_tokens > 0) {
+    if (kept >= 0 && s.residual_tokens > kept) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("residual_tokens (", s.residual_tokens,
+                       ") is larger than the tokens the eviction keeps (", kept, ")"));
+    }
+    return absl::UnimplementedError(
+        "residual_tokens (a raw recent window beside low-bit storage) is not served yet; set it "
+        "to 0");
+  }
+  return absl::OkStatus();
+}
+
+void KvStore::CountEvicted(const Sequence& seq, Eviction why, int64_t token_heads) {
+  if (token_heads > 0)
+    (*evicted_[PoolIndex(seq.pool())])[static_cast<int>(why)].fetch_add(token_heads);
+}
+
+absl::StatusOr<int64_t> KvStore::EvictLayerLocked(Sequence& seq, int layer, int sinks, int recent,
+                                                  int budget) {
+  BlockPool* pool = seq.pool();
+  BlockTable& table = seq.table();
+  const StorageFormat format = seq.format();
+  const BlockTable::LaneArrays lanes = table.Lanes(layer);
+  const int num_lanes = table.num_kv_heads();
+  const size_t max_tokens = static_cast<size_t>(lanes.max_tokens);
+  std::vector<uint8_t> keep(static_cast<size_t>(num_lanes) * std::max<size_t>(max_tokens, 1));
+  kernels::SelectArgs select;
+  select.arena = pool->arena(format);
+  select.lanes = lanes.view();
+  select.sinks = sinks;
+  select.recent = recent;
+  select.budget = budget;
+  select.keep = keep.data();
+  KVC_RETURN_IF_ERROR(FromKernelStatus(pool->backend()->Select(select, {}), "Select"));
+  std::vector<int32_t> new_tokens(static_cast<size_t>(num_lanes)),
+      new_blocks(static_cast<size_t>(num_lanes));
+  kernels::CompactArgs compact;
+  compact.arena = select.arena;
+  compact.lanes = select.lanes;
+  compact.keep = keep.data();
+  compact.new_num_tokens = new_tokens.data();
+  compact.new_num_blocks = new_blocks.data();
+  KVC_RETURN_IF_ERROR(FromKernelStatus(pool->backend()->Compact(compact, {}), "Compact"));
+  int64_t evicted = 0;
+  std::vector<BlockId> freed;
+  for (int h = 0; h < num_lanes; ++h) {
+    HeadBlocks& head = table.head(layer, h);
+    evicted += head.tokens - new_tokens[static_cast<size_t>(h)];
+    head.tokens = new_tokens[static_cast<size_t>(h)];
+    const size_t keep_blocks = static_cast<size_t>(new_blocks[static_cast<size_t>(h)]);
+    freed.insert(freed.end(), head.blocks.begin() + static_cast<std::ptrdiff_t>(keep_blocks),
+                 head.blocks.end());
+    head.blocks.resize(keep_blocks);
+  }
+  pool->Free(format, freed);
+  if (evicted > 0) seq.bump_generation();
+  return evicted;
+}
+
+absl::Status KvStore::ApplyAutomaticPolicyLocked(Sequence& seq, int layer) {
+  const CompressionSpec& spec = seq.policy();
+  int sinks = 0, recent = 0, budget = 0;
+  switch (spec.eviction) {
+    case Eviction::kStreamingLlm:
+      sinks = spec.sinks;
+      recent = spec.window;
+      break;
+    case Eviction::kH2o:
+      recent = spec.recent;
+      budget = spec.heavy;
+      break;
+    default:
+      return absl::OkStatus();
+  }
+  // Evict once a lane is a whole block over the limit, back down to the limit: memory stays
+  // bounded by ceil((limit + block_tokens) / block_tokens) blocks per lane, and the
+  // select/compact cost is paid once per block of appended tokens, not per token.
+  const int64_t limit = int64_t{sinks} + recent + budget;
+  const int bt = seq.pool()->options().geometry.block_tokens;
+  int64_t most = 0;
+  for (int h = 0; h < seq.table().num_kv_heads(); ++h)
+    most = std::max(most, seq.table().head(layer, h).tokens);
+  if (most <= limit + bt) return absl::OkStatus();
+  KVC_ASSIGN_OR_RETURN(const int64_t evicted, EvictLayerLocked(seq, layer, sinks, recent, budget));
+  CountEvicted(seq, spec.eviction, evicted);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.sequence_id));
+  BlockPool* pool = seq->pool();
+  const PoolGeometry& g = pool->options().geometry;
+  const CompressionSpec& spec = p.spec;
+  KVC_RETURN_IF_ERROR(ValidateSpec(spec, g, /*automatic=*/false));
+  const bool scoring =
+      spec.eviction == Eviction::kSnapKv || (spec.eviction == Eviction::kH2o && !p.queries.empty());
+  if (spec.eviction == Eviction::kSnapKv && p.queries.empty()) {
+    return absl::InvalidArgumentError(
+        "snapkv needs queries: the last `window` query vectors of every layer");
+  }
+  if (!scoring && !p.queries.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("queries were sent but ", EvictionName(spec.eviction), " does not use them"));
+  }
+  const int group = g.num_query_heads / g.num_kv_heads;
+  std::vector<const LayerQueries*> by_layer(static_cast<size_t>(g.num_layers), nullptr);
+  if (scoring) {
+    for (const LayerQueries& q : p.queries) {
+      if (q.layer < 0 || q.layer >= g.num_layers) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "queries for layer ", q.layer, ": the pool has layers 0..", g.num_layers - 1));
+      }
+      if (by_layer[static_cast<size_t>(q.layer)] != nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("queries for layer ", q.layer, " were sent twice"));
+      }
+      const int64_t n = static_cast<int64_t>(q.positions.size());
+      if (n < 1 || (spec.eviction == Eviction::kSnapKv && n != spec.window)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "queries for layer ", q.layer, " have ", n, " positions; expected ",
+            spec.eviction == Eviction::kSnapKv ? absl::StrCat("snapkv.window = ", spec.window)
+                                               : std::string("at least 1 (every prompt query)")));
+      }
+      const int64_t expected =
+          n * g.num_query_heads * g.head_dim * static_cast<int64_t>(kernels::DTypeSize(q.dtype));
+      if (static_cast<int64_t>(q.queries.size()) != expected) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("queries for layer ", q.layer, " have ", q.queries.size(),
+                         " bytes; expected ", n, " queries x ", g.num_query_heads,
+                         " query heads x head_dim ", g.head_dim, " x ", kernels::DTypeSize(q.dtype),
+                         " bytes (", kernels::DTypeName(q.dtype), ") = ", expected));
+      }
+      by_layer[static_cast<size_t>(q.layer)] = &q;
+    }
+    for (int l = 0; l < g.num_layers; ++l) {
+      if (by_layer[static_cast<size_t>(l)] == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("queries for layer ", l, " are missing; send one entry per layer"));
+      }
+    }
+  }
+
+  absl::WriterMutexLock lock(&seq->mu());
+  if (seq->released()) {
+    return absl::NotFoundError(absl::StrCat("sequence '", p.sequence_id, "' was released"));
+  }
+  if (spec.eviction == Eviction::kH2o && !scoring && !seq->has_scores()) {
+    return absl::FailedPreconditionError(
+        "h2o needs accumulated attention scores and this sequence has none: send every prompt "
+        "query with Compress, or run Attend first");
+  }
+  BlockTable& table = seq->table();
+  const StorageFormat from = seq->format();
+  const StorageFormat to = spec.storage_set ? spec.storage : from;
+  CompressResult result;
+  result.storage = to;
+  const int64_t from_block = static_cast<int64_t>(pool->layout(from).block_bytes);
+  const int64_t to_block = static_cast<int64_t>(pool->layout(to).block_bytes);
+  for (int l = 0; l < g.num_layers; ++l) {
+    LayerCompressResult r;
+    r.layer = l;
+    for (int h = 0; h < g.num_kv_heads; ++h) {
+      r.token_heads_before += table.head(l, h).tokens;
+      r.bytes_before += static_cast<int64_t>(table.head(l, h).blocks.size()) * from_block;
+    }
+    result.layers.push_back(r);
+    result.bytes_before += r.bytes_before;
+  }
+
+  // 1. Scores (SnapKV overwrites them; H2O's prefill adds to them). Scores rank tokens;
+  //    they are not KV data, so a Compress refused later still leaves the KV unchanged.
+  if (scoring) {
+    std::vector<uint8_t> transposed;
+    for (int l = 0; l < g.num_layers; ++l) {
+      const LayerQueries& q = *by_layer[static_cast<size_t>(l)];
+      const int64_t n = static_cast<int64_t>(q.positions.size());
+      // Engines send [n, query heads, head_dim]; the kernel wants [kv head, group, n, dim].
+      const size_t row = static_cast<size_t>(g.head_dim) * kernels::DTypeSize(q.dtype);
+      transposed.resize(q.queries.size());
+      for (int64_t t = 0; t < n; ++t) {
+        for (int qh = 0; qh < g.num_query_heads; ++qh) {
+          std::memcpy(transposed.data() + (static_cast<size_t>(qh) * n + t) * row,
+                      q.queries.data() + (static_cast<size_t>(t) * g.num_query_heads + qh) * row,
+                      row);
+        }
+      }
+      std::vector<int32_t> positions;
+      for (int h = 0; h < g.num_kv_heads; ++h)
+        positions.insert(positions.end(), q.positions.begin(), q.positions.end());
+      const BlockTable::LaneArrays lanes = table.Lanes(l);
+      kernels::SnapKvScoreArgs a;
+      a.arena = pool->arena(from);
+      a.lanes = lanes.view();
+      a.group_size = group;
+      a.window = static_cast<int32_t>(n);
+      a.query_dtype = q.dtype;
+      a.queries = transposed.data();
+      a.query_positions = positions.data();
+      a.pool_kernel = spec.eviction == Eviction::kSnapKv ? spec.pooling_kernel : 1;
+      a.pool = spec.pooling_avg ? kernels::PoolKind::kAvg : kernels::PoolKind::kMax;
+      a.mode = spec.eviction == Eviction::kSnapKv ? kernels::ScoreMode::kOverwrite
+                                                  : kernels::ScoreMode::kAccumulate;
+      KVC_RETURN_IF_ERROR(FromKernelStatus(pool->backend()->SnapKvScore(a, {}), "SnapKvScore"));
+    }
+    seq->set_has_scores();
+  }
+
+  // 2. What survives, per lane, and blocks for a format change: allocated before anything
+  //    moves, so a full pool refuses the Compress with the KV data untouched.
+  int sinks = 0, recent = 0, budget = 0;
+  switch (spec.eviction) {
+    case Eviction::kStreamingLlm:
+      sinks = spec.sinks;
+      recent = spec.window;
+      break;
+    case Eviction::kSnapKv:
+      recent = spec.window;
+      budget = spec.budget - spec.window;
+      break;
+    case Eviction::kH2o:
+      recent = spec.recent;
+      budget = spec.heavy;
+      break;
+    case Eviction::kNone:
+      break;
+  }
+  const bool evicting = spec.eviction != Eviction::kNone;
+  auto kept_tokens = [&](int64_t tokens) {
+    return evicting ? std::min<int64_t>(tokens, int64_t{sinks} + recent + budget) : tokens;
+  };
+  std::vector<BlockId> converted;
+  if (to != from) {
+    int64_t needed = 0;
+    for (int l = 0; l < g.num_layers; ++l) {
+      for (int h = 0; h < g.num_kv_heads; ++h) {
+        needed += BlockTable::CeilDiv(kept_tokens(table.head(l, h).tokens), g.block_tokens);
+      }
+    }
+    KVC_RETURN_IF_ERROR(pool->Allocate(to, needed, &converted));
+  }
+
+  // 3. Evict (select + tail-to-hole compaction; emptied blocks freed at once).
+  if (evicting) {
+    for (int l = 0; l < g.num_layers; ++l) {
+      KVC_ASSIGN_OR_RETURN(const int64_t evicted, EvictLayerLocked(*seq, l, sinks, recent, budget));
+      CountEvicted(*seq, spec.eviction, evicted);
+    }
+  }
+
+  // 4. Convert the survivors to the new format: dequantize to f32, requantize, keep scores.
+  if (to != from) {
+    size_t next = 0;
+    std::vector<BlockId> old_blocks;
+    const kernels::PagedArena src = pool->arena(from);
+    const kernels::PagedArena dst = pool->arena(to);
+    for (int l = 0; l < g.num_layers; ++l) {
+      for (int h = 0; h < g.num_kv_heads; ++h) {
+        HeadBlocks& head = table.head(l, h);
+        const size_t n = static_cast<size_t>(head.tokens);
+        std::vector<BlockId> blocks;
+        for (int64_t b = 0; b < BlockTable::CeilDiv(head.tokens, g.block_tokens); ++b)
+          blocks.push_back(converted[next++]);
+        if (n > 0) {
+          std::vector<float> k(n * static_cast<size_t>(g.head_dim)), v(k.size()), scores(n);
+          std::vector<int32_t> positions(n), sb(n), ss(n), db(n), ds(n);
+          for (size_t t = 0; t < n; ++t) {
+            sb[t] = head.blocks[t / static_cast<size_t>(g.block_tokens)];
+            ss[t] = static_cast<int32_t>(t % static_cast<size_t>(g.block_tokens));
+            db[t] = blocks[t / static_cast<size_t>(g.block_tokens)];
+            ds[t] = ss[t];
+          }
+          kernels::ReadTokensArgs r;
+          r.arena = src;
+          r.num_rows = static_cast<int32_t>(n);
+          r.dtype = DType::kF32;
+          r.keys = k.data();
+          r.values = v.data();
+          r.positions = positions.data();
+          r.scores = scores.data();
+          r.src_blocks = sb.data();
+          r.src_slots = ss.data();
+          KVC_CHECK(pool->backend()->ReadTokens(r, {}).ok());
+          kernels::WriteTokensArgs w;
+          w.arena = dst;
+          w.num_rows = static_cast<int32_t>(n);
+          w.dtype = DType::kF32;
+          w.keys = k.data();
+          w.values = v.data();
+          w.positions = positions.data();
+          w.dst_blocks = db.data();
+          w.dst_slots = ds.data();
+          KVC_CHECK(pool->backend()->WriteTokens(w, {}).ok());
+          // WriteTokens resets scores; H2O rankings must survive the conversion (host arena).
+          for (size_t t = 0; t < n; ++t) *kernels::ScorePtr(dst, db[t], ds[t]) = scores[t];
+        }
+        old_blocks.insert(old_blocks.end(), head.blocks.begin(), head.blocks.end());
+        head.blocks = std::move(blocks);
+      }
+    }
+    pool->Free(from, old_blocks);
+    seq->set_format(to);
+    seq->bump_generation();
+  }
+
+  for (int l = 0; l < g.num_layers; ++l) {
+    LayerCompressResult& r = result.layers[static_cast<size_t>(l)];
+    for (int h = 0; h < g.num_kv_heads; ++h) {
+      r.token_heads_after += table.head(l, h).tokens;
+      r.bytes_after += static_cast<int64_t>(table.head(l, h).blocks.size()) * to_block;
+    }
+    result.bytes_after += r.bytes_after;
+  }
+  return result;
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,478 @@
+// Policy semantics on synthetic KV with planted structure: StreamingLLM keeps the sinks and
+// the last window, SnapKV keeps a needle the observation queries attend to, H2O keeps the
+// heavy hitters, Attend equals dense attention over exactly what is kept, low-bit formats
+// store and return what they should, a refused spec changes nothing, and memory comes back.
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+
+#include "cachesvc/core/kv_store.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+using ::kvc::testing::StatusIs;
+using Code = absl::StatusCode;
+using Eviction = CompressionSpec::Eviction;
+
+struct Geometry {
+  int layers = 2, heads = 2, qheads = 4, dim = 64, block = 16;
+};
+
+KvStoreOptions Options(const Geometry& g, int64_t capacity = int64_t{64} << 20) {
+  PoolOptions pool;
+  pool.name = "c";
+  pool.geometry.num_layers = g.layers;
+  pool.geometry.num_kv_heads = g.heads;
+  pool.geometry.num_query_heads = g.qheads;
+  pool.geometry.head_dim = g.dim;
+  pool.geometry.block_tokens = g.block;
+  pool.geometry.dtype = DType::kF32;
+  pool.capacity_bytes = capacity;
+  KvStoreOptions o;
+  o.pools.push_back(pool);
+  return o;
+}
+
+// Dense f32 KV for a whole layer, [n, heads, dim], Gaussian, seeded.
+std::vector<float> Gaussian(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+absl::string_view Bytes(const std::vector<float>& v) {
+  return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+class Fixture {
+ public:
+  explicit Fixture(Geometry g = {}, CompressionSpec policy = {},
+                   int64_t capacity = int64_t{64} << 20)
+      : g_(g) {
+    auto store = KvStore::Create(Options(g, capacity));
+    EXPECT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
+    CreateSequenceParams p;
+    p.policy = policy;
+    auto seq = store_->CreateSequence(p);
+    EXPECT_TRUE(seq.ok()) << seq.status();
+    if (seq.ok()) id_ = seq->id;
+  }
+
+  // Appends n tokens to every layer; keys/values per layer remembered for references.
+  absl::Status AppendAll(int64_t start, int64_t n,
+                         const std::vector<float>* keys_override = nullptr) {
+    for (int l = 0; l < g_.layers; ++l) {
+      std::vector<float> k = keys_override ? *keys_override
+                                           : Gaussian(static_cast<size_t>(n * g_.heads * g_.dim),
+                                                      1000 * l + static_cast<uint32_t>(start));
+      std::vector<float> v = Gaussian(k.size(), 7777 + 1000 * l + static_cast<uint32_t>(start));
+      AppendParams a;
+      a.sequence_id = id_;
+      a.layer = l;
+      a.start_position = start;
+      a.num_tokens = n;
+      a.dtype = DType::kF32;
+      a.dtype_set = true;
+      a.keys = Bytes(k);
+      a.values = Bytes(v);
+      auto r = store_->Append(a);
+      if (!r.ok()) return r.status();
+    }
+    return absl::OkStatus();
+  }
+
+  // Stored positions per (layer, head), via Fetch.
+  std::map<std::pair<int, int>, std::set<int32_t>> Positions() {
+    std::map<std::pair<int, int>, std::set<int32_t>> out;
+    FetchParams f;
+    f.sequence_id = id_;
+    EXPECT_THAT(
+        store_->Fetch(f,
+                      [&](FetchChunk& c) {
+                        out[{c.layer, c.kv_head}].insert(c.positions.begin(), c.positions.end());
+                        return true;
+                      }),
+        ::kvc::testing::IsOk());
+    return out;
+  }
+
+  // Dense f32 K/V and positions of one (layer, head) as stored.
+  struct Head {
+    std::vector<float> k, v;
+    std::vector<int32_t> pos;
+  };
+  Head Fetched(int layer, int head) {
+    Head out;
+    FetchParams f;
+    f.sequence_id = id_;
+    f.layers = {layer};
+    f.dtype = DType::kF32;
+    f.dtype_set = true;
+    EXPECT_THAT(store_->Fetch(f,
+                              [&](FetchChunk& c) {
+                                if (c.kv_head != head) return true;
+                                const float* k = reinterpret_cast<const float*>(c.keys.data());
+                                const float* v = reinterpret_cast<const float*>(c.values.data());
+                                out.k.insert(out.k.end(), k, k + c.keys.size() / 4);
+                                out.v.insert(out.v.end(), v, v + c.values.size() / 4);
+                                out.pos.insert(out.pos.end(), c.positions.begin(),
+                                               c.positions.end());
+                                return true;
+                              }),
+                ::kvc::testing::IsOk());
+    return out;
+  }
+
+  Geometry g_;
+  std::unique_ptr<KvStore> store_;
+  std::string id_;
+};
+
+CompressionSpec Streaming(int sinks, int window) {
+  CompressionSpec s;
+  s.eviction = Eviction::kStreamingLlm;
+  s.sinks = sinks;
+  s.window = window;
+  return s;
+}
+
+TEST(CompressionTest, StreamingLlmCompressKeepsExactlySinksAndWindow) {
+  Fixture f;
+  KVC_ASSERT_OK(f.AppendAll(0, 300));
+  CompressParams p;
+  p.sequence_id = f.id_;
+  p.spec = Streaming(4, 100);
+  KVC_ASSERT_OK_AND_ASSIGN(CompressResult r, f.store_->Compress(p));
+  std::set<int32_t> expected;
+  for (int i = 0; i < 4; ++i) expected.insert(i);
+  for (int i = 200; i < 300; ++i) expected.insert(i);
+  for (const auto& [lh, positions] : f.Positions()) EXPECT_EQ(positions, expected);
+  EXPECT_EQ(r.layers[0].token_heads_before, 300 * f.g_.heads);
+  EXPECT_EQ(r.layers[0].token_heads_after, 104 * f.g_.heads);
+  EXPECT_LT(r.bytes_after, r.bytes_before);
+  // Logical length still counts every appended token.
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store_->GetSequence(f.id_));
+  EXPECT_EQ(s.visible_tokens, 300);
+  EXPECT_EQ(s.stored_token_heads, 104 * f.g_.heads * f.g_.layers);
+}
+
+TEST(CompressionTest, AutomaticStreamingLlmRunsAMillionTokensInConstantMemory) {
+  Geometry g;
+  g.layers = 1;
+  g.heads = 1;
+  g.qheads = 1;
+  g.dim = 16;
+  Fixture f(g, Streaming(4, 252));
+  constexpr int64_t kChunk = 4096, kTotal = int64_t{1} << 20;
+  const std::vector<float> keys = Gaussian(kChunk * g.dim, 1);
+  int64_t peak = 0, after_first = 0;
+  for (int64_t start = 0; start < kTotal; start += kChunk) {
+    KVC_ASSERT_OK(f.AppendAll(start, kChunk, &keys));
+    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store_->GetPoolStats("c"));
+    if (start == 0) after_first = stats.used_bytes;
+    peak = std::max(peak, stats.used_bytes);
+  }
+  EXPECT_EQ(peak, after_first);  // not one byte more after a million tokens
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store_->GetSequence(f.id_));
+  EXPECT_EQ(s.visible_tokens, kTotal);
+  EXPECT_LE(s.stored_token_heads, 4 + 252 + g.block);
+  const auto positions = f.Positions().at({0, 0});
+  for (int32_t p = 0; p < 4; ++p) EXPECT_TRUE(positions.count(p)) << p;
+  for (int32_t p = kTotal - 252; p < kTotal; ++p) ASSERT_TRUE(positions.count(p)) << p;
+  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store_->GetPoolStats("c"));
+  ASSERT_GE(stats.evicted_token_heads.size(), 2u);
+  EXPECT_EQ(stats.evicted_token_heads[1].first, "streaming_llm");
+  EXPECT_EQ(stats.evicted_token_heads[1].second, kTotal - s.stored_token_heads);
+}
+
+// Observation queries of one layer, all pointing along `direction` (scaled), [w, qheads, dim].
+std::vector<float> QueriesAlong(const std::vector<float>& direction, int window, int qheads,
+                                float scale) {
+  std::vector<float> q;
+  for (int t = 0; t < window; ++t)
+    for (int h = 0; h < qheads; ++h)
+      for (float x : direction) q.push_back(scale * x);
+  return q;
+}
+
+TEST(CompressionTest, SnapKvKeepsTheNeedleAtEveryBudgetAboveTheWindow) {
+  Geometry g;
+  constexpr int kTokens = 256, kWindow = 8, kNeedle = 77;
+  // Keys: small noise; the needle's key is a unit direction the queries point at.
+  std::vector<float> keys = Gaussian(kTokens * g.heads * g.dim, 5, 0.05f);
+  std::vector<float> needle(g.dim, 0.0f);
+  needle[3] = 1.0f;
+  for (int h = 0; h < g.heads; ++h)
+    for (int e = 0; e < g.dim; ++e) keys[(kNeedle * g.heads + h) * g.dim + e] = needle[e];
+  // Without pooling the needle alone has the top score: it survives every budget above the
+  // window. Max pooling (kernel 7) gives its 3 neighbours on each side the same pooled score
+  // (that is its purpose: keep the context around a hit), and ties go to the lowest
+  // position, so the needle is 4th of 7 equals: it survives every budget >= window + 4.
+  struct Case {
+    int pooling_kernel, budget;
+  };
+  std::vector<Case> cases;
+  for (int budget : {kWindow + 1, kWindow + 2, 16, 64, 200}) cases.push_back({1, budget});
+  for (int budget : {kWindow + 4, kWindow + 5, 16, 64, 200}) cases.push_back({7, budget});
+  for (const Case& c : cases) {
+    const int budget = c.budget;
+    SCOPED_TRACE(::testing::Message() << "budget " << budget << " pooling " << c.pooling_kernel);
+    Fixture f(g);
+    KVC_ASSERT_OK(f.AppendAll(0, kTokens, &keys));
+    const std::vector<float> q = QueriesAlong(needle, kWindow, g.qheads, 40.0f);
+    CompressParams p;
+    p.sequence_id = f.id_;
+    p.spec.eviction = Eviction::kSnapKv;
+    p.spec.window = kWindow;
+    p.spec.budget = budget;
+    p.spec.pooling_kernel = c.pooling_kernel;
+    for (int l = 0; l < g.layers; ++l) {
+      LayerQueries lq;
+      lq.layer = l;
+      lq.dtype = DType::kF32;
+      lq.queries = Bytes(q);
+      for (int t = 0; t < kWindow; ++t) lq.positions.push_back(kTokens - kWindow + t);
+      p.queries.push_back(lq);
+    }
+    KVC_ASSERT_OK(f.store_->Compress(p));
+    for (const auto& [lh, positions] : f.Positions()) {
+      EXPECT_EQ(positions.size(), static_cast<size_t>(budget));
+      EXPECT_TRUE(positions.count(kNeedle)) << "layer " << lh.first << " head " << lh.second;
+      for (int t = kTokens - kWindow; t < kTokens; ++t) EXPECT_TRUE(positions.count(t));
+    }
+  }
+}
+
+// Reference decode attention in double over dense K/V [n, dim] for one query head.
+std::vector<double> Attention(const std::vector<float>& q, const std::vector<float>& k,
+                              const std::vector<float>& v, int dim) {
+  const size_t n = k.size() / static_cast<size_t>(dim);
+  std::vector<double> logits(n);
+  double mx = -1e300;
+  for (size_t t = 0; t < n; ++t) {
+    double s = 0;
+    for (int e = 0; e < dim; ++e) s += double{q[e]} * k[t * dim + e];
+    logits[t] = s / std::sqrt(double(dim));
+    mx = std::max(mx, logits[t]);
+  }
+  double z = 0;
+  for (double& x : logits) z += (x = std::exp(x - mx));
+  std::vector<double> out(static_cast<size_t>(dim), 0.0);
+  for (size_t t = 0; t < n; ++t)
+    for (int e = 0; e < dim; ++e) out[e] += logits[t] / z * v[t * dim + e];
+  return out;
+}
+
+class AttendAfterCompressTest : public ::testing::TestWithParam<StorageFormat> {};
+
+TEST_P(AttendAfterCompressTest, AttendEqualsDenseAttentionOverWhatIsKept) {
+  Geometry g;
+  Fixture f(g);
+  KVC_ASSERT_OK(f.AppendAll(0, 200));
+  CompressParams p;
+  p.sequence_id = f.id_;
+  p.spec = Streaming(4, 60);
+  p.spec.storage = GetParam();
+  p.spec.storage_set = true;
+  KVC_ASSERT_OK(f.store_->Compress(p));
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store_->GetSequence(f.id_));
+  EXPECT_EQ(s.storage, GetParam());
+  const std::vector<float> q = Gaussian(g.qheads * g.dim, 99);
+  for (int l = 0; l < g.layers; ++l) {
+    AttendParams a;
+    a.sequence_id = f.id_;
+    a.layer = l;
+    a.dtype = DType::kF32;
+    a.queries = Bytes(q);
+    a.positions = {200};
+    KVC_ASSERT_OK_AND_ASSIGN(AttendResult r, f.store_->Attend(a));
+    const float* out = reinterpret_cast<const float*>(r.output.data());
+    const int group = g.qheads / g.heads;
+    for (int qh = 0; qh < g.qheads; ++qh) {
+      // The reference reads back exactly what is stored (dequantized), so the comparison
+      // checks the fused kernel, not the format's error.
+      const Fixture::Head head = f.Fetched(l, qh / group);
+      ASSERT_EQ(head.pos.size(), 64u);
+      const std::vector<float> qv(q.begin() + qh * g.dim, q.begin() + (qh + 1) * g.dim);
+      const std::vector<double> ref = Attention(qv, head.k, head.v, g.dim);
+      for (int e = 0; e < g.dim; ++e) {
+        EXPECT_NEAR(out[qh * g.dim + e], ref[e], 1e-4) << "layer " << l << " qhead " << qh;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, AttendAfterCompressTest,
+                         ::testing::Values(StorageFormat::kF32, StorageFormat::kF16,
+                                           StorageFormat::kBF16, StorageFormat::kFp8E4M3,
+                                           StorageFormat::kInt8, StorageFormat::kInt4G32,
+                                           StorageFormat::kInt4G64, StorageFormat::kNvfp4),
+                         [](const auto& info) {
+                           return std::string(kernels::StorageFormatName(info.param));
+                         });
+
+TEST(CompressionTest, H2oKeepsTheHeavyHittersAttendAccumulated) {
+  Geometry g;
+  g.layers = 1;
+  Fixture f(g);
+  constexpr int kTokens = 100;
+  std::vector<float> keys = Gaussian(kTokens * g.heads * g.dim, 3, 0.05f);
+  std::vector<float> dir(g.dim, 0.0f);
+  dir[5] = 1.0f;
+  const std::set<int32_t> heavy = {7, 31, 64};
+  for (int32_t t : heavy)
+    for (int h = 0; h < g.heads; ++h)
+      for (int e = 0; e < g.dim; ++e) keys[(t * g.heads + h) * g.dim + e] = dir[e];
+  KVC_ASSERT_OK(f.AppendAll(0, kTokens, &keys));
+  CompressParams p;
+  p.sequence_id = f.id_;
+  p.spec.eviction = Eviction::kH2o;
+  p.spec.heavy = 3;
+  p.spec.recent = 5;
+  EXPECT_THAT(f.store_->Compress(p), StatusIs(Code::kFailedPrecondition, "no"));
+  const std::vector<float> q = QueriesAlong(dir, 1, g.qheads, 30.0f);
+  for (int step = 0; step < 3; ++step) {
+    AttendParams a;
+    a.sequence_id = f.id_;
+    a.dtype = DType::kF32;
+    a.queries = Bytes(q);
+    a.positions = {kTokens - 1};
+    KVC_ASSERT_OK(f.store_->Attend(a));
+  }
+  KVC_ASSERT_OK(f.store_->Compress(p));
+  std::set<int32_t> expected = heavy;
+  for (int t = kTokens - 5; t < kTokens; ++t) expected.insert(t);
+  for (const auto& [lh, positions] : f.Positions()) EXPECT_EQ(positions, expected);
+}
+
+TEST(CompressionTest, RefusedSpecsLeaveTheSequenceUnchanged) {
+  Geometry g;
+  Fixture f(g);
+  KVC_ASSERT_OK(f.AppendAll(0, 50));
+  const auto before = f.Fetched(1, 1);
+  auto compress = [&](CompressionSpec spec, std::vector<LayerQueries> queries = {}) {
+    CompressParams p;
+    p.sequence_id = f.id_;
+    p.spec = spec;
+    p.queries = std::move(queries);
+    return f.store_->Compress(p).status();
+  };
+  CompressionSpec snap;
+  snap.eviction = Eviction::kSnapKv;
+  snap.window = 8;
+  snap.budget = 8;
+  EXPECT_THAT(compress(snap), StatusIs(Code::kInvalidArgument, "larger than window"));
+  snap.budget = 16;
+  EXPECT_THAT(compress(snap), StatusIs(Code::kInvalidArgument, "snapkv needs queries"));
+  const std::vector<float> q(8 * g.qheads * g.dim, 0.1f);
+  LayerQueries lq;
+  lq.layer = 0;
+  lq.dtype = DType::kF32;
+  lq.queries = Bytes(q);
+  lq.positions.assign(8, 49);
+  EXPECT_THAT(compress(snap, {lq}),
+              StatusIs(Code::kInvalidArgument, "queries for layer 1 are missing"));
+  LayerQueries bad = lq;
+  bad.layer = 1;
+  bad.queries = bad.queries.substr(0, 100);
+  EXPECT_THAT(compress(snap, {lq, bad}), StatusIs(Code::kInvalidArgument, "have 100 bytes"));
+  bad = lq;
+  bad.layer = 1;
+  bad.positions.resize(5);
+  EXPECT_THAT(compress(snap, {lq, bad}), StatusIs(Code::kInvalidArgument, "snapkv.window = 8"));
+  CompressionSpec h2o;
+  h2o.eviction = Eviction::kH2o;
+  h2o.heavy = 4;
+  h2o.recent = 4;
+  EXPECT_THAT(compress(h2o), StatusIs(Code::kFailedPrecondition, "h2o needs accumulated"));
+  h2o.residual_tokens = 20;
+  EXPECT_THAT(compress(h2o), StatusIs(Code::kInvalidArgument, "residual_tokens (20) is larger"));
+  CompressionSpec fmt;
+  fmt.storage = StorageFormat::kInt4G64;
+  fmt.storage_set = true;
+  Fixture narrow(Geometry{2, 2, 4, 32, 16});
+  KVC_ASSERT_OK(narrow.AppendAll(0, 5));
+  CompressParams p;
+  p.sequence_id = narrow.id_;
+  p.spec = fmt;
+  EXPECT_THAT(narrow.store_->Compress(p),
+              StatusIs(Code::kInvalidArgument, "cannot store head_dim 32"));
+
+  const auto after = f.Fetched(1, 1);
+  EXPECT_EQ(before.k, after.k);
+  EXPECT_EQ(before.v, after.v);
+  EXPECT_EQ(before.pos, after.pos);
+}
+
+TEST(CompressionTest, CompressThatDoesNotFitIsRefusedWhole) {
+  Geometry g;
+  g.layers = 1;
+  // Capacity for the raw tokens and little more: converting to f16 needs new blocks first.
+  const int64_t raw_block = static_cast<int64_t>(
+      kernels::MakeBlockLayout(StorageFormat::kF32, g.dim, g.block).block_bytes);
+  Fixture f(g, {}, 8 * raw_block);
+  KVC_ASSERT_OK(f.AppendAll(0, 64));  // 4 blocks per head x 2 heads = all 8 blocks
+  const auto before = f.Fetched(0, 0);
+  CompressParams p;
+  p.sequence_id = f.id_;
+  p.spec.storage = StorageFormat::kF16;
+  p.spec.storage_set = true;
+  EXPECT_THAT(f.store_->Compress(p), StatusIs(Code::kResourceExhausted));
+  const auto after = f.Fetched(0, 0);
+  EXPECT_EQ(before.k, after.k);
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store_->GetSequence(f.id_));
+  EXPECT_EQ(s.storage, StorageFormat::kF32);
+}
+
+TEST(CompressionTest, CyclesOfAppendCompressReleaseLeaveNoBlocksBehind) {
+  Geometry g;
+  auto store = KvStore::Create(Options(g));
+  ASSERT_TRUE(store.ok());
+  std::mt19937 rng(11);
+  for (int cycle = 0; cycle < 40; ++cycle) {
+    CreateSequenceParams cp;
+    if (cycle % 3 == 0) cp.policy = Streaming(2, 30);
+    if (cycle % 4 == 1) {
+      cp.policy.storage = StorageFormat::kInt4G32;
+      cp.policy.storage_set = true;
+    }
+    KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot seq, (*store)->CreateSequence(cp));
+    const int64_t n = 20 + static_cast<int64_t>(rng() % 150);
+    for (int l = 0; l < g.layers; ++l) {
+      const std::vector<float> k = Gaussian(static_cast<size_t>(n * g.heads * g.dim), cycle);
+      AppendParams a;
+      a.sequence_id = seq.id;
+      a.layer = l;
+      a.num_tokens = n;
+      a.dtype = DType::kF32;
+      a.dtype_set = true;
+      a.keys = Bytes(k);
+      a.values = Bytes(k);
+      KVC_ASSERT_OK((*store)->Append(a));
+    }
+    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot before, (*store)->GetPoolStats(""));
+    CompressParams p;
+    p.sequence_id = seq.id;
+    p.spec = Streaming(1, 10);
+    p.spec.storage = cycle % 2 ? StorageFormat::kFp8E4M3 : StorageFormat::kNvfp4;
+    p.spec.storage_set = true;
+    KVC_ASSERT_OK_AND_ASSIGN(CompressResult r, (*store)->Compress(p));
+    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot after, (*store)->GetPoolStats(""));
+    // What Compress reports freed is gone from the pool at once.
+    EXPECT_EQ(before.used_bytes - after.used_bytes, r.bytes_before - r.bytes_after);
+    KVC_ASSERT_OK((*store)->Release(seq.id));
+  }
+  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, (*store)->GetPoolStats(""));
+  EXPECT_EQ(stats.used_bytes, 0);
+  EXPECT_EQ(stats.used_blocks, 0);
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc
