@@ -227,8 +227,8 @@ absl::Status RunPerplexity(int argc, char** argv) {
 absl::Status RunPasskey(int argc, char** argv) {
   auto flags = Flags::Parse(argc, argv, 2,
                             {"model", "threads", "haystack-file", "lengths", "depths", "policies",
-                             "chunk", "seed", "json"},
-                            {});
+                             "chunk", "seed", "json", "chat"},
+                            {"chat"});
   if (!flags.ok()) return flags.status();
   auto haystack = ReadFile(flags->Get("haystack-file", KVC_REPO_ROOT "/.cache/corpus/emma.txt"));
   if (!haystack.ok()) return haystack.status();
@@ -253,6 +253,7 @@ absl::Status RunPasskey(int argc, char** argv) {
   opt.depths = *depths;
   opt.prefill_chunk = static_cast<int32_t>(*chunk);
   opt.seed = static_cast<uint64_t>(*seed);
+  opt.chat = flags->Has("chat");
   opt.on_score = [](const PasskeyScore& s) {
     std::cerr << absl::StrFormat(
         "[passkey] %-22s len %5d depth %.2f  logp %7.3f  tf %d  gen %d  %s\n", s.policy,
@@ -351,7 +352,7 @@ int Main(int argc, char** argv) {
                  "  perplexity --text-file FILE [--max-tokens N] [--skip-tokens N] [--chunk C]\n"
                  "             [--policies full,window=1024,streaming=4+1020] [--json OUT]\n"
                  "  passkey    [--haystack-file FILE] [--lengths 1024,2048] [--depths 0,0.5,1]\n"
-                 "             [--policies full,window=512,streaming=4+508] [--json OUT]\n"
+                 "             [--policies full,window=512,streaming=4+508] [--chat] [--json OUT]\n"
                  "  tokenize   --text TEXT | --text-file FILE [--special]\n";
     return 2;
   }

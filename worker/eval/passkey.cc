@@ -4,6 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "worker/engine/chat_template.h"
 #include "worker/engine/local_kv_store.h"
 #include "worker/engine/ops.h"
 #include "worker/engine/sampler.h"
@@ -77,9 +78,14 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
   for (int64_t length : options.lengths) {
     for (double depth : options.depths) {
       const std::string passkey = std::to_string(10000 + rng() % 90000);
-      const PasskeyPrompt p = MakePasskeyPrompt(tok, haystack, length, depth, passkey);
-      const std::vector<int32_t> context = tok.Encode(p.context, false);
-      const std::vector<int32_t> question = tok.Encode(p.question, false);
+      PasskeyPrompt p = MakePasskeyPrompt(tok, haystack, length, depth, passkey);
+      if (options.chat) {
+        p.context = absl::StrCat("<|im_start|>system\n", kSmolLmDefaultSystem,
+                                 "<|im_end|>\n<|im_start|>user\n", p.context);
+        p.question = "\n\nWhat is the pass key?<|im_end|>\n<|im_start|>assistant\nThe pass key is";
+      }
+      const std::vector<int32_t> context = tok.Encode(p.context, options.chat);
+      const std::vector<int32_t> question = tok.Encode(p.question, options.chat);
       const std::vector<int32_t> answer = tok.Encode(p.answer, false);
       LocalKvStore prefilled(model.config().kv_geometry(), nullptr, model.pool());
       auto pre = Feed(model, prefilled, context, 0, options.prefill_chunk, /*all=*/false);

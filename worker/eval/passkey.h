@@ -51,7 +51,10 @@ struct PasskeyOptions {
   std::vector<double> depths = {0.0, 0.25, 0.5, 0.75, 1.0};
   int32_t prefill_chunk = 256;
   int32_t answer_max_tokens = 8;
-  uint64_t seed = 1234;                               // pass keys are random 5-digit numbers
+  uint64_t seed = 1234;  // pass keys are random 5-digit numbers
+  // Wrap the case in the model's chat template: the context and question form the user turn
+  // and "The pass key is" starts the assistant turn.
+  bool chat = false;
   std::function<void(const PasskeyScore&)> on_score;  // progress, may be empty
 };
 
