@@ -258,11 +258,19 @@ KVC_HD_INLINE void DequantizeRecord(StorageFormat format, int d, const uint8_t* 
     }
     case StorageFormat::kNvfp4: {
       const float t = LoadF32(rec + Nvfp4TensorScaleOffset(d));
+      // Low and high nibbles decoded by two contiguous loops (vectorizable), then
+      // interleaved; a byte-wise unpack into a buffer stalls on store forwarding.
       for (int b = 0; b < d / 16; ++b) {
         const float eff = E4M3ToFloat(rec[d / 2 + b]) * t;
-        uint8_t q[16];
-        UnpackNibbles(rec + b * 8, 16, q);
-        for (int j = 0; j < 16; ++j) out[b * 16 + j] = E2M1ToFloat(q[j]) * eff;
+        float lo[8], hi[8];
+        for (int i = 0; i < 8; ++i) {
+          lo[i] = E2M1ToFloat(rec[b * 8 + i] & 15u) * eff;
+          hi[i] = E2M1ToFloat(static_cast<uint8_t>(rec[b * 8 + i] >> 4)) * eff;
+        }
+        for (int i = 0; i < 8; ++i) {
+          out[b * 16 + 2 * i] = lo[i];
+          out[b * 16 + 2 * i + 1] = hi[i];
+        }
       }
       return;
     }
