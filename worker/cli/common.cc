@@ -1,0 +1,52 @@
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "worker/cli/commands.h"
+
+namespace kvc::worker {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::unique_ptr<LocalEvictionPolicy>> ParsePolicy(const std::string& spec) {
+  if (spec == "full" || spec == "none") return std::unique_ptr<LocalEvictionPolicy>();
+  const std::vector<std::string> kv = absl::StrSplit(spec, absl::MaxSplits('=', 1));
+  if (kv.size() == 2 && kv[0] == "window") {
+    int64_t w;
+    if (absl::SimpleAtoi(kv[1], &w) && w > 0) return MakeLocalWindowPolicy(w);
+  }
+  if (kv.size() == 2 && (kv[0] == "streaming" || kv[0] == "streaming-rerotate")) {
+    const std::vector<std::string> sw = absl::StrSplit(kv[1], '+');
+    int64_t s, w;
+    if (sw.size() == 2 && absl::SimpleAtoi(sw[0], &s) && absl::SimpleAtoi(sw[1], &w) && s >= 0 &&
+        w > 0) {
+      return MakeLocalSinkWindowPolicy(s, w, /*close_gaps=*/kv[0] == "streaming-rerotate");
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "bad policy '", spec,
+      "': use full, window=W, streaming=S+W or streaming-rerotate=S+W (e.g. streaming=4+1020)"));
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const Flags& flags) {
+  auto threads = flags.GetInt("threads", 0);
+  if (!threads.ok()) return threads.status();
+  const std::string path = flags.Get("model", kDefaultModel);
+  auto model = LlamaModel::Load(path, static_cast<int>(*threads));
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat(model.status().message(),
+                                     "\n(run scripts/fetch_model.sh to download the model)"));
+  }
+  return model;
+}
+
+}  // namespace kvc::worker
