@@ -56,7 +56,9 @@ absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {
   const size_t step_weights =
       static_cast<size_t>(g.num_query_heads) * static_cast<size_t>(lanes.max_tokens);
   if (p.want_weights) result.weights.resize(static_cast<size_t>(n) * step_weights);
-  for (int64_t i = 0; i < n; ++i) {
+  // Nothing stored for this layer yet: attention over nothing is zeros (as the kernel
+  // defines it for an empty lane).
+  for (int64_t i = 0; i < n && lanes.max_tokens > 0; ++i) {
     kernels::DecodeAttentionArgs a;
     a.arena = arena;
     a.lanes = lanes.view();

@@ -115,6 +115,7 @@ absl::StatusOr<int64_t> KvStore::EvictLayerLocked(Sequence& seq, int layer, int 
   const StorageFormat format = seq.format();
   const BlockTable::LaneArrays lanes = table.Lanes(layer);
   const int num_lanes = table.num_kv_heads();
+  if (lanes.max_tokens == 0) return 0;  // nothing stored in this layer: nothing to evict
   const size_t max_tokens = static_cast<size_t>(lanes.max_tokens);
   std::vector<uint8_t> keep(static_cast<size_t>(num_lanes) * std::max<size_t>(max_tokens, 1));
   kernels::SelectArgs select;
@@ -281,6 +282,7 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
       for (int h = 0; h < g.num_kv_heads; ++h)
         positions.insert(positions.end(), q.positions.begin(), q.positions.end());
       const BlockTable::LaneArrays lanes = table.Lanes(l);
+      if (lanes.max_tokens == 0) continue;  // an empty layer has nothing to score
       kernels::SnapKvScoreArgs a;
       a.arena = pool->arena(from);
       a.lanes = lanes.view();

@@ -1,9 +1,14 @@
-// Model-based random test: thousands of random create / append / fetch / get / release
-// steps against a KvStore, each checked against a trivial model (std::map of sequence ->
-// tokens per layer). KV payloads are a pure function of (seed, layer, head, position), so
-// the model needs no bytes and every fetched byte is checked. Seeds are fixed and printed.
+// Model-based random test: thousands of random create / append / fetch / get / compress /
+// attend / release steps against a KvStore, each checked against a trivial model (std::map
+// of sequence -> stored positions per layer). KV payloads are a pure function of (seed,
+// layer, head, position), so the model needs no bytes and every fetched byte is checked;
+// Attend is checked against dense attention over exactly the positions the model says are
+// stored. Seeds are fixed and printed.
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,13 +30,22 @@ constexpr int kLayers = 3, kHeads = 2, kDim = 16, kBlock = 8, kBlocks = 400;
 struct ModelSequence {
   uint32_t seed = 0;
   std::vector<int64_t> layer_tokens = std::vector<int64_t>(kLayers, 0);
+  // Positions stored per layer (every kv head keeps the same set under StreamingLLM).
+  std::vector<std::set<int32_t>> stored = std::vector<std::set<int32_t>>(kLayers);
   int64_t visible() const { return *std::min_element(layer_tokens.begin(), layer_tokens.end()); }
   int64_t blocks() const {
     int64_t n = 0;
-    for (int64_t t : layer_tokens) n += kHeads * ((t + kBlock - 1) / kBlock);
+    for (const auto& s : stored)
+      n += kHeads * ((static_cast<int64_t>(s.size()) + kBlock - 1) / kBlock);
     return n;
   }
 };
+
+float F16(const std::string& bytes, size_t i) {
+  uint16_t h;
+  std::memcpy(&h, bytes.data() + 2 * i, 2);
+  return kernels::HalfToFloat(h);
+}
 
 class Model {
  public:
@@ -114,13 +128,15 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
       } else if (misorder) {
         ASSERT_THAT(r, StatusIs(Code::kFailedPrecondition));
       } else {
-        const int64_t grow =
-            kHeads * ((have + n + kBlock - 1) / kBlock - (have + kBlock - 1) / kBlock);
+        const int64_t st = static_cast<int64_t>(it->second.stored[layer].size());
+        const int64_t grow = kHeads * ((st + n + kBlock - 1) / kBlock - (st + kBlock - 1) / kBlock);
         if (grow > kBlocks - model.used_blocks()) {
           ASSERT_THAT(r, StatusIs(Code::kResourceExhausted));
         } else {
           ASSERT_THAT(r, ::kvc::testing::IsOk());
           it->second.layer_tokens[layer] += n;
+          for (int64_t t = 0; t < n; ++t)
+            it->second.stored[layer].insert(static_cast<int32_t>(start + t));
           ASSERT_EQ(r->visible_tokens, it->second.visible());
         }
       }
@@ -140,12 +156,16 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
         const uint32_t s = it->second.seed;
         const DType dt = f.dtype_set ? f.dtype : DType::kF16;
         EXPECT_EQ(c.first_index, (got[{c.layer, c.kv_head}]));
-        EXPECT_EQ(c.keys,
-                  MakeHeadKv(s, c.layer, c.kv_head, c.first_index, c.num_tokens, kDim, dt, false));
-        EXPECT_EQ(c.values,
-                  MakeHeadKv(s, c.layer, c.kv_head, c.first_index, c.num_tokens, kDim, dt, true));
+        const size_t row = kDim * kernels::DTypeSize(dt);
         for (int i = 0; i < c.num_tokens; ++i) {
-          EXPECT_EQ(c.positions[static_cast<size_t>(i)], c.first_index + i);
+          const int32_t pos = c.positions[static_cast<size_t>(i)];
+          EXPECT_TRUE(it->second.stored[c.layer].count(pos))
+              << "position " << pos << " is not stored";
+          EXPECT_LT(pos, it->second.visible());
+          EXPECT_EQ(c.keys.substr(i * row, row),
+                    MakeHeadKv(s, c.layer, c.kv_head, pos, 1, kDim, dt, false));
+          EXPECT_EQ(c.values.substr(i * row, row),
+                    MakeHeadKv(s, c.layer, c.kv_head, pos, 1, kDim, dt, true));
         }
         got[std::make_pair(c.layer, c.kv_head)] += c.num_tokens;
         return true;
@@ -154,12 +174,81 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
         ASSERT_THAT(st, StatusIs(Code::kNotFound));
       } else {
         ASSERT_THAT(st, ::kvc::testing::IsOk());
-        for (const auto& [key, n] : got) ASSERT_EQ(n, it->second.visible());
-        if (it->second.visible() > 0) {
-          ASSERT_EQ(got.size(), static_cast<size_t>(f.layers.empty() ? kLayers * kHeads : kHeads));
+        for (const auto& [key, n] : got) {
+          const auto& stored = it->second.stored[key.first];
+          const int64_t expected = std::count_if(
+              stored.begin(), stored.end(), [&](int32_t p) { return p < it->second.visible(); });
+          ASSERT_EQ(n, expected);
         }
       }
-    } else if (op < 90) {  // get
+    } else if (op < 84) {  // compress: StreamingLLM with small random sinks and window
+      const std::string id = pick();
+      CompressParams cp;
+      cp.sequence_id = id;
+      cp.spec.eviction = CompressionSpec::Eviction::kStreamingLlm;
+      cp.spec.sinks = uniform(0, 4);
+      cp.spec.window = uniform(1, 60);
+      auto r = store->Compress(cp);
+      auto it = model.sequences.find(id);
+      if (it == model.sequences.end()) {
+        ASSERT_THAT(r, StatusIs(Code::kNotFound));
+      } else {
+        ASSERT_THAT(r, ::kvc::testing::IsOk());
+        for (auto& stored : it->second.stored) {
+          std::set<int32_t> kept;
+          int i = 0;
+          for (int32_t p : stored)
+            if (i++ < cp.spec.sinks) kept.insert(p);
+          i = 0;
+          for (auto p = stored.rbegin(); p != stored.rend() && i < cp.spec.window; ++p, ++i)
+            kept.insert(*p);
+          stored = kept;
+        }
+      }
+    } else if (op < 88) {  // attend: dense reference over the model's stored positions
+      const std::string id = pick();
+      auto it = model.sequences.find(id);
+      const int layer = uniform(0, kLayers - 1);
+      std::vector<float> q(kHeads * kDim);
+      for (size_t i = 0; i < q.size(); ++i) q[i] = static_cast<float>(uniform(-8, 8)) / 8.0f;
+      AttendParams a;
+      a.sequence_id = id;
+      a.layer = layer;
+      a.dtype = DType::kF32;
+      a.queries = absl::string_view(reinterpret_cast<const char*>(q.data()), q.size() * 4);
+      a.positions = {static_cast<int32_t>(
+          it == model.sequences.end() ? 0
+                                      : std::max<int64_t>(0, it->second.layer_tokens[layer] - 1))};
+      auto r = store->Attend(a);
+      if (it == model.sequences.end()) {
+        ASSERT_THAT(r, StatusIs(Code::kNotFound));
+      } else {
+        ASSERT_THAT(r, ::kvc::testing::IsOk());
+        const float* out = reinterpret_cast<const float*>(r->output.data());
+        for (int h = 0; h < kHeads; ++h) {
+          std::vector<double> logits, acc(kDim, 0.0);
+          std::vector<std::string> vals;
+          for (int32_t pos : it->second.stored[layer]) {
+            const std::string k =
+                MakeHeadKv(it->second.seed, layer, h, pos, 1, kDim, DType::kF16, false);
+            double dot = 0;
+            for (int e = 0; e < kDim; ++e)
+              dot += double{q[h * kDim + e]} * F16(k, static_cast<size_t>(e));
+            logits.push_back(dot / std::sqrt(double{kDim}));
+            vals.push_back(MakeHeadKv(it->second.seed, layer, h, pos, 1, kDim, DType::kF16, true));
+          }
+          if (logits.empty()) continue;  // nothing stored: zeros
+          const double mx = *std::max_element(logits.begin(), logits.end());
+          double z = 0;
+          for (double& x : logits) z += (x = std::exp(x - mx));
+          for (size_t t = 0; t < logits.size(); ++t)
+            for (int e = 0; e < kDim; ++e)
+              acc[e] += logits[t] / z * F16(vals[t], static_cast<size_t>(e));
+          for (int e = 0; e < kDim; ++e)
+            ASSERT_NEAR(out[h * kDim + e], acc[e], 2e-3) << "head " << h;
+        }
+      }
+    } else if (op < 92) {  // get
       const std::string id = pick();
       auto r = store->GetSequence(id);
       auto it = model.sequences.find(id);
@@ -168,6 +257,12 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
       } else {
         ASSERT_THAT(r, ::kvc::testing::IsOk());
         ASSERT_EQ(r->layer_tokens, it->second.layer_tokens);
+        for (int l = 0; l < kLayers; ++l) {
+          for (int h = 0; h < kHeads; ++h) {
+            ASSERT_EQ(r->stored_tokens[static_cast<size_t>(l * kHeads + h)],
+                      static_cast<int64_t>(it->second.stored[l].size()));
+          }
+        }
         ASSERT_EQ(r->visible_tokens, it->second.visible());
         ASSERT_EQ(r->bytes_by_format.at(0).blocks, it->second.blocks());
       }
