@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Extracts Jane Austen's novels from the Debian package r-cran-janeaustenr into .cache/corpus/.
+"""Extracts Jane Austen's novels (Debian r-cran-janeaustenr) and the World English Bible
+(Debian sword-text-web) into .cache/corpus/ as plain UTF-8 text.
 
 Stdlib only; no R. The package is fetched with `apt-get download` and unpacked with `dpkg -x`
 (installing it would pull in R). Its data is an R lazy-load database: Rdata.rdx (zlib-compressed
@@ -8,11 +9,17 @@ length, then a zlib stream of one R-serialized object, XDR format); the .rdx its
 fact a gzip file (saveRDS), not the 4-byte-length + zlib form. Each novel is a character
 vector of lines; we write one UTF-8 text file per novel (e.g. .cache/corpus/persuasion.txt).
 
-Usage: python3 scripts/worker/extract_corpus.py [--out DIR] [--deb FILE]
+The Bible is a SWORD zText module: .bzs holds 12-byte records (offset, compressed size, size)
+of zlib blocks in .bzz; .bzv holds 10-byte records (block, offset, size) per verse; verse text
+is OSIS XML, from which we drop <note> elements and all tags (-> web_bible.txt, a haystack).
+
+Usage: python3 scripts/worker/extract_corpus.py [--out DIR] [--deb FILE] [--no-bible]
 """
 import argparse
 import glob
 import gzip
+import html
+import re
 import os
 import struct
 import subprocess
@@ -126,13 +133,54 @@ def read_compressed(buf, offset=0):
     return out
 
 
-def fetch_deb(workdir):
-    subprocess.run(["apt-get", "download", "r-cran-janeaustenr"], cwd=workdir, check=True,
+def fetch_deb(workdir, package):
+    subprocess.run(["apt-get", "download", package], cwd=workdir, check=True,
                    stdout=subprocess.DEVNULL)
-    debs = glob.glob(os.path.join(workdir, "r-cran-janeaustenr_*.deb"))
+    debs = glob.glob(os.path.join(workdir, package + "_*.deb"))
     if not debs:
-        raise SystemExit("apt-get download r-cran-janeaustenr produced no .deb")
+        raise SystemExit("apt-get download %s produced no .deb" % package)
     return debs[0]
+
+
+NOTE = re.compile(r"<note\b.*?</note>", re.S)
+PARAGRAPH = re.compile(r'<div\b[^>]*type="x-p"[^>]*/>')
+TAG = re.compile(r"<[^>]+>")
+
+
+def osis_to_text(xml):
+    # Footnotes often abut the next word ("God<note>..</note><w>created"): replace them with a
+    # space, then drop the spaces this leaves before closing punctuation.
+    xml = PARAGRAPH.sub("\n", NOTE.sub(" ", xml))
+    text = re.sub(r"[ \t]+", " ", html.unescape(TAG.sub("", xml)))
+    return re.sub(r" ([,.;:!?\u2019\u201d)])", r"\1", text)
+
+
+def extract_bible(out_path, deb=None):
+    with tempfile.TemporaryDirectory() as tmp:
+        deb = deb or fetch_deb(tmp, "sword-text-web")
+        subprocess.run(["dpkg", "-x", deb, os.path.join(tmp, "x")], check=True)
+        mod = glob.glob(os.path.join(tmp, "x", "usr", "share", "sword", "modules", "texts",
+                                     "ztext", "*"))[0]
+        verses = []
+        for testament in ("ot", "nt"):
+            bzs = open(os.path.join(mod, testament + ".bzs"), "rb").read()
+            bzz = open(os.path.join(mod, testament + ".bzz"), "rb").read()
+            bzv = open(os.path.join(mod, testament + ".bzv"), "rb").read()
+            blocks = {}
+            for i in range(0, len(bzv), 10):
+                block, offset, size = struct.unpack_from("<IIH", bzv, i)
+                if size == 0:
+                    continue
+                if block not in blocks:
+                    start, csize, _ = struct.unpack_from("<III", bzs, 12 * block)
+                    blocks[block] = zlib.decompress(bzz[start:start + csize])
+                verse = blocks[block][offset:offset + size].decode("utf-8", errors="replace")
+                verses.append(osis_to_text(verse).strip(" "))
+    text = " ".join(v for v in verses if v)
+    text = re.sub(r" *\n+ *", "\n", text).strip() + "\n"
+    with open(out_path, "w", encoding="utf-8") as f:
+        f.write(text)
+    print("%s: %d verses, %d words" % (out_path, len(verses), len(text.split())), file=sys.stderr)
 
 
 def main():
@@ -140,13 +188,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(root, ".cache", "corpus"))
     ap.add_argument("--deb", help="an already downloaded r-cran-janeaustenr .deb")
+    ap.add_argument("--no-bible", action="store_true", help="skip the World English Bible")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    bible = os.path.join(args.out, "web_bible.txt")
+    if not args.no_bible and not os.path.exists(bible):
+        extract_bible(bible)
     if all(os.path.exists(os.path.join(args.out, n + ".txt")) for n in NOVELS):
         print(os.path.join(args.out, "persuasion.txt"))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        deb = args.deb or fetch_deb(tmp)
+        deb = args.deb or fetch_deb(tmp, "r-cran-janeaustenr")
         subprocess.run(["dpkg", "-x", deb, os.path.join(tmp, "x")], check=True)
         data = glob.glob(os.path.join(tmp, "x", "usr", "lib", "R", "site-library", "janeaustenr",
                                       "data"))[0]

@@ -45,6 +45,10 @@ TRICKY = [
     "Don'T SHOUT'S 'S 'll", "e.g. U.S.A. Mr. Elliot's", "a\r\nb\u00a0c\u2009d", "١٢٣ Ⅻ ½ ²",
 ]
 
+# The six novels from extract_corpus.py (the Bible there is a haystack, not a fixture source).
+AUSTEN = ["emma.txt", "mansfieldpark.txt", "northangerabbey.txt", "persuasion.txt",
+          "prideprejudice.txt", "sensesensibility.txt"]
+
 PROMPTS = {
     "chat_france": ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
                     "Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?"
@@ -78,7 +82,7 @@ def gguf_tokenizer(reader):
 
 def corpus_samples(rng, n_samples):
     texts = []
-    for name in sorted(os.listdir(CORPUS)):
+    for name in AUSTEN:
         with open(os.path.join(CORPUS, name), encoding="utf-8") as fh:
             text = fh.read()
         for _ in range(n_samples):
@@ -197,7 +201,7 @@ def main():
     # the corpus from .cache/corpus when it is there.
     with open(os.path.join(OUT, "corpus_token_hashes.txt"), "w") as fh:
         fh.write("# made by scripts/worker/make_fixtures.py: NOVEL file tokens fnv1a64(ids as u32 LE)\n")
-        for name in sorted(os.listdir(CORPUS)):
+        for name in AUSTEN:
             text = open(os.path.join(CORPUS, name), encoding="utf-8").read()
             ids = plain_ids(hf, text)
             ref = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)

@@ -7,7 +7,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="${KVC_WORKER_BIN:-${ROOT}/build-w/kvc-worker}"
-OUT="${ROOT}/.cache/eval"
+OUT="${EVAL_OUT:-${ROOT}/.cache/eval}"
 mkdir -p "${OUT}"
 "${ROOT}/scripts/fetch_model.sh" >/dev/null
 TEXT="$(python3 "${ROOT}/scripts/worker/extract_corpus.py")"

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -51,7 +52,7 @@ absl::Status RunPasskey(int argc, char** argv) {
     std::cerr << absl::StrFormat(
         "[passkey] %-22s len %5d depth %.2f  logp %7.3f  tf %d  gen %d  %s\n", s.policy,
         s.context_tokens, s.depth, s.answer_logprob, s.teacher_forced_match, s.generated_match,
-        s.generated);
+        absl::CEscape(s.generated));  // one line per score even when the answer has newlines
   };
   auto scores = RunPasskey(**model, *haystack, specs, opt);
   if (!scores.ok()) return scores.status();
