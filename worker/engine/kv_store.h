@@ -5,8 +5,9 @@
 //
 // Conventions every implementation follows:
 //  - Keys are stored after RoPE (rotate-half / NeoX layout, the Hugging Face layout: the engine
-//    undoes GGUF's Q/K row permutation at load), at the token's original position. Re-rotating
-//    a stored key by (p' - p) moves it to position p' exactly.
+//    undoes GGUF's Q/K row permutation at load), rotated at the position stored with them: the
+//    token's original position, unless the store re-rotated the key (rotating by p' - p moves
+//    it to p' exactly; StreamingLLM uses this to keep distances inside the trained context).
 //  - Each (layer, kv head) may hold a different set of tokens (SnapKV and H2O select per head);
 //    positions within one (layer, kv head) are strictly increasing.
 //  - Grouped-query attention: query head q reads kv head q / (num_q_heads / num_kv_heads).
@@ -56,8 +57,10 @@ class KvStore {
   //   positions: [n], strictly increasing, each greater than any position appended to `layer`.
   //   keys, values: [n, num_kv_heads, head_dim] row-major f32; keys already rotated.
   // The tokens are visible to Attend/Fetch on `layer` as soon as this returns (the forward pass
-  // attends to a chunk's own keys). InvalidArgument on a bad layer or shape,
-  // FailedPrecondition on out-of-order positions; on error nothing is stored.
+  // attends to a chunk's own keys). A backend that publishes a chunk only once every layer has
+  // it can still comply: attend over what it has published, attend locally over the pending
+  // chunk (AttendKvHead with lse) and combine with MergeAttention (attention.h). InvalidArgument on
+  // a bad layer or shape, FailedPrecondition on out-of-order positions; on error nothing is stored.
   virtual absl::Status Append(int32_t layer, absl::Span<const int32_t> positions,
                               absl::Span<const float> keys, absl::Span<const float> values) = 0;
 
