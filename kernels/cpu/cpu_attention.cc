@@ -57,7 +57,7 @@ KVC_CPU_INLINE void DecodeItemsT(const DecodeWork& w, int64_t i0, int64_t i1) {
     const int32_t len = it.end - it.begin;
     for (int g = 0; g < G; ++g) {
       LoadRow<kFast>(a.queries, a.dtype, (static_cast<size_t>(it.lane) * G + g) * d, d,
-              &q[static_cast<size_t>(g) * d]);
+                     &q[static_cast<size_t>(g) * d]);
     }
     for (int32_t t = 0; t < len; ++t) {
       int32_t b, s;

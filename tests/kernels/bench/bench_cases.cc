@@ -119,7 +119,8 @@ class WriteRun : public BenchRun {
     std::vector<int32_t> block_of(rows / 16);
     std::iota(block_of.begin(), block_of.end(), 0);
     std::shuffle(block_of.begin(), block_of.end(), rng);
-    for (int r = 0; r < rows; ++r) blocks[r] = block_of[r / 16], slots[r] = r % 16, pos[r] = r % g.tokens;
+    for (int r = 0; r < rows; ++r)
+      blocks[r] = block_of[r / 16], slots[r] = r % 16, pos[r] = r % g.tokens;
     args_.arena = PagedArena{
         buf_.Upload(nullptr, static_cast<size_t>(rows / 16) * l.block_bytes, st), l, rows / 16};
     args_.num_rows = rows;

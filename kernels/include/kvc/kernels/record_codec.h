@@ -108,7 +108,7 @@ KVC_HD void UnpackNibbles(const uint8_t* KVC_RESTRICT in, int n, uint8_t* KVC_RE
 
 // Writes one record of `format` from d floats.
 KVC_HD_INLINE void QuantizeRecord(StorageFormat format, int d, const float* KVC_RESTRICT x,
-                           uint8_t* KVC_RESTRICT rec) {
+                                  uint8_t* KVC_RESTRICT rec) {
   switch (format) {
     case StorageFormat::kF32:
       for (int j = 0; j < d; ++j) StoreF32(rec + 4 * j, x[j]);
@@ -222,7 +222,7 @@ KVC_HD float DequantizeElement(StorageFormat format, int d, const uint8_t* rec, 
 // All d elements of a record, as float. Same values as DequantizeElement, with the scales
 // loaded once per group.
 KVC_HD_INLINE void DequantizeRecord(StorageFormat format, int d, const uint8_t* KVC_RESTRICT rec,
-                             float* KVC_RESTRICT out) {
+                                    float* KVC_RESTRICT out) {
   switch (format) {
     case StorageFormat::kF32:
       for (int j = 0; j < d; ++j) out[j] = LoadF32(rec + 4 * j);
