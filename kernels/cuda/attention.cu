@@ -7,24 +7,16 @@
 
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
+#include "cuda/decode_common.cuh"
 #include "kvc/kernels/record_codec.h"
 
 namespace kvc::kernels::cuda {
 namespace {
 
-constexpr int kChunk = 64;
+constexpr int kChunk = kDecodeChunk;
 constexpr int kThreads = 128;
 constexpr int kTokensPerStep = 4;  // tokens a warp loads before reducing (memory parallelism)
 constexpr int kGroupTile = 8;      // query heads accumulated at once in the value pass
-
-struct DecodeScratch {
-  float* part_m;    // [lanes][chunks][G]
-  float* part_l;    // [lanes][chunks][G]
-  float* part_acc;  // [lanes][chunks][G][d]
-  float2* stats;    // [lanes][G] global (max, sum)
-  float* logits;    // [lanes][G][max_tokens], or null when no weights are needed
-  int chunks;
-};
 
 template <int KMAX>
 __global__ void DecodePartialKernel(DecodeAttentionArgs a, float scale, DecodeScratch w) {
@@ -198,7 +190,9 @@ KernelStatus LaunchDecodeAttention(const DecodeAttentionArgs& a, StreamHandle st
           : nullptr;
   KVC_KERNEL_RETURN_IF_ERROR(status);
   const float scale = a.scale != 0 ? a.scale : 1.0f / sqrtf(static_cast<float>(d));
-  if (w.chunks > 0) {
+  if (w.chunks > 0 && DecodeFastApplies(a)) {
+    KVC_KERNEL_RETURN_IF_ERROR(LaunchDecodePartialFast(a, scale, w, s));
+  } else if (w.chunks > 0) {
     KVC_KERNEL_RETURN_IF_ERROR(DispatchHeadDim(d, [&](auto kmax) {
       if (smem > 40 * 1024) {  // above the default 48 KiB once static shared memory is added
         KVC_KERNEL_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(

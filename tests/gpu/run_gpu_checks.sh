@@ -67,11 +67,28 @@ RC_CHECKS=$?
 grep -E "^(FAIL|SKIP)|passed," "$OUT/checks.log" | tee -a "$OUT/summary.txt"
 log "checks exit $RC_CHECKS"
 
+# The opt-in fast decode kernel (KVC_CUDA_DECODE=fast): checked and measured beside the
+# default one so that one GPU run decides whether it can become the default.
+KVC_CUDA_DECODE=fast timeout 120 "$BUILD/tests/kernels/kvc_kernel_checks" --backends cuda \
+  --filter Decode --json "$OUT/checks_fast_decode.json" > "$OUT/checks_fast_decode.log" 2>&1
+RC_FAST=$?
+KVC_CUDA_DECODE=fast timeout 120 "$BUILD/tests/kernels/kvc_kernel_checks" --backends cuda \
+  --filter Pipeline >> "$OUT/checks_fast_decode.log" 2>&1
+RC_FAST=$((RC_FAST | $?))
+grep -E "^(PASS|FAIL|SKIP)" "$OUT/checks_fast_decode.log" | sed 's/^/fast decode: /' | tee -a "$OUT/summary.txt"
+log "fast decode checks exit $RC_FAST (informational: the default kernel is the general one)"
+
 timeout 240 "$BUILD/tests/kernels/bench/kvc_kernels_bench" --backend cuda --large \
   --json "$OUT/bench_cuda.json" > "$OUT/bench_cuda.log" 2>&1
 RC_BENCH_CUDA=$?
 cat "$OUT/bench_cuda.log" >> "$OUT/summary.txt"
 log "cuda bench exit $RC_BENCH_CUDA"
+
+KVC_CUDA_DECODE=fast timeout 120 "$BUILD/tests/kernels/bench/kvc_kernels_bench" --backend cuda --large \
+  --filter decode --json "$OUT/bench_cuda_fast_decode.json" > "$OUT/bench_cuda_fast_decode.log" 2>&1
+RC_BENCH_FAST=$?
+sed 's/^/fast decode: /' "$OUT/bench_cuda_fast_decode.log" >> "$OUT/summary.txt"
+log "cuda fast-decode bench exit $RC_BENCH_FAST"
 
 timeout 120 "$BUILD/tests/kernels/bench/kvc_kernels_bench" --backend cpu --threads "$(nproc)" --quick \
   --json "$OUT/bench_cpu.json" > "$OUT/bench_cpu.log" 2>&1
