@@ -58,6 +58,8 @@ struct FetchParams {
   DType dtype = DType::kF16;
   bool dtype_set = false;       // false = the pool's dtype
   int64_t max_chunk_bytes = 0;  // 0 = kDefaultChunkBytes; clamped to [4 KiB, 3 MiB]
+  // Serve every token appended to a layer, not only the tokens every layer has.
+  bool include_unfinished = false;
 };
 
 // One (layer, kv head, token range) of a Fetch. The sink may move the strings out.

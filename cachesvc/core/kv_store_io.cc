@@ -164,10 +164,12 @@ absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
       for (int h = 0; h < g.num_kv_heads; ++h) {
         const HeadBlocks& head = seq->table().head(layer, h);
         seq->table().Slots(layer, h, 0, head.tokens, &slots);
+        const int64_t limit =
+            p.include_unfinished ? seq->layer_tokens()[static_cast<size_t>(layer)] : visible;
         Piece piece{layer, h, 0, {}};
         for (int64_t i = 0; i < head.tokens; ++i) {
           const TokenSlot& s = slots[static_cast<size_t>(i)];
-          if (*kernels::PositionPtr(arena, s.block, s.slot) >= visible) continue;
+          if (*kernels::PositionPtr(arena, s.block, s.slot) >= limit) continue;
           piece.indices.push_back(i);
           if (static_cast<int64_t>(piece.indices.size()) == per_chunk) {
             plan.push_back(piece);

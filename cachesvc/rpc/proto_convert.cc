@@ -272,6 +272,7 @@ absl::StatusOr<FetchParams> FromProto(const pb::FetchRequest& r) {
         absl::StrCat("max_chunk_bytes is ", r.max_chunk_bytes(), "; expected >= 0 (0 = 1 MiB)"));
   }
   p.max_chunk_bytes = r.max_chunk_bytes();
+  p.include_unfinished = r.include_unfinished();
   return p;
 }
 

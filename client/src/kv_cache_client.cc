@@ -157,6 +157,7 @@ absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const Fe
   request.set_format(options.stored_format ? pb::FETCH_FORMAT_STORED : pb::FETCH_FORMAT_DENSE);
   request.set_dtype(ToProto(options.dtype));
   request.set_max_chunk_bytes(options.max_chunk_bytes);
+  request.set_include_unfinished(options.include_unfinished);
   // Retried only while no chunk has been delivered, so the caller never sees duplicates.
   bool delivered = false;
   return impl_->Retry([&]() -> absl::Status {

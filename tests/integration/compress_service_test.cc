@@ -206,3 +206,34 @@ TEST_F(CompressServiceTest, BadSpecsAndRequestsGetSpecificErrors) {
 
 }  // namespace
 }  // namespace kvc
+
+namespace kvc {
+namespace {
+
+TEST_F(CompressServiceTest, FetchCanIncludeTokensOtherLayersDoNotHaveYet) {
+  const std::string id = Create();
+  KVC_ASSERT_OK(Prefill(id, 0, 10));
+  // Layer 0 runs ahead by 5 tokens, as in a layer-by-layer prefill.
+  const auto k = Gaussian(5 * kHeads * kDim, 1);
+  client::AppendChunk c;
+  c.sequence_id = id;
+  c.layer = 0;
+  c.start_position = 10;
+  c.num_tokens = 5;
+  c.dtype = DType::kF32;
+  c.keys = k.data();
+  c.values = k.data();
+  c.bytes = k.size() * sizeof(float);
+  KVC_ASSERT_OK(t_.client->Append(c));
+  client::FetchOptions o;
+  o.layers = {0};
+  KVC_ASSERT_OK_AND_ASSIGN(client::FetchResult visible, t_.client->Fetch(id, o));
+  EXPECT_EQ(visible.heads[0].positions.size(), 10u);
+  o.include_unfinished = true;
+  KVC_ASSERT_OK_AND_ASSIGN(client::FetchResult all, t_.client->Fetch(id, o));
+  EXPECT_EQ(all.heads[0].positions.size(), 15u);
+  EXPECT_EQ(all.heads[0].positions.back(), 14);
+}
+
+}  // namespace
+}  // namespace kvc

@@ -212,6 +212,9 @@ struct FetchOptions {
   DType dtype = DType::kPoolDefault;
   bool stored_format = false;   // true: token records as stored, with scales
   int64_t max_chunk_bytes = 0;  // 0 = server default (1 MiB)
+  // Also tokens appended to a layer that other layers do not have yet (layer-by-layer
+  // prefill attends to its own chunk).
+  bool include_unfinished = false;
 };
 
 // One (layer, kv head, token range) as it arrives.
