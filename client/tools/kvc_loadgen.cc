@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
         absl::MutexLock lock(&totals.mu);
         if (totals.error.empty()) totals.error = what + ": " + status.ToString();
       };
-      auto seq = client.CreateSequence({pool->name, absl::GetFlag(FLAGS_tenant), ""});
+      auto seq = client.CreateSequence({pool->name, absl::GetFlag(FLAGS_tenant), "", {}});
       if (!seq.ok()) return fail("CreateSequence", seq.status());
       std::vector<std::string> keys(static_cast<size_t>(g.num_layers));
       std::vector<std::string> values(static_cast<size_t>(g.num_layers));

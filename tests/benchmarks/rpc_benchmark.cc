@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
       }
     }
     {  // kvcache append
-      auto seq = (*client)->CreateSequence({"bench", "", ""});
+      auto seq = (*client)->CreateSequence({"bench", "", "", {}});
       const auto t0 = Clock::now();
       auto stream = (*client)->StartAppendStream();
       for (int64_t i = 0; i < messages; ++i) {
