@@ -160,6 +160,9 @@ absl::Status KvStore::ApplyAutomaticPolicyLocked(Sequence& seq, int layer) {
       recent = spec.window;
       break;
     case Eviction::kH2o:
+      // Without scores every token ranks 0 and H2O would keep the oldest tokens: wait for
+      // a scoring Compress (end of prefill) or the first Attend.
+      if (!seq.has_scores()) return absl::OkStatus();
       recent = spec.recent;
       budget = spec.heavy;
       break;

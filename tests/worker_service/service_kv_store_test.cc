@@ -1,0 +1,121 @@
+// The engine's two KV stores agree: ServiceKvStore (KV cache in a real kvcached over gRPC)
+// gives the same attention as the local in-memory store, on the decode path (the service's
+// Attend) and the prefill path (Fetch + local attention), and SnapKV at the end of the
+// prompt shrinks what the service holds.
+#include "worker/service/service_kv_store.h"
+
+#include <random>
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_server.h"
+#include "worker/engine/local_kv_store.h"
+
+namespace kvc::worker {
+namespace {
+
+constexpr int kLayers = 2, kHeads = 2, kQHeads = 4, kDim = 64;
+
+cachesvc::ServerOptions F32Pool() {
+  cachesvc::ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  cachesvc::PoolOptions pool;
+  pool.name = "worker";
+  pool.capacity_bytes = int64_t{64} << 20;
+  pool.geometry.num_layers = kLayers;
+  pool.geometry.num_kv_heads = kHeads;
+  pool.geometry.num_query_heads = kQHeads;
+  pool.geometry.head_dim = kDim;
+  pool.geometry.dtype = kernels::DType::kF32;  // exact storage: both stores must agree closely
+  o.store.pools.push_back(pool);
+  return o;
+}
+
+std::vector<float> Gaussian(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+KvGeometry Geometry() {
+  KvGeometry g;
+  g.num_layers = kLayers;
+  g.num_kv_heads = kHeads;
+  g.num_q_heads = kQHeads;
+  g.head_dim = kDim;
+  return g;
+}
+
+// Runs a prefill of `prompt` tokens in chunks, then `decode` single-token steps, on `kv`,
+// returning every attention output in order.
+std::vector<float> Drive(KvStore& kv, int prompt, int chunk, int decode) {
+  std::vector<float> outputs;
+  int32_t pos = 0;
+  auto step = [&](int n) {
+    std::vector<int32_t> positions(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = pos + i;
+    for (int l = 0; l < kLayers; ++l) {
+      const auto k =
+          Gaussian(static_cast<size_t>(n) * kHeads * kDim, 100 * l + static_cast<uint32_t>(pos));
+      const auto v = Gaussian(k.size(), 7 + 100 * l + static_cast<uint32_t>(pos));
+      EXPECT_THAT(kv.Append(l, positions, k, v), ::kvc::testing::IsOk());
+      const auto q = Gaussian(static_cast<size_t>(n) * kQHeads * kDim,
+                              55 + 100 * l + static_cast<uint32_t>(pos));
+      std::vector<float> out(q.size());
+      EXPECT_THAT(kv.Attend(l, q, positions, absl::MakeSpan(out)), ::kvc::testing::IsOk());
+      outputs.insert(outputs.end(), out.begin(), out.end());
+    }
+    pos += n;
+    EXPECT_THAT(kv.CommitStep(pos), ::kvc::testing::IsOk());
+  };
+  for (int done = 0; done < prompt; done += chunk) step(std::min(chunk, prompt - done));
+  for (int i = 0; i < decode; ++i) step(1);
+  return outputs;
+}
+
+TEST(ServiceKvStoreTest, MatchesTheLocalStoreOnPrefillAndDecode) {
+  auto t = ::kvc::testing::StartTestServer(F32Pool());
+  ThreadPool threads(2);
+  LocalKvStore local(Geometry(), nullptr, &threads);
+  for (bool always_fetch : {false, true}) {
+    SCOPED_TRACE(always_fetch ? "fetch path" : "attend path");
+    KVC_ASSERT_OK_AND_ASSIGN(auto service, ServiceKvStore::Create(t.client.get(), "", Geometry(),
+                                                                  {}, always_fetch, &threads));
+    const std::vector<float> a = Drive(*service, 40, 16, 6);
+    LocalKvStore fresh(Geometry(), nullptr, &threads);
+    const std::vector<float> b = Drive(fresh, 40, 16, 6);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4) << i;
+    EXPECT_EQ(service->StoredTokenSlots(), 46 * kLayers * kHeads);
+    if (!always_fetch) EXPECT_EQ(service->attend_calls(), 6 * kLayers);
+  }
+}
+
+TEST(ServiceKvStoreTest, SnapKvAtThePromptEndShrinksTheServiceCache) {
+  auto t = ::kvc::testing::StartTestServer(F32Pool());
+  ThreadPool threads(2);
+  ServicePolicy policy;
+  policy.at_prompt_end =
+      client::CompressionSpec::SnapKv(8, 24).WithStorage(client::StorageFormat::kInt4G32);
+  policy.compress_at_prompt_end = true;
+  policy.query_window = 8;
+  KVC_ASSERT_OK_AND_ASSIGN(auto service, ServiceKvStore::Create(t.client.get(), "", Geometry(),
+                                                                policy, false, &threads));
+  service->ExpectPrompt(100);
+  Drive(*service, 100, 32, 3);
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo info, service->Info());
+  EXPECT_EQ(info.storage, client::StorageFormat::kInt4G32);
+  for (int64_t n : info.stored_tokens) EXPECT_EQ(n, 24 + 3);  // budget + decoded tokens
+  EXPECT_EQ(info.visible_tokens, 103);
+}
+
+TEST(ServiceKvStoreTest, RefusesAPoolOfAnotherShape) {
+  auto t = ::kvc::testing::StartTestServer(::kvc::testing::SmallServerOptions());
+  EXPECT_THAT(ServiceKvStore::Create(t.client.get(), "", Geometry(), {}, false, nullptr),
+              ::kvc::testing::StatusIs(absl::StatusCode::kFailedPrecondition, "is shaped"));
+}
+
+}  // namespace
+}  // namespace kvc::worker

@@ -1,0 +1,198 @@
+#include "worker/service/service_kv_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "worker/engine/attention.h"
+
+namespace kvc::worker {
+
+absl::StatusOr<std::unique_ptr<ServiceKvStore>> ServiceKvStore::Create(
+    client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
+    const ServicePolicy& policy, bool always_fetch, ThreadPool* pool_threads) {
+  auto pools = client->ListPools();
+  if (!pools.ok()) return pools.status();
+  const client::PoolInfo* info = nullptr;
+  for (const auto& p : *pools) {
+    if (pool.empty() ? info == nullptr : p.name == pool) info = &p;
+  }
+  if (info == nullptr)
+    return absl::NotFoundError(absl::StrCat("kvcached has no pool '", pool, "'"));
+  const client::PoolGeometry& g = info->geometry;
+  if (g.num_layers != geometry.num_layers || g.num_kv_heads != geometry.num_kv_heads ||
+      g.num_query_heads != geometry.num_q_heads || g.head_dim != geometry.head_dim) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool '", info->name, "' is shaped ", g.num_layers, " layers x ",
+                     g.num_kv_heads, " kv heads (", g.num_query_heads, " query heads) x head_dim ",
+                     g.head_dim, " but the model needs ", geometry.num_layers, " x ",
+                     geometry.num_kv_heads, " (", geometry.num_q_heads, ") x ", geometry.head_dim));
+  }
+  std::unique_ptr<ServiceKvStore> store(
+      new ServiceKvStore(client, geometry, policy, always_fetch, pool_threads));
+  client::CreateSequenceOptions options;
+  options.pool = info->name;
+  options.tenant = "kvc-worker";
+  options.policy = policy.automatic;
+  auto seq = client->CreateSequence(options);
+  if (!seq.ok()) return seq.status();
+  store->sequence_id_ = seq->sequence_id;
+  return store;
+}
+
+ServiceKvStore::~ServiceKvStore() {
+  if (!sequence_id_.empty()) (void)client_->Release(sequence_id_);
+}
+
+absl::Status ServiceKvStore::Append(int32_t layer, absl::Span<const int32_t> positions,
+                                    absl::Span<const float> keys, absl::Span<const float> values) {
+  if (positions.empty()) return absl::InvalidArgumentError("Append of zero tokens");
+  for (size_t i = 1; i < positions.size(); ++i) {
+    if (positions[i] != positions[i - 1] + 1) {
+      return absl::InvalidArgumentError(
+          "kvcached takes each layer's tokens at consecutive positions");
+    }
+  }
+  client::AppendChunk chunk;
+  chunk.sequence_id = sequence_id_;
+  chunk.layer = layer;
+  chunk.start_position = positions[0];
+  chunk.num_tokens = static_cast<int>(positions.size());
+  chunk.dtype = client::DType::kF32;
+  chunk.keys = keys.data();
+  chunk.values = values.data();
+  chunk.bytes = keys.size() * sizeof(float);
+  if (values.size() != keys.size()) return absl::InvalidArgumentError("keys/values sizes differ");
+  auto r = client_->Append(chunk);
+  return r.ok() ? absl::OkStatus() : r.status();
+}
+
+absl::StatusOr<LayerKv> ServiceKvStore::FetchLayer(int32_t layer, bool include_unfinished) {
+  ++fetch_calls_;
+  client::FetchOptions options;
+  options.layers = {layer};
+  options.dtype = client::DType::kF32;
+  options.include_unfinished = include_unfinished;
+  auto kv = client_->Fetch(sequence_id_, options);
+  if (!kv.ok()) return kv.status();
+  LayerKv out;
+  out.heads.resize(static_cast<size_t>(geometry_.num_kv_heads));
+  const size_t d = static_cast<size_t>(geometry_.head_dim);
+  for (const client::FetchedHead& h : kv->heads) {
+    // After eviction the service's stored order is not position order; the engine's
+    // contract wants increasing positions (attention itself does not care).
+    const size_t n = h.positions.size();
+    std::vector<size_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return h.positions[a] < h.positions[b]; });
+    HeadKv& head = out.heads[static_cast<size_t>(h.kv_head)];
+    const auto* k = reinterpret_cast<const float*>(h.keys.data());
+    const auto* v = reinterpret_cast<const float*>(h.values.data());
+    head.positions.reserve(n);
+    head.keys.reserve(n * d);
+    head.values.reserve(n * d);
+    for (size_t i : order) {
+      head.positions.push_back(h.positions[i]);
+      head.keys.insert(head.keys.end(), k + i * d, k + (i + 1) * d);
+      head.values.insert(head.values.end(), v + i * d, v + (i + 1) * d);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<LayerKv> ServiceKvStore::Fetch(int32_t layer) {
+  return FetchLayer(layer, /*include_unfinished=*/true);
+}
+
+absl::Status ServiceKvStore::Attend(int32_t layer, absl::Span<const float> queries,
+                                    absl::Span<const int32_t> query_positions,
+                                    absl::Span<float> out) {
+  const size_t row = static_cast<size_t>(geometry_.num_q_heads) * geometry_.head_dim;
+  if (query_positions.size() > 1 && policy_.compress_at_prompt_end && !compressed_) {
+    // Remember the newest prompt queries of this layer for SnapKV's observation window.
+    auto& q = window_queries_[static_cast<size_t>(layer)];
+    auto& p = window_positions_[static_cast<size_t>(layer)];
+    q.insert(q.end(), queries.begin(), queries.end());
+    p.insert(p.end(), query_positions.begin(), query_positions.end());
+    const size_t keep = static_cast<size_t>(policy_.query_window);
+    if (p.size() > keep) {
+      const size_t drop = p.size() - keep;
+      p.erase(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(drop));
+      q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(drop * row));
+    }
+  }
+  if (query_positions.size() == 1 && !always_fetch_) {
+    ++attend_calls_;
+    client::AttendRequest request;
+    request.sequence_id = sequence_id_;
+    request.layer = layer;
+    request.dtype = client::DType::kF32;
+    request.queries = queries.data();
+    request.bytes = queries.size() * sizeof(float);
+    request.positions = {query_positions[0]};
+    auto r = client_->Attend(request);
+    if (!r.ok()) return r.status();
+    if (r->output.size() != out.size() * sizeof(float)) {
+      return absl::InternalError("Attend returned an output of the wrong size");
+    }
+    std::memcpy(out.data(), r->output.data(), r->output.size());
+    return absl::OkStatus();
+  }
+  auto kv = FetchLayer(layer, /*include_unfinished=*/true);
+  if (!kv.ok()) return kv.status();
+  AttendLayer(geometry_, *kv, queries, query_positions, out, threads_);
+  return absl::OkStatus();
+}
+
+absl::Status ServiceKvStore::CompressAtPromptEnd() {
+  std::vector<client::LayerQueries> queries;
+  for (int32_t l = 0; l < geometry_.num_layers; ++l) {
+    const auto& q = window_queries_[static_cast<size_t>(l)];
+    const auto& p = window_positions_[static_cast<size_t>(l)];
+    if (p.empty()) return absl::FailedPreconditionError("no prompt queries were seen for SnapKV");
+    client::LayerQueries lq;
+    lq.layer = l;
+    lq.dtype = client::DType::kF32;
+    lq.queries = q.data();
+    lq.bytes = q.size() * sizeof(float);
+    lq.positions = p;
+    queries.push_back(lq);
+  }
+  client::CompressionSpec spec = policy_.at_prompt_end;
+  const int window = static_cast<int>(window_positions_[0].size());
+  if (spec.eviction == client::CompressionSpec::Eviction::kSnapKv) {
+    // A prompt shorter than the window: score with what there is.
+    spec.window = std::min(spec.window, window);
+    if (spec.budget <= spec.window) spec.budget = spec.window + 1;
+  }
+  auto r = client_->Compress(sequence_id_, spec, queries);
+  compressed_ = true;
+  window_queries_.assign(window_queries_.size(), {});
+  window_positions_.assign(window_positions_.size(), {});
+  return r.ok() ? absl::OkStatus() : r.status();
+}
+
+absl::Status ServiceKvStore::CommitStep(int32_t end_position) {
+  if (policy_.compress_at_prompt_end && !compressed_ && prompt_tokens_ > 0 &&
+      end_position >= prompt_tokens_) {
+    return CompressAtPromptEnd();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<client::SequenceInfo> ServiceKvStore::Info() const {
+  return client_->GetSequence(sequence_id_);
+}
+
+int64_t ServiceKvStore::StoredTokenSlots() const {
+  auto info = client_->GetSequence(sequence_id_);
+  return info.ok() ? info->stored_token_heads : -1;
+}
+
+std::string ServiceKvStore::Describe() const {
+  return absl::StrCat("kvcached sequence ", sequence_id_, always_fetch_ ? " (fetch path)" : "");
+}
+
+}  // namespace kvc::worker

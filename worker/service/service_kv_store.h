@@ -1,0 +1,90 @@
+// ServiceKvStore: the worker engine's KvStore backed by kvcached through the client library —
+// the KV cache lives in the service, not in the engine.
+//
+//   Append   -> client Append (f32; the service stores it in the sequence's format)
+//   Attend   -> decode (one query at or after every stored position): the service's Attend,
+//               computed next to the memory in the stored format;
+//               prefill chunks (causal inside the chunk): Fetch of the layer (with the
+//               chunk's own tokens) + local attention. The `fetch` path uses Fetch always.
+//   Compress -> at the end of the prompt (ExpectPrompt), SnapKV with the last `window`
+//               queries of every layer that this store saw during prefill, or H2O ranked
+//               by the same window; StreamingLLM/H2O then run automatically in the service.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kvc/client/kv_cache_client.h"
+#include "worker/engine/kv_store.h"
+#include "worker/engine/thread_pool.h"
+
+namespace kvc::worker {
+
+struct ServicePolicy {
+  // Applied automatically by the service on every append.
+  client::CompressionSpec automatic;
+  // Applied once by Compress when the prompt is complete (SnapKV; H2O prefill scoring).
+  client::CompressionSpec at_prompt_end;
+  bool compress_at_prompt_end = false;
+  int32_t query_window = 32;  // prompt queries kept per layer for at_prompt_end
+};
+
+class ServiceKvStore : public KvStore {
+ public:
+  // Creates a sequence in `pool` (empty = the server's default). The pool's geometry must
+  // match `geometry`. `pool_threads` (not owned, may be null) runs local attention.
+  static absl::StatusOr<std::unique_ptr<ServiceKvStore>> Create(
+      client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
+      const ServicePolicy& policy, bool always_fetch, ThreadPool* pool_threads);
+  ~ServiceKvStore() override;  // releases the sequence
+
+  const KvGeometry& geometry() const override { return geometry_; }
+  absl::Status Append(int32_t layer, absl::Span<const int32_t> positions,
+                      absl::Span<const float> keys, absl::Span<const float> values) override;
+  absl::Status Attend(int32_t layer, absl::Span<const float> queries,
+                      absl::Span<const int32_t> query_positions, absl::Span<float> out) override;
+  absl::StatusOr<LayerKv> Fetch(int32_t layer) override;
+  absl::Status CommitStep(int32_t end_position) override;
+  int64_t StoredTokenSlots() const override;
+  std::string Describe() const override;
+
+  // The prompt is `tokens` long: when CommitStep reaches it, run policy.at_prompt_end.
+  void ExpectPrompt(int64_t tokens) { prompt_tokens_ = tokens; }
+  const std::string& sequence_id() const { return sequence_id_; }
+  // Bytes the service holds for this sequence, and what a dense f16 cache would take.
+  absl::StatusOr<client::SequenceInfo> Info() const;
+  int64_t attend_calls() const { return attend_calls_; }
+  int64_t fetch_calls() const { return fetch_calls_; }
+
+ private:
+  ServiceKvStore(client::KvCacheClient* client, const KvGeometry& geometry,
+                 const ServicePolicy& policy, bool always_fetch, ThreadPool* pool_threads)
+      : client_(client),
+        geometry_(geometry),
+        policy_(policy),
+        always_fetch_(always_fetch),
+        threads_(pool_threads),
+        window_queries_(static_cast<size_t>(geometry.num_layers)),
+        window_positions_(static_cast<size_t>(geometry.num_layers)) {}
+
+  absl::StatusOr<LayerKv> FetchLayer(int32_t layer, bool include_unfinished);
+  absl::Status CompressAtPromptEnd();
+
+  client::KvCacheClient* client_;
+  KvGeometry geometry_;
+  ServicePolicy policy_;
+  bool always_fetch_;
+  ThreadPool* threads_;
+  std::string sequence_id_;
+  int64_t prompt_tokens_ = -1;
+  bool compressed_ = false;
+  // The latest prompt queries per layer, [<= window, num_q_heads, head_dim], for SnapKV.
+  std::vector<std::vector<float>> window_queries_;
+  std::vector<std::vector<int32_t>> window_positions_;
+  int64_t attend_calls_ = 0;
+  int64_t fetch_calls_ = 0;
+};
+
+}  // namespace kvc::worker
