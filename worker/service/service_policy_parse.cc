@@ -1,0 +1,88 @@
+#include "worker/service/service_policy_parse.h"
+
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace kvc::worker {
+namespace {
+
+using client::CompressionSpec;
+using client::StorageFormat;
+
+absl::StatusOr<std::vector<int>> Numbers(absl::string_view text, char sep, size_t count,
+                                         const std::string& what) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, sep)) {
+    int v;
+    if (!absl::SimpleAtoi(part, &v) || v < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("bad number '", part, "' in ", what));
+    }
+    out.push_back(v);
+  }
+  if (out.size() != count && !(count == 2 && sep == '/' && out.size() == 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed ", what));
+  }
+  return out;
+}
+
+absl::StatusOr<StorageFormat> ParseStorage(const std::string& s) {
+  if (s.empty()) return StorageFormat::kPoolDefault;
+  if (s == "f16") return StorageFormat::kF16;
+  if (s == "bf16") return StorageFormat::kBF16;
+  if (s == "f32") return StorageFormat::kF32;
+  if (s == "fp8") return StorageFormat::kFp8E4M3;
+  if (s == "int8") return StorageFormat::kInt8;
+  if (s == "int4" || s == "int4g32") return StorageFormat::kInt4G32;
+  if (s == "int4g64") return StorageFormat::kInt4G64;
+  if (s == "nvfp4") return StorageFormat::kNvfp4;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown --storage '", s, "'; use f16, bf16, f32, fp8, int8, int4, int4g64 or nvfp4"));
+}
+
+}  // namespace
+
+absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
+                                                 const std::string& storage) {
+  ServicePolicy out;
+  auto format = ParseStorage(storage);
+  if (!format.ok()) return format.status();
+  absl::string_view p = policy;
+  const std::string what = absl::StrCat("--policy '", policy, "'");
+  if (p.empty() || p == "full") {
+    out.automatic.storage = *format;
+  } else if (absl::ConsumePrefix(&p, "streaming=")) {
+    auto n = Numbers(p, '+', 2, what);
+    if (!n.ok()) return n.status();
+    out.automatic = CompressionSpec::StreamingLlm((*n)[0], (*n)[1]).WithStorage(*format);
+  } else if (absl::ConsumePrefix(&p, "snapkv=")) {
+    // snapkv=BUDGET or snapkv=BUDGET/WINDOW (window 32 by default, as in the paper).
+    auto n = Numbers(p, '/', 2, what);
+    if (!n.ok()) return n.status();
+    const int window = n->size() > 1 ? (*n)[1] : 32;
+    // Prefill stays raw (scores on exact keys); the survivors are converted at Compress and
+    // later tokens are written in the new format.
+    out.at_prompt_end = CompressionSpec::SnapKv(window, (*n)[0]).WithStorage(*format);
+    out.compress_at_prompt_end = true;
+    out.query_window = window;
+  } else if (absl::ConsumePrefix(&p, "h2o=")) {
+    auto n = Numbers(p, '+', 2, what);
+    if (!n.ok()) return n.status();
+    // Prefill scores from the last 32 prompt queries, then H2O keeps running on every
+    // append with the scores each decode step's Attend adds.
+    out.automatic = CompressionSpec::H2o((*n)[0], (*n)[1]).WithStorage(*format);
+    out.at_prompt_end = CompressionSpec::H2o((*n)[0], (*n)[1]);
+    out.compress_at_prompt_end = true;
+    out.query_window = 32;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad ", what,
+        "; use full, streaming=SINKS+WINDOW, snapkv=BUDGET[/WINDOW] or h2o=HEAVY+RECENT"));
+  }
+  return out;
+}
+
+}  // namespace kvc::worker

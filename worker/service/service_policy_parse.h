@@ -1,0 +1,16 @@
+// Flag values -> a ServicePolicy (what kvc-worker asks kvcached to do with its cache).
+//   policy:  full | streaming=S+W | snapkv=B[/W] | h2o=H+R
+//   storage: f16 | bf16 | f32 | fp8 | int8 | int4 | int4g64 | nvfp4  (empty = pool dtype)
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/service/service_kv_store.h"
+
+namespace kvc::worker {
+
+absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
+                                                 const std::string& storage);
+
+}  // namespace kvc::worker
