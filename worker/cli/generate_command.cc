@@ -1,5 +1,6 @@
-// kvc-worker generate: answer a prompt (or a document + question) with a local KV store, and
-// report tokens/s and the KV held against a full f16 cache.
+// kvc-worker generate: answer a prompt (or a document + question) with the KV cache in
+// kvcached (--kv=kvcached) or in a local store, and report tokens/s and the KV held against a
+// full f16 cache.
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -17,15 +18,20 @@
 #include "worker/engine/chat_template.h"
 #include "worker/engine/generator.h"
 #include "worker/engine/local_kv_store.h"
+#ifdef KVC_WORKER_WITH_SERVICE
+#include "kvc/client/kv_cache_client.h"
+#include "worker/service/service_kv_store.h"
+#include "worker/service/service_policy_parse.h"
+#endif
 
 namespace kvc::worker {
 
 absl::Status RunGenerate(int argc, char** argv) {
-  auto flags = Flags::Parse(
-      argc, argv, 2,
-      {"model", "threads", "prompt", "prompt-file", "question", "raw", "max-new-tokens",
-       "temperature", "top-k", "top-p", "seed", "policy", "attention", "chunk"},
-      {"raw"});
+  auto flags = Flags::Parse(argc, argv, 2,
+                            {"model", "threads", "prompt", "prompt-file", "question", "raw",
+                             "max-new-tokens", "temperature", "top-k", "top-p", "seed", "policy",
+                             "attention", "chunk", "kv", "target", "pool", "storage"},
+                            {"raw"});
   if (!flags.ok()) return flags.status();
   std::string prompt = flags->Get("prompt", "");
   if (flags->Has("prompt-file")) {
@@ -42,9 +48,51 @@ absl::Status RunGenerate(int argc, char** argv) {
   const std::string text = raw ? prompt : ApplyChatTemplate({{"user", prompt}}, true);
   const std::vector<int32_t> ids = tok.Encode(text, /*parse_special=*/!raw);
 
-  auto policy = ParsePolicy(flags->Get("policy", "full"));
-  if (!policy.ok()) return policy.status();
-  LocalKvStore kv((*model)->config().kv_geometry(), std::move(*policy), (*model)->pool());
+  const std::string where = flags->Get("kv", "local");
+#ifdef KVC_WORKER_WITH_SERVICE
+  // Declared before the store: the store releases its sequence through the client.
+  std::unique_ptr<client::KvCacheClient> client;
+  ServiceKvStore* service = nullptr;
+#endif
+  std::unique_ptr<KvStore> store;
+#ifdef KVC_WORKER_WITH_SERVICE
+  if (where == "kvcached") {
+    auto service_policy =
+        ParseServicePolicy(flags->Get("policy", "full"), flags->Get("storage", ""));
+    if (!service_policy.ok()) return service_policy.status();
+    client::ClientOptions client_options;
+    client_options.target = flags->Get("target", "127.0.0.1:50051");
+    client_options.default_deadline = absl::Minutes(5);
+    auto connected = client::KvCacheClient::Connect(client_options);
+    if (!connected.ok()) return connected.status();
+    client = std::move(*connected);
+    auto created = ServiceKvStore::Create(
+        client.get(), flags->Get("pool", ""), (*model)->config().kv_geometry(), *service_policy,
+        flags->Get("attention", "store") == "fetch", (*model)->pool());
+    if (!created.ok()) {
+      return absl::Status(
+          created.status().code(),
+          absl::StrCat("kvcached at ", client_options.target, ": ", created.status().message()));
+    }
+    (*created)->ExpectPrompt(static_cast<int64_t>(ids.size()));
+    service = created->get();
+    store = std::move(*created);
+  }
+#endif
+  if (store == nullptr) {
+    if (where != "local") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv is local or kvcached (kvcached needs the full build with the client "
+                       "library); got '",
+                       where, "'"));
+    }
+    if (flags->Has("storage")) return absl::InvalidArgumentError("--storage needs --kv=kvcached");
+    auto policy = ParsePolicy(flags->Get("policy", "full"));
+    if (!policy.ok()) return policy.status();
+    store = std::make_unique<LocalKvStore>((*model)->config().kv_geometry(), std::move(*policy),
+                                           (*model)->pool());
+  }
+  KvStore& kv = *store;
 
   GenerateOptions opt;
   auto max_new = flags->GetInt("max-new-tokens", 128);
@@ -86,6 +134,19 @@ absl::Status RunGenerate(int argc, char** argv) {
       kv.StoredTokenSlots(), full_slots,
       100.0 * kv.StoredTokenSlots() / std::max<int64_t>(full_slots, 1),
       kv.StoredTokenSlots() * slot_bytes_f16 / 1e6, full_slots * slot_bytes_f16 / 1e6);
+#ifdef KVC_WORKER_WITH_SERVICE
+  if (service != nullptr) {
+    auto info = service->Info();
+    if (!info.ok()) return info.status();
+    const double dense = static_cast<double>(full_slots * slot_bytes_f16);
+    std::cerr << absl::StrFormat(
+        "[kvc-worker] kvcached holds %.3f MB (%s blocks, with positions and scores) for %d "
+        "tokens; a full f16 cache is %.3f MB: %.1fx smaller. %d Attend calls, %d Fetch calls\n",
+        info->bytes / 1e6, client::StorageFormatName(info->storage), info->visible_tokens,
+        dense / 1e6, dense / std::max<double>(static_cast<double>(info->bytes), 1.0),
+        service->attend_calls(), service->fetch_calls());
+  }
+#endif
   return absl::OkStatus();
 }
 

@@ -27,17 +27,21 @@ int Main(int argc, char** argv) {
   } else if (cmd == "tokenize") {
     s = RunTokenize(argc, argv);
   } else {
-    std::cerr << "usage: kvc-worker generate|perplexity|passkey|tokenize [flags]\n"
-                 "  generate   --prompt TEXT | --prompt-file FILE [--question Q] [--raw]\n"
-                 "             [--policy full|window=W|streaming=S+W|streaming-rerotate=S+W]\n"
-                 "             [--max-new-tokens N]\n"
-                 "             [--temperature T --top-k K --top-p P --seed S]\n"
-                 "             [--attention store|fetch] [--threads N] [--model GGUF]\n"
-                 "  perplexity --text-file FILE [--max-tokens N] [--skip-tokens N] [--chunk C]\n"
-                 "             [--policies full,window=1024,streaming=4+1020] [--json OUT]\n"
-                 "  passkey    [--haystack-file FILE] [--lengths 1024,2048] [--depths 0,0.5,1]\n"
-                 "             [--policies full,window=512,streaming=4+508] [--chat] [--json OUT]\n"
-                 "  tokenize   --text TEXT | --text-file FILE [--special]\n";
+    std::cerr
+        << "usage: kvc-worker generate|perplexity|passkey|tokenize [flags]\n"
+           "  generate   --prompt TEXT | --prompt-file FILE [--question Q] [--raw]\n"
+           "             [--kv local|kvcached --target HOST:PORT --pool NAME]\n"
+           "             [--policy full|window=W|streaming=S+W|streaming-rerotate=S+W]  (local)\n"
+           "             [--policy full|streaming=S+W|snapkv=B[/W]|h2o=H+R]  (kvcached)\n"
+           "             [--storage f16|fp8|int8|int4|int4g64|nvfp4]  (kvcached)\n"
+           "             [--max-new-tokens N]\n"
+           "             [--temperature T --top-k K --top-p P --seed S]\n"
+           "             [--attention store|fetch] [--threads N] [--model GGUF]\n"
+           "  perplexity --text-file FILE [--max-tokens N] [--skip-tokens N] [--chunk C]\n"
+           "             [--policies full,window=1024,streaming=4+1020] [--json OUT]\n"
+           "  passkey    [--haystack-file FILE] [--lengths 1024,2048] [--depths 0,0.5,1]\n"
+           "             [--policies full,window=512,streaming=4+508] [--chat] [--json OUT]\n"
+           "  tokenize   --text TEXT | --text-file FILE [--special]\n";
     return 2;
   }
   if (!s.ok()) {
