@@ -119,3 +119,38 @@ TEST(ServiceKvStoreTest, RefusesAPoolOfAnotherShape) {
 
 }  // namespace
 }  // namespace kvc::worker
+
+// The engine's KvStore conformance suite, run against the kvcached-backed store.
+#include "tests/worker/kv_store_conformance.h"
+
+namespace kvc::worker::testing {
+namespace {
+
+::kvc::testing::TestServer& ConformanceServer() {
+  static ::kvc::testing::TestServer* server = [] {
+    cachesvc::ServerOptions o;
+    o.listen = "127.0.0.1:0";
+    cachesvc::PoolOptions pool;
+    pool.name = "conformance";
+    pool.capacity_bytes = int64_t{64} << 20;
+    pool.geometry.num_layers = 3;
+    pool.geometry.num_kv_heads = 2;
+    pool.geometry.num_query_heads = 6;
+    pool.geometry.head_dim = 16;
+    pool.geometry.dtype = kernels::DType::kF32;
+    o.store.pools.push_back(pool);
+    return new ::kvc::testing::TestServer(::kvc::testing::StartTestServer(o));
+  }();
+  return *server;
+}
+
+INSTANTIATE_TEST_SUITE_P(Kvcached, KvStoreConformanceTest,
+                         ::testing::Values(KvStoreFactory{
+                             "kvcached", [](const KvGeometry& g) -> std::unique_ptr<KvStore> {
+                               auto store = ServiceKvStore::Create(ConformanceServer().client.get(),
+                                                                   "", g, {}, false, nullptr);
+                               return store.ok() ? std::move(*store) : nullptr;
+                             }}));
+
+}  // namespace
+}  // namespace kvc::worker::testing

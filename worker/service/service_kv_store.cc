@@ -54,10 +54,15 @@ absl::Status ServiceKvStore::Append(int32_t layer, absl::Span<const int32_t> pos
           "kvcached takes each layer's tokens at consecutive positions");
     }
   }
+  if (base_position_ < 0) base_position_ = positions[0];
+  if (positions[0] < base_position_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "position ", positions[0], " precedes the sequence's first position ", base_position_));
+  }
   client::AppendChunk chunk;
   chunk.sequence_id = sequence_id_;
   chunk.layer = layer;
-  chunk.start_position = positions[0];
+  chunk.start_position = positions[0] - base_position_;
   chunk.num_tokens = static_cast<int>(positions.size());
   chunk.dtype = client::DType::kF32;
   chunk.keys = keys.data();
@@ -94,7 +99,7 @@ absl::StatusOr<LayerKv> ServiceKvStore::FetchLayer(int32_t layer, bool include_u
     head.keys.reserve(n * d);
     head.values.reserve(n * d);
     for (size_t i : order) {
-      head.positions.push_back(h.positions[i]);
+      head.positions.push_back(h.positions[i] + std::max(base_position_, 0));
       head.keys.insert(head.keys.end(), k + i * d, k + (i + 1) * d);
       head.values.insert(head.values.end(), v + i * d, v + (i + 1) * d);
     }
@@ -123,7 +128,8 @@ absl::Status ServiceKvStore::Attend(int32_t layer, absl::Span<const float> queri
       q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(drop * row));
     }
   }
-  if (query_positions.size() == 1 && !always_fetch_) {
+  if (query_positions.size() == 1 && !always_fetch_ && query_positions[0] >= base_position_ &&
+      base_position_ >= 0) {
     ++attend_calls_;
     client::AttendRequest request;
     request.sequence_id = sequence_id_;
@@ -131,7 +137,7 @@ absl::Status ServiceKvStore::Attend(int32_t layer, absl::Span<const float> queri
     request.dtype = client::DType::kF32;
     request.queries = queries.data();
     request.bytes = queries.size() * sizeof(float);
-    request.positions = {query_positions[0]};
+    request.positions = {query_positions[0] - base_position_};
     auto r = client_->Attend(request);
     if (!r.ok()) return r.status();
     if (r->output.size() != out.size() * sizeof(float)) {
@@ -157,7 +163,7 @@ absl::Status ServiceKvStore::CompressAtPromptEnd() {
     lq.dtype = client::DType::kF32;
     lq.queries = q.data();
     lq.bytes = q.size() * sizeof(float);
-    lq.positions = p;
+    for (int32_t position : p) lq.positions.push_back(position - std::max(base_position_, 0));
     queries.push_back(lq);
   }
   client::CompressionSpec spec = policy_.at_prompt_end;

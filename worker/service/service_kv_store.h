@@ -83,6 +83,9 @@ class ServiceKvStore : public KvStore {
   // The latest prompt queries per layer, [<= window, num_q_heads, head_dim], for SnapKV.
   std::vector<std::vector<float>> window_queries_;
   std::vector<std::vector<int32_t>> window_positions_;
+  // kvcached numbers each layer's tokens from 0; the engine may start anywhere. The first
+  // appended position becomes the service's 0 (all layers must start there).
+  int32_t base_position_ = -1;
   int64_t attend_calls_ = 0;
   int64_t fetch_calls_ = 0;
 };
