@@ -40,7 +40,7 @@ kernels::BlockLayout HostBlockPool::layout(StorageFormat format) const {
 }
 
 kernels::PagedArena HostBlockPool::arena(StorageFormat format) {
-  absl::MutexLock lock(&mu_);
+  kvc::MutexLock lock(&mu_);
   const FormatArena& a = arenas_[static_cast<size_t>(format)];
   kernels::PagedArena view;
   view.base = a.memory.data();
@@ -50,12 +50,12 @@ kernels::PagedArena HostBlockPool::arena(StorageFormat format) {
 }
 
 int64_t HostBlockPool::used_bytes() const {
-  absl::MutexLock lock(&mu_);
+  kvc::MutexLock lock(&mu_);
   return used_bytes_;
 }
 
 int64_t HostBlockPool::used_blocks(StorageFormat format) const {
-  absl::MutexLock lock(&mu_);
+  kvc::MutexLock lock(&mu_);
   return arenas_[static_cast<size_t>(format)].used;
 }
 
@@ -78,7 +78,7 @@ absl::Status HostBlockPool::Allocate(StorageFormat format, int64_t n, std::vecto
   }
   if (n == 0) return absl::OkStatus();
   const int64_t block_bytes = static_cast<int64_t>(layout(format).block_bytes);
-  absl::MutexLock lock(&mu_);
+  kvc::MutexLock lock(&mu_);
   KVC_RETURN_IF_ERROR(ReserveLocked(format));
   FormatArena& a = arenas_[static_cast<size_t>(format)];
   const int64_t free_bytes = options_.capacity_bytes - used_bytes_;
@@ -111,7 +111,7 @@ absl::Status HostBlockPool::Allocate(StorageFormat format, int64_t n, std::vecto
 void HostBlockPool::Free(StorageFormat format, absl::Span<const BlockId> blocks) {
   if (blocks.empty()) return;
   const int64_t block_bytes = static_cast<int64_t>(layout(format).block_bytes);
-  absl::MutexLock lock(&mu_);
+  kvc::MutexLock lock(&mu_);
   FormatArena& a = arenas_[static_cast<size_t>(format)];
   for (BlockId id : blocks) {
     KVC_CHECK(id >= 0 && id < a.next_fresh)

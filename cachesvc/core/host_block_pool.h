@@ -10,9 +10,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "cachesvc/core/block_pool.h"
 #include "cachesvc/core/host_arena.h"
+#include "common/mutex.h"
 
 namespace kvc::cachesvc {
 
@@ -50,7 +50,7 @@ class HostBlockPool final : public BlockPool {
 
   const PoolOptions options_;
   kernels::KernelBackend* const backend_;
-  mutable absl::Mutex mu_;
+  mutable kvc::Mutex mu_;
   std::array<FormatArena, kernels::kNumStorageFormats> arenas_ ABSL_GUARDED_BY(mu_);
   int64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };

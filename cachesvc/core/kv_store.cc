@@ -110,7 +110,7 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
   auto sequence =
       std::make_shared<Sequence>(std::move(id), params.tenant, pool, params.policy, NowUnixMs());
   KVC_RETURN_IF_ERROR(registry_.Insert(sequence));
-  absl::ReaderMutexLock lock(&sequence->mu());
+  kvc::ReaderMutexLock lock(&sequence->mu());
   return SnapshotLocked(*sequence);
 }
 
@@ -126,7 +126,7 @@ absl::StatusOr<DType> KvStore::SequenceDType(const std::string& sequence_id) con
 
 absl::StatusOr<SequenceSnapshot> KvStore::GetSequence(const std::string& sequence_id) const {
   KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(sequence_id));
-  absl::ReaderMutexLock lock(&seq->mu());
+  kvc::ReaderMutexLock lock(&seq->mu());
   if (seq->released()) {
     return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' was released"));
   }
@@ -154,7 +154,7 @@ absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& sequen
   KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(sequence_id));
   ReleaseResult result;
   {
-    absl::WriterMutexLock lock(&seq->mu());
+    kvc::WriterMutexLock lock(&seq->mu());
     if (seq->released()) {
       return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' was released"));
     }
@@ -255,7 +255,7 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
   }
   for (const auto& seq : registry_.All()) {
     if (only != nullptr && seq->pool() != only) continue;
-    absl::ReaderMutexLock lock(&seq->mu());
+    kvc::ReaderMutexLock lock(&seq->mu());
     if (seq->released()) continue;
     ++stats.sequences;
     stats.visible_tokens += seq->visible_tokens();
@@ -290,7 +290,7 @@ absl::StatusOr<SequenceList> KvStore::ListSequences(const ListSequencesParams& p
   for (const auto& seq : registry_.All()) {
     if (only != nullptr && seq->pool() != only) continue;
     if (!p.tenant.empty() && seq->tenant() != p.tenant) continue;
-    absl::ReaderMutexLock lock(&seq->mu());
+    kvc::ReaderMutexLock lock(&seq->mu());
     if (seq->released()) continue;
     list.sequences.push_back(SnapshotLocked(*seq));
   }

@@ -32,7 +32,7 @@ absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {
   }
   const int layer = static_cast<int>(p.layer);
   // A writer lock: the kernel adds this step's weights to the stored tokens' scores.
-  absl::WriterMutexLock lock(&seq->mu());
+  kvc::WriterMutexLock lock(&seq->mu());
   if (seq->released()) {
     return absl::NotFoundError(absl::StrCat("sequence '", p.sequence_id, "' was released"));
   }

@@ -237,7 +237,7 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
     }
   }
 
-  absl::WriterMutexLock lock(&seq->mu());
+  kvc::WriterMutexLock lock(&seq->mu());
   if (seq->released()) {
     return absl::NotFoundError(absl::StrCat("sequence '", p.sequence_id, "' was released"));
   }

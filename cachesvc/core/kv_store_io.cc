@@ -46,7 +46,7 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
     }
   }
 
-  absl::WriterMutexLock lock(&seq->mu());
+  kvc::WriterMutexLock lock(&seq->mu());
   if (seq->released()) {
     return absl::NotFoundError(absl::StrCat("sequence '", p.sequence_id, "' was released"));
   }
@@ -145,7 +145,7 @@ absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
   StorageFormat format;
   kernels::BlockLayout layout;
   {
-    absl::ReaderMutexLock lock(&seq->mu());
+    kvc::ReaderMutexLock lock(&seq->mu());
     if (seq->released()) {
       return absl::NotFoundError(absl::StrCat("sequence '", p.sequence_id, "' was released"));
     }
@@ -197,7 +197,7 @@ absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
     chunk.visible_tokens = visible;
     chunk.positions.resize(n);
     {
-      absl::ReaderMutexLock lock(&seq->mu());
+      kvc::ReaderMutexLock lock(&seq->mu());
       if (seq->released() || seq->generation() != generation) {
         return absl::AbortedError(absl::StrCat(
             "sequence '", p.sequence_id,

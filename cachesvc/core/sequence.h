@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "cachesvc/core/block_pool.h"
 #include "cachesvc/core/block_table.h"
 #include "cachesvc/core/types.h"
+#include "common/mutex.h"
 
 namespace kvc::cachesvc {
 
@@ -37,7 +37,7 @@ class Sequence {
   const CompressionSpec& policy() const { return policy_; }
   int64_t created_unix_ms() const { return created_unix_ms_; }
 
-  absl::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  kvc::Mutex& mu() const ABSL_LOCK_RETURNED(mu_) { return mu_; }
   BlockTable& table() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return table_; }
   const BlockTable& table() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return table_; }
   std::vector<int64_t>& layer_tokens() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return layer_tokens_; }
@@ -69,7 +69,7 @@ class Sequence {
   const CompressionSpec policy_;
   const int64_t created_unix_ms_;
 
-  mutable absl::Mutex mu_;
+  mutable kvc::Mutex mu_;
   BlockTable table_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> layer_tokens_ ABSL_GUARDED_BY(mu_);  // tokens appended per layer
   StorageFormat format_ ABSL_GUARDED_BY(mu_);

@@ -11,7 +11,7 @@ SequenceRegistry::Shard& SequenceRegistry::shard(const std::string& id) const {
 
 absl::Status SequenceRegistry::Insert(std::shared_ptr<Sequence> sequence) {
   Shard& s = shard(sequence->id());
-  absl::MutexLock lock(&s.mu);
+  kvc::MutexLock lock(&s.mu);
   auto [it, inserted] = s.map.emplace(sequence->id(), sequence);
   if (!inserted) {
     return absl::AlreadyExistsError(absl::StrCat("sequence '", sequence->id(),
@@ -23,7 +23,7 @@ absl::Status SequenceRegistry::Insert(std::shared_ptr<Sequence> sequence) {
 
 absl::StatusOr<std::shared_ptr<Sequence>> SequenceRegistry::Find(const std::string& id) const {
   Shard& s = shard(id);
-  absl::MutexLock lock(&s.mu);
+  kvc::MutexLock lock(&s.mu);
   auto it = s.map.find(id);
   if (it == s.map.end()) {
     return absl::NotFoundError(
@@ -34,14 +34,14 @@ absl::StatusOr<std::shared_ptr<Sequence>> SequenceRegistry::Find(const std::stri
 
 bool SequenceRegistry::Erase(const std::string& id) {
   Shard& s = shard(id);
-  absl::MutexLock lock(&s.mu);
+  kvc::MutexLock lock(&s.mu);
   return s.map.erase(id) > 0;
 }
 
 int64_t SequenceRegistry::size() const {
   int64_t n = 0;
   for (auto& s : shards_) {
-    absl::MutexLock lock(&s.mu);
+    kvc::MutexLock lock(&s.mu);
     n += static_cast<int64_t>(s.map.size());
   }
   return n;
@@ -50,7 +50,7 @@ int64_t SequenceRegistry::size() const {
 std::vector<std::shared_ptr<Sequence>> SequenceRegistry::All() const {
   std::vector<std::shared_ptr<Sequence>> all;
   for (auto& s : shards_) {
-    absl::MutexLock lock(&s.mu);
+    kvc::MutexLock lock(&s.mu);
     for (const auto& [id, seq] : s.map) all.push_back(seq);
   }
   return all;

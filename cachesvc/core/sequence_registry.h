@@ -15,8 +15,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "cachesvc/core/sequence.h"
+#include "common/mutex.h"
 
 namespace kvc::cachesvc {
 
@@ -35,7 +35,7 @@ class SequenceRegistry {
  private:
   static constexpr size_t kShards = 32;
   struct Shard {
-    mutable absl::Mutex mu;
+    mutable kvc::Mutex mu;
     absl::flat_hash_map<std::string, std::shared_ptr<Sequence>> map ABSL_GUARDED_BY(mu);
   };
   Shard& shard(const std::string& id) const;

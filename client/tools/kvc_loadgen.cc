@@ -15,8 +15,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/mutex.h"
 #include "kvc/client/kv_cache_client.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "kvcached address");
@@ -44,7 +44,7 @@ std::string Human(double bytes) {
 }
 
 struct Totals {
-  absl::Mutex mu;
+  kvc::Mutex mu;
   int64_t bytes_in = 0, bytes_out = 0, tokens = 0;
   double append_seconds = 0, fetch_seconds = 0;
   std::vector<std::string> kept;
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   auto worker = [&] {
     for (int s = next.fetch_add(1); s < sequences; s = next.fetch_add(1)) {
       auto fail = [&](const std::string& what, const absl::Status& status) {
-        absl::MutexLock lock(&totals.mu);
+        kvc::MutexLock lock(&totals.mu);
         if (totals.error.empty()) totals.error = what + ": " + status.ToString();
       };
       auto seq = client.CreateSequence({pool->name, absl::GetFlag(FLAGS_tenant), "", {}});
@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
       const int64_t bytes =
           2 * int64_t{tokens} * g.num_layers * static_cast<int64_t>(token_layer_bytes);
       {
-        absl::MutexLock lock(&totals.mu);
+        kvc::MutexLock lock(&totals.mu);
         totals.bytes_in += bytes;
         totals.bytes_out += bytes;
         totals.tokens += tokens;
