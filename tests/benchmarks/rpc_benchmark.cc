@@ -126,8 +126,10 @@ int main(int argc, char** argv) {
       rb::UploadSummary summary;
       const auto t0 = Clock::now();
       auto writer = raw_stub->Upload(&ctx, &summary);
+      // Copy the payload into the message for every write, as kvcache's client copies each
+      // chunk into its (reused) request; the baseline reuses its message the same way.
+      rb::Blob m;
       for (int64_t i = 0; i < messages; ++i) {
-        rb::Blob m;  // a fresh message per write, as kvcache's client builds one
         m.mutable_data()->assign(blob.data());
         writer->Write(m);
       }
