@@ -216,7 +216,8 @@ std::vector<PoolSnapshot> KvStore::ListPools() const {
     const StorageFormat raw = kernels::RawFormatFor(pool.options().geometry.dtype);
     s.block_bytes = static_cast<int64_t>(pool.layout(raw).block_bytes);
     s.total_blocks = pool.capacity_bytes() / s.block_bytes;
-    s.free_blocks = (pool.capacity_bytes() - pool.used_bytes()) / s.block_bytes;
+    s.used_bytes = pool.used_bytes();
+    s.free_blocks = (pool.capacity_bytes() - s.used_bytes) / s.block_bytes;
     s.sequences = counts[i];
     out.push_back(std::move(s));
   }

@@ -100,8 +100,9 @@ struct SequenceSnapshot {
 struct PoolSnapshot {
   PoolOptions options;
   int64_t block_bytes = 0;
-  int64_t total_blocks = 0;
-  int64_t free_blocks = 0;
+  int64_t total_blocks = 0;  // in the pool's raw format
+  int64_t free_blocks = 0;   // raw-format blocks the free bytes would hold
+  int64_t used_bytes = 0;    // bytes of blocks in use, every format
   int64_t sequences = 0;
 };
 

@@ -175,6 +175,20 @@ void ToProto(const PoolGeometry& g, pb::PoolGeometry* out) {
   }
 }
 
+namespace {
+
+void AddFormatBytes(const std::vector<FormatBytes>& in,
+                    google::protobuf::RepeatedPtrField<pb::FormatBytes>* out) {
+  for (const FormatBytes& fb : in) {
+    auto* f = out->Add();
+    f->set_format(ToProto(fb.format));
+    f->set_blocks(fb.blocks);
+    f->set_bytes(fb.bytes);
+  }
+}
+
+}  // namespace
+
 void ToProto(const SequenceSnapshot& s, pb::SequenceInfo* out) {
   out->set_sequence_id(s.id);
   out->set_pool(s.pool);
@@ -182,12 +196,7 @@ void ToProto(const SequenceSnapshot& s, pb::SequenceInfo* out) {
   out->set_visible_tokens(s.visible_tokens);
   for (int64_t n : s.layer_tokens) out->add_layer_tokens(n);
   out->set_stored_token_heads(s.stored_token_heads);
-  for (const FormatBytes& fb : s.bytes_by_format) {
-    auto* f = out->add_bytes_by_format();
-    f->set_format(ToProto(fb.format));
-    f->set_blocks(fb.blocks);
-    f->set_bytes(fb.bytes);
-  }
+  AddFormatBytes(s.bytes_by_format, out->mutable_bytes_by_format());
   out->set_bytes(s.bytes);
   out->set_compression_ratio(s.compression_ratio);
   out->set_created_unix_ms(s.created_unix_ms);
@@ -204,7 +213,7 @@ void ToProto(const PoolSnapshot& s, pb::PoolInfo* out) {
   out->set_block_bytes(s.block_bytes);
   out->set_total_blocks(s.total_blocks);
   out->set_free_blocks(s.free_blocks);
-  out->set_used_bytes((s.total_blocks - s.free_blocks) * s.block_bytes);
+  out->set_used_bytes(s.used_bytes);
   out->set_sequences(s.sequences);
 }
 
@@ -218,12 +227,7 @@ void ToProto(const PoolStatsSnapshot& s, pb::PoolStats* out) {
   out->set_sequences(s.sequences);
   out->set_visible_tokens(s.visible_tokens);
   out->set_stored_token_heads(s.stored_token_heads);
-  for (const FormatBytes& fb : s.bytes_by_format) {
-    auto* f = out->add_bytes_by_format();
-    f->set_format(ToProto(fb.format));
-    f->set_blocks(fb.blocks);
-    f->set_bytes(fb.bytes);
-  }
+  AddFormatBytes(s.bytes_by_format, out->mutable_bytes_by_format());
   out->set_appended_bytes_total(s.appended_bytes_total);
   out->set_fetched_bytes_total(s.fetched_bytes_total);
   out->set_dense_bytes(s.dense_bytes);

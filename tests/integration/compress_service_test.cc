@@ -113,6 +113,8 @@ TEST_F(CompressServiceTest, SnapKvWithInt4AtTheEndOfPrefill) {
   EXPECT_EQ(stats.used_bytes, r.bytes_after);
   ASSERT_EQ(stats.bytes_by_format.size(), 1u);
   EXPECT_EQ(stats.bytes_by_format[0].format, StorageFormat::kInt4G32);
+  KVC_ASSERT_OK_AND_ASSIGN(auto pools, t_.client->ListPools());
+  EXPECT_EQ(pools[0].used_bytes, r.bytes_after);  // exact, also for blocks of another format
 
   client::FetchOptions stored;
   stored.stored_format = true;
