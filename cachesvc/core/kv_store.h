@@ -197,8 +197,11 @@ class KvStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu());
   // Select + compact one layer with the given rule; frees emptied blocks. Returns the
   // token-heads evicted.
+  // With `rerotate`, survivors then get in-cache positions (CloseGapsLocked).
   absl::StatusOr<int64_t> EvictLayerLocked(Sequence& seq, int layer, int sinks, int recent,
-                                           int budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu());
+                                           int budget, bool rerotate)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu());
+  absl::Status CloseGapsLocked(Sequence& seq, int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu());
   void CountEvicted(const Sequence& seq, CompressionSpec::Eviction why, int64_t token_heads);
   std::string NewSequenceId();
   size_t PoolIndex(const BlockPool* pool) const;

@@ -53,9 +53,6 @@ absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool 
           return absl::FailedPreconditionError(
               "streaming_llm.rerotate_keys needs the pool's RoPE parameters (geometry.rope)");
         }
-        return absl::UnimplementedError(
-            "streaming_llm.rerotate_keys is not served yet; keep original positions "
-            "(rerotate_keys: false)");
       }
       kept = int64_t{s.sinks} + s.window;
       break;
@@ -109,7 +106,7 @@ void KvStore::CountEvicted(const Sequence& seq, Eviction why, int64_t token_head
 }
 
 absl::StatusOr<int64_t> KvStore::EvictLayerLocked(Sequence& seq, int layer, int sinks, int recent,
-                                                  int budget) {
+                                                  int budget, bool rerotate) {
   BlockPool* pool = seq.pool();
   BlockTable& table = seq.table();
   const StorageFormat format = seq.format();
@@ -147,8 +144,54 @@ absl::StatusOr<int64_t> KvStore::EvictLayerLocked(Sequence& seq, int layer, int 
     head.blocks.resize(keep_blocks);
   }
   pool->Free(format, freed);
-  if (evicted > 0) seq.bump_generation();
+  if (evicted > 0) {
+    seq.bump_generation();
+    if (rerotate) KVC_RETURN_IF_ERROR(CloseGapsLocked(seq, layer));
+  }
   return evicted;
+}
+
+// StreamingLLM's positions inside the cache: the survivors of each lane get consecutive
+// positions ending at the newest one, and their keys are re-rotated by (new - old), which is
+// exact for RoPE. Queries and new keys keep their true positions, so every distance the
+// model sees stays within the cache span however long the stream runs.
+absl::Status KvStore::CloseGapsLocked(Sequence& seq, int layer) {
+  BlockPool* pool = seq.pool();
+  const PoolGeometry& g = pool->options().geometry;
+  const kernels::PagedArena arena = pool->arena(seq.format());
+  std::vector<int32_t> blocks, slots, deltas;
+  std::vector<TokenSlot> lane;
+  for (int h = 0; h < g.num_kv_heads; ++h) {
+    const HeadBlocks& head = seq.table().head(layer, h);
+    seq.table().Slots(layer, h, 0, head.tokens, &lane);
+    std::vector<std::pair<int32_t, size_t>> by_position;  // (position, stored index)
+    for (size_t i = 0; i < lane.size(); ++i) {
+      by_position.emplace_back(*kernels::PositionPtr(arena, lane[i].block, lane[i].slot), i);
+    }
+    std::sort(by_position.begin(), by_position.end());
+    const size_t n = by_position.size();
+    for (size_t r = 0; r < n; ++r) {
+      const int32_t target = by_position.back().first - static_cast<int32_t>(n - 1 - r);
+      const int32_t delta = target - by_position[r].first;
+      if (delta == 0) continue;
+      blocks.push_back(lane[by_position[r].second].block);
+      slots.push_back(lane[by_position[r].second].slot);
+      deltas.push_back(delta);
+    }
+  }
+  if (blocks.empty()) return absl::OkStatus();
+  kernels::RerotateArgs a;
+  a.arena = arena;
+  a.num_rows = static_cast<int32_t>(blocks.size());
+  a.blocks = blocks.data();
+  a.slots = slots.data();
+  a.deltas = deltas.data();
+  a.rope.theta = static_cast<float>(g.rope.theta);
+  a.rope.rotary_dim = g.rope.rotary_dim;
+  a.rope.style =
+      g.rope.style == RopeStyle::kGptj ? kernels::RopeStyle::kGptJ : kernels::RopeStyle::kNeox;
+  a.update_positions = true;
+  return FromKernelStatus(pool->backend()->Rerotate(a, {}), "Rerotate");
 }
 
 absl::Status KvStore::ApplyAutomaticPolicyLocked(Sequence& seq, int layer) {
@@ -178,7 +221,10 @@ absl::Status KvStore::ApplyAutomaticPolicyLocked(Sequence& seq, int layer) {
   for (int h = 0; h < seq.table().num_kv_heads(); ++h)
     most = std::max(most, seq.table().head(layer, h).tokens);
   if (most <= limit + bt) return absl::OkStatus();
-  KVC_ASSIGN_OR_RETURN(const int64_t evicted, EvictLayerLocked(seq, layer, sinks, recent, budget));
+  KVC_ASSIGN_OR_RETURN(
+      const int64_t evicted,
+      EvictLayerLocked(seq, layer, sinks, recent, budget,
+                       spec.eviction == Eviction::kStreamingLlm && spec.rerotate_keys));
   CountEvicted(seq, spec.eviction, evicted);
   return absl::OkStatus();
 }
@@ -340,7 +386,10 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
   // 3. Evict (select + tail-to-hole compaction; emptied blocks freed at once).
   if (evicting) {
     for (int l = 0; l < g.num_layers; ++l) {
-      KVC_ASSIGN_OR_RETURN(const int64_t evicted, EvictLayerLocked(*seq, l, sinks, recent, budget));
+      KVC_ASSIGN_OR_RETURN(
+          const int64_t evicted,
+          EvictLayerLocked(*seq, l, sinks, recent, budget,
+                           spec.eviction == Eviction::kStreamingLlm && spec.rerotate_keys));
       CountEvicted(*seq, spec.eviction, evicted);
     }
   }

@@ -476,3 +476,94 @@ TEST(CompressionTest, CyclesOfAppendCompressReleaseLeaveNoBlocksBehind) {
 
 }  // namespace
 }  // namespace kvc::cachesvc
+
+namespace kvc::cachesvc {
+namespace {
+
+// NeoX ("rotate half") RoPE of `x` at `position`, theta 10000, all dims rotated.
+std::vector<float> Rope(const std::vector<float>& x, int position) {
+  const int d = static_cast<int>(x.size()), half = d / 2;
+  std::vector<float> out(x.size());
+  for (int i = 0; i < half; ++i) {
+    const double angle = position * std::pow(10000.0, -2.0 * i / d);
+    const double c = std::cos(angle), s = std::sin(angle);
+    out[i] = static_cast<float>(x[i] * c - x[i + half] * s);
+    out[i + half] = static_cast<float>(x[i] * s + x[i + half] * c);
+  }
+  return out;
+}
+
+TEST(CompressionTest, StreamingLlmRerotationGivesInCachePositionsWithExactKeys) {
+  Geometry g;
+  g.layers = 1;
+  KvStoreOptions options = Options(g);
+  options.pools[0].geometry.rope.enabled = true;
+  options.pools[0].geometry.rope.theta = 10000;
+  KVC_ASSERT_OK_AND_ASSIGN(auto store, KvStore::Create(options));
+  CreateSequenceParams cp;
+  cp.policy = Streaming(4, 100);
+  cp.policy.rerotate_keys = true;
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot seq, store->CreateSequence(cp));
+  // Every key of head h is the same vector k0[h] rotated to its token's position, so a key
+  // moved to position q must equal k0[h] rotated to q.
+  std::vector<std::vector<float>> k0 = {Gaussian(g.dim, 1), Gaussian(g.dim, 2)};
+  constexpr int kTokens = 300;
+  std::vector<float> keys;
+  for (int t = 0; t < kTokens; ++t)
+    for (int h = 0; h < g.heads; ++h) {
+      const auto r = Rope(k0[static_cast<size_t>(h)], t);
+      keys.insert(keys.end(), r.begin(), r.end());
+    }
+  for (int start = 0; start < kTokens; start += 50) {
+    AppendParams a;
+    a.sequence_id = seq.id;
+    a.layer = 0;
+    a.start_position = start;
+    a.num_tokens = 50;
+    a.dtype = DType::kF32;
+    a.dtype_set = true;
+    a.keys =
+        absl::string_view(reinterpret_cast<const char*>(keys.data()) + start * g.heads * g.dim * 4,
+                          50 * g.heads * g.dim * 4);
+    a.values = a.keys;
+    KVC_ASSERT_OK(store->Append(a));
+  }
+  CompressParams p;
+  p.sequence_id = seq.id;
+  p.spec = Streaming(4, 100);
+  p.spec.rerotate_keys = true;
+  KVC_ASSERT_OK(store->Compress(p));
+  FetchParams f;
+  f.sequence_id = seq.id;
+  f.dtype = DType::kF32;
+  f.dtype_set = true;
+  std::map<int, std::set<int32_t>> positions;
+  KVC_ASSERT_OK(store->Fetch(f, [&](FetchChunk& c) {
+    const float* k = reinterpret_cast<const float*>(c.keys.data());
+    for (int i = 0; i < c.num_tokens; ++i) {
+      const int32_t q = c.positions[static_cast<size_t>(i)];
+      positions[c.kv_head].insert(q);
+      const auto expected = Rope(k0[static_cast<size_t>(c.kv_head)], q);
+      for (int e = 0; e < g.dim; ++e)
+        EXPECT_NEAR(k[i * g.dim + e], expected[static_cast<size_t>(e)], 2e-4);
+    }
+    return true;
+  }));
+  std::set<int32_t> expected;
+  for (int q = kTokens - 104; q < kTokens; ++q)
+    expected.insert(q);  // consecutive, ending at the newest
+  EXPECT_EQ(positions[0], expected);
+  EXPECT_EQ(positions[1], expected);
+}
+
+TEST(CompressionTest, RerotationNeedsThePoolsRope) {
+  Fixture f;  // no RoPE parameters in this pool
+  CompressParams p;
+  p.sequence_id = f.id_;
+  p.spec = Streaming(4, 10);
+  p.spec.rerotate_keys = true;
+  EXPECT_THAT(f.store_->Compress(p), StatusIs(Code::kFailedPrecondition, "geometry.rope"));
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -54,10 +55,13 @@ absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
   const std::string what = absl::StrCat("--policy '", policy, "'");
   if (p.empty() || p == "full") {
     out.automatic.storage = *format;
-  } else if (absl::ConsumePrefix(&p, "streaming=")) {
+  } else if (absl::ConsumePrefix(&p, "streaming=") ||
+             absl::ConsumePrefix(&p, "streaming-rerotate=")) {
+    const bool rerotate = absl::StartsWith(policy, "streaming-rerotate=");
     auto n = Numbers(p, '+', 2, what);
     if (!n.ok()) return n.status();
     out.automatic = CompressionSpec::StreamingLlm((*n)[0], (*n)[1]).WithStorage(*format);
+    out.automatic.rerotate_keys = rerotate;
   } else if (absl::ConsumePrefix(&p, "snapkv=")) {
     // snapkv=BUDGET or snapkv=BUDGET/WINDOW (window 32 by default, as in the paper).
     auto n = Numbers(p, '/', 2, what);
