@@ -40,6 +40,7 @@ int Main(int argc, char** argv) {
            "             [--attention store|fetch] [--threads N] [--model GGUF]\n"
            "  perplexity --text-file FILE [--max-tokens N] [--skip-tokens N] [--chunk C]\n"
            "             [--policies full,window=1024,streaming=4+1020] [--json OUT]\n"
+           "             [--kv local|kvcached --target HOST:PORT --storage F]\n"
            "  passkey    [--haystack-file FILE] [--lengths 1024,2048] [--depths 0,0.5,1]\n"
            "             [--policies full,window=512,streaming=4+508] [--chat] [--json OUT]\n"
            "  tokenize   --text TEXT | --text-file FILE [--special]\n";

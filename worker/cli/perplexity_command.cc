@@ -1,4 +1,5 @@
-// kvc-worker perplexity: perplexity of a text file under several local policies.
+// kvc-worker perplexity: perplexity of a text file under several policies, with the KV cache
+// in a local store or in kvcached (--kv=kvcached).
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -15,14 +16,20 @@
 #include "worker/cli/commands.h"
 #include "worker/engine/local_kv_store.h"
 #include "worker/eval/perplexity.h"
+#ifdef KVC_WORKER_WITH_SERVICE
+#include "kvc/client/kv_cache_client.h"
+#include "worker/service/service_kv_store.h"
+#include "worker/service/service_policy_parse.h"
+#endif
 
 namespace kvc::worker {
 
 absl::Status RunPerplexity(int argc, char** argv) {
-  auto flags = Flags::Parse(argc, argv, 2,
-                            {"model", "threads", "text-file", "max-tokens", "skip-tokens",
-                             "policies", "chunk", "segment", "json"},
-                            {});
+  auto flags =
+      Flags::Parse(argc, argv, 2,
+                   {"model", "threads", "text-file", "max-tokens", "skip-tokens", "policies",
+                    "chunk", "segment", "json", "kv", "target", "pool", "storage"},
+                   {});
   if (!flags.ok()) return flags.status();
   auto text = ReadFile(flags->Get("text-file", ""));
   if (!text.ok()) return text.status();
@@ -46,13 +53,52 @@ absl::Status RunPerplexity(int argc, char** argv) {
   std::string json = "{\"tokens\": " + std::to_string(ids.size()) + ", \"results\": [";
   const std::vector<std::string> specs =
       absl::StrSplit(flags->Get("policies", "full,window=1024,streaming=4+1020"), ',');
-  for (const std::string& spec : specs) {  // fail before minutes of work, not after
-    if (auto policy = ParsePolicy(spec); !policy.ok()) return policy.status();
+  const std::string where = flags->Get("kv", "local");
+  const std::string storage = flags->Get("storage", "");
+#ifdef KVC_WORKER_WITH_SERVICE
+  std::unique_ptr<client::KvCacheClient> client;
+  if (where == "kvcached") {
+    client::ClientOptions client_options;
+    client_options.target = flags->Get("target", "127.0.0.1:50051");
+    client_options.default_deadline = absl::Minutes(5);
+    auto connected = client::KvCacheClient::Connect(client_options);
+    if (!connected.ok()) return connected.status();
+    client = std::move(*connected);
+  }
+#endif
+  if (where != "local" && where != "kvcached") {
+    return absl::InvalidArgumentError("--kv is local or kvcached");
+  }
+  // Builds the store for one policy spec (and checks every spec before minutes of work).
+  auto make_store = [&](const std::string& spec) -> absl::StatusOr<std::unique_ptr<KvStore>> {
+    if (where == "kvcached") {
+#ifdef KVC_WORKER_WITH_SERVICE
+      auto policy = ParseServicePolicy(spec == "full" ? "" : spec, storage);
+      if (!policy.ok()) return policy.status();
+      if (client == nullptr) return absl::InvalidArgumentError("no kvcached client");
+      auto store = ServiceKvStore::Create(client.get(), flags->Get("pool", ""),
+                                          (*model)->config().kv_geometry(), *policy,
+                                          /*always_fetch=*/false, (*model)->pool());
+      if (!store.ok()) return store.status();
+      return std::unique_ptr<KvStore>(std::move(*store));
+#else
+      return absl::InvalidArgumentError("--kv=kvcached needs the full build");
+#endif
+    }
+    if (!storage.empty()) return absl::InvalidArgumentError("--storage needs --kv=kvcached");
+    auto policy = ParsePolicy(spec);
+    if (!policy.ok()) return policy.status();
+    return std::unique_ptr<KvStore>(std::make_unique<LocalKvStore>(
+        (*model)->config().kv_geometry(), std::move(*policy), (*model)->pool()));
+  };
+  for (const std::string& spec : specs) {
+    auto store = make_store(spec);  // a kvcached sequence is released again at once
+    if (!store.ok()) return store.status();
   }
   for (size_t p = 0; p < specs.size(); ++p) {
-    auto policy = ParsePolicy(specs[p]);
-    if (!policy.ok()) return policy.status();
-    LocalKvStore kv((*model)->config().kv_geometry(), std::move(*policy), (*model)->pool());
+    auto store = make_store(specs[p]);
+    if (!store.ok()) return store.status();
+    KvStore& kv = **store;
     PerplexityOptions opt;
     opt.chunk = static_cast<int32_t>(*chunk);
     opt.segment = static_cast<int32_t>(*segment);
