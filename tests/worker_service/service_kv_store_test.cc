@@ -89,7 +89,9 @@ TEST(ServiceKvStoreTest, MatchesTheLocalStoreOnPrefillAndDecode) {
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4) << i;
     EXPECT_EQ(service->StoredTokenSlots(), 46 * kLayers * kHeads);
-    if (!always_fetch) EXPECT_EQ(service->attend_calls(), 6 * kLayers);
+    if (!always_fetch) {
+      EXPECT_EQ(service->attend_calls(), 6 * kLayers);
+    }
   }
 }
 
@@ -109,6 +111,94 @@ TEST(ServiceKvStoreTest, SnapKvAtThePromptEndShrinksTheServiceCache) {
   EXPECT_EQ(info.storage, client::StorageFormat::kInt4G32);
   for (int64_t n : info.stored_tokens) EXPECT_EQ(n, 24 + 3);  // budget + decoded tokens
   EXPECT_EQ(info.visible_tokens, 103);
+}
+
+// Keeps the last `window` queries of every layer, like the passkey harness's prefill store.
+class QueryRecorder : public KvStore {
+ public:
+  QueryRecorder(KvStore* inner, size_t window)
+      : inner_(inner), window_(window), q_(kLayers), p_(kLayers) {}
+  const KvGeometry& geometry() const override { return inner_->geometry(); }
+  absl::Status Append(int32_t layer, absl::Span<const int32_t> positions,
+                      absl::Span<const float> keys, absl::Span<const float> values) override {
+    return inner_->Append(layer, positions, keys, values);
+  }
+  absl::Status Attend(int32_t layer, absl::Span<const float> queries,
+                      absl::Span<const int32_t> positions, absl::Span<float> out) override {
+    auto& q = q_[static_cast<size_t>(layer)];
+    auto& p = p_[static_cast<size_t>(layer)];
+    q.insert(q.end(), queries.begin(), queries.end());
+    p.insert(p.end(), positions.begin(), positions.end());
+    while (p.size() > window_) {
+      p.erase(p.begin());
+      q.erase(q.begin(), q.begin() + kQHeads * kDim);
+    }
+    return inner_->Attend(layer, queries, positions, out);
+  }
+  absl::StatusOr<LayerKv> Fetch(int32_t layer) override { return inner_->Fetch(layer); }
+  absl::Status CommitStep(int32_t end) override { return inner_->CommitStep(end); }
+  int64_t StoredTokenSlots() const override { return inner_->StoredTokenSlots(); }
+  std::string Describe() const override { return "recorder"; }
+
+  KvStore* inner_;
+  size_t window_;
+  std::vector<std::vector<float>> q_;
+  std::vector<std::vector<int32_t>> p_;
+};
+
+// The passkey harness prefills once locally and loads the K/V into a service sequence per
+// policy: that must leave the service holding exactly what prefilling through the service
+// (`generate --kv=kvcached`) leaves, for SnapKV (observation window) and H2O (prefill scores).
+TEST(ServiceKvStoreTest, LoadingAPrefilledPromptEqualsPrefillingThroughTheService) {
+  auto t = ::kvc::testing::StartTestServer(F32Pool());
+  ThreadPool threads(2);
+  for (const char* spec : {"snapkv", "h2o"}) {
+    SCOPED_TRACE(spec);
+    ServicePolicy policy;
+    if (std::string(spec) == "snapkv") {
+      policy.at_prompt_end = client::CompressionSpec::SnapKv(8, 24);
+    } else {
+      policy.automatic = client::CompressionSpec::H2o(12, 12);
+      policy.at_prompt_end = client::CompressionSpec::H2o(12, 12);
+    }
+    policy.compress_at_prompt_end = true;
+    policy.query_window = 8;
+    // The engine's way: prefill through the service, compressed when the prompt is complete.
+    KVC_ASSERT_OK_AND_ASSIGN(auto engine, ServiceKvStore::Create(t.client.get(), "", Geometry(),
+                                                                 policy, false, &threads));
+    engine->ExpectPrompt(100);
+    Drive(*engine, 100, 32, 0);
+    // The harness's way: a local full-cache prefill (remembering more queries than needed),
+    // loaded into a fresh sequence in small chunks.
+    LocalKvStore local(Geometry(), nullptr, &threads);
+    QueryRecorder recorder(&local, 20);
+    Drive(recorder, 100, 32, 0);
+    KVC_ASSERT_OK_AND_ASSIGN(auto loaded, ServiceKvStore::Create(t.client.get(), "", Geometry(),
+                                                                 policy, false, &threads));
+    ASSERT_THAT(loaded->LoadPrompt(local, 100, recorder.q_, recorder.p_, /*chunk_tokens=*/37),
+                ::kvc::testing::IsOk());
+    for (int l = 0; l < kLayers; ++l) {
+      KVC_ASSERT_OK_AND_ASSIGN(LayerKv a, engine->Fetch(l));
+      KVC_ASSERT_OK_AND_ASSIGN(LayerKv b, loaded->Fetch(l));
+      for (int h = 0; h < kHeads; ++h) {
+        EXPECT_EQ(a.heads[h].positions, b.heads[h].positions) << "layer " << l << " head " << h;
+        EXPECT_LT(a.heads[h].positions.size(), 100u);
+        EXPECT_EQ(a.heads[h].keys, b.heads[h].keys);
+      }
+    }
+    // And the next decode step attends the same.
+    const auto q = Gaussian(kQHeads * kDim, 999);
+    std::vector<float> out_a(q.size()), out_b(q.size());
+    const int32_t pos[1] = {100};
+    const auto k = Gaussian(kHeads * kDim, 5), v = Gaussian(kHeads * kDim, 6);
+    for (ServiceKvStore* s : {engine.get(), loaded.get()}) {
+      for (int l = 0; l < kLayers; ++l)
+        ASSERT_THAT(s->Append(l, pos, k, v), ::kvc::testing::IsOk());
+    }
+    ASSERT_THAT(engine->Attend(1, q, pos, absl::MakeSpan(out_a)), ::kvc::testing::IsOk());
+    ASSERT_THAT(loaded->Attend(1, q, pos, absl::MakeSpan(out_b)), ::kvc::testing::IsOk());
+    for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(out_a[i], out_b[i], 1e-5) << i;
+  }
 }
 
 TEST(ServiceKvStoreTest, RefusesAPoolOfAnotherShape) {

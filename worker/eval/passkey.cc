@@ -1,11 +1,12 @@
 #include "worker/eval/passkey.h"
 
 #include <algorithm>
+#include <chrono>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "worker/engine/chat_template.h"
-#include "worker/engine/local_kv_store.h"
 #include "worker/engine/ops.h"
 #include "worker/engine/sampler.h"
 
@@ -16,20 +17,88 @@ constexpr char kInstruction[] =
     "There is an important piece of information hidden inside a lot of irrelevant text. Find it "
     "and memorize it. I will quiz you about the important information there.\n\n";
 
-// Feeds `tokens` from `start` in chunks; returns the logits of every fed token ([n, vocab]) when
-// `all`, else of the last one.
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The full-cache prefill store: forwards to a LocalKvStore and keeps the newest `window`
+// queries of every layer (what a compressing engine remembers for SnapKV/H2O).
+class RecordingKvStore : public KvStore {
+ public:
+  RecordingKvStore(LocalKvStore* inner, int32_t window)
+      : inner_(inner),
+        window_(static_cast<size_t>(std::max(window, 1))),
+        queries_(static_cast<size_t>(inner->geometry().num_layers)),
+        positions_(queries_.size()) {}
+
+  const KvGeometry& geometry() const override { return inner_->geometry(); }
+  absl::Status Append(int32_t layer, absl::Span<const int32_t> positions,
+                      absl::Span<const float> keys, absl::Span<const float> values) override {
+    return inner_->Append(layer, positions, keys, values);
+  }
+  absl::Status Attend(int32_t layer, absl::Span<const float> queries,
+                      absl::Span<const int32_t> query_positions, absl::Span<float> out) override {
+    const KvGeometry& g = inner_->geometry();
+    const size_t row = static_cast<size_t>(g.num_q_heads) * static_cast<size_t>(g.head_dim);
+    auto& q = queries_[static_cast<size_t>(layer)];
+    auto& p = positions_[static_cast<size_t>(layer)];
+    q.insert(q.end(), queries.begin(), queries.end());
+    p.insert(p.end(), query_positions.begin(), query_positions.end());
+    if (p.size() > window_) {
+      const size_t drop = p.size() - window_;
+      p.erase(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(drop));
+      q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(drop * row));
+    }
+    return inner_->Attend(layer, queries, query_positions, out);
+  }
+  absl::StatusOr<LayerKv> Fetch(int32_t layer) override { return inner_->Fetch(layer); }
+  absl::Status CommitStep(int32_t end_position) override {
+    return inner_->CommitStep(end_position);
+  }
+  int64_t StoredTokenSlots() const override { return inner_->StoredTokenSlots(); }
+  std::string Describe() const override { return inner_->Describe(); }
+
+  std::vector<std::vector<float>>& queries() { return queries_; }
+  std::vector<std::vector<int32_t>>& positions() { return positions_; }
+
+ private:
+  LocalKvStore* inner_;
+  size_t window_;
+  std::vector<std::vector<float>> queries_;
+  std::vector<std::vector<int32_t>> positions_;
+};
+
+// Feeds `tokens` from `start` in chunks; returns the logits of the last fed token.
 absl::StatusOr<std::vector<float>> Feed(LlamaModel& model, KvStore& kv,
                                         const std::vector<int32_t>& tokens, int32_t start,
-                                        int32_t chunk, bool all) {
+                                        int32_t chunk) {
   std::vector<float> out;
   for (size_t i = 0; i < tokens.size(); i += static_cast<size_t>(chunk)) {
     const size_t len = std::min(static_cast<size_t>(chunk), tokens.size() - i);
     const bool last = i + len == tokens.size();
     auto logits =
         model.Forward(absl::MakeConstSpan(tokens).subspan(i, len), start + static_cast<int32_t>(i),
-                      kv, all ? LogitsMode::kAll : (last ? LogitsMode::kLast : LogitsMode::kNone));
+                      kv, last ? LogitsMode::kLast : LogitsMode::kNone);
     if (!logits.ok()) return logits.status();
-    out.insert(out.end(), logits->begin(), logits->end());
+    out = std::move(*logits);
+  }
+  return out;
+}
+
+// Greedy decoding from `logits` (the prediction for position `pos`) for up to `max` tokens.
+absl::StatusOr<std::vector<int32_t>> Greedy(LlamaModel& model, KvStore& kv,
+                                            std::vector<float> logits, int32_t pos, int32_t max,
+                                            std::vector<int32_t> out) {
+  const int32_t eos = model.tokenizer().eos_id();
+  while (static_cast<int32_t>(out.size()) < max) {
+    const int32_t next = ArgMax(logits);
+    if (next == eos) break;
+    out.push_back(next);
+    if (static_cast<int32_t>(out.size()) == max) break;
+    const int32_t one[1] = {next};
+    auto step = model.Forward(one, pos++, kv, LogitsMode::kLast);
+    if (!step.ok()) return step.status();
+    logits = std::move(*step);
   }
   return out;
 }
@@ -68,8 +137,37 @@ PasskeyPrompt MakePasskeyPrompt(const BpeTokenizer& tok, const std::string& hays
   return p;
 }
 
+PasskeyPolicy LocalPasskeyPolicy(const PolicySpec& spec) {
+  PasskeyPolicy p;
+  p.name = spec.name;
+  auto make = spec.make;
+  p.load = [make](const PrefilledPrompt& prompt) -> absl::StatusOr<std::unique_ptr<KvStore>> {
+    std::unique_ptr<LocalKvStore> kv = prompt.kv->Clone(make());
+    if (auto s = kv->CommitStep(prompt.prompt_tokens); !s.ok()) return s;
+    return std::unique_ptr<KvStore>(std::move(kv));
+  };
+  p.footprint = [](KvStore& kv, const PrefilledPrompt& prompt) -> absl::StatusOr<KvFootprint> {
+    const KvGeometry& g = kv.geometry();
+    const int64_t slot_bytes = int64_t{2} * 2 * g.head_dim;  // K and V as f16
+    KvFootprint f;
+    f.token_slots = kv.StoredTokenSlots();
+    f.bytes = f.token_slots * slot_bytes;
+    f.dense_f16_bytes = int64_t{g.num_layers} * g.num_kv_heads * prompt.prompt_tokens * slot_bytes;
+    return f;
+  };
+  return p;
+}
+
 absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const std::string& haystack,
                                                      const std::vector<PolicySpec>& policies,
+                                                     const PasskeyOptions& options) {
+  std::vector<PasskeyPolicy> local;
+  for (const PolicySpec& spec : policies) local.push_back(LocalPasskeyPolicy(spec));
+  return RunPasskey(model, haystack, local, options);
+}
+
+absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const std::string& haystack,
+                                                     const std::vector<PasskeyPolicy>& policies,
                                                      const PasskeyOptions& options) {
   const BpeTokenizer& tok = model.tokenizer();
   const int64_t vocab = model.config().vocab_size;
@@ -77,65 +175,117 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
   std::vector<PasskeyScore> scores;
   for (int64_t length : options.lengths) {
     for (double depth : options.depths) {
-      const std::string passkey = std::to_string(10000 + rng() % 90000);
-      PasskeyPrompt p = MakePasskeyPrompt(tok, haystack, length, depth, passkey);
-      if (options.chat) {
-        p.context = absl::StrCat("<|im_start|>system\n", kSmolLmDefaultSystem,
-                                 "<|im_end|>\n<|im_start|>user\n", p.context);
-        p.question = "\n\nWhat is the pass key?<|im_end|>\n<|im_start|>assistant\nThe pass key is";
-      }
-      const std::vector<int32_t> context = tok.Encode(p.context, options.chat);
-      const std::vector<int32_t> question = tok.Encode(p.question, options.chat);
-      const std::vector<int32_t> answer = tok.Encode(p.answer, false);
-      LocalKvStore prefilled(model.config().kv_geometry(), nullptr, model.pool());
-      auto pre = Feed(model, prefilled, context, 0, options.prefill_chunk, /*all=*/false);
-      if (!pre.ok()) return pre.status();
-      const int32_t qpos = static_cast<int32_t>(context.size());
+      for (int key = 0; key < std::max(options.keys_per_cell, 1); ++key) {
+        const std::string passkey = std::to_string(10000 + rng() % 90000);
+        PasskeyPrompt p = MakePasskeyPrompt(tok, haystack, length, depth, passkey);
+        if (options.chat) {
+          p.context = absl::StrCat("<|im_start|>system\n", kSmolLmDefaultSystem,
+                                   "<|im_end|>\n<|im_start|>user\n", p.context);
+          p.question =
+              "\n\nWhat is the pass key?<|im_end|>\n<|im_start|>assistant\nThe pass key is";
+        }
+        const std::vector<int32_t> context = tok.Encode(p.context, options.chat);
+        const std::vector<int32_t> question = tok.Encode(p.question, options.chat);
+        const std::vector<int32_t> answer = tok.Encode(p.answer, false);
+        std::vector<int32_t> prompt = context;
+        if (options.question_in_prompt)
+          prompt.insert(prompt.end(), question.begin(), question.end());
 
-      for (const PolicySpec& spec : policies) {
-        PasskeyScore s;
-        s.policy = spec.name;
-        s.context_tokens = static_cast<int64_t>(context.size());
-        s.depth = depth;
-        // Teacher-forced: question + answer in one pass over a compressed clone.
-        {
-          auto kv = prefilled.Clone(spec.make());
-          if (auto st = kv->CommitStep(qpos); !st.ok()) return st;  // compress the context
-          s.kv_slots = kv->StoredTokenSlots();
-          std::vector<int32_t> qa = question;
-          qa.insert(qa.end(), answer.begin(), answer.end());
-          auto logits = Feed(model, *kv, qa, qpos, options.prefill_chunk, /*all=*/true);
-          if (!logits.ok()) return logits.status();
+        const auto t_prefill = std::chrono::steady_clock::now();
+        LocalKvStore full(model.config().kv_geometry(), nullptr, model.pool());
+        RecordingKvStore recorder(&full, options.observation_window);
+        auto prompt_logits = Feed(model, recorder, prompt, 0, options.prefill_chunk);
+        if (!prompt_logits.ok()) return prompt_logits.status();
+        PrefilledPrompt prefilled;
+        prefilled.kv = &full;
+        prefilled.prompt_tokens = static_cast<int32_t>(prompt.size());
+        prefilled.window_queries = std::move(recorder.queries());
+        prefilled.window_positions = std::move(recorder.positions());
+        if (options.on_progress) {
+          options.on_progress(
+              absl::StrFormat("prefilled %d tokens (context %d, depth %.2f, key %d) in %.1f s",
+                              prompt.size(), context.size(), depth, key, Since(t_prefill)));
+        }
+
+        for (const PasskeyPolicy& policy : policies) {
+          PasskeyScore s;
+          s.policy = policy.name;
+          s.context_tokens = static_cast<int64_t>(context.size());
+          s.prompt_tokens = static_cast<int64_t>(prompt.size());
+          s.depth = depth;
+          s.key_index = key;
+          s.passkey = passkey;
+          auto t0 = std::chrono::steady_clock::now();
+          auto kv = policy.load(prefilled);
+          if (!kv.ok()) return kv.status();
+          if (policy.footprint) {
+            auto f = policy.footprint(**kv, prefilled);
+            if (!f.ok()) return f.status();
+            s.kv = *f;
+          }
+          s.kv_slots = s.kv.token_slots;
+          s.load_seconds = Since(t0);
+          t0 = std::chrono::steady_clock::now();
+          // The prediction for the first answer token: from the prompt's prefill, or from the
+          // question fed after the policy ran.
+          int32_t pos = static_cast<int32_t>(prompt.size());
+          std::vector<float> logits = *prompt_logits;
+          if (!options.question_in_prompt) {
+            auto q = Feed(model, **kv, question, pos, options.prefill_chunk);
+            if (!q.ok()) return q.status();
+            logits = std::move(*q);
+            pos += static_cast<int32_t>(question.size());
+          }
+          // Teacher forcing, one decode step per answer token.
           s.teacher_forced_match = true;
+          size_t diverged = answer.size();
           for (size_t i = 0; i < answer.size(); ++i) {
-            const float* row = logits->data() + (question.size() - 1 + i) * vocab;
-            s.answer_logprob += LogProb(row, vocab, answer[i]);
-            s.teacher_forced_match &=
-                ArgMax(absl::MakeConstSpan(row, static_cast<size_t>(vocab))) == answer[i];
-          }
-        }
-        // Generated: greedy continuation after the question.
-        {
-          auto kv = prefilled.Clone(spec.make());
-          if (auto st = kv->CommitStep(qpos); !st.ok()) return st;
-          auto logits = Feed(model, *kv, question, qpos, options.prefill_chunk, /*all=*/false);
-          if (!logits.ok()) return logits.status();
-          std::vector<int32_t> out;
-          int32_t pos = qpos + static_cast<int32_t>(question.size());
-          for (int32_t t = 0; t < options.answer_max_tokens; ++t) {
-            const int32_t next = ArgMax(*logits);
-            if (next == tok.eos_id()) break;
-            out.push_back(next);
-            const int32_t one[1] = {next};
-            auto step = model.Forward(one, pos++, *kv, LogitsMode::kLast);
+            const double lp = LogProb(logits.data(), vocab, answer[i]);
+            s.token_logprob.push_back(lp);
+            s.answer_logprob += lp;
+            if (ArgMax(logits) != answer[i] && diverged == answer.size()) diverged = i;
+            if (i + 1 == answer.size()) break;
+            const int32_t one[1] = {answer[i]};
+            auto step = model.Forward(one, pos++, **kv, LogitsMode::kLast);
             if (!step.ok()) return step.status();
-            logits = std::move(step);
+            logits = std::move(*step);
           }
-          s.generated = tok.Decode(out);
+          s.teacher_forced_match = diverged == answer.size();
+          // Greedy decoding makes the same steps while it agrees with the answer: continue
+          // this store after a full match, else decode again from a fresh store.
+          std::vector<int32_t> generated;
+          if (s.teacher_forced_match &&
+              static_cast<int32_t>(answer.size()) >= options.answer_max_tokens) {
+            generated = answer;
+          } else if (s.teacher_forced_match) {
+            const int32_t one[1] = {answer.back()};
+            auto step = model.Forward(one, pos++, **kv, LogitsMode::kLast);
+            if (!step.ok()) return step.status();
+            auto g = Greedy(model, **kv, std::move(*step), pos, options.answer_max_tokens, answer);
+            if (!g.ok()) return g.status();
+            generated = std::move(*g);
+          } else {
+            kv->reset();  // a kvcached sequence is released before the next is made
+            auto fresh = policy.load(prefilled);
+            if (!fresh.ok()) return fresh.status();
+            int32_t gpos = static_cast<int32_t>(prompt.size());
+            std::vector<float> first = *prompt_logits;
+            if (!options.question_in_prompt) {
+              auto q = Feed(model, **fresh, question, gpos, options.prefill_chunk);
+              if (!q.ok()) return q.status();
+              first = std::move(*q);
+              gpos += static_cast<int32_t>(question.size());
+            }
+            auto g = Greedy(model, **fresh, std::move(first), gpos, options.answer_max_tokens, {});
+            if (!g.ok()) return g.status();
+            generated = std::move(*g);
+          }
+          s.generated = tok.Decode(generated);
           s.generated_match = s.generated.find(passkey) != std::string::npos;
+          s.answer_seconds = Since(t0);
+          if (options.on_score) options.on_score(s);
+          scores.push_back(std::move(s));
         }
-        if (options.on_score) options.on_score(s);
-        scores.push_back(std::move(s));
       }
     }
   }

@@ -1,8 +1,11 @@
-// Passkey retrieval (needle in a haystack) with local KV stores. Each case is prefilled once
-// with the full cache; the K/V are then cloned into one store per policy, the policy is applied
-// (as a compression at the end of prefill), and the question is answered from each store:
+// Passkey retrieval (needle in a haystack). Each case is prefilled once with the full cache (a
+// local f32 store); the prefilled K/V then go to one store per policy, which applies the policy
+// as an engine would when the prompt is complete (a local store clones and evicts; the
+// kvcached-backed store loads the K/V into a service sequence and compresses there with the
+// prompt's last observation-window queries). The answer is scored from each store:
 //  * teacher-forced: log-probability and argmax match of the answer tokens after the lead-in
-//    "The pass key is" (works for weak models);
+//    "The pass key is" (works for weak models); the answer tokens are fed one decode step at a
+//    time (through the store's Attend, i.e. the service's for kvcached);
 //  * generated: greedy answer, exact match when it contains the pass key.
 #pragma once
 
@@ -14,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/engine/llama_model.h"
+#include "worker/engine/local_kv_store.h"
 #include "worker/engine/local_policy.h"
 
 namespace kvc::worker {
@@ -29,35 +33,83 @@ struct PasskeyPrompt {
 PasskeyPrompt MakePasskeyPrompt(const BpeTokenizer& tok, const std::string& haystack,
                                 int64_t context_tokens, double depth, const std::string& passkey);
 
+// A prompt prefilled once with the full cache: what every policy starts from.
+struct PrefilledPrompt {
+  LocalKvStore* kv = nullptr;  // full cache, positions [0, prompt_tokens)
+  int32_t prompt_tokens = 0;
+  // The prompt's last queries of every layer ([layer] -> [n, num_q_heads, head_dim] and [n]
+  // positions, n <= PasskeyOptions::observation_window), as the engine computed them in prefill:
+  // SnapKV's observation window, H2O's prefill scores.
+  std::vector<std::vector<float>> window_queries;
+  std::vector<std::vector<int32_t>> window_positions;
+};
+
+// What the store of a policy holds after the policy ran at the end of the prompt.
+struct KvFootprint {
+  int64_t token_slots = 0;      // stored (layer, kv head, token) slots
+  int64_t bytes = 0;            // bytes held (a local store: token_slots as dense f16)
+  int64_t dense_f16_bytes = 0;  // a full f16 cache of the same tokens
+};
+
+struct PasskeyPolicy {
+  std::string name;
+  // A store holding `prompt` with the policy applied at the end of the prompt.
+  std::function<absl::StatusOr<std::unique_ptr<KvStore>>(const PrefilledPrompt&)> load;
+  // What that store holds (called right after `load`).
+  std::function<absl::StatusOr<KvFootprint>(KvStore&, const PrefilledPrompt&)> footprint;
+};
+
+// A local baseline: clones the full cache under `make()` (nullptr = full) and commits.
 struct PolicySpec {
   std::string name;
   // Makes a fresh policy; returns nullptr for the full cache.
   std::function<std::unique_ptr<LocalEvictionPolicy>()> make;
 };
+PasskeyPolicy LocalPasskeyPolicy(const PolicySpec& spec);
 
 struct PasskeyScore {
   std::string policy;
-  int64_t context_tokens = 0;
+  int64_t context_tokens = 0;  // context (instruction + haystack + needle), as tokens
+  int64_t prompt_tokens = 0;   // what was prefilled before the policy ran
   double depth = 0;
+  int key_index = 0;  // which of PasskeyOptions::keys_per_cell
+  std::string passkey;
   double answer_logprob = 0;          // sum over answer tokens, nats
+  std::vector<double> token_logprob;  // per answer token
   bool teacher_forced_match = false;  // every answer token is the argmax
   bool generated_match = false;
   std::string generated;
-  int64_t kv_slots = 0;  // stored (layer, kv head, token) slots after compression
+  KvFootprint kv;  // after the policy ran, before the answer
+  double load_seconds = 0;
+  double answer_seconds = 0;
+  // Kept for the local baselines' JSON.
+  int64_t kv_slots = 0;
 };
 
 struct PasskeyOptions {
   std::vector<int64_t> lengths = {1024, 2048, 4096};
   std::vector<double> depths = {0.0, 0.25, 0.5, 0.75, 1.0};
+  int keys_per_cell = 1;
   int32_t prefill_chunk = 256;
   int32_t answer_max_tokens = 8;
   uint64_t seed = 1234;  // pass keys are random 5-digit numbers
   // Wrap the case in the model's chat template: the context and question form the user turn
   // and "The pass key is" starts the assistant turn.
   bool chat = false;
-  std::function<void(const PasskeyScore&)> on_score;  // progress, may be empty
+  // The prompt that is prefilled and compressed: false = the context only (the question comes
+  // after the policy ran, as a prefill chunk); true = context + question, as `kvc-worker
+  // generate` prefills a document with its question (SnapKV's observation window is then the
+  // question).
+  bool question_in_prompt = false;
+  int32_t observation_window = 32;  // prompt queries kept per layer for PrefilledPrompt
+  std::function<void(const PasskeyScore&)> on_score;    // progress, may be empty
+  std::function<void(const std::string&)> on_progress;  // prefill progress, may be empty
 };
 
+absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const std::string& haystack,
+                                                     const std::vector<PasskeyPolicy>& policies,
+                                                     const PasskeyOptions& options);
+// Local baselines only.
 absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const std::string& haystack,
                                                      const std::vector<PolicySpec>& policies,
                                                      const PasskeyOptions& options);

@@ -115,7 +115,10 @@ absl::Status ServiceKvStore::Attend(int32_t layer, absl::Span<const float> queri
                                     absl::Span<const int32_t> query_positions,
                                     absl::Span<float> out) {
   const size_t row = static_cast<size_t>(geometry_.num_q_heads) * geometry_.head_dim;
-  if (query_positions.size() > 1 && policy_.compress_at_prompt_end && !compressed_) {
+  // Prompt queries: every multi-token chunk, and a one-token chunk inside the expected prompt.
+  const bool prompt_chunk =
+      query_positions.size() > 1 || (prompt_tokens_ > 0 && query_positions.back() < prompt_tokens_);
+  if (prompt_chunk && policy_.compress_at_prompt_end && !compressed_) {
     // Remember the newest prompt queries of this layer for SnapKV's observation window.
     auto& q = window_queries_[static_cast<size_t>(layer)];
     auto& p = window_positions_[static_cast<size_t>(layer)];
@@ -178,6 +181,65 @@ absl::Status ServiceKvStore::CompressAtPromptEnd() {
   window_queries_.assign(window_queries_.size(), {});
   window_positions_.assign(window_positions_.size(), {});
   return r.ok() ? absl::OkStatus() : r.status();
+}
+
+absl::Status ServiceKvStore::LoadPrompt(KvStore& source, int32_t prompt_tokens,
+                                        const std::vector<std::vector<float>>& window_queries,
+                                        const std::vector<std::vector<int32_t>>& window_positions,
+                                        int32_t chunk_tokens) {
+  const size_t layers = static_cast<size_t>(geometry_.num_layers);
+  const size_t heads = static_cast<size_t>(geometry_.num_kv_heads);
+  const size_t d = static_cast<size_t>(geometry_.head_dim);
+  const size_t row = static_cast<size_t>(geometry_.num_q_heads) * d;
+  if (base_position_ >= 0) return absl::FailedPreconditionError("LoadPrompt into a used store");
+  if (policy_.compress_at_prompt_end &&
+      (window_queries.size() != layers || window_positions.size() != layers)) {
+    return absl::InvalidArgumentError("LoadPrompt needs observation queries for every layer");
+  }
+  ExpectPrompt(prompt_tokens);
+  const size_t chunk = static_cast<size_t>(std::max(chunk_tokens, 1));
+  for (int32_t l = 0; l < geometry_.num_layers; ++l) {
+    auto kv = source.Fetch(l);
+    if (!kv.ok()) return kv.status();
+    const size_t n = static_cast<size_t>(prompt_tokens);
+    for (const HeadKv& h : kv->heads) {
+      bool dense = h.positions.size() == n;
+      for (size_t t = 0; dense && t < n; ++t) dense = h.positions[t] == static_cast<int32_t>(t);
+      if (!dense) {
+        return absl::FailedPreconditionError(
+            "LoadPrompt: the source must hold every position of the prompt in every kv head");
+      }
+    }
+    for (size_t start = 0; start < n; start += chunk) {
+      const size_t len = std::min(chunk, n - start);
+      std::vector<int32_t> positions(len);
+      std::iota(positions.begin(), positions.end(), static_cast<int32_t>(start));
+      std::vector<float> k(len * heads * d), v(len * heads * d);
+      for (size_t t = 0; t < len; ++t) {
+        for (size_t h = 0; h < heads; ++h) {
+          const HeadKv& src = kv->heads[h];
+          std::memcpy(&k[(t * heads + h) * d], &src.keys[(start + t) * d], d * sizeof(float));
+          std::memcpy(&v[(t * heads + h) * d], &src.values[(start + t) * d], d * sizeof(float));
+        }
+      }
+      if (auto s = Append(l, positions, k, v); !s.ok()) return s;
+    }
+    if (policy_.compress_at_prompt_end) {
+      // What Attend would have kept from the prefill: the newest query_window queries.
+      const auto& q = window_queries[static_cast<size_t>(l)];
+      const auto& p = window_positions[static_cast<size_t>(l)];
+      if (q.size() != p.size() * row) {
+        return absl::InvalidArgumentError("LoadPrompt: queries and positions disagree");
+      }
+      const size_t keep = std::min(p.size(), static_cast<size_t>(policy_.query_window));
+      const size_t drop = p.size() - keep;
+      window_queries_[static_cast<size_t>(l)].assign(
+          q.begin() + static_cast<std::ptrdiff_t>(drop * row), q.end());
+      window_positions_[static_cast<size_t>(l)].assign(
+          p.begin() + static_cast<std::ptrdiff_t>(drop), p.end());
+    }
+  }
+  return CommitStep(prompt_tokens);
 }
 
 absl::Status ServiceKvStore::CommitStep(int32_t end_position) {

@@ -52,6 +52,18 @@ class ServiceKvStore : public KvStore {
 
   // The prompt is `tokens` long: when CommitStep reaches it, run policy.at_prompt_end.
   void ExpectPrompt(int64_t tokens) { prompt_tokens_ = tokens; }
+
+  // Loads a prompt prefilled elsewhere into this (empty) store and ends the prompt as
+  // `kvc-worker generate` would after prefilling it here: Append of every layer's K/V in
+  // position order (chunks of `chunk_tokens`), then CommitStep(prompt_tokens), which runs
+  // policy.at_prompt_end with `window_queries` as the observation window (per layer
+  // [n, num_q_heads, head_dim] rotated at `window_positions`; the newest
+  // policy.query_window are used). `source` must hold the full cache of positions
+  // [0, prompt_tokens) (every kv head the same tokens).
+  absl::Status LoadPrompt(KvStore& source, int32_t prompt_tokens,
+                          const std::vector<std::vector<float>>& window_queries,
+                          const std::vector<std::vector<int32_t>>& window_positions,
+                          int32_t chunk_tokens = 2048);
   const std::string& sequence_id() const { return sequence_id_; }
   // Bytes the service holds for this sequence, and what a dense f16 cache would take.
   absl::StatusOr<client::SequenceInfo> Info() const;
