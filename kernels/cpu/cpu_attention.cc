@@ -157,6 +157,7 @@ void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
         StoreRow<false>(out.data(), d, a.out, a.dtype, (static_cast<size_t>(lane) * G + g) * d);
         lane_m[lane * G + g] = M;
         lane_l[lane * G + g] = L;
+        if (a.lse != nullptr) a.lse[lane * G + g] = L > 0 ? M + std::log(L) : kNegInf;
       }
     }
   });

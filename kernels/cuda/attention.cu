@@ -137,7 +137,10 @@ __global__ void DecodeCombineKernel(DecodeAttentionArgs a, DecodeScratch w) {
     }
     StoreElement(a.out, a.dtype, static_cast<size_t>(row) * d + j, acc * inv);
   }
-  if (threadIdx.x == 0) w.stats[row] = make_float2(m, sum);
+  if (threadIdx.x == 0) {
+    w.stats[row] = make_float2(m, sum);
+    if (a.lse != nullptr) a.lse[row] = sum > 0 ? m + logf(sum) : -INFINITY;
+  }
 }
 
 __global__ void DecodeWeightsKernel(DecodeAttentionArgs a, DecodeScratch w) {

@@ -43,6 +43,9 @@ void DecodeAttention(const DecodeAttentionArgs& a) {
         mean_w[t] += p / static_cast<float>(a.group_size);
       }
       for (int j = 0; j < d; ++j) StoreElement(a.out, a.dtype, row * d + j, acc[j]);
+      if (a.lse != nullptr) {
+        a.lse[row] = n > 0 ? m + std::log(sum) : -std::numeric_limits<float>::infinity();
+      }
     }
     if (a.accumulate_scores) {
       for (int32_t t = 0; t < n; ++t) {

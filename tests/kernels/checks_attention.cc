@@ -32,7 +32,7 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
           RandomRows(static_cast<int64_t>(L) * c.group, c.d, DataKind::kGaussian, rng), c.dtype);
       const size_t out_bytes = static_cast<size_t>(L) * c.group * c.d * DTypeSize(c.dtype);
       const size_t nw = static_cast<size_t>(L) * c.group * lanes.max_tokens;
-      std::vector<float> out[2], weights[2], scores[2];
+      std::vector<float> out[2], weights[2], scores[2], lse[2];
       KernelBackend* backends[2] = {ctx.reference, ctx.backend};
       for (int i = 0; i < 2; ++i) {
         Session s(*backends[i], ctx);
@@ -46,10 +46,12 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
         a.out = s.Alloc(out_bytes);
         a.weights = c.weights ? static_cast<float*>(s.Alloc(nw * 4)) : nullptr;
         a.accumulate_scores = c.weights;
+        a.lse = static_cast<float*>(s.Alloc(static_cast<size_t>(L) * c.group * 4));
         if (!ctx.ExpectOk(backends[i]->DecodeAttention(a, StreamHandle{}), "DecodeAttention"))
           return;
         out[i] = DecodeDense(s.DownloadBytes(a.out, out_bytes), c.dtype);
         if (c.weights) weights[i] = s.Download(a.weights, nw);
+        lse[i] = s.Download(a.lse, static_cast<size_t>(L) * c.group);
         PagedArena host{nullptr, l, lanes.num_blocks};
         std::vector<uint8_t> bytes = s.DownloadBytes(a.arena.base, arena.size());
         host.base = bytes.data();
@@ -61,6 +63,10 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
       const std::string what = Str("decode ", ShapeName(l), " G", c.group, " ", DTypeName(c.dtype));
       const double out_tol = c.dtype == DType::kF32 ? 1e-9 : 1e-5;
       ctx.Expect(Nmse(out[0], out[1]) < out_tol, Str(what, ": output NMSE ", Nmse(out[0], out[1])));
+      for (size_t r = 0; r < lse[0].size(); ++r) {
+        ctx.Expect(std::fabs(lse[0][r] - lse[1][r]) <= 1e-4f * (1.0f + std::fabs(lse[0][r])),
+                   Str(what, ": lse[", r, "] ", lse[1][r], " vs reference ", lse[0][r]));
+      }
       if (c.weights) {
         ctx.Expect(Nmse(weights[0], weights[1]) < 1e-9,
                    Str(what, ": weights NMSE ", Nmse(weights[0], weights[1])));
@@ -91,6 +97,8 @@ KVC_SPEC_CHECK(DecodeAttentionIsSoftmaxAttention) {
   a.queries = q.data();
   a.out = out.data();
   a.weights = w.data();
+  std::vector<float> lse(G);
+  a.lse = lse.data();
   ctx.ExpectOk(ref->DecodeAttention(a, StreamHandle{}), "DecodeAttention");
   for (int g = 0; g < G; ++g) {
     std::vector<double> logit(45);
@@ -104,6 +112,8 @@ KVC_SPEC_CHECK(DecodeAttentionIsSoftmaxAttention) {
     }
     double sum = 0;
     for (double& x : logit) sum += (x = std::exp(x - m));
+    ctx.Expect(std::fabs(lse[g] - (m + std::log(sum))) < 1e-5,
+               Str("lse ", lse[g], " is log sum exp of the logits ", m + std::log(sum)));
     std::vector<float> want(d, 0.0f), got(out.begin() + g * d, out.begin() + (g + 1) * d);
     std::vector<double> acc(d, 0.0);
     for (int t = 0; t < 45; ++t) {
@@ -116,6 +126,53 @@ KVC_SPEC_CHECK(DecodeAttentionIsSoftmaxAttention) {
     ctx.Expect(Nmse(want, got) < 1e-10,
                Str("reference decode vs double attention, NMSE ", Nmse(want, got)));
   }
+}
+
+// Spec: attention over a lane split into two token sets, merged by the log-sum-exp outputs,
+// equals attention over the whole lane (what the service does for a raw recent residual).
+KVC_SPEC_CHECK(DecodeAttentionMergesByLse) {
+  std::unique_ptr<KernelBackend> ref;
+  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create"))
+    return;
+  std::mt19937 rng(33);
+  const int d = 64, G = 3, n = 45, split = 32;
+  const BlockLayout l = MakeBlockLayout(StorageFormat::kF32, d, 16);
+  const LaneSpec lanes = MakeLanes(l, {n}, 0, rng);
+  std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, true, rng);
+  const std::vector<float> q = RandomRows(G, d, DataKind::kGaussian, rng);
+  const PagedArena pa{arena.data(), l, lanes.num_blocks};
+  auto attend = [&](const int32_t* ids, int32_t tokens, std::vector<float>* out,
+                    std::vector<float>* lse) {
+    out->assign(G * d, 0.0f);
+    lse->assign(G, 0.0f);
+    const int32_t offsets[2] = {0, (tokens + 15) / 16};
+    DecodeAttentionArgs a;
+    a.arena = pa;
+    a.lanes = LaneTable{1, offsets, ids, &tokens, tokens};
+    a.group_size = G;
+    a.dtype = DType::kF32;
+    a.queries = q.data();
+    a.out = out->data();
+    a.lse = lse->data();
+    ctx.ExpectOk(ref->DecodeAttention(a, StreamHandle{}), "DecodeAttention");
+  };
+  std::vector<float> whole, whole_lse, o1, l1, o2, l2;
+  attend(lanes.ids.data(), n, &whole, &whole_lse);
+  attend(lanes.ids.data(), split, &o1, &l1);
+  attend(lanes.ids.data() + split / 16, n - split, &o2, &l2);
+  std::vector<float> merged(G * d);
+  for (int g = 0; g < G; ++g) {
+    const float m = std::max(l1[g], l2[g]);
+    const float total = m + std::log(std::exp(l1[g] - m) + std::exp(l2[g] - m));
+    ctx.Expect(std::fabs(total - whole_lse[g]) < 1e-5,
+               Str("merged lse ", total, " vs ", whole_lse[g]));
+    for (int j = 0; j < d; ++j) {
+      merged[g * d + j] =
+          std::exp(l1[g] - total) * o1[g * d + j] + std::exp(l2[g] - total) * o2[g * d + j];
+    }
+  }
+  ctx.Expect(Nmse(whole, merged) < 1e-10,
+             Str("merged vs whole attention, NMSE ", Nmse(whole, merged)));
 }
 
 }  // namespace

@@ -144,7 +144,9 @@ struct CompactArgs {
 // One decode step of paged attention. For each lane and each of its group_size query heads:
 // out = softmax(scale * q.K) V over the lane's stored tokens, read directly in the stored
 // format, with a max-subtracted softmax and fp32 accumulation. A lane with no tokens gives
-// zeros.
+// zeros. `lse` lets a caller merge attention computed over disjoint token sets (e.g. a
+// low-bit part and a raw recent part): out = sum_i exp(lse_i - LSE) out_i with
+// LSE = log sum_i exp(lse_i), and each part's weights scale by exp(lse_i - LSE).
 struct DecodeAttentionArgs {
   PagedArena arena;
   LaneTable lanes;
@@ -155,6 +157,9 @@ struct DecodeAttentionArgs {
   float scale = 0.0f;              // 0 means 1/sqrt(head_dim)
   float* weights = nullptr;        // optional out [num_lanes, group_size, lanes.max_tokens]
   bool accumulate_scores = false;  // add the group mean of the weights to block scores (H2O)
+  // Optional out [num_lanes, group_size]: log sum_t exp(scale * q.k_t), natural log, the
+  // softmax's log-normalizer; -infinity for a lane with no tokens.
+  float* lse = nullptr;
 };
 
 }  // namespace kvc::kernels
