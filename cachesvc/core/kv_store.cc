@@ -159,16 +159,21 @@ absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& sequen
       return absl::NotFoundError(absl::StrCat("sequence '", sequence_id, "' was released"));
     }
     if (evicted) {
-      (*evicted_[PoolIndex(seq->pool())])[0].fetch_add(seq->table().TotalStoredTokens());
+      (*evicted_[PoolIndex(seq->pool())])[0].fetch_add(seq->table().TotalStoredTokens() +
+                                                       seq->residual().TotalStoredTokens());
     }
-    const std::vector<BlockId> blocks = seq->table().AllBlocks();
-    seq->pool()->Free(seq->format(), blocks);
-    seq->table().Clear();
+    for (int part = 0; part < 2; ++part) {
+      BlockTable& table = part == 0 ? seq->table() : seq->residual();
+      const StorageFormat format = part == 0 ? seq->format() : seq->raw_format();
+      const std::vector<BlockId> blocks = table.AllBlocks();
+      seq->pool()->Free(format, blocks);
+      table.Clear();
+      result.freed_blocks += static_cast<int64_t>(blocks.size());
+      result.freed_bytes += static_cast<int64_t>(blocks.size()) *
+                            static_cast<int64_t>(seq->pool()->layout(format).block_bytes);
+    }
     seq->set_released();
     seq->bump_generation();
-    result.freed_blocks = static_cast<int64_t>(blocks.size());
-    result.freed_bytes =
-        result.freed_blocks * static_cast<int64_t>(seq->pool()->layout(seq->format()).block_bytes);
   }
   registry_.Erase(sequence_id);
   return result;
@@ -185,14 +190,25 @@ SequenceSnapshot SnapshotLocked(const Sequence& seq) {
   s.tenant = seq.tenant();
   s.visible_tokens = seq.visible_tokens();
   s.layer_tokens = seq.layer_tokens();
-  s.stored_token_heads = seq.table().TotalStoredTokens();
+  s.stored_token_heads = seq.table().TotalStoredTokens() + seq.residual().TotalStoredTokens();
   for (int l = 0; l < g.num_layers; ++l) {
-    for (int h = 0; h < g.num_kv_heads; ++h)
-      s.stored_tokens.push_back(seq.table().head(l, h).tokens);
+    for (int h = 0; h < g.num_kv_heads; ++h) s.stored_tokens.push_back(seq.stored_tokens(l, h));
   }
-  const int64_t blocks = seq.table().TotalBlocks();
-  s.bytes = blocks * static_cast<int64_t>(pool.layout(seq.format()).block_bytes);
-  s.bytes_by_format.push_back(FormatBytes{seq.format(), blocks, s.bytes});
+  // The low-bit part, then the raw residual (merged when both are the same format).
+  for (int part = 0; part < 2; ++part) {
+    const BlockTable& table = part == 0 ? seq.table() : seq.residual();
+    const StorageFormat format = part == 0 ? seq.format() : seq.raw_format();
+    const int64_t blocks = table.TotalBlocks();
+    const int64_t bytes = blocks * static_cast<int64_t>(pool.layout(format).block_bytes);
+    s.bytes += bytes;
+    if (part == 1 && blocks == 0) continue;
+    if (!s.bytes_by_format.empty() && s.bytes_by_format.back().format == format) {
+      s.bytes_by_format.back().blocks += blocks;
+      s.bytes_by_format.back().bytes += bytes;
+    } else {
+      s.bytes_by_format.push_back(FormatBytes{format, blocks, bytes});
+    }
+  }
   const int64_t dense = 2 * s.visible_tokens * g.num_layers * g.TokenLayerBytes(g.dtype);
   s.compression_ratio =
       s.bytes > 0 ? static_cast<double>(dense) / static_cast<double>(s.bytes) : 1.0;
@@ -260,7 +276,8 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
     if (seq->released()) continue;
     ++stats.sequences;
     stats.visible_tokens += seq->visible_tokens();
-    stats.stored_token_heads += seq->table().TotalStoredTokens();
+    stats.stored_token_heads +=
+        seq->table().TotalStoredTokens() + seq->residual().TotalStoredTokens();
     const PoolGeometry& g = seq->pool()->options().geometry;
     stats.dense_bytes += 2 * seq->visible_tokens() * g.num_layers * g.TokenLayerBytes(g.dtype);
   }

@@ -192,6 +192,9 @@ class KvStore {
   explicit KvStore(const KvStoreOptions& options) : options_(options) {}
   absl::StatusOr<std::shared_ptr<Sequence>> FindLive(const std::string& id) const;
   absl::StatusOr<ReleaseResult> ReleaseInternal(const std::string& id, bool evicted);
+  absl::Status AppendLowBitLocked(Sequence& seq, int layer, int64_t start, int64_t n, DType dtype,
+                                  const char* keys, const char* values)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu());
   // Applies the sequence's automatic policy to `layer` after an append.
   absl::Status ApplyAutomaticPolicyLocked(Sequence& seq, int layer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu());
@@ -226,6 +229,10 @@ class KvStore {
 // Compress can apply it).
 absl::Status ValidateSpec(const CompressionSpec& spec, const PoolGeometry& geometry,
                           bool automatic);
+
+// The newest tokens per lane that `spec`'s eviction always keeps (its recent window); -1 when
+// it evicts nothing. A raw residual must fit in it.
+int64_t ProtectedRecent(const CompressionSpec& spec);
 
 // Snapshot of a sequence; caller holds its lock (shared is enough).
 SequenceSnapshot SnapshotLocked(const Sequence& sequence) ABSL_SHARED_LOCKS_REQUIRED(sequence.mu());

@@ -8,6 +8,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/lane_ops.h"
+#include "cachesvc/core/residual.h"
 #include "common/status_macros.h"
 
 namespace kvc::cachesvc {
@@ -38,7 +40,6 @@ absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool 
     return absl::InvalidArgumentError(
         absl::StrCat("residual_tokens is ", s.residual_tokens, "; expected >= 0"));
   }
-  int64_t kept = -1;  // tokens per head the eviction keeps; -1 = all
   switch (s.eviction) {
     case Eviction::kNone:
       break;
@@ -54,7 +55,6 @@ absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool 
               "streaming_llm.rerotate_keys needs the pool's RoPE parameters (geometry.rope)");
         }
       }
-      kept = int64_t{s.sinks} + s.window;
       break;
     case Eviction::kSnapKv:
       if (s.window < 1) {
@@ -76,7 +76,6 @@ absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool 
             "snapkv needs the observation-window queries, so it cannot be an automatic policy; "
             "apply it with Compress at the end of prefill");
       }
-      kept = s.budget;
       break;
     case Eviction::kH2o:
       if (s.heavy < 0 || s.recent < 0 || s.heavy + s.recent < 1) {
@@ -84,20 +83,30 @@ absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool 
             absl::StrCat("h2o needs heavy >= 0, recent >= 0 and heavy + recent >= 1; got heavy ",
                          s.heavy, ", recent ", s.recent));
       }
-      kept = int64_t{s.heavy} + s.recent;
       break;
   }
-  if (s.residual_tokens > 0) {
-    if (kept >= 0 && s.residual_tokens > kept) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("residual_tokens (", s.residual_tokens,
-                       ") is larger than the tokens the eviction keeps (", kept, ")"));
-    }
-    return absl::UnimplementedError(
-        "residual_tokens (a raw recent window beside low-bit storage) is not served yet; set it "
-        "to 0");
+  const int64_t protect = ProtectedRecent(s);
+  if (s.residual_tokens > 0 && protect >= 0 && s.residual_tokens > protect) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "residual_tokens (", s.residual_tokens, ") is larger than the newest tokens ",
+        EvictionName(s.eviction), " always keeps (", protect,
+        "): the raw residual holds the newest tokens, so it must fit in the policy's recent "
+        "window (", s.eviction == Eviction::kH2o ? "h2o.recent" : "window", ")"));
   }
   return absl::OkStatus();
+}
+
+int64_t ProtectedRecent(const CompressionSpec& s) {
+  switch (s.eviction) {
+    case Eviction::kNone:
+      return -1;
+    case Eviction::kStreamingLlm:
+    case Eviction::kSnapKv:
+      return s.window;
+    case Eviction::kH2o:
+      return s.recent;
+  }
+  return -1;
 }
 
 void KvStore::CountEvicted(const Sequence& seq, Eviction why, int64_t token_heads) {
@@ -114,36 +123,20 @@ absl::StatusOr<int64_t> KvStore::EvictLayerLocked(Sequence& seq, int layer, int 
   const int num_lanes = table.num_kv_heads();
   if (lanes.max_tokens == 0) return 0;  // nothing stored in this layer: nothing to evict
   const size_t max_tokens = static_cast<size_t>(lanes.max_tokens);
-  std::vector<uint8_t> keep(static_cast<size_t>(num_lanes) * std::max<size_t>(max_tokens, 1));
+  std::vector<uint8_t> keep(static_cast<size_t>(num_lanes) * max_tokens);
   kernels::SelectArgs select;
   select.arena = pool->arena(format);
   select.lanes = lanes.view();
   select.sinks = sinks;
-  select.recent = recent;
+  // The residual holds the newest tokens of every lane (ValidateSpec: it fits in `recent`),
+  // so the low-bit part keeps only the rest of the recent window.
+  select.recent =
+      static_cast<int32_t>(std::max<int64_t>(0, recent - seq.residual_tokens(layer)));
   select.budget = budget;
   select.keep = keep.data();
   KVC_RETURN_IF_ERROR(FromKernelStatus(pool->backend()->Select(select, {}), "Select"));
-  std::vector<int32_t> new_tokens(static_cast<size_t>(num_lanes)),
-      new_blocks(static_cast<size_t>(num_lanes));
-  kernels::CompactArgs compact;
-  compact.arena = select.arena;
-  compact.lanes = select.lanes;
-  compact.keep = keep.data();
-  compact.new_num_tokens = new_tokens.data();
-  compact.new_num_blocks = new_blocks.data();
-  KVC_RETURN_IF_ERROR(FromKernelStatus(pool->backend()->Compact(compact, {}), "Compact"));
-  int64_t evicted = 0;
-  std::vector<BlockId> freed;
-  for (int h = 0; h < num_lanes; ++h) {
-    HeadBlocks& head = table.head(layer, h);
-    evicted += head.tokens - new_tokens[static_cast<size_t>(h)];
-    head.tokens = new_tokens[static_cast<size_t>(h)];
-    const size_t keep_blocks = static_cast<size_t>(new_blocks[static_cast<size_t>(h)]);
-    freed.insert(freed.end(), head.blocks.begin() + static_cast<std::ptrdiff_t>(keep_blocks),
-                 head.blocks.end());
-    head.blocks.resize(keep_blocks);
-  }
-  pool->Free(format, freed);
+  KVC_ASSIGN_OR_RETURN(const int64_t evicted,
+                       CompactLayer(pool, format, table, layer, keep, max_tokens));
   if (evicted > 0) {
     seq.bump_generation();
     if (rerotate) KVC_RETURN_IF_ERROR(CloseGapsLocked(seq, layer));
@@ -158,40 +151,52 @@ absl::StatusOr<int64_t> KvStore::EvictLayerLocked(Sequence& seq, int layer, int 
 absl::Status KvStore::CloseGapsLocked(Sequence& seq, int layer) {
   BlockPool* pool = seq.pool();
   const PoolGeometry& g = pool->options().geometry;
-  const kernels::PagedArena arena = pool->arena(seq.format());
-  std::vector<int32_t> blocks, slots, deltas;
-  std::vector<TokenSlot> lane;
+  const BlockTable* tables[2] = {&seq.table(), &seq.residual()};
+  const StorageFormat formats[2] = {seq.format(), seq.raw_format()};
+  std::vector<int32_t> blocks[2], slots[2], deltas[2];
   for (int h = 0; h < g.num_kv_heads; ++h) {
-    const HeadBlocks& head = seq.table().head(layer, h);
-    seq.table().Slots(layer, h, 0, head.tokens, &lane);
-    std::vector<std::pair<int32_t, size_t>> by_position;  // (position, stored index)
-    for (size_t i = 0; i < lane.size(); ++i) {
-      by_position.emplace_back(*kernels::PositionPtr(arena, lane[i].block, lane[i].slot), i);
+    struct Token {
+      int32_t position;
+      int part;
+      int64_t index;
+    };
+    std::vector<Token> tokens;  // both parts of the lane
+    for (int part = 0; part < 2; ++part) {
+      const std::vector<int32_t> positions =
+          LanePositions(pool, formats[part], *tables[part], layer, h);
+      for (size_t i = 0; i < positions.size(); ++i)
+        tokens.push_back(Token{positions[i], part, static_cast<int64_t>(i)});
     }
-    std::sort(by_position.begin(), by_position.end());
-    const size_t n = by_position.size();
+    std::sort(tokens.begin(), tokens.end(),
+              [](const Token& a, const Token& b) { return a.position < b.position; });
+    const size_t n = tokens.size();
     for (size_t r = 0; r < n; ++r) {
-      const int32_t target = by_position.back().first - static_cast<int32_t>(n - 1 - r);
-      const int32_t delta = target - by_position[r].first;
+      const int32_t target = tokens.back().position - static_cast<int32_t>(n - 1 - r);
+      const int32_t delta = target - tokens[r].position;
       if (delta == 0) continue;
-      blocks.push_back(lane[by_position[r].second].block);
-      slots.push_back(lane[by_position[r].second].slot);
-      deltas.push_back(delta);
+      const Token& t = tokens[r];
+      const HeadBlocks& head = tables[t.part]->head(layer, h);
+      blocks[t.part].push_back(head.blocks[static_cast<size_t>(t.index / g.block_tokens)]);
+      slots[t.part].push_back(static_cast<int32_t>(t.index % g.block_tokens));
+      deltas[t.part].push_back(delta);
     }
   }
-  if (blocks.empty()) return absl::OkStatus();
-  kernels::RerotateArgs a;
-  a.arena = arena;
-  a.num_rows = static_cast<int32_t>(blocks.size());
-  a.blocks = blocks.data();
-  a.slots = slots.data();
-  a.deltas = deltas.data();
-  a.rope.theta = static_cast<float>(g.rope.theta);
-  a.rope.rotary_dim = g.rope.rotary_dim;
-  a.rope.style =
-      g.rope.style == RopeStyle::kGptj ? kernels::RopeStyle::kGptJ : kernels::RopeStyle::kNeox;
-  a.update_positions = true;
-  return FromKernelStatus(pool->backend()->Rerotate(a, {}), "Rerotate");
+  for (int part = 0; part < 2; ++part) {
+    if (blocks[part].empty()) continue;
+    kernels::RerotateArgs a;
+    a.arena = pool->arena(formats[part]);
+    a.num_rows = static_cast<int32_t>(blocks[part].size());
+    a.blocks = blocks[part].data();
+    a.slots = slots[part].data();
+    a.deltas = deltas[part].data();
+    a.rope.theta = static_cast<float>(g.rope.theta);
+    a.rope.rotary_dim = g.rope.rotary_dim;
+    a.rope.style =
+        g.rope.style == RopeStyle::kGptj ? kernels::RopeStyle::kGptJ : kernels::RopeStyle::kNeox;
+    a.update_positions = true;
+    KVC_RETURN_IF_ERROR(FromKernelStatus(pool->backend()->Rerotate(a, {}), "Rerotate"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status KvStore::ApplyAutomaticPolicyLocked(Sequence& seq, int layer) {
@@ -219,7 +224,7 @@ absl::Status KvStore::ApplyAutomaticPolicyLocked(Sequence& seq, int layer) {
   const int bt = seq.pool()->options().geometry.block_tokens;
   int64_t most = 0;
   for (int h = 0; h < seq.table().num_kv_heads(); ++h)
-    most = std::max(most, seq.table().head(layer, h).tokens);
+    most = std::max(most, seq.stored_tokens(layer, h));
   if (most <= limit + bt) return absl::OkStatus();
   KVC_ASSIGN_OR_RETURN(
       const int64_t evicted,
@@ -295,17 +300,52 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
   BlockTable& table = seq->table();
   const StorageFormat from = seq->format();
   const StorageFormat to = spec.storage_set ? spec.storage : from;
+  // The raw residual: a Compress may set it on a sequence that has none while its tokens are
+  // still raw (prefill in f16, then Compress to INT4 keeping the newest tokens raw). Tokens
+  // already quantized are never passed off as raw.
+  const int64_t residual_before = seq->residual_limit();
+  const bool set_residual = spec.residual_tokens > 0 && spec.residual_tokens != residual_before;
+  if (set_residual && residual_before > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this sequence already keeps a raw residual of ", residual_before,
+        " tokens (set when it was created); a Compress cannot change it: send residual_tokens 0 "
+        "or ",
+        residual_before));
+  }
+  if (set_residual && from != seq->raw_format()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "residual_tokens keeps the newest tokens raw, but this sequence's tokens are already "
+        "stored in ",
+        kernels::StorageFormatName(from),
+        "; set residual_tokens at CreateSequence or in the Compress that first converts the "
+        "storage"));
+  }
+  const int64_t residual_after = set_residual ? spec.residual_tokens : residual_before;
+  if (const int64_t protect = ProtectedRecent(spec); protect >= 0 && residual_after > protect) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this sequence keeps its newest ", residual_after, " tokens raw, more than the ", protect,
+        " newest tokens ", EvictionName(spec.eviction),
+        " always keeps: use a recent window of at least ", residual_after));
+  }
   CompressResult result;
   result.storage = to;
-  const int64_t from_block = static_cast<int64_t>(pool->layout(from).block_bytes);
-  const int64_t to_block = static_cast<int64_t>(pool->layout(to).block_bytes);
+  const auto footprint = [&](int l, int64_t* token_heads, int64_t* bytes)
+                             ABSL_SHARED_LOCKS_REQUIRED(seq->mu()) {
+    for (int part = 0; part < 2; ++part) {
+      const BlockTable& t = part == 0 ? seq->table() : seq->residual();
+      const int64_t block =
+          static_cast<int64_t>(pool->layout(part == 0 ? seq->format() : seq->raw_format())
+                                   .block_bytes);
+      for (int h = 0; h < g.num_kv_heads; ++h) {
+        *token_heads += t.head(l, h).tokens;
+        *bytes += static_cast<int64_t>(t.head(l, h).blocks.size()) * block;
+      }
+    }
+  };
   for (int l = 0; l < g.num_layers; ++l) {
     LayerCompressResult r;
     r.layer = l;
-    for (int h = 0; h < g.num_kv_heads; ++h) {
-      r.token_heads_before += table.head(l, h).tokens;
-      r.bytes_before += static_cast<int64_t>(table.head(l, h).blocks.size()) * from_block;
-    }
+    footprint(l, &r.token_heads_before, &r.bytes_before);
     result.layers.push_back(r);
     result.bytes_before += r.bytes_before;
   }
@@ -331,7 +371,7 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
       for (int h = 0; h < g.num_kv_heads; ++h)
         positions.insert(positions.end(), q.positions.begin(), q.positions.end());
       const BlockTable::LaneArrays lanes = table.Lanes(l);
-      if (lanes.max_tokens == 0) continue;  // an empty layer has nothing to score
+      if (lanes.max_tokens == 0 && seq->residual_tokens(l) == 0) continue;  // nothing to score
       kernels::SnapKvScoreArgs a;
       a.arena = pool->arena(from);
       a.lanes = lanes.view();
@@ -344,7 +384,11 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
       a.pool = spec.pooling_avg ? kernels::PoolKind::kAvg : kernels::PoolKind::kMax;
       a.mode = spec.eviction == Eviction::kSnapKv ? kernels::ScoreMode::kOverwrite
                                                   : kernels::ScoreMode::kAccumulate;
-      KVC_RETURN_IF_ERROR(FromKernelStatus(pool->backend()->SnapKvScore(a, {}), "SnapKvScore"));
+      if (seq->residual_tokens(l) > 0) {
+        KVC_RETURN_IF_ERROR(ScoreWithResidualLocked(*seq, l, a));
+      } else {
+        KVC_RETURN_IF_ERROR(FromKernelStatus(pool->backend()->SnapKvScore(a, {}), "SnapKvScore"));
+      }
     }
     seq->set_has_scores();
   }
@@ -369,18 +413,36 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
       break;
   }
   const bool evicting = spec.eviction != Eviction::kNone;
-  auto kept_tokens = [&](int64_t tokens) {
-    return evicting ? std::min<int64_t>(tokens, int64_t{sinks} + recent + budget) : tokens;
+  // Tokens of a lane's low-bit part after eviction (the residual keeps its own).
+  auto kept_tokens = [&](int l, int64_t tokens) ABSL_SHARED_LOCKS_REQUIRED(seq->mu()) {
+    const int64_t recent_low = std::max<int64_t>(0, recent - seq->residual_tokens(l));
+    return evicting ? std::min<int64_t>(tokens, int64_t{sinks} + recent_low + budget) : tokens;
   };
+  auto moved_tokens = [&](int l, int64_t tokens) ABSL_SHARED_LOCKS_REQUIRED(seq->mu()) {
+    return set_residual ? std::min<int64_t>(residual_after, kept_tokens(l, tokens)) : int64_t{0};
+  };
+  std::vector<BlockId> residual_blocks;
+  if (set_residual) {
+    int64_t needed = 0;
+    for (int l = 0; l < g.num_layers; ++l) {
+      for (int h = 0; h < g.num_kv_heads; ++h)
+        needed += BlockTable::CeilDiv(moved_tokens(l, table.head(l, h).tokens), g.block_tokens);
+    }
+    KVC_RETURN_IF_ERROR(pool->Allocate(seq->raw_format(), needed, &residual_blocks));
+  }
   std::vector<BlockId> converted;
   if (to != from) {
     int64_t needed = 0;
     for (int l = 0; l < g.num_layers; ++l) {
       for (int h = 0; h < g.num_kv_heads; ++h) {
-        needed += BlockTable::CeilDiv(kept_tokens(table.head(l, h).tokens), g.block_tokens);
+        const int64_t t = table.head(l, h).tokens;
+        needed += BlockTable::CeilDiv(kept_tokens(l, t) - moved_tokens(l, t), g.block_tokens);
       }
     }
-    KVC_RETURN_IF_ERROR(pool->Allocate(to, needed, &converted));
+    if (absl::Status st = pool->Allocate(to, needed, &converted); !st.ok()) {
+      pool->Free(seq->raw_format(), residual_blocks);
+      return st;
+    }
   }
 
   // 3. Evict (select + tail-to-hole compaction; emptied blocks freed at once).
@@ -394,7 +456,16 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
     }
   }
 
-  // 4. Convert the survivors to the new format: dequantize to f32, requantize, keep scores.
+  // 4. The newest tokens stay raw in the residual (they are still raw: checked above).
+  if (set_residual) {
+    for (int l = 0; l < g.num_layers; ++l)
+      KVC_RETURN_IF_ERROR(MoveNewestToResidualLocked(*seq, l, residual_after, &residual_blocks));
+    KVC_CHECK(residual_blocks.empty()) << "residual blocks allocated but not used";
+    seq->set_residual_limit(residual_after);
+    seq->bump_generation();
+  }
+
+  // 5. Convert the survivors to the new format: dequantize to f32, requantize, keep scores.
   if (to != from) {
     size_t next = 0;
     std::vector<BlockId> old_blocks;
@@ -451,10 +522,7 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
 
   for (int l = 0; l < g.num_layers; ++l) {
     LayerCompressResult& r = result.layers[static_cast<size_t>(l)];
-    for (int h = 0; h < g.num_kv_heads; ++h) {
-      r.token_heads_after += table.head(l, h).tokens;
-      r.bytes_after += static_cast<int64_t>(table.head(l, h).blocks.size()) * to_block;
-    }
+    footprint(l, &r.token_heads_after, &r.bytes_after);
     result.bytes_after += r.bytes_after;
   }
   return result;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/residual.h"
 #include "common/status_macros.h"
 
 namespace kvc::cachesvc {
@@ -58,18 +59,35 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
                      p.start_position, " but the layer has ", have,
                      " tokens; the next append of this layer must start at ", have));
   }
-  BlockTable& table = seq->table();
-  const StorageFormat format = seq->format();
+  if (seq->residual_limit() > 0) {
+    KVC_RETURN_IF_ERROR(AppendWithResidualLocked(*seq, layer, p.start_position, p.num_tokens,
+                                                 dtype, p.keys.data(), p.values.data()));
+  } else {
+    KVC_RETURN_IF_ERROR(AppendLowBitLocked(*seq, layer, p.start_position, p.num_tokens, dtype,
+                                           p.keys.data(), p.values.data()));
+  }
+  seq->layer_tokens()[static_cast<size_t>(layer)] = have + p.num_tokens;
+  appended_bytes_.fetch_add(2 * expected, std::memory_order_relaxed);
+  KVC_RETURN_IF_ERROR(ApplyAutomaticPolicyLocked(*seq, layer));
+  return AppendResult{have + p.num_tokens, seq->visible_tokens()};
+}
+
+// Appends straight into the sequence's storage format (no residual).
+absl::Status KvStore::AppendLowBitLocked(Sequence& seq, int layer, int64_t start, int64_t n,
+                                         DType dtype, const char* keys, const char* values) {
+  BlockPool* pool = seq.pool();
+  const PoolGeometry& g = pool->options().geometry;
+  BlockTable& table = seq.table();
+  const StorageFormat format = seq.format();
   int64_t needed = 0;
   for (int h = 0; h < g.num_kv_heads; ++h) {
-    needed += table.BlocksToGrow(table.head(layer, h).tokens, p.num_tokens);
+    needed += table.BlocksToGrow(table.head(layer, h).tokens, n);
   }
   std::vector<BlockId> fresh;
   fresh.reserve(static_cast<size_t>(needed));
   KVC_RETURN_IF_ERROR(pool->Allocate(format, needed, &fresh));
 
-  // Rows of all heads in one kernel call: row (h, t) reads keys[t, h, :].
-  const int64_t n = p.num_tokens;
+  // Row (h, t) reads keys[t, h, :].
   const size_t rows = static_cast<size_t>(n * g.num_kv_heads);
   std::vector<int32_t> positions(rows), dst_blocks(rows), dst_slots(rows);
   size_t next_fresh = 0;
@@ -83,7 +101,7 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
     table.Slots(layer, h, first, n, &slots);
     for (int64_t t = 0; t < n; ++t) {
       const size_t row = static_cast<size_t>(h * n + t);
-      positions[row] = static_cast<int32_t>(p.start_position + t);
+      positions[row] = static_cast<int32_t>(start + t);
       dst_blocks[row] = slots[static_cast<size_t>(t)].block;
       dst_slots[row] = slots[static_cast<size_t>(t)].slot;
     }
@@ -95,8 +113,8 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
     w.arena = pool->arena(format);
     w.num_rows = static_cast<int32_t>(n);
     w.dtype = dtype;
-    w.keys = p.keys.data() + static_cast<size_t>(h) * g.head_dim * elem;
-    w.values = p.values.data() + static_cast<size_t>(h) * g.head_dim * elem;
+    w.keys = keys + static_cast<size_t>(h) * g.head_dim * elem;
+    w.values = values + static_cast<size_t>(h) * g.head_dim * elem;
     w.row_stride = int64_t{g.num_kv_heads} * g.head_dim;
     w.positions = positions.data() + h * n;
     w.dst_blocks = dst_blocks.data() + h * n;
@@ -105,10 +123,7 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
   }
   // Validated inputs and fresh slots: a kernel failure here is a bug, not bad input.
   KVC_CHECK(ks.ok()) << "WriteTokens failed on validated input: " << ks.detail;
-  seq->layer_tokens()[static_cast<size_t>(layer)] = have + n;
-  appended_bytes_.fetch_add(2 * expected, std::memory_order_relaxed);
-  KVC_RETURN_IF_ERROR(ApplyAutomaticPolicyLocked(*seq, layer));
-  return AppendResult{have + n, seq->visible_tokens()};
+  return absl::OkStatus();
 }
 
 absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
@@ -136,14 +151,15 @@ absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
   // Fetch serves, even if appends land while it streams (they only add tokens).
   struct Piece {
     int layer, head;
+    bool residual;                 // from the raw residual rather than the low-bit part
     int64_t first;                 // tokens of this head served by earlier pieces
     std::vector<int64_t> indices;  // stored indices of the tokens, in stored order
   };
   std::vector<Piece> plan;
   int64_t visible = 0;
   uint64_t generation = 0;
-  StorageFormat format;
-  kernels::BlockLayout layout;
+  StorageFormat formats[2];  // [0] the low-bit part, [1] the residual
+  kernels::BlockLayout layouts[2];
   {
     kvc::ReaderMutexLock lock(&seq->mu());
     if (seq->released()) {
@@ -151,33 +167,40 @@ absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
     }
     visible = seq->visible_tokens();
     generation = seq->generation();
-    format = seq->format();
-    layout = pool->layout(format);
-    const int64_t token_bytes =
-        p.format == FetchFormat::kStored
-            ? static_cast<int64_t>(layout.record_bytes)
-            : int64_t{g.head_dim} * static_cast<int64_t>(kernels::DTypeSize(dtype));
-    const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes / (2 * token_bytes));
-    const kernels::PagedArena arena = pool->arena(format);
+    formats[0] = seq->format();
+    formats[1] = seq->raw_format();
     std::vector<TokenSlot> slots;
     for (int layer : layers) {
+      const int64_t limit =
+          p.include_unfinished ? seq->layer_tokens()[static_cast<size_t>(layer)] : visible;
       for (int h = 0; h < g.num_kv_heads; ++h) {
-        const HeadBlocks& head = seq->table().head(layer, h);
-        seq->table().Slots(layer, h, 0, head.tokens, &slots);
-        const int64_t limit =
-            p.include_unfinished ? seq->layer_tokens()[static_cast<size_t>(layer)] : visible;
-        Piece piece{layer, h, 0, {}};
-        for (int64_t i = 0; i < head.tokens; ++i) {
-          const TokenSlot& s = slots[static_cast<size_t>(i)];
-          if (*kernels::PositionPtr(arena, s.block, s.slot) >= limit) continue;
-          piece.indices.push_back(i);
-          if (static_cast<int64_t>(piece.indices.size()) == per_chunk) {
-            plan.push_back(piece);
-            piece.first += per_chunk;
-            piece.indices.clear();
+        int64_t served = 0;
+        for (int part = 0; part < 2; ++part) {
+          const BlockTable& table = part == 0 ? seq->table() : seq->residual();
+          layouts[part] = pool->layout(formats[part]);
+          const int64_t token_bytes =
+              p.format == FetchFormat::kStored
+                  ? static_cast<int64_t>(layouts[part].record_bytes)
+                  : int64_t{g.head_dim} * static_cast<int64_t>(kernels::DTypeSize(dtype));
+          const int64_t per_chunk = std::max<int64_t>(1, chunk_bytes / (2 * token_bytes));
+          const kernels::PagedArena arena = pool->arena(formats[part]);
+          const HeadBlocks& head = table.head(layer, h);
+          table.Slots(layer, h, 0, head.tokens, &slots);
+          Piece piece{layer, h, part == 1, served, {}};
+          for (int64_t i = 0; i < head.tokens; ++i) {
+            const TokenSlot& s = slots[static_cast<size_t>(i)];
+            if (*kernels::PositionPtr(arena, s.block, s.slot) >= limit) continue;
+            piece.indices.push_back(i);
+            if (static_cast<int64_t>(piece.indices.size()) == per_chunk) {
+              plan.push_back(piece);
+              piece.first += per_chunk;
+              served += per_chunk;
+              piece.indices.clear();
+            }
           }
+          served += static_cast<int64_t>(piece.indices.size());
+          if (!piece.indices.empty()) plan.push_back(std::move(piece));
         }
-        if (!piece.indices.empty()) plan.push_back(std::move(piece));
       }
     }
   }
@@ -192,6 +215,8 @@ absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
     chunk.first_index = piece.first;
     chunk.num_tokens = static_cast<int>(n);
     chunk.dtype = dtype;
+    const StorageFormat format = formats[piece.residual ? 1 : 0];
+    const kernels::BlockLayout& layout = layouts[piece.residual ? 1 : 0];
     chunk.storage = format;
     chunk.last = i + 1 == plan.size();
     chunk.visible_tokens = visible;
@@ -203,7 +228,8 @@ absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
             "sequence '", p.sequence_id,
             "' was released or compressed while this Fetch was streaming; fetch it again"));
       }
-      const HeadBlocks& head = seq->table().head(piece.layer, piece.head);
+      const HeadBlocks& head =
+          (piece.residual ? seq->residual() : seq->table()).head(piece.layer, piece.head);
       blocks.resize(n);
       slot_ids.resize(n);
       for (size_t t = 0; t < n; ++t) {
