@@ -106,8 +106,8 @@ absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {
       }
       for (int j = 0; j < d; ++j) {
         const size_t e = r * static_cast<size_t>(d) + static_cast<size_t>(j);
-        merged[e] = (f[0] != 0.0f ? f[0] * out[0][e] : 0.0f) +
-                    (f[1] != 0.0f ? f[1] * out[1][e] : 0.0f);
+        merged[e] =
+            (f[0] != 0.0f ? f[0] * out[0][e] : 0.0f) + (f[1] != 0.0f ? f[1] * out[1][e] : 0.0f);
       }
       for (int part = 0; part < 2; ++part) {
         const size_t stride = static_cast<size_t>(lanes[part].max_tokens);

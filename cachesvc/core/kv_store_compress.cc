@@ -91,7 +91,8 @@ absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool 
         "residual_tokens (", s.residual_tokens, ") is larger than the newest tokens ",
         EvictionName(s.eviction), " always keeps (", protect,
         "): the raw residual holds the newest tokens, so it must fit in the policy's recent "
-        "window (", s.eviction == Eviction::kH2o ? "h2o.recent" : "window", ")"));
+        "window (",
+        s.eviction == Eviction::kH2o ? "h2o.recent" : "window", ")"));
   }
   return absl::OkStatus();
 }
@@ -130,8 +131,7 @@ absl::StatusOr<int64_t> KvStore::EvictLayerLocked(Sequence& seq, int layer, int 
   select.sinks = sinks;
   // The residual holds the newest tokens of every lane (ValidateSpec: it fits in `recent`),
   // so the low-bit part keeps only the rest of the recent window.
-  select.recent =
-      static_cast<int32_t>(std::max<int64_t>(0, recent - seq.residual_tokens(layer)));
+  select.recent = static_cast<int32_t>(std::max<int64_t>(0, recent - seq.residual_tokens(layer)));
   select.budget = budget;
   select.keep = keep.data();
   KVC_RETURN_IF_ERROR(FromKernelStatus(pool->backend()->Select(select, {}), "Select"));
@@ -329,13 +329,12 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
   }
   CompressResult result;
   result.storage = to;
-  const auto footprint = [&](int l, int64_t* token_heads, int64_t* bytes)
-                             ABSL_SHARED_LOCKS_REQUIRED(seq->mu()) {
+  const auto footprint = [&](int l, int64_t* token_heads,
+                             int64_t* bytes) ABSL_SHARED_LOCKS_REQUIRED(seq->mu()) {
     for (int part = 0; part < 2; ++part) {
       const BlockTable& t = part == 0 ? seq->table() : seq->residual();
-      const int64_t block =
-          static_cast<int64_t>(pool->layout(part == 0 ? seq->format() : seq->raw_format())
-                                   .block_bytes);
+      const int64_t block = static_cast<int64_t>(
+          pool->layout(part == 0 ? seq->format() : seq->raw_format()).block_bytes);
       for (int h = 0; h < g.num_kv_heads; ++h) {
         *token_heads += t.head(l, h).tokens;
         *bytes += static_cast<int64_t>(t.head(l, h).blocks.size()) * block;

@@ -60,8 +60,8 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
                      " tokens; the next append of this layer must start at ", have));
   }
   if (seq->residual_limit() > 0) {
-    KVC_RETURN_IF_ERROR(AppendWithResidualLocked(*seq, layer, p.start_position, p.num_tokens,
-                                                 dtype, p.keys.data(), p.values.data()));
+    KVC_RETURN_IF_ERROR(AppendWithResidualLocked(*seq, layer, p.start_position, p.num_tokens, dtype,
+                                                 p.keys.data(), p.values.data()));
   } else {
     KVC_RETURN_IF_ERROR(AppendLowBitLocked(*seq, layer, p.start_position, p.num_tokens, dtype,
                                            p.keys.data(), p.values.data()));

@@ -90,8 +90,8 @@ absl::Status AppendWithResidualLocked(Sequence& seq, int layer, int64_t start, i
       const int64_t first = GrowLane(main, layer, h, s.direct, &low_fresh);
       KVC_RETURN_IF_ERROR(WriteLaneRows(pool, low, main, layer, h, first, s.direct, dtype,
                                         keys + static_cast<size_t>(h * g.head_dim) * elem,
-                                        values + static_cast<size_t>(h * g.head_dim) * elem,
-                                        stride, positions.data(), nullptr));
+                                        values + static_cast<size_t>(h * g.head_dim) * elem, stride,
+                                        positions.data(), nullptr));
     }
   }
   if (s.age > 0) {
@@ -102,9 +102,9 @@ absl::Status AppendWithResidualLocked(Sequence& seq, int layer, int64_t start, i
   for (int h = 0; h < g.num_kv_heads && rest > 0; ++h) {
     const int64_t first = GrowLane(res, layer, h, rest, &raw_fresh);
     const size_t offset = static_cast<size_t>(s.direct * stride + h * g.head_dim) * elem;
-    KVC_RETURN_IF_ERROR(WriteLaneRows(pool, raw, res, layer, h, first, rest, dtype,
-                                      keys + offset, values + offset, stride,
-                                      positions.data() + s.direct, nullptr));
+    KVC_RETURN_IF_ERROR(WriteLaneRows(pool, raw, res, layer, h, first, rest, dtype, keys + offset,
+                                      values + offset, stride, positions.data() + s.direct,
+                                      nullptr));
   }
   KVC_CHECK(low_fresh.empty() && raw_fresh.empty()) << "append allocated blocks it did not use";
   return absl::OkStatus();
@@ -135,16 +135,17 @@ absl::Status ScoreWithResidualLocked(Sequence& seq, int layer, kernels::SnapKvSc
   // Fill: the low-bit part, then the residual (the order SnapKV's pooling sees).
   for (int h = 0; h < g.num_kv_heads; ++h) {
     int64_t at = 0;
-    for (const auto& [table, format] : {std::pair<const BlockTable*, StorageFormat>{&seq.table(), low},
-                                        std::pair<const BlockTable*, StorageFormat>{&seq.residual(), raw}}) {
+    for (const auto& [table, format] :
+         {std::pair<const BlockTable*, StorageFormat>{&seq.table(), low},
+          std::pair<const BlockTable*, StorageFormat>{&seq.residual(), raw}}) {
       const int64_t n = table->head(layer, h).tokens;
       if (n == 0) continue;
       KVC_ASSIGN_OR_RETURN(const LaneRows rows,
                            ReadLaneRows(pool, format, *table, layer, h, AllIndices(n)));
       std::vector<int32_t> blocks(static_cast<size_t>(n)), slots(static_cast<size_t>(n));
       for (int64_t t = 0; t < n; ++t) {
-        blocks[static_cast<size_t>(t)] = lanes.block_offsets[static_cast<size_t>(h)] +
-                                         static_cast<int32_t>((at + t) / bt);
+        blocks[static_cast<size_t>(t)] =
+            lanes.block_offsets[static_cast<size_t>(h)] + static_cast<int32_t>((at + t) / bt);
         slots[static_cast<size_t>(t)] = static_cast<int32_t>((at + t) % bt);
       }
       kernels::WriteTokensArgs w;
@@ -170,17 +171,17 @@ absl::Status ScoreWithResidualLocked(Sequence& seq, int layer, kernels::SnapKvSc
   // Scores back to each token's own block.
   for (int h = 0; h < g.num_kv_heads; ++h) {
     int64_t at = 0;
-    for (const auto& [table, format] : {std::pair<const BlockTable*, StorageFormat>{&seq.table(), low},
-                                        std::pair<const BlockTable*, StorageFormat>{&seq.residual(), raw}}) {
+    for (const auto& [table, format] :
+         {std::pair<const BlockTable*, StorageFormat>{&seq.table(), low},
+          std::pair<const BlockTable*, StorageFormat>{&seq.residual(), raw}}) {
       const HeadBlocks& head = table->head(layer, h);
       const kernels::PagedArena arena = pool->arena(format);
       for (int64_t t = 0; t < head.tokens; ++t, ++at) {
         *kernels::ScorePtr(arena, head.blocks[static_cast<size_t>(t / bt)],
                            static_cast<int32_t>(t % bt)) =
-            *kernels::ScorePtr(temp,
-                               lanes.block_offsets[static_cast<size_t>(h)] +
-                                   static_cast<int32_t>(at / bt),
-                               static_cast<int32_t>(at % bt));
+            *kernels::ScorePtr(
+                temp, lanes.block_offsets[static_cast<size_t>(h)] + static_cast<int32_t>(at / bt),
+                static_cast<int32_t>(at % bt));
       }
     }
   }

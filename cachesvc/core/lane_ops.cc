@@ -88,9 +88,8 @@ std::vector<int32_t> LanePositions(BlockPool* pool, StorageFormat format, const 
   std::vector<int32_t> positions(static_cast<size_t>(head.tokens));
   const int bt = table.block_tokens();
   for (int64_t i = 0; i < head.tokens; ++i) {
-    positions[static_cast<size_t>(i)] =
-        *kernels::PositionPtr(arena, head.blocks[static_cast<size_t>(i / bt)],
-                              static_cast<int32_t>(i % bt));
+    positions[static_cast<size_t>(i)] = *kernels::PositionPtr(
+        arena, head.blocks[static_cast<size_t>(i / bt)], static_cast<int32_t>(i % bt));
   }
   return positions;
 }

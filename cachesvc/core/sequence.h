@@ -52,7 +52,9 @@ class Sequence {
   void set_residual_limit(int64_t limit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     residual_limit_ = limit;
   }
-  StorageFormat raw_format() const { return kernels::RawFormatFor(pool_->options().geometry.dtype); }
+  StorageFormat raw_format() const {
+    return kernels::RawFormatFor(pool_->options().geometry.dtype);
+  }
   // Residual tokens of a layer (every kv head of a layer holds the same number).
   int64_t residual_tokens(int layer) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return residual_.head(layer, 0).tokens;

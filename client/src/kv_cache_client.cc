@@ -197,20 +197,30 @@ absl::StatusOr<FetchResult> KvCacheClient::Fetch(const std::string& sequence_id,
       [&](FetchedChunk& chunk) -> absl::Status {
         result.visible_tokens = chunk.visible_tokens;
         result.dtype = chunk.dtype;
-        result.storage = chunk.storage;
-        result.record_bytes = chunk.record_bytes;
-        if (order.empty() || order.back() != std::make_pair(chunk.layer, chunk.kv_head)) {
+        if (result.heads.empty()) {
+          result.storage = chunk.storage;
+          result.record_bytes = chunk.record_bytes;
+        }
+        // Records of different formats (a raw residual) never share one byte string.
+        const bool new_part = options.stored_format && !result.heads.empty() &&
+                              result.heads.back().storage != chunk.storage;
+        if (order.empty() || order.back() != std::make_pair(chunk.layer, chunk.kv_head) ||
+            new_part) {
           order.emplace_back(chunk.layer, chunk.kv_head);
           FetchedHead head;
           head.layer = chunk.layer;
           head.kv_head = chunk.kv_head;
+          head.first_index = chunk.first_index;
+          head.storage = chunk.storage;
+          head.record_bytes = chunk.record_bytes;
           result.heads.push_back(std::move(head));
         }
         FetchedHead& head = result.heads.back();
-        if (chunk.first_index != static_cast<int64_t>(head.positions.size())) {
-          return absl::InternalError(absl::StrCat(
-              "Fetch chunk for layer ", chunk.layer, " head ", chunk.kv_head, " starts at ",
-              chunk.first_index, " but ", head.positions.size(), " tokens arrived before it"));
+        if (chunk.first_index != head.first_index + static_cast<int64_t>(head.positions.size())) {
+          return absl::InternalError(absl::StrCat("Fetch chunk for layer ", chunk.layer, " head ",
+                                                  chunk.kv_head, " starts at ", chunk.first_index,
+                                                  " but ", head.first_index + head.positions.size(),
+                                                  " tokens arrived before it"));
         }
         head.positions.insert(head.positions.end(), chunk.positions.begin(), chunk.positions.end());
         if (head.keys.empty()) {

@@ -3,7 +3,8 @@
 // of sequence -> stored positions per layer). KV payloads are a pure function of (seed,
 // layer, head, position), so the model needs no bytes and every fetched byte is checked;
 // Attend is checked against dense attention over exactly the positions the model says are
-// stored. Seeds are fixed and printed.
+// stored. Half the sequences keep a raw recent residual (a second block list per lane).
+// Seeds are fixed and printed.
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -29,15 +30,34 @@ constexpr int kLayers = 3, kHeads = 2, kDim = 16, kBlock = 8, kBlocks = 400;
 
 struct ModelSequence {
   uint32_t seed = 0;
+  // Raw recent residual (0 = none): the newest min(residual, stored) tokens of a lane live in
+  // a second block list (same f16 format here, so every byte stays checkable).
+  int64_t residual = 0;
   std::vector<int64_t> layer_tokens = std::vector<int64_t>(kLayers, 0);
   // Positions stored per layer (every kv head keeps the same set under StreamingLLM).
   std::vector<std::set<int32_t>> stored = std::vector<std::set<int32_t>>(kLayers);
   int64_t visible() const { return *std::min_element(layer_tokens.begin(), layer_tokens.end()); }
+  static int64_t Ceil(int64_t n) { return (n + kBlock - 1) / kBlock; }
+  int64_t residual_tokens(int layer) const {
+    return std::min<int64_t>(residual, static_cast<int64_t>(stored[layer].size()));
+  }
+  int64_t layer_blocks(int layer) const {
+    const int64_t r = residual_tokens(layer);
+    return kHeads * (Ceil(static_cast<int64_t>(stored[layer].size()) - r) + Ceil(r));
+  }
   int64_t blocks() const {
     int64_t n = 0;
-    for (const auto& s : stored)
-      n += kHeads * ((static_cast<int64_t>(s.size()) + kBlock - 1) / kBlock);
+    for (int l = 0; l < kLayers; ++l) n += layer_blocks(l);
     return n;
+  }
+  // Blocks an append of n tokens to `layer` allocates up front (both parts).
+  int64_t append_blocks(int layer, int64_t n) const {
+    const int64_t s = static_cast<int64_t>(stored[layer].size());
+    if (residual == 0) return kHeads * (Ceil(s + n) - Ceil(s));
+    const int64_t r = residual_tokens(layer), low = s - r;
+    const int64_t move = std::max<int64_t>(0, r + n - residual);
+    const int64_t age = std::min(r, move), direct = move - age;
+    return kHeads * (Ceil(low + move) - Ceil(low) + Ceil(r - age + n - direct) - Ceil(r - age));
   }
 };
 
@@ -94,6 +114,7 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
     if (op < 10) {  // create
       CreateSequenceParams p;
       if (uniform(0, 2) == 0) p.client_sequence_id = "c" + std::to_string(uniform(0, 15));
+      if (uniform(0, 1) == 0) p.policy.residual_tokens = uniform(1, 20);
       auto r = store->CreateSequence(p);
       if (!p.client_sequence_id.empty() && model.sequences.count(p.client_sequence_id)) {
         ASSERT_THAT(r, StatusIs(Code::kAlreadyExists));
@@ -103,6 +124,7 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
         ASSERT_THAT(r, ::kvc::testing::IsOk());
         ASSERT_EQ(model.sequences.count(r->id), 0u);
         model.sequences[r->id].seed = next_seed++;
+        model.sequences[r->id].residual = p.policy.residual_tokens;
       }
     } else if (op < 60) {  // append
       const std::string id = pick();
@@ -128,9 +150,7 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
       } else if (misorder) {
         ASSERT_THAT(r, StatusIs(Code::kFailedPrecondition));
       } else {
-        const int64_t st = static_cast<int64_t>(it->second.stored[layer].size());
-        const int64_t grow = kHeads * ((st + n + kBlock - 1) / kBlock - (st + kBlock - 1) / kBlock);
-        if (grow > kBlocks - model.used_blocks()) {
+        if (it->second.append_blocks(layer, n) > kBlocks - model.used_blocks()) {
           ASSERT_THAT(r, StatusIs(Code::kResourceExhausted));
         } else {
           ASSERT_THAT(r, ::kvc::testing::IsOk());
@@ -192,6 +212,8 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
       auto it = model.sequences.find(id);
       if (it == model.sequences.end()) {
         ASSERT_THAT(r, StatusIs(Code::kNotFound));
+      } else if (cp.spec.window < it->second.residual) {  // would cut the raw residual
+        ASSERT_THAT(r, StatusIs(Code::kInvalidArgument, "tokens raw"));
       } else {
         ASSERT_THAT(r, ::kvc::testing::IsOk());
         for (auto& stored : it->second.stored) {

@@ -132,6 +132,67 @@ TEST_F(CompressServiceTest, SnapKvWithInt4AtTheEndOfPrefill) {
   for (int t = 400 - kWindow; t < 400; ++t) EXPECT_TRUE(positions.count(t));
 }
 
+// SnapKV + INT4 keeping the newest 16 tokens raw, as an engine would ask at the end of
+// prefill; then decode appends age tokens out of the residual.
+TEST_F(CompressServiceTest, SnapKvWithInt4KeepsARawResidual) {
+  const std::string id = Create();
+  KVC_ASSERT_OK(Prefill(id, 0, 200));
+  constexpr int kWindow = 16, kResidual = 16;
+  std::vector<std::vector<float>> q(kLayers);
+  std::vector<client::LayerQueries> queries;
+  for (int l = 0; l < kLayers; ++l) {
+    q[l] = Gaussian(kWindow * kQHeads * kDim, 700 + l);
+    client::LayerQueries lq;
+    lq.layer = l;
+    lq.dtype = DType::kF32;
+    lq.queries = q[l].data();
+    lq.bytes = q[l].size() * sizeof(float);
+    for (int t = 0; t < kWindow; ++t) lq.positions.push_back(200 - kWindow + t);
+    queries.push_back(lq);
+  }
+  CompressionSpec spec = CompressionSpec::SnapKv(kWindow, 48).WithStorage(StorageFormat::kInt4G32);
+  spec.residual_tokens = kResidual;
+  KVC_ASSERT_OK_AND_ASSIGN(client::CompressResult r, t_.client->Compress(id, spec, queries));
+  EXPECT_EQ(r.layers[0].token_heads_after, 48 * kHeads);
+  KVC_ASSERT_OK(Prefill(id, 200, 5));  // decode steps: 5 tokens age out of the residual
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo info, t_.client->GetSequence(id));
+  ASSERT_EQ(info.bytes_by_format.size(), 2u);
+  EXPECT_EQ(info.bytes_by_format[0].format, StorageFormat::kInt4G32);
+  EXPECT_EQ(info.bytes_by_format[1].format, StorageFormat::kF16);
+  for (int64_t n : info.stored_tokens) EXPECT_EQ(n, 48 + 5);
+
+  client::FetchOptions stored;
+  stored.stored_format = true;
+  KVC_ASSERT_OK_AND_ASSIGN(client::FetchResult kv, t_.client->Fetch(id, stored));
+  ASSERT_EQ(kv.heads.size(), static_cast<size_t>(2 * kLayers * kHeads));  // two parts a lane
+  for (size_t i = 0; i < kv.heads.size(); i += 2) {
+    const client::FetchedHead& low = kv.heads[i];
+    const client::FetchedHead& raw = kv.heads[i + 1];
+    EXPECT_EQ(low.storage, StorageFormat::kInt4G32);
+    EXPECT_EQ(raw.storage, StorageFormat::kF16);
+    EXPECT_EQ(raw.first_index, static_cast<int64_t>(low.positions.size()));
+    EXPECT_EQ(raw.keys.size(), raw.positions.size() * static_cast<size_t>(raw.record_bytes));
+    EXPECT_EQ(raw.positions.size(), static_cast<size_t>(kResidual));
+    for (int32_t p : raw.positions) EXPECT_GE(p, 205 - kResidual);
+  }
+  // Dense: the residual comes back as appended (f32 -> f16 pool, exactly f16-rounded).
+  client::FetchOptions dense;
+  dense.dtype = DType::kF32;
+  dense.layers = {2};
+  KVC_ASSERT_OK_AND_ASSIGN(kv, t_.client->Fetch(id, dense));
+  const std::vector<float> appended = Gaussian(5 * kHeads * kDim, 10 * 2 + 200);
+  const client::FetchedHead& h = kv.heads[1];
+  const float* keys = reinterpret_cast<const float*>(h.keys.data());
+  for (size_t t = 0; t < h.positions.size(); ++t) {
+    if (h.positions[t] < 200) continue;
+    for (int e = 0; e < kDim; ++e) {
+      const float want =
+          appended[(static_cast<size_t>(h.positions[t] - 200) * kHeads + 1) * kDim + e];
+      EXPECT_NEAR(keys[t * kDim + e], want, 2e-3f * (1.0f + std::fabs(want)));
+    }
+  }
+}
+
 TEST_F(CompressServiceTest, AttendSessionMatchesUnaryAttend) {
   const std::string id = Create(CompressionSpec::H2o(32, 16).WithStorage(StorageFormat::kInt8));
   KVC_ASSERT_OK(Prefill(id, 0, 100));

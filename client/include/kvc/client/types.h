@@ -98,7 +98,8 @@ struct PoolStats {
   int64_t fetched_bytes_total = 0;
 };
 
-// One eviction rule x one storage format (kvcache.v1.CompressionSpec).
+// One eviction rule x one storage format x an optional raw recent residual
+// (kvcache.v1.CompressionSpec).
 struct CompressionSpec {
   enum class Eviction { kNone, kStreamingLlm, kSnapKv, kH2o };
   Eviction eviction = Eviction::kNone;
@@ -111,6 +112,8 @@ struct CompressionSpec {
   int heavy = 0;             // H2O
   int recent = 0;            // H2O
   StorageFormat storage = StorageFormat::kPoolDefault;  // kPoolDefault = keep
+  // The newest tokens of every lane kept raw, quantized as they age out; must fit in the
+  // eviction's recent window. A Compress may set it only on a sequence still stored raw.
   int residual_tokens = 0;
 
   static CompressionSpec StreamingLlm(int sinks, int window) {
@@ -232,10 +235,16 @@ struct FetchedChunk {
   int64_t visible_tokens = 0;
 };
 
-// A whole fetch assembled per (layer, kv head), in request order.
+// A whole fetch assembled per (layer, kv head), in request order. With stored_format, a lane
+// of a sequence that keeps a raw recent residual arrives as two FetchedHeads of the same
+// (layer, kv head): its low-bit tokens, then its raw tokens (first_index says where the
+// second part starts in the lane); each has its own storage and record_bytes.
 struct FetchedHead {
   int layer = 0;
   int kv_head = 0;
+  int64_t first_index = 0;                              // stored index of the first token here
+  StorageFormat storage = StorageFormat::kPoolDefault;  // stored_format only
+  int record_bytes = 0;                                 // stored_format only
   std::vector<int32_t> positions;
   std::string keys;
   std::string values;
@@ -244,6 +253,7 @@ struct FetchedHead {
 struct FetchResult {
   int64_t visible_tokens = 0;
   DType dtype = DType::kPoolDefault;
+  // stored_format: of the first head (the low-bit part); see FetchedHead for each part.
   StorageFormat storage = StorageFormat::kPoolDefault;
   int record_bytes = 0;
   std::vector<FetchedHead> heads;
