@@ -6,7 +6,8 @@
 //   4. Attend latency per decode step at two context lengths against memcpy of the bytes
 //      that step reads.
 //
-//   compression_benchmark [--tokens=32768] [--budget=2048] [--layers=32] [--json=FILE]
+//   compression_benchmark [--tokens=32768] [--budget=2048] [--residual=0] [--layers=32]
+//                         [--json=FILE]
 //   (--quick: small shapes, for the ctest smoke run)
 #include <algorithm>
 #include <chrono>
@@ -24,6 +25,8 @@
 
 ABSL_FLAG(int32_t, tokens, 32768, "prompt tokens for the SnapKV and Attend measurements");
 ABSL_FLAG(int32_t, budget, 2048, "SnapKV budget (tokens kept per kv head)");
+ABSL_FLAG(int32_t, residual, 0,
+          "newest tokens per kv head kept raw (f16) beside INT4 in the SnapKV step (<= 32)");
 ABSL_FLAG(int32_t, layers, 32,
           "layers of the Llama-3-8B-shaped pool (8 kv heads, 32 q heads, d 128)");
 ABSL_FLAG(int32_t, attend_short, 4096, "stored tokens for the short Attend measurement");
@@ -166,6 +169,7 @@ int main(int argc, char** argv) {
   cp.spec.pooling_kernel = 7;
   cp.spec.storage = StorageFormat::kInt4G32;
   cp.spec.storage_set = true;
+  cp.spec.residual_tokens = absl::GetFlag(FLAGS_residual);
   for (int l = 0; l < layers; ++l) {
     q[static_cast<size_t>(l)] = RandomF16(static_cast<size_t>(kWindow) * kQHeads * kDim, 100 + l);
     LayerQueries lq;
@@ -185,8 +189,9 @@ int main(int argc, char** argv) {
   }
   const double read_once_s = MemcpySeconds(static_cast<size_t>(dense_bytes));
   std::printf(
-      "\n== SnapKV (window %d, budget %d, max pooling 7) + INT4 g32 on a %lld-token prompt\n",
-      kWindow, budget, static_cast<long long>(tokens));
+      "\n== SnapKV (window %d, budget %d, max pooling 7) + INT4 g32 (raw residual %d) on a "
+      "%lld-token prompt\n",
+      kWindow, budget, cp.spec.residual_tokens, static_cast<long long>(tokens));
   std::printf("  dense f16 KV          %12lld bytes\n", static_cast<long long>(dense_bytes));
   std::printf("  held before (f16)     %12lld bytes (prefill took %.2f s)\n",
               static_cast<long long>(raw_bytes), fill_s);
@@ -197,11 +202,12 @@ int main(int argc, char** argv) {
       "  Compress time         %.3f s; memcpy of the dense KV once %.3f s -> %.1fx (goal <= 3x)\n",
       compress_s, read_once_s, compress_s / read_once_s);
   json += absl::StrFormat(
-      ", \"snapkv_int4\": {\"tokens\": %lld, \"budget\": %d, \"dense_bytes\": %lld, "
+      ", \"snapkv_int4\": {\"tokens\": %lld, \"budget\": %d, \"residual\": %d, "
+      "\"dense_bytes\": %lld, "
       "\"bytes_after\": %lld, "
       "\"ratio\": %.2f, \"compress_s\": %.4f, \"memcpy_s\": %.4f, \"compress_vs_memcpy\": %.2f}",
-      static_cast<long long>(tokens), budget, static_cast<long long>(dense_bytes),
-      static_cast<long long>(compressed->bytes_after),
+      static_cast<long long>(tokens), budget, cp.spec.residual_tokens,
+      static_cast<long long>(dense_bytes), static_cast<long long>(compressed->bytes_after),
       static_cast<double>(dense_bytes) / static_cast<double>(compressed->bytes_after), compress_s,
       read_once_s, compress_s / read_once_s);
   (void)store->Release(seq->id);
