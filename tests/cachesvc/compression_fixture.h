@@ -146,7 +146,7 @@ inline CompressionSpec Streaming(int sinks, int window) {
 
 // Observation queries of one layer, all pointing along `direction` (scaled), [w, qheads, dim].
 inline std::vector<float> QueriesAlong(const std::vector<float>& direction, int window, int qheads,
-                                float scale) {
+                                       float scale) {
   std::vector<float> q;
   for (int t = 0; t < window; ++t)
     for (int h = 0; h < qheads; ++h)
@@ -156,7 +156,7 @@ inline std::vector<float> QueriesAlong(const std::vector<float>& direction, int 
 
 // Reference decode attention in double over dense K/V [n, dim] for one query head.
 inline std::vector<double> Attention(const std::vector<float>& q, const std::vector<float>& k,
-                              const std::vector<float>& v, int dim) {
+                                     const std::vector<float>& v, int dim) {
   const size_t n = k.size() / static_cast<size_t>(dim);
   std::vector<double> logits(n);
   double mx = -1e300;
@@ -173,6 +173,5 @@ inline std::vector<double> Attention(const std::vector<float>& q, const std::vec
     for (int e = 0; e < dim; ++e) out[e] += logits[t] / z * v[t * dim + e];
   return out;
 }
-
 
 }  // namespace kvc::cachesvc
