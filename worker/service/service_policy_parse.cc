@@ -30,18 +30,47 @@ absl::StatusOr<std::vector<int>> Numbers(absl::string_view text, char sep, size_
   return out;
 }
 
-absl::StatusOr<StorageFormat> ParseStorage(const std::string& s) {
-  if (s.empty()) return StorageFormat::kPoolDefault;
-  if (s == "f16") return StorageFormat::kF16;
-  if (s == "bf16") return StorageFormat::kBF16;
-  if (s == "f32") return StorageFormat::kF32;
-  if (s == "fp8") return StorageFormat::kFp8E4M3;
-  if (s == "int8") return StorageFormat::kInt8;
-  if (s == "int4" || s == "int4g32") return StorageFormat::kInt4G32;
-  if (s == "int4g64") return StorageFormat::kInt4G64;
-  if (s == "nvfp4") return StorageFormat::kNvfp4;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown --storage '", s, "'; use f16, bf16, f32, fp8, int8, int4, int4g64 or nvfp4"));
+struct Storage {
+  StorageFormat format = StorageFormat::kPoolDefault;
+  int residual = 0;  // newest tokens kept raw beside `format`
+};
+
+// FORMAT or FORMAT+rawN (the newest N tokens of every lane stay raw).
+absl::StatusOr<Storage> ParseStorage(const std::string& text) {
+  Storage out;
+  absl::string_view s = text;
+  if (const size_t plus = s.find("+raw"); plus != absl::string_view::npos) {
+    if (!absl::SimpleAtoi(s.substr(plus + 4), &out.residual) || out.residual < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad --storage '", text, "': after +raw comes the number of raw recent tokens"));
+    }
+    s = s.substr(0, plus);
+  }
+  if (s.empty()) {
+    out.format = StorageFormat::kPoolDefault;
+  } else if (s == "f16") {
+    out.format = StorageFormat::kF16;
+  } else if (s == "bf16") {
+    out.format = StorageFormat::kBF16;
+  } else if (s == "f32") {
+    out.format = StorageFormat::kF32;
+  } else if (s == "fp8") {
+    out.format = StorageFormat::kFp8E4M3;
+  } else if (s == "int8") {
+    out.format = StorageFormat::kInt8;
+  } else if (s == "int4" || s == "int4g32") {
+    out.format = StorageFormat::kInt4G32;
+  } else if (s == "int4g64") {
+    out.format = StorageFormat::kInt4G64;
+  } else if (s == "nvfp4") {
+    out.format = StorageFormat::kNvfp4;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown --storage '", text,
+                     "'; use f16, bf16, f32, fp8, int8, int4, int4g64 or nvfp4, optionally with "
+                     "+rawN (e.g. int4+raw32: the newest 32 tokens stay raw)"));
+  }
+  return out;
 }
 
 }  // namespace
@@ -49,12 +78,15 @@ absl::StatusOr<StorageFormat> ParseStorage(const std::string& s) {
 absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
                                                  const std::string& storage) {
   ServicePolicy out;
-  auto format = ParseStorage(storage);
-  if (!format.ok()) return format.status();
+  auto parsed = ParseStorage(storage);
+  if (!parsed.ok()) return parsed.status();
+  const StorageFormat* format = &parsed->format;
+  const int residual = parsed->residual;
   absl::string_view p = policy;
   const std::string what = absl::StrCat("--policy '", policy, "'");
   if (p.empty() || p == "full") {
     out.automatic.storage = *format;
+    out.automatic.residual_tokens = residual;
   } else if (absl::ConsumePrefix(&p, "streaming=") ||
              absl::ConsumePrefix(&p, "streaming-rerotate=")) {
     const bool rerotate = absl::StartsWith(policy, "streaming-rerotate=");
@@ -62,6 +94,7 @@ absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
     if (!n.ok()) return n.status();
     out.automatic = CompressionSpec::StreamingLlm((*n)[0], (*n)[1]).WithStorage(*format);
     out.automatic.rerotate_keys = rerotate;
+    out.automatic.residual_tokens = residual;
   } else if (absl::ConsumePrefix(&p, "snapkv=")) {
     // snapkv=BUDGET or snapkv=BUDGET/WINDOW (window 32 by default, as in the paper).
     auto n = Numbers(p, '/', 2, what);
@@ -69,7 +102,9 @@ absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
     const int window = n->size() > 1 ? (*n)[1] : 32;
     // Prefill stays raw (scores on exact keys); the survivors are converted at Compress and
     // later tokens are written in the new format.
+    // The residual is set by that Compress too: the newest tokens are still raw then.
     out.at_prompt_end = CompressionSpec::SnapKv(window, (*n)[0]).WithStorage(*format);
+    out.at_prompt_end.residual_tokens = residual;
     out.compress_at_prompt_end = true;
     out.query_window = window;
   } else if (absl::ConsumePrefix(&p, "h2o=")) {
@@ -78,6 +113,7 @@ absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
     // Prefill scores from the last 32 prompt queries, then H2O keeps running on every
     // append with the scores each decode step's Attend adds.
     out.automatic = CompressionSpec::H2o((*n)[0], (*n)[1]).WithStorage(*format);
+    out.automatic.residual_tokens = residual;
     out.at_prompt_end = CompressionSpec::H2o((*n)[0], (*n)[1]);
     out.compress_at_prompt_end = true;
     out.query_window = 32;

@@ -1,0 +1,37 @@
+// kvc-worker's --policy / --storage flags -> the CompressionSpecs sent to kvcached.
+#include "worker/service/service_policy_parse.h"
+
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvc::worker {
+namespace {
+
+using client::StorageFormat;
+using ::kvc::testing::StatusIs;
+
+TEST(ServicePolicyParseTest, StorageWithARawResidual) {
+  KVC_ASSERT_OK_AND_ASSIGN(ServicePolicy p, ParseServicePolicy("snapkv=256", "int4+raw32"));
+  EXPECT_TRUE(p.compress_at_prompt_end);
+  EXPECT_EQ(p.at_prompt_end.storage, StorageFormat::kInt4G32);
+  EXPECT_EQ(p.at_prompt_end.residual_tokens, 32);  // set when the prompt is still raw
+  EXPECT_EQ(p.automatic.residual_tokens, 0);
+  KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("streaming=4+252", "fp8+raw64"));
+  EXPECT_EQ(p.automatic.storage, StorageFormat::kFp8E4M3);
+  EXPECT_EQ(p.automatic.residual_tokens, 64);
+  KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("", "int8"));
+  EXPECT_EQ(p.automatic.storage, StorageFormat::kInt8);
+  EXPECT_EQ(p.automatic.residual_tokens, 0);
+}
+
+TEST(ServicePolicyParseTest, BadFlagsSayWhatIsExpected) {
+  EXPECT_THAT(ParseServicePolicy("", "int4+raw"), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                           "number of raw recent tokens"));
+  EXPECT_THAT(ParseServicePolicy("", "int3"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown --storage 'int3'"));
+  EXPECT_THAT(ParseServicePolicy("snapkv=x", ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, "bad number 'x'"));
+}
+
+}  // namespace
+}  // namespace kvc::worker
