@@ -31,16 +31,44 @@
 
 namespace kvc::kernels::cpu {
 
-// KVC_KERNELS_CPU_BASELINE=1 forces the baseline instances (tests cover both paths).
-inline bool CpuHasFastPath() {
+// Instruction sets of the hot-loop instances, in order: baseline x86-64, AVX2 + F16C
+// (+ FMA), AVX-512 F/BW/VL/DQ (row codec of write/read, SnapKV tiles). Chosen once at run
+// time by CPU feature (__builtin_cpu_supports also checks that the OS saves the registers).
+// KVC_KERNELS_CPU_BASELINE=1 forces the baseline and KVC_KERNELS_CPU_ISA=baseline|avx2
+// caps the level, so tests check every instance on one machine.
+enum class CpuIsa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+
+inline CpuIsa DetectCpuIsa() {
 #if defined(KVC_CPU_DISPATCH)
-  static const bool fast = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-                           std::getenv("KVC_KERNELS_CPU_BASELINE") == nullptr;
-  return fast;
+  CpuIsa isa = CpuIsa::kBaseline;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+      __builtin_cpu_supports("fma")) {
+    isa = CpuIsa::kAvx2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+      isa = CpuIsa::kAvx512;
+    }
+  }
+  if (std::getenv("KVC_KERNELS_CPU_BASELINE") != nullptr) return CpuIsa::kBaseline;
+  if (const char* cap = std::getenv("KVC_KERNELS_CPU_ISA")) {
+    const CpuIsa limit = std::strcmp(cap, "baseline") == 0 ? CpuIsa::kBaseline
+                         : std::strcmp(cap, "avx2") == 0   ? CpuIsa::kAvx2
+                                                           : CpuIsa::kAvx512;
+    if (static_cast<int>(limit) < static_cast<int>(isa)) isa = limit;
+  }
+  return isa;
 #else
-  return false;
+  return CpuIsa::kBaseline;
 #endif
 }
+
+inline CpuIsa CpuIsaLevel() {
+  static const CpuIsa isa = DetectCpuIsa();
+  return isa;
+}
+
+// True when the AVX2 + F16C instances may run (decode attention's switch).
+inline bool CpuHasFastPath() { return CpuIsaLevel() != CpuIsa::kBaseline; }
 
 #if defined(KVC_CPU_DISPATCH)
 // f16 <-> f32 with F16C, 8 elements per instruction: identical results to HalfToFloat /

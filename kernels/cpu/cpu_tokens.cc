@@ -3,6 +3,7 @@
 
 #include "common/rope.h"
 #include "common/validate.h"
+#include "cpu/avx512_codec.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_rows.h"
 #include "kvc/kernels/record_codec.h"
@@ -73,18 +74,85 @@ KVC_CPU_TARGET_FAST void WriteRowsFast(const WriteTokensArgs& a, int64_t begin, 
 KVC_CPU_TARGET_FAST void ReadRowsFast(const ReadTokensArgs& a, int64_t begin, int64_t end) {
   ReadRowsT<true>(a, begin, end);
 }
+
+// AVX-512 instances: same structure, the record codec of avx512_codec.h (same bytes).
+KVC_AVX512_TARGET void WriteRowsAvx512(const WriteTokensArgs& a, int64_t begin, int64_t end) {
+  const BlockLayout& l = a.arena.layout;
+  if (IsRawFormat(l.format)) return WriteRowsT<true>(a, begin, end);
+  const int d = l.head_dim;
+  const int64_t stride = internal::RowStride(a.row_stride, d);
+  alignas(64) float xk[kMaxHeadDim], xv[kMaxHeadDim];
+  const float* const x[2] = {xk, xv};
+  for (int64_t r = begin; r < end; ++r) {
+    const int32_t b = a.dst_blocks[r], s = a.dst_slots[r];
+    const size_t off = static_cast<size_t>(r * stride);
+    avx512::LoadRow(a.keys, a.dtype, off, d, xk);
+    avx512::LoadRow(a.values, a.dtype, off, d, xv);
+    uint8_t* const rec[2] = {KeyRecord(a.arena, b, s), ValueRecord(a.arena, b, s)};
+    avx512::QuantizeRow(l.format, d, x, rec);
+    *PositionPtr(a.arena, b, s) = a.positions[r];
+    *ScorePtr(a.arena, b, s) = 0.0f;
+  }
+}
+
+template <DType kOut>
+KVC_AVX512_INLINE void ReadRowsAvx512T(const ReadTokensArgs& a, int64_t begin, int64_t end) {
+  const BlockLayout& l = a.arena.layout;
+  const int d = l.head_dim;
+  const int64_t stride = internal::RowStride(a.row_stride, d);
+  for (int64_t r = begin; r < end; ++r) {
+    const int32_t b = a.src_blocks[r], s = a.src_slots[r];
+    const size_t off = static_cast<size_t>(r * stride) * DTypeSize(kOut);
+    if (a.keys != nullptr) {
+      avx512::DequantizeRecord<kOut>(l.format, d, KeyRecord(a.arena, b, s),
+                                     static_cast<uint8_t*>(a.keys) + off);
+    }
+    if (a.values != nullptr) {
+      avx512::DequantizeRecord<kOut>(l.format, d, ValueRecord(a.arena, b, s),
+                                     static_cast<uint8_t*>(a.values) + off);
+    }
+    if (a.positions != nullptr) a.positions[r] = *PositionPtr(a.arena, b, s);
+    if (a.scores != nullptr) a.scores[r] = *ScorePtr(a.arena, b, s);
+  }
+}
+
+KVC_AVX512_TARGET void ReadRowsAvx512(const ReadTokensArgs& a, int64_t begin, int64_t end) {
+  if (IsRawFormat(a.arena.layout.format)) return ReadRowsT<true>(a, begin, end);
+  switch (a.dtype) {
+    case DType::kF32:
+      return ReadRowsAvx512T<DType::kF32>(a, begin, end);
+    case DType::kF16:
+      return ReadRowsAvx512T<DType::kF16>(a, begin, end);
+    case DType::kBF16:
+      return ReadRowsAvx512T<DType::kBF16>(a, begin, end);
+  }
+}
 #endif
 
 void WriteRows(const WriteTokensArgs& a, int64_t begin, int64_t end) {
 #if defined(KVC_CPU_DISPATCH)
-  if (CpuHasFastPath()) return WriteRowsFast(a, begin, end);
+  switch (CpuIsaLevel()) {
+    case CpuIsa::kAvx512:
+      return WriteRowsAvx512(a, begin, end);
+    case CpuIsa::kAvx2:
+      return WriteRowsFast(a, begin, end);
+    case CpuIsa::kBaseline:
+      break;
+  }
 #endif
   WriteRowsT<false>(a, begin, end);
 }
 
 void ReadRows(const ReadTokensArgs& a, int64_t begin, int64_t end) {
 #if defined(KVC_CPU_DISPATCH)
-  if (CpuHasFastPath()) return ReadRowsFast(a, begin, end);
+  switch (CpuIsaLevel()) {
+    case CpuIsa::kAvx512:
+      return ReadRowsAvx512(a, begin, end);
+    case CpuIsa::kAvx2:
+      return ReadRowsFast(a, begin, end);
+    case CpuIsa::kBaseline:
+      break;
+  }
 #endif
   ReadRowsT<false>(a, begin, end);
 }

@@ -1,0 +1,501 @@
+// AVX-512 (F, BW, VL, DQ) record codec for the CPU backend's write and read rows. It writes
+// the same bytes and floats as QuantizeRecord / DequantizeRecord in record_codec.h (the
+// spec), 16 lanes at a time: the same float operations in the same order (x * inv; mul then
+// add, never FMA), the same integer rounding formulas, explicit round-to-nearest-even
+// conversions. Decoding of 4-bit codes is a 16-entry table in one register (vpermps), so
+// INT4 and E2M1 cost one permute per 16 elements. Only reached after a run-time CPU check
+// (CpuIsaLevel() in cpu_rows.h); head_dim is a multiple of 16 (FormatSupportsHeadDim).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/cpu_rows.h"
+#include "kvc/kernels/record_codec.h"
+
+#if defined(KVC_CPU_DISPATCH)
+#include <immintrin.h>
+
+// g++ 12 flags the deliberately undefined vectors inside <avx512fintrin.h>'s reductions and
+// narrowing conversions (-Wmaybe-uninitialized) once they are inlined here.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#define KVC_AVX512_ISA "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+#define KVC_AVX512_TARGET __attribute__((target(KVC_AVX512_ISA)))
+#define KVC_AVX512_INLINE inline __attribute__((always_inline, target(KVC_AVX512_ISA)))
+
+namespace kvc::kernels::cpu::avx512 {
+
+constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+KVC_AVX512_INLINE __m512i Splat(uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
+
+KVC_AVX512_INLINE __m512i AbsBits(__m512 v) {
+  return _mm512_and_si512(_mm512_castps_si512(v), Splat(0x7fffffffu));
+}
+
+// AbsMax of record_codec.h: unsigned max of |x| bit patterns (NaN inputs give NaN).
+KVC_AVX512_INLINE uint32_t AbsMaxBits(const float* x, int n) {
+  __m512i m = _mm512_setzero_si512();
+  for (int j = 0; j < n; j += 16) m = _mm512_max_epu32(m, AbsBits(_mm512_loadu_ps(x + j)));
+  return _mm512_reduce_max_epu32(m);
+}
+
+// ClampF(v, lo, hi) with NaN passing through: vmaxps/vminps return the second operand when
+// one is NaN, so v goes second.
+KVC_AVX512_INLINE __m512 Clamp(__m512 v, __m512 lo, __m512 hi) {
+  return _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+}
+
+// FloatToE4M3 on 16 lanes (codes in the low byte of each 32-bit lane). The scalar version
+// saturates when a >= 448 or the rounded normal reaches 480; the second implies the first.
+KVC_AVX512_INLINE __m512i FloatToE4M3(__m512 f) {
+  const __m512i x = _mm512_castps_si512(f);
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(x, 24), Splat(0x80u));
+  const __m512i a = _mm512_and_si512(x, Splat(0x7fffffffu));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, Splat(0x7ffffu)),
+                                     _mm512_and_si512(_mm512_srli_epi32(a, 20), Splat(1)));
+  __m512i c =
+      _mm512_and_si512(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), Splat(120u << 3)), Splat(0xffu));
+  const __m512i sub =
+      _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)), kRne);
+  c = _mm512_mask_mov_epi32(c, _mm512_cmplt_epu32_mask(a, Splat(0x3c800000u)), sub);
+  c = _mm512_mask_mov_epi32(c, _mm512_cmpge_epu32_mask(a, Splat(0x43e00000u)), Splat(0x7eu));
+  c = _mm512_mask_mov_epi32(c, _mm512_cmpgt_epu32_mask(a, Splat(0x7f800000u)), Splat(0x7fu));
+  return _mm512_or_si512(c, sign);
+}
+
+// E4M3ToFloat on 16 lanes of codes (low byte of each 32-bit lane).
+KVC_AVX512_INLINE __m512 E4M3ToFloat(__m512i u) {
+  const __m512i e = _mm512_and_si512(_mm512_srli_epi32(u, 3), Splat(15));
+  const __m512i m = _mm512_and_si512(u, Splat(7));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(m), _mm512_set1_ps(1.0f / 512.0f));
+  const __m512i normal = _mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, Splat(120)), 23),
+                                         _mm512_slli_epi32(m, 20));
+  __m512i bits = _mm512_mask_mov_epi32(normal, _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
+                                       _mm512_castps_si512(sub));
+  bits = _mm512_mask_mov_epi32(
+      bits, _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, Splat(0x7f)), Splat(0x7f)),
+      Splat(0x7fc00000u));
+  return _mm512_castsi512_ps(
+      _mm512_or_si512(bits, _mm512_slli_epi32(_mm512_and_si512(u, Splat(0x80)), 24)));
+}
+
+// FloatToE2M1 on 16 lanes: the magnitude code counts the thresholds below |f| (ordered
+// compares are false for NaN, as the scalar ones).
+KVC_AVX512_INLINE __m512i FloatToE2M1(__m512 f) {
+  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(f), 28), Splat(8));
+  const __m512 a = _mm512_castsi512_ps(AbsBits(f));
+  const __m512i one = Splat(1);
+  __m512i m = sign;
+  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.25f), _CMP_GT_OQ), m, one);
+  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.75f), _CMP_GE_OQ), m, one);
+  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.25f), _CMP_GT_OQ), m, one);
+  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.75f), _CMP_GE_OQ), m, one);
+  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.5f), _CMP_GT_OQ), m, one);
+  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.5f), _CMP_GE_OQ), m, one);
+  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(5.0f), _CMP_GT_OQ), m, one);
+  return m;
+}
+
+// 16 codes in 0..15 (32-bit lanes) -> 8 bytes, element 2i in the low nibble (PackNibbles).
+KVC_AVX512_INLINE void StoreNibbles(__m512i q, uint8_t* out) {
+  const __m512i packed = _mm512_or_si512(q, _mm512_srli_epi64(q, 28));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(packed));
+}
+
+// 16 packed bytes (32 codes) -> 32 bytes whose low nibbles are the codes in element order.
+// Only low nibbles matter: vpermps reads 4 index bits.
+KVC_AVX512_INLINE __m256i SpreadNibbles(const uint8_t* in) {
+  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in)));
+  return _mm256_or_si256(w, _mm256_slli_epi16(w, 4));
+}
+
+// ---- quantize: d floats -> one record ----
+
+KVC_AVX512_INLINE void QuantizeInt8(int d, const float* x, uint8_t* rec) {
+  const float scale = BitsAsFloat(AbsMaxBits(x, d)) / 127.0f;
+  const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+  const __m512 vinv = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.0f),
+               hi = _mm512_set1_ps(127.0f);
+  for (int j = 0; j < d; j += 16) {
+    const __m512 v = Clamp(_mm512_mul_ps(_mm512_loadu_ps(x + j), vinv), lo, hi);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(rec + j),
+                     _mm512_cvtepi32_epi8(_mm512_cvt_roundps_epi32(v, kRne)));
+  }
+  StoreF32(rec + d, scale);
+}
+
+KVC_AVX512_INLINE void QuantizeFp8(int d, const float* x, uint8_t* rec) {
+  const float scale = BitsAsFloat(AbsMaxBits(x, d)) / kE4M3Max;
+  const __m512 vinv = _mm512_set1_ps(scale > 0 ? 1.0f / scale : 0.0f);
+  for (int j = 0; j < d; j += 16) {
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(rec + j),
+        _mm512_cvtepi32_epi8(FloatToE4M3(_mm512_mul_ps(_mm512_loadu_ps(x + j), vinv))));
+  }
+  StoreF32(rec + d, scale);
+}
+
+// Float order as unsigned order (OrderedBits of record_codec.h), and back.
+KVC_AVX512_INLINE __m512i OrderedBits(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  return _mm512_xor_si512(u, _mm512_or_si512(_mm512_srai_epi32(u, 31), Splat(0x80000000u)));
+}
+KVC_AVX512_INLINE __m512 FromOrderedBits(__m512i o) {
+  const __mmask16 pos = _mm512_cmplt_epi32_mask(o, _mm512_setzero_si512());  // top bit set
+  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_xor_si512(o, Splat(0xffffffffu)), pos,
+                                                   _mm512_and_si512(o, Splat(0x7fffffffu))));
+}
+
+// FloatToHalf on 16 lanes: vcvtps2ph rounds to nearest even with the same overflow and
+// subnormal results; NaNs are patched to FloatToHalf's sign | 0x7e00.
+KVC_AVX512_INLINE __m256i FloatToHalf(__m512 v) {
+  const __m256i h = _mm512_cvtps_ph(v, kRne);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(AbsBits(v), Splat(0x7f800000u));
+  const __m256i quiet =
+      _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16(-32768)), _mm256_set1_epi16(0x7e00));
+  return _mm256_mask_mov_epi16(h, nan, quiet);
+}
+
+// Horizontal reduction of n <= 16 vectors at once: lane i of the result is op over the
+// lanes of v[i] (one transpose-like tree: 3 shuffles per pair instead of a reduction chain
+// per vector). Levels halve the lanes each vector spends on one input; an odd vector out is
+// paired with itself. Input i ends in lane 4 * (i % 4) + i / 4, undone by one permute.
+template <class Op>
+KVC_AVX512_INLINE __m512i ReduceEach(__m512i* v, int n, Op op) {
+  for (int level = 0; level < 4; ++level) {
+    const int m = (n + 1) / 2;
+    for (int i = 0; i < m; ++i) {
+      const __m512i a = v[2 * i], b = 2 * i + 1 < n ? v[2 * i + 1] : a;
+      __m512i lo, hi;
+      switch (level) {
+        case 0:
+          lo = _mm512_shuffle_i32x4(a, b, 0x44), hi = _mm512_shuffle_i32x4(a, b, 0xee);
+          break;
+        case 1:
+          lo = _mm512_shuffle_i32x4(a, b, 0x88), hi = _mm512_shuffle_i32x4(a, b, 0xdd);
+          break;
+        case 2:
+          lo = _mm512_unpacklo_epi64(a, b), hi = _mm512_unpackhi_epi64(a, b);
+          break;
+        default:
+          lo = _mm512_castps_si512(
+              _mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), 0x88));
+          hi = _mm512_castps_si512(
+              _mm512_shuffle_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), 0xdd));
+          break;
+      }
+      v[i] = op(lo, hi);
+    }
+    n = m;
+  }
+  return _mm512_permutexvar_epi32(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), v[0]);
+}
+
+struct MaxU32 {
+  KVC_AVX512_INLINE __m512i operator()(__m512i a, __m512i b) const {
+    return _mm512_max_epu32(a, b);
+  }
+};
+struct MinU32 {
+  KVC_AVX512_INLINE __m512i operator()(__m512i a, __m512i b) const {
+    return _mm512_min_epu32(a, b);
+  }
+};
+
+// Both records of a row (key and value) are quantized together, so the per-group scalar
+// work (min/max reductions, f16 rounding of scale and min, reciprocals) runs once per 16
+// groups in vector lanes instead of once per group.
+constexpr int kRowRecords = 2;
+
+// INT4: a unit is one group of one record; units are handled 16 at a time.
+template <int kGroup>
+KVC_AVX512_INLINE void QuantizeInt4(int d, const float* const* x, uint8_t* const* rec) {
+  const int per_record = d / kGroup, units = kRowRecords * per_record;
+  const __m512 zero = _mm512_setzero_ps(), fifteen = _mm512_set1_ps(15.0f);
+  for (int u0 = 0; u0 < units; u0 += 16) {
+    const int n = units - u0 < 16 ? units - u0 : 16;
+    __m512i lo_o[16], hi_o[16];
+    for (int i = 0; i < n; ++i) {
+      const int u = u0 + i;
+      const float* xg = x[u >= per_record] + (u - (u >= per_record ? per_record : 0)) * kGroup;
+      lo_o[i] = OrderedBits(_mm512_loadu_ps(xg));
+      hi_o[i] = lo_o[i];
+      for (int j = 16; j < kGroup; j += 16) {
+        const __m512i o = OrderedBits(_mm512_loadu_ps(xg + j));
+        lo_o[i] = _mm512_min_epu32(lo_o[i], o);
+        hi_o[i] = _mm512_max_epu32(hi_o[i], o);
+      }
+    }
+    const __m512 lo = FromOrderedBits(ReduceEach(lo_o, n, MinU32{}));
+    const __m512 hi = FromOrderedBits(ReduceEach(hi_o, n, MaxU32{}));
+    // Quantize against the f16-rounded scale and min that the reader will see.
+    const __m256i scale_h = FloatToHalf(_mm512_div_ps(_mm512_sub_ps(hi, lo), fifteen));
+    const __m256i min_h = FloatToHalf(lo);
+    const __m512 scale = _mm512_cvtph_ps(scale_h);
+    alignas(64) float mins[16], invs[16];
+    _mm512_store_ps(mins, _mm512_cvtph_ps(min_h));
+    _mm512_store_ps(invs, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(scale, zero, _CMP_GT_OQ),
+                                              _mm512_set1_ps(1.0f), scale));
+    // Per group 4 bytes: f16 scale, then f16 min.
+    alignas(64) uint32_t fields[16];
+    _mm512_store_si512(fields,
+                       _mm512_or_si512(_mm512_cvtepu16_epi32(scale_h),
+                                       _mm512_slli_epi32(_mm512_cvtepu16_epi32(min_h), 16)));
+    for (int i = 0; i < n; ++i) {
+      const int u = u0 + i, r = u >= per_record, g = u - r * per_record;
+      const float* xg = x[r] + g * kGroup;
+      const __m512 vmin = _mm512_set1_ps(mins[i]), vinv = _mm512_set1_ps(invs[i]);
+      for (int j = 0; j < kGroup; j += 16) {
+        const __m512 v =
+            Clamp(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(xg + j), vmin), vinv), zero, fifteen);
+        // & 15: a NaN converts to 0x80000000, whose byte is 0 in the scalar code.
+        StoreNibbles(_mm512_and_si512(_mm512_cvt_roundps_epi32(v, kRne), Splat(15)),
+                     rec[r] + (g * kGroup + j) / 2);
+      }
+      std::memcpy(rec[r] + d / 2 + 4 * g, &fields[i], 4);
+    }
+  }
+}
+
+// NVFP4: block amaxes of all blocks of both records first (16 at a time), then the tensor
+// scale t per record, then block scales e4m3(amax_b / (6 t)), their decoded value times t
+// and its reciprocal, 16 blocks per vector.
+KVC_AVX512_INLINE void QuantizeNvfp4(int d, const float* const* x, uint8_t* const* rec) {
+  const int per_record = d / 16, units = kRowRecords * per_record;
+  alignas(64) uint32_t amax[kRowRecords * kMaxHeadDim / 16];
+  for (int u0 = 0; u0 < units; u0 += 16) {
+    const int n = units - u0 < 16 ? units - u0 : 16;
+    __m512i a[16];
+    for (int i = 0; i < n; ++i) {
+      const int u = u0 + i;
+      const int r = u >= per_record;
+      a[i] = AbsBits(_mm512_loadu_ps(x[r] + (u - r * per_record) * 16));
+    }
+    _mm512_store_si512(amax + u0, ReduceEach(a, n, MaxU32{}));
+  }
+  float t[kRowRecords];
+  for (int r = 0; r < kRowRecords; ++r) {
+    uint32_t all = 0;
+    for (int b = 0; b < per_record; ++b) {
+      const uint32_t v = amax[r * per_record + b];
+      all = v > all ? v : all;
+    }
+    t[r] = BitsAsFloat(all) / (kE4M3Max * kE2M1Max);
+  }
+  alignas(64) float inv[16];
+  for (int u0 = 0; u0 < units; u0 += 16) {
+    const int n = units - u0 < 16 ? units - u0 : 16;
+    // Lanes of record 1 take t[1]; scalar code skips blocks of a record with !(t > 0).
+    __mmask16 rec1 = 0, live = 0;
+    for (int i = 0; i < n; ++i) {
+      const int r = u0 + i >= per_record;
+      rec1 |= static_cast<__mmask16>(r << i);
+      live |= static_cast<__mmask16>((t[r] > 0) << i);
+    }
+    const __m512 vt = _mm512_mask_mov_ps(_mm512_set1_ps(t[0]), rec1, _mm512_set1_ps(t[1]));
+    const __m512 bmax = _mm512_castsi512_ps(_mm512_load_si512(amax + u0));
+    const __m512i sb = _mm512_maskz_mov_epi32(
+        live, FloatToE4M3(_mm512_div_ps(bmax, _mm512_mul_ps(_mm512_set1_ps(kE2M1Max), vt))));
+    const __m512 eff = _mm512_mul_ps(E4M3ToFloat(sb), vt);
+    _mm512_store_ps(
+        inv, _mm512_maskz_div_ps(live & _mm512_cmp_ps_mask(eff, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                 _mm512_set1_ps(1.0f), eff));
+    alignas(16) uint8_t codes[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(sb));
+    for (int i = 0; i < n; ++i) {
+      const int u = u0 + i, r = u >= per_record, b = u - r * per_record;
+      rec[r][d / 2 + b] = codes[i];
+      const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x[r] + 16 * b), _mm512_set1_ps(inv[i]));
+      StoreNibbles(FloatToE2M1(v), rec[r] + 8 * b);
+    }
+  }
+  for (int r = 0; r < kRowRecords; ++r) {
+    for (int p = d / 2 + d / 16; p < Nvfp4TensorScaleOffset(d); ++p) rec[r][p] = 0;
+    StoreF32(rec[r] + Nvfp4TensorScaleOffset(d), t[r]);
+  }
+}
+
+// The key and value records of one row (quantized formats; raw formats are row copies or
+// conversions elsewhere).
+KVC_AVX512_INLINE void QuantizeRow(StorageFormat format, int d, const float* const* x,
+                                   uint8_t* const* rec) {
+  switch (format) {
+    case StorageFormat::kInt4G32:
+      return QuantizeInt4<32>(d, x, rec);
+    case StorageFormat::kInt4G64:
+      return QuantizeInt4<64>(d, x, rec);
+    case StorageFormat::kNvfp4:
+      return QuantizeNvfp4(d, x, rec);
+    default:
+      break;
+  }
+  for (int r = 0; r < kRowRecords; ++r) {
+    switch (format) {
+      case StorageFormat::kFp8E4M3:
+        QuantizeFp8(d, x[r], rec[r]);
+        break;
+      case StorageFormat::kInt8:
+        QuantizeInt8(d, x[r], rec[r]);
+        break;
+      default:
+        kernels::QuantizeRecord(format, d, x[r], rec[r]);
+        break;
+    }
+  }
+}
+
+// ---- dequantize: one record -> d floats, or straight into a dense row ----
+
+// Dense row element stores (16 lanes): f32, f16 (vcvtps2ph, round to nearest even, as
+// FloatToHalf except NaN payloads) and bf16 (FloatToBFloat16's integer rounding).
+template <DType kOut>
+KVC_AVX512_INLINE void StoreOut(void* dst, __m512 v) {
+  if constexpr (kOut == DType::kF32) {
+    _mm512_storeu_ps(static_cast<float*>(dst), v);
+  } else if constexpr (kOut == DType::kF16) {
+    _mm256_storeu_si256(static_cast<__m256i*>(dst), _mm512_cvtps_ph(v, kRne));
+  } else {
+    const __m512i x = _mm512_castps_si512(v);
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, Splat(0x7fffu)),
+                                           _mm512_and_si512(_mm512_srli_epi32(x, 16), Splat(1))),
+                          16);
+    const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), Splat(0x40));
+    const __m512i h = _mm512_mask_mov_epi32(
+        rounded, _mm512_cmpgt_epu32_mask(AbsBits(v), Splat(0x7f800000u)), nan);
+    _mm256_storeu_si256(static_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(h));
+  }
+}
+
+template <DType kOut>
+KVC_AVX512_INLINE void* OutAt(void* dst, int j) {
+  return static_cast<uint8_t*>(dst) + static_cast<size_t>(j) * DTypeSize(kOut);
+}
+
+// 32 elements from 16 packed nibble bytes through a 16-entry table.
+template <DType kOut>
+KVC_AVX512_INLINE void StoreTable32(const uint8_t* in, __m512 table, void* dst, int j) {
+  const __m256i idx = SpreadNibbles(in);
+  StoreOut<kOut>(OutAt<kOut>(dst, j),
+                 _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(idx)), table));
+  StoreOut<kOut>(
+      OutAt<kOut>(dst, j + 16),
+      _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(idx, 1)), table));
+}
+
+KVC_AVX512_INLINE __m512 Iota16() {
+  return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
+// E2M1ToFloat of codes 0..15.
+KVC_AVX512_INLINE __m512 E2M1Table() {
+  return _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f,
+                        -2.0f, -3.0f, -4.0f, -6.0f);
+}
+
+// Writes d dequantized elements of `rec` to dst (a dense row of kOut). Values equal
+// DequantizeRecord's: INT4 table entries are float(q) * scale + min, E2M1 entries
+// E2M1ToFloat(q) * eff, FP8 lanes E4M3ToFloat(c) * s (E4M3 codes widened to f16 bit
+// patterns, exact, then * 256 to rebias, exact, NaN codes patched).
+template <DType kOut>
+KVC_AVX512_INLINE void DequantizeRecord(StorageFormat format, int d, const uint8_t* rec,
+                                        void* dst) {
+  switch (format) {
+    case StorageFormat::kInt8: {
+      const __m512 s = _mm512_set1_ps(LoadF32(rec + d));
+      for (int j = 0; j < d; j += 16) {
+        const __m512i q =
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + j)));
+        StoreOut<kOut>(OutAt<kOut>(dst, j), _mm512_mul_ps(_mm512_cvtepi32_ps(q), s));
+      }
+      return;
+    }
+    case StorageFormat::kFp8E4M3: {
+      const __m512 s = _mm512_set1_ps(LoadF32(rec + d));
+      for (int j = 0; j < d; j += 16) {
+        const __m256i w =
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + j)));
+        // Sign-extended code << 7: bits 15 and 14 both hold the sign; clear bit 14.
+        const __m256i h = _mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(-16512));
+        __m512 v = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+        const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)),
+                                                      _mm256_set1_epi16(0x7f));
+        if (nan != 0) {
+          v = _mm512_mask_mov_ps(v, nan,
+                                 _mm512_castsi512_ps(_mm512_or_si512(
+                                     _mm512_and_si512(_mm512_castps_si512(v), Splat(0x80000000u)),
+                                     Splat(0x7fc00000u))));
+        }
+        StoreOut<kOut>(OutAt<kOut>(dst, j), _mm512_mul_ps(v, s));
+      }
+      return;
+    }
+    case StorageFormat::kInt4G32:
+    case StorageFormat::kInt4G64: {
+      const int group = format == StorageFormat::kInt4G32 ? 32 : 64;
+      for (int g = 0; g < d / group; ++g) {
+        const __m512 scale = _mm512_set1_ps(HalfToFloat(LoadU16(rec + d / 2 + 4 * g)));
+        const __m512 min = _mm512_set1_ps(HalfToFloat(LoadU16(rec + d / 2 + 4 * g + 2)));
+        const __m512 table = _mm512_add_ps(_mm512_mul_ps(Iota16(), scale), min);
+        for (int j = g * group; j < (g + 1) * group; j += 32) {
+          StoreTable32<kOut>(rec + j / 2, table, dst, j);
+        }
+      }
+      return;
+    }
+    case StorageFormat::kNvfp4: {
+      const float t = LoadF32(rec + Nvfp4TensorScaleOffset(d));
+      const __m512 e2m1 = E2M1Table();
+      for (int b = 0; b < d / 16; ++b) {
+        const __m512 table =
+            _mm512_mul_ps(e2m1, _mm512_set1_ps(kernels::E4M3ToFloat(rec[d / 2 + b]) * t));
+        const __m128i w =
+            _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + 8 * b)));
+        const __m128i idx = _mm_or_si128(w, _mm_slli_epi16(w, 4));
+        StoreOut<kOut>(OutAt<kOut>(dst, 16 * b),
+                       _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(idx), table));
+      }
+      return;
+    }
+    default: {
+      alignas(64) float x[kMaxHeadDim];
+      kernels::DequantizeRecord(format, d, rec, x);
+      for (int j = 0; j < d; j += 16) StoreOut<kOut>(OutAt<kOut>(dst, j), _mm512_loadu_ps(x + j));
+      return;
+    }
+  }
+}
+
+// A dense row of `dtype` (offset in elements) as d floats.
+KVC_AVX512_INLINE void LoadRow(const void* src, DType dtype, size_t offset, int d, float* out) {
+  switch (dtype) {
+    case DType::kF32:
+      for (int j = 0; j < d; j += 16)
+        _mm512_storeu_ps(out + j, _mm512_loadu_ps(static_cast<const float*>(src) + offset + j));
+      return;
+    case DType::kF16:
+      for (int j = 0; j < d; j += 16) {
+        _mm512_storeu_ps(out + j,
+                         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                             static_cast<const uint16_t*>(src) + offset + j))));
+      }
+      return;
+    case DType::kBF16:
+      for (int j = 0; j < d; j += 16) {
+        const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(src) + offset + j)));
+        _mm512_storeu_ps(out + j, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+      }
+      return;
+  }
+}
+
+}  // namespace kvc::kernels::cpu::avx512
+
+#endif  // KVC_CPU_DISPATCH
