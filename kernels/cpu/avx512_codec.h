@@ -463,6 +463,13 @@ KVC_AVX512_INLINE void DequantizeRecord(StorageFormat format, int d, const uint8
       }
       return;
     }
+    case StorageFormat::kF16:  // (SnapKV key tiles; reads of raw formats copy rows)
+      for (int j = 0; j < d; j += 16) {
+        StoreOut<kOut>(
+            OutAt<kOut>(dst, j),
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 2 * j))));
+      }
+      return;
     default: {
       alignas(64) float x[kMaxHeadDim];
       kernels::DequantizeRecord(format, d, rec, x);

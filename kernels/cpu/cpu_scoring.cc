@@ -1,4 +1,5 @@
-// CPU SnapKV scoring, H2O accumulation, top-k selection and tail-to-hole compaction.
+// CPU H2O accumulation, top-k selection and tail-to-hole compaction (SnapKV scoring:
+// cpu_snapkv.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,104 +15,7 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Prefix sums of lane token counts: lane l's tokens are rows [off[l], off[l + 1]).
-std::vector<int64_t> LaneRowOffsets(const LaneTable& lanes) {
-  std::vector<int64_t> off(lanes.num_lanes + 1, 0);
-  for (int32_t l = 0; l < lanes.num_lanes; ++l) off[l + 1] = off[l] + lanes.num_tokens[l];
-  return off;
-}
-
-void Pool(const float* vote, int32_t n, int32_t pooled_len, int kernel, PoolKind kind, float* out) {
-  const int half = kernel / 2;
-  for (int32_t t = 0; t < n; ++t) {
-    if (t >= pooled_len || kernel == 1) {
-      out[t] = vote[t];
-      continue;
-    }
-    const int32_t lo = std::max(0, t - half), hi = std::min(pooled_len - 1, t + half);
-    float v = kind == PoolKind::kMax ? vote[lo] : 0.0f;
-    for (int32_t u = lo; u <= hi; ++u)
-      v = kind == PoolKind::kMax ? std::max(v, vote[u]) : v + vote[u];
-    out[t] = kind == PoolKind::kMax ? v : v / static_cast<float>(kernel);
-  }
-}
-
 }  // namespace
-
-void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a) {
-  const BlockLayout& l = a.arena.layout;
-  const int d = l.head_dim;
-  const float scale = a.scale != 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
-  const LaneTable& lanes = a.lanes;
-  const std::vector<int64_t> off = LaneRowOffsets(lanes);
-  const int64_t total = off.back();
-  // Keys of every lane dequantized once: each is read by group_size * window queries.
-  std::vector<float> keys(static_cast<size_t>(total) * d);
-  std::vector<int32_t> pos(total);
-  pool.ParallelFor(lanes.num_lanes, 1, [&](int64_t l0, int64_t l1) {
-    for (int64_t lane = l0; lane < l1; ++lane) {
-      for (int32_t t = 0; t < lanes.num_tokens[lane]; ++t) {
-        int32_t b, s;
-        LaneTokenSlot(lanes, l.block_tokens, static_cast<int32_t>(lane), t, &b, &s);
-        DequantizeRecord(l.format, d, KeyRecord(a.arena, b, s), &keys[(off[lane] + t) * d]);
-        pos[off[lane] + t] = *PositionPtr(a.arena, b, s);
-      }
-    }
-  });
-  // One work item per query head: pooled votes land in their own rows, summed below.
-  const int64_t heads = static_cast<int64_t>(lanes.num_lanes) * a.group_size;
-  std::vector<float> pooled(static_cast<size_t>(total) * a.group_size);
-  pool.ParallelFor(heads, 1, [&](int64_t h0, int64_t h1) {
-    std::vector<float> q(d), logits, vote;
-    for (int64_t h = h0; h < h1; ++h) {
-      const int32_t lane = static_cast<int32_t>(h / a.group_size);
-      const int g = static_cast<int>(h % a.group_size);
-      const int32_t n = lanes.num_tokens[lane];
-      const float* k = &keys[off[lane] * d];
-      const int32_t* p = &pos[off[lane]];
-      logits.assign(n, 0.0f);
-      vote.assign(n, 0.0f);
-      for (int w = 0; w < a.window; ++w) {
-        const size_t q_row = (static_cast<size_t>(lane) * a.group_size + g) * a.window + w;
-        const int32_t q_pos = a.query_positions[static_cast<size_t>(lane) * a.window + w];
-        LoadRow<false>(a.queries, a.query_dtype, q_row * d, d, q.data());
-        float m = kNegInf;
-        for (int32_t t = 0; t < n; ++t) {
-          logits[t] =
-              p[t] > q_pos ? kNegInf : Dot(q.data(), k + static_cast<size_t>(t) * d, d) * scale;
-          m = std::max(m, logits[t]);
-        }
-        if (m == kNegInf) continue;
-        float sum = 0.0f;
-        for (int32_t t = 0; t < n; ++t) {
-          logits[t] = std::exp(logits[t] - m);
-          sum += logits[t];
-        }
-        const float inv = 1.0f / sum;
-        for (int32_t t = 0; t < n; ++t) vote[t] += logits[t] * inv;
-      }
-      Pool(vote.data(), n, std::max(0, n - a.window), a.pool_kernel, a.pool,
-           &pooled[static_cast<size_t>(off[lane]) * a.group_size + static_cast<size_t>(g) * n]);
-    }
-  });
-  pool.ParallelFor(lanes.num_lanes, 1, [&](int64_t l0, int64_t l1) {
-    for (int64_t lane = l0; lane < l1; ++lane) {
-      const int32_t n = lanes.num_tokens[lane];
-      const float* rows = &pooled[static_cast<size_t>(off[lane]) * a.group_size];
-      for (int32_t t = 0; t < n; ++t) {
-        float sc = 0.0f;
-        for (int g = 0; g < a.group_size; ++g)
-          sc += rows[static_cast<size_t>(g) * n + t] / static_cast<float>(a.group_size);
-        int32_t b, s;
-        LaneTokenSlot(lanes, l.block_tokens, static_cast<int32_t>(lane), t, &b, &s);
-        float* dst = ScorePtr(a.arena, b, s);
-        *dst = a.mode == ScoreMode::kAccumulate ? *dst + sc : sc;
-        if (a.out_scores != nullptr)
-          a.out_scores[static_cast<size_t>(lane) * lanes.max_tokens + t] = sc;
-      }
-    }
-  });
-}
 
 void AccumulateScores(ThreadPool& pool, const AccumulateScoresArgs& a) {
   const BlockLayout& l = a.arena.layout;

@@ -33,6 +33,11 @@ KVC_BACKEND_CHECK(SnapKvMatchesReference) {
       {StorageFormat::kInt4G32, 64, 3, 16, 5, PoolKind::kAvg, ScoreMode::kOverwrite, {100, 16}},
       {StorageFormat::kFp8E4M3, 128, 8, 32, 7, PoolKind::kMax, ScoreMode::kAccumulate, {300, 64}},
       {StorageFormat::kNvfp4, 64, 8, 4, 1, PoolKind::kAvg, ScoreMode::kAccumulate, {50}},
+      // Many key tiles with a partial last one; the SnapKV/Llama shape (G 4, window 32).
+      {StorageFormat::kF16, 128, 4, 32, 7, PoolKind::kMax, ScoreMode::kOverwrite, {3000, 1, 65}},
+      // H2O-like long window: the CPU backend splits it over several query chunks; lanes
+      // shorter than the window see fully masked queries.
+      {StorageFormat::kInt8, 64, 2, 300, 1, PoolKind::kAvg, ScoreMode::kAccumulate, {300, 17}},
   };
   for (const Case& c : cases) {
     const BlockLayout l = MakeBlockLayout(c.f, c.d, 16);

@@ -220,9 +220,11 @@ class SnapKvRun : public BenchRun {
     args_.pool_kernel = 7;
     args_.pool = PoolKind::kMax;
     bytes_ = static_cast<double>(g.lanes) * g.tokens * p.arena.layout.record_bytes;
+    flops_ = 2.0 * g.lanes * g.group * window * static_cast<double>(g.tokens) * g.d;  // q.k
   }
   KernelStatus Run() override { return buf_.backend().SnapKvScore(args_, StreamHandle{}); }
   double Bytes() const override { return bytes_; }
+  double Flops() const override { return flops_; }
   const char* Counted() const override {
     return "K records read once (compute-bound: G x 32 queries per key)";
   }
@@ -230,7 +232,7 @@ class SnapKvRun : public BenchRun {
  private:
   Buffers buf_;
   SnapKvScoreArgs args_;
-  double bytes_;
+  double bytes_, flops_;
 };
 
 class DecodeRun : public BenchRun {
@@ -297,6 +299,15 @@ BenchCase Case(const std::string& name, StorageFormat f, BenchSize size) {
                    }};
 }
 
+// One layer of a Llama-3-8B-shaped pool at 32K tokens: 8 kv heads x 32768 tokens, head_dim
+// 128, GQA group 4 (32 query heads), SnapKV window 32: 275 GFLOP of q.k over 32 layers.
+BenchCase SnapKvLayerCase(StorageFormat f) {
+  return BenchCase{std::string("snapkv_llama8b_layer32k/") + StorageFormatName(f),
+                   [f](KernelBackend& b, KernelStatus* st) {
+                     return std::unique_ptr<BenchRun>(new SnapKvRun(b, f, {8, 32768, 128, 4}, st));
+                   }};
+}
+
 }  // namespace
 
 std::vector<BenchCase> AllCases(BenchSize size) {
@@ -308,7 +319,10 @@ std::vector<BenchCase> AllCases(BenchSize size) {
   for (StorageFormat f : quant) cases.push_back(Case<ReadRun>("dequantize", f, size));
   for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32})
     cases.push_back(Case<CompactRun>("compact", f, size));
-  cases.push_back(Case<SnapKvRun>("snapkv", StorageFormat::kF16, size));
+  for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32}) {
+    cases.push_back(Case<SnapKvRun>("snapkv", f, size));
+    cases.push_back(SnapKvLayerCase(f));
+  }
   for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kFp8E4M3, StorageFormat::kInt4G32,
                           StorageFormat::kNvfp4}) {
     cases.push_back(Case<DecodeRun>("decode", f, size));

@@ -19,7 +19,8 @@ class BenchRun {
   virtual ~BenchRun() = default;
   virtual KernelStatus Run() = 0;  // one op; CUDA runs are enqueued, not waited for
   virtual double Bytes() const = 0;
-  virtual const char* Counted() const = 0;  // what Bytes() counts, for the report
+  virtual const char* Counted() const = 0;    // what Bytes() counts, for the report
+  virtual double Flops() const { return 0; }  // compute-bound cases: useful flops of one run
 };
 
 struct BenchCase {

@@ -86,11 +86,12 @@ int main(int argc, char** argv) {
        bench::AllCases(large ? bench::BenchSize::kLarge : bench::BenchSize::kSmall)) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
     KernelStatus st = KernelStatus::Ok();
-    double op_s = 0, copy_s = 0, copy_nt_s = 0, bytes = 0;
+    double op_s = 0, copy_s = 0, copy_nt_s = 0, bytes = 0, flops = 0;
     {
       auto run = c.make(*backend, &st);
       if (st.ok()) {
         bytes = run->Bytes();
+        flops = run->Flops();
         op_s = TimeRuns(*backend, *run, min_seconds, &st);
       }
     }
@@ -113,13 +114,15 @@ int main(int argc, char** argv) {
     std::printf("%-22s %10.1f %10.2f %10.2f %8.2f", c.name.c_str(), bytes / 1e6, op, copy,
                 op / copy);
     if (copy_nt > 0) std::printf(" %10.2f %8.2f", copy_nt, op / copy_nt);
+    if (flops > 0) std::printf("  %.1f GFLOP/s, %.4f s/run", flops / op_s / 1e9, op_s);
     std::printf("\n");
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   "%s  {\"name\": \"%s\", \"bytes\": %.0f, \"op_seconds\": %.6g, \"op_gbps\": "
                   "%.4g, \"copy_gbps\": %.4g, "
-                  "\"ratio\": %.4g, \"copy_threads_gbps\": %.4g}",
-                  first ? "" : ",\n", c.name.c_str(), bytes, op_s, op, copy, op / copy, copy_nt);
+                  "\"ratio\": %.4g, \"copy_threads_gbps\": %.4g, \"gflops\": %.4g}",
+                  first ? "" : ",\n", c.name.c_str(), bytes, op_s, op, copy, op / copy, copy_nt,
+                  flops / op_s / 1e9);
     json += buf;
     first = false;
   }

@@ -34,6 +34,10 @@ void RunCase(benchmark::State& state, KernelBackend* b, const bench::BenchCase* 
     }
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * run->Bytes()));
+  if (run->Flops() > 0) {
+    state.counters["FLOPS"] = benchmark::Counter(
+        static_cast<double>(state.iterations()) * run->Flops(), benchmark::Counter::kIsRate);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,405 @@
+// CPU SnapKV scoring, blocked as a small GEMM: a tile of 64 keys is dequantized once and
+// multiplied by every query of a chunk (all group_size x window queries of a lane when they
+// fit), so each key costs one conversion and the q.k products run as register-blocked FMA
+// (tokens x 16-query vectors). Softmax needs each query's max and sum over all keys before
+// any token's vote is known, so a chunk keeps its probabilities e = exp(l - m_tile) (one exp
+// per product) with per-tile maxima m_tile and sums s_tile; once all tiles are seen, one
+// coefficient per (tile, query), exp(m_tile - m) / sum, turns them into votes. Queries lie
+// along vector lanes (per-query maxima and sums are plain lane-wise ops), padded per
+// (head, window range) segment to whole vectors. Results equal the reference's up to float
+// reassociation (FMA, blocked sums, a polynomial exp of ~1 ulp); the file is built with
+// -ffp-contract=fast for that reason (see CMakeLists.txt).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cpu/avx512_codec.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/cpu_rows.h"
+#include "kvc/kernels/record_codec.h"
+
+namespace kvc::kernels::cpu {
+namespace {
+
+// 16 floats / int32s; GCC vector extensions compile to one zmm, two ymm or four xmm per
+// operation depending on the instance's target.
+typedef float V16 __attribute__((vector_size(64)));
+typedef int32_t I16 __attribute__((vector_size(64)));
+
+constexpr int kTile = 64;                         // keys per tile
+constexpr int kMaxChunkLanes = 256;               // query lanes per chunk (bounds scratch rows)
+constexpr size_t kChunkBytes = size_t{32} << 20;  // probabilities kept per chunk
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+KVC_CPU_INLINE V16 Splat(float x) { return V16{} + x; }
+KVC_CPU_INLINE V16 Load(const float* p) {
+  V16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+KVC_CPU_INLINE void Store(float* p, V16 v) { std::memcpy(p, &v, sizeof v); }
+KVC_CPU_INLINE V16 Max(V16 a, V16 b) { return a > b ? a : b; }
+
+KVC_CPU_INLINE float HSum(V16 v) {
+  V16 s = v + __builtin_shuffle(v, I16{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+  s += __builtin_shuffle(s, I16{4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3});
+  s += __builtin_shuffle(s, I16{2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
+  s += __builtin_shuffle(s, I16{1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0});
+  return s[0];
+}
+
+// exp(x) for x <= 0 (-inf included): Cephes expf (2^n * p(r), |r| <= ln2/2, ~1 ulp). Below
+// -87 the result would be subnormal; it is flushed to 0 (scores differ by < 1e-38).
+KVC_CPU_INLINE V16 ExpNonPositive(V16 x) {
+  const V16 lim = Splat(-87.0f);
+  const V16 xc = x < lim ? lim : x;
+  const V16 magic = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const V16 n = (xc * 1.44269504088896341f + magic) - magic;
+  V16 r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  V16 p = Splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const I16 bits = (__builtin_convertvector(n, I16) + 127) << 23;
+  V16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  const V16 e = p * scale;
+  return x < lim ? V16{} : e;
+}
+
+// Queries [q0, q0 + count) of window row w0.. of head g occupy lanes [lane0, lane0 + count)
+// of a chunk; `lanes` is count rounded up to 16.
+struct Segment {
+  int g, w0, count, lane0, lanes;
+};
+
+// Per-thread scratch, kept between calls: chunks of a lane reuse it without page faults.
+struct Scratch {
+  std::vector<float> probs, qt, keys, tile_max, tile_sum, vote, pooled_row;
+  std::vector<int32_t> qpos, kpos;
+};
+Scratch& ThreadScratch() {
+  static thread_local Scratch s;
+  return s;
+}
+
+void Pool(const float* vote, int32_t n, int32_t pooled_len, int kernel, PoolKind kind, float* out) {
+  const int half = kernel / 2;
+  for (int32_t t = 0; t < n; ++t) {
+    if (t >= pooled_len || kernel == 1) {
+      out[t] = vote[t];
+      continue;
+    }
+    const int32_t lo = std::max(0, t - half), hi = std::min(pooled_len - 1, t + half);
+    float v = kind == PoolKind::kMax ? vote[lo] : 0.0f;
+    for (int32_t u = lo; u <= hi; ++u)
+      v = kind == PoolKind::kMax ? std::max(v, vote[u]) : v + vote[u];
+    out[t] = kind == PoolKind::kMax ? v : v / static_cast<float>(kernel);
+  }
+}
+
+// One (lane, heads) work item; shared by every instance.
+struct Item {
+  const SnapKvScoreArgs* a;
+  int32_t lane, n;
+  int g0, g1;
+  float scale;
+  float* pooled;  // [g1 - g0 rows of the lane's pooled scores, stride n]
+};
+
+// Key t of a lane: its record, with its position in *pos; keys past n are zero rows at a
+// position no query sees (nullptr).
+KVC_CPU_INLINE const uint8_t* KeyTileRow(const SnapKvScoreArgs& a, int32_t lane, int32_t n,
+                                         int32_t t, float* row, int32_t* pos) {
+  const BlockLayout& l = a.arena.layout;
+  if (t >= n) {
+    std::memset(row, 0, sizeof(float) * l.head_dim);
+    *pos = std::numeric_limits<int32_t>::max();
+    return nullptr;
+  }
+  int32_t b, slot;
+  LaneTokenSlot(a.lanes, l.block_tokens, lane, t, &b, &slot);
+  *pos = *PositionPtr(a.arena, b, slot);
+  return KeyRecord(a.arena, b, slot);
+}
+
+// Keys [t0, t0 + kTile) of a lane as f32 rows [kTile, head_dim] and their positions.
+void LoadKeyTile(const SnapKvScoreArgs& a, int32_t lane, int32_t n, int32_t t0, float* keys,
+                 int32_t* kpos) {
+  const int d = a.arena.layout.head_dim;
+  for (int r = 0; r < kTile; ++r) {
+    float* row = keys + static_cast<size_t>(r) * d;
+    if (const uint8_t* rec = KeyTileRow(a, lane, n, t0 + r, row, &kpos[r]))
+      DequantizeRecord(a.arena.layout.format, d, rec, row);
+  }
+}
+#if defined(KVC_CPU_DISPATCH)
+KVC_AVX512_TARGET void LoadKeyTileAvx512(const SnapKvScoreArgs& a, int32_t lane, int32_t n,
+                                         int32_t t0, float* keys, int32_t* kpos) {
+  const int d = a.arena.layout.head_dim;
+  for (int r = 0; r < kTile; ++r) {
+    float* row = keys + static_cast<size_t>(r) * d;
+    if (const uint8_t* rec = KeyTileRow(a, lane, n, t0 + r, row, &kpos[r]))
+      avx512::DequantizeRecord<DType::kF32>(a.arena.layout.format, d, rec, row);
+  }
+}
+#endif
+
+// logits of R keys x V query vectors, accumulated over head_dim. keys: R rows of d floats;
+// qt: [d, qstride] transposed queries starting at the first vector.
+template <int R, int V>
+KVC_CPU_INLINE void MicroKernel(const float* keys, int d, const float* qt, int qstride,
+                                V16 (&acc)[R][V]) {
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < V; ++v) acc[r][v] = V16{};
+  }
+  for (int j = 0; j < d; ++j) {
+    V16 q[V];
+    for (int v = 0; v < V; ++v) q[v] = Load(qt + static_cast<size_t>(j) * qstride + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const float k = keys[r * d + j];
+      for (int v = 0; v < V; ++v) acc[r][v] += k * q[v];
+    }
+  }
+}
+
+// Logits of keys [r0, r0 + R) of the tile against query vectors [v0, v0 + V): scaled,
+// masked by position, stored as rows of `probs`; running tile maxima per vector.
+template <int R, int V>
+KVC_CPU_INLINE void LogitBlock(const float* keys, int d, const float* qt, int qs,
+                               const int32_t* kpos, const int32_t* qpos, float scale, int r0,
+                               int v0, float* probs, V16* tmax) {
+  V16 acc[R][V];
+  MicroKernel<R, V>(keys + static_cast<size_t>(r0) * d, d, qt + 16 * v0, qs, acc);
+  I16 qp[V];
+  for (int v = 0; v < V; ++v) std::memcpy(&qp[v], qpos + 16 * (v0 + v), sizeof(I16));
+  for (int r = 0; r < R; ++r) {
+    const I16 kp = I16{} + kpos[r0 + r];
+    for (int v = 0; v < V; ++v) {
+      const V16 l = kp > qp[v] ? Splat(kNegInf) : acc[r][v] * scale;
+      Store(probs + static_cast<size_t>(r0 + r) * qs + 16 * (v0 + v), l);
+      tmax[v0 + v] = Max(tmax[v0 + v], l);
+    }
+  }
+}
+
+// Tile logits for query vectors [v0, v0 + V), all kTile keys, with key rows in blocks of R.
+template <int R, int V>
+KVC_CPU_INLINE void LogitTile(const float* keys, int d, const float* qt, int qs,
+                              const int32_t* kpos, const int32_t* qpos, float scale, int v0,
+                              float* probs, V16* tmax) {
+  constexpr int kFull = kTile / R * R;
+  for (int r0 = 0; r0 < kFull; r0 += R)
+    LogitBlock<R, V>(keys, d, qt, qs, kpos, qpos, scale, r0, v0, probs, tmax);
+  if constexpr (kTile % R != 0) {
+    LogitBlock<kTile % R, V>(keys, d, qt, qs, kpos, qpos, scale, kFull, v0, probs, tmax);
+  }
+}
+
+// kR keys x kV query vectors per register block (instance-specific: 24 zmm accumulators
+// with AVX-512, 8 ymm with AVX2, 8 xmm on baseline x86-64).
+template <int kR, int kV, bool kAvx512>
+KVC_CPU_INLINE void ScoreItem(const Item& it) {
+  const SnapKvScoreArgs& a = *it.a;
+  const BlockLayout& l = a.arena.layout;
+  const int d = l.head_dim, W = a.window, G = a.group_size;
+  const int32_t n = it.n;
+  const int tiles = (n + kTile - 1) / kTile;
+  const size_t n_pad = static_cast<size_t>(tiles) * kTile;
+  Scratch& s = ThreadScratch();
+  s.vote.assign(static_cast<size_t>(it.g1 - it.g0) * n, 0.0f);
+  if (n == 0) return;
+  // Chunk capacity in query lanes: probabilities of n_pad keys x lanes within the budget.
+  int cap = static_cast<int>(std::min<size_t>(kMaxChunkLanes, kChunkBytes / (n_pad * 4)));
+  cap = std::max(16, cap / 16 * 16);
+  std::vector<Segment> segs;
+  for (int g = it.g0; g < it.g1; ++g) {
+    for (int w0 = 0; w0 < W; w0 += cap) {
+      const int count = std::min(cap, W - w0);
+      segs.push_back(Segment{g, w0, count, 0, (count + 15) / 16 * 16});
+    }
+  }
+  s.keys.resize(static_cast<size_t>(kTile) * d);
+  s.kpos.resize(kTile);
+  for (size_t first = 0; first < segs.size();) {
+    // A chunk: consecutive segments within the lane capacity.
+    size_t last = first;
+    int qs = 0;
+    while (last < segs.size() && qs + segs[last].lanes <= cap) {
+      segs[last].lane0 = qs;
+      qs += segs[last++].lanes;
+    }
+    const int qv = qs / 16;
+    s.qt.assign(static_cast<size_t>(d) * qs, 0.0f);
+    s.qpos.assign(qs, std::numeric_limits<int32_t>::min());  // padding lanes see no key
+    alignas(64) float q[kMaxHeadDim];
+    for (size_t i = first; i < last; ++i) {
+      const Segment& sg = segs[i];
+      for (int w = 0; w < sg.count; ++w) {
+        const size_t row = (static_cast<size_t>(it.lane) * G + sg.g) * W + sg.w0 + w;
+        LoadRow<false>(a.queries, a.query_dtype, row * d, d, q);
+        for (int j = 0; j < d; ++j) s.qt[static_cast<size_t>(j) * qs + sg.lane0 + w] = q[j];
+        s.qpos[sg.lane0 + w] = a.query_positions[static_cast<size_t>(it.lane) * W + sg.w0 + w];
+      }
+    }
+    s.probs.resize(n_pad * qs);
+    s.tile_max.resize(static_cast<size_t>(tiles) * qs);
+    s.tile_sum.resize(static_cast<size_t>(tiles) * qs);
+    alignas(64) V16 tmax[kMaxChunkLanes / 16];
+    for (int tile = 0; tile < tiles; ++tile) {
+      const int32_t t0 = tile * kTile;
+#if defined(KVC_CPU_DISPATCH)
+      if constexpr (kAvx512) {
+        LoadKeyTileAvx512(a, it.lane, n, t0, s.keys.data(), s.kpos.data());
+      } else {
+        LoadKeyTile(a, it.lane, n, t0, s.keys.data(), s.kpos.data());
+      }
+#else
+      LoadKeyTile(a, it.lane, n, t0, s.keys.data(), s.kpos.data());
+#endif
+      float* probs = &s.probs[static_cast<size_t>(t0) * qs];
+      for (int v = 0; v < qv; ++v) tmax[v] = Splat(kNegInf);
+      int v0 = 0;
+      for (; v0 + kV <= qv; v0 += kV) {
+        LogitTile<kR, kV>(s.keys.data(), d, s.qt.data(), qs, s.kpos.data(), s.qpos.data(), it.scale,
+                          v0, probs, tmax);
+      }
+      for (; v0 < qv; ++v0) {
+        LogitTile<kR, 1>(s.keys.data(), d, s.qt.data(), qs, s.kpos.data(), s.qpos.data(), it.scale,
+                         v0, probs, tmax);
+      }
+      // Probabilities against the tile maximum (a fully masked lane keeps 0s).
+      for (int v = 0; v < qv; ++v) {
+        const V16 m = tmax[v] == Splat(kNegInf) ? V16{} : tmax[v];
+        V16 sum = V16{};
+        for (int r = 0; r < kTile; ++r) {
+          float* p = probs + static_cast<size_t>(r) * qs + 16 * v;
+          const V16 e = ExpNonPositive(Load(p) - m);
+          Store(p, e);
+          sum += e;
+        }
+        Store(&s.tile_max[static_cast<size_t>(tile) * qs + 16 * v], tmax[v]);
+        Store(&s.tile_sum[static_cast<size_t>(tile) * qs + 16 * v], sum);
+      }
+    }
+    // Per query: global max m and sum; tile_max becomes exp(m_tile - m) / sum (0 for a
+    // query that sees no key, which the reference skips).
+    for (int v = 0; v < qv; ++v) {
+      V16 m = Splat(kNegInf);
+      for (int tile = 0; tile < tiles; ++tile)
+        m = Max(m, Load(&s.tile_max[static_cast<size_t>(tile) * qs + 16 * v]));
+      const V16 m_safe = m == Splat(kNegInf) ? V16{} : m;
+      V16 sum = V16{};
+      for (int tile = 0; tile < tiles; ++tile) {
+        float* tm = &s.tile_max[static_cast<size_t>(tile) * qs + 16 * v];
+        const V16 f = ExpNonPositive(Load(tm) - m_safe);
+        Store(tm, f);
+        sum += f * Load(&s.tile_sum[static_cast<size_t>(tile) * qs + 16 * v]);
+      }
+      const V16 inv = sum > V16{} ? 1.0f / sum : V16{};
+      for (int tile = 0; tile < tiles; ++tile) {
+        float* tm = &s.tile_max[static_cast<size_t>(tile) * qs + 16 * v];
+        Store(tm, Load(tm) * inv);
+      }
+    }
+    // Votes: per token and segment, the sum over its queries of e * coefficient.
+    for (int32_t t = 0; t < n; ++t) {
+      const float* p = &s.probs[static_cast<size_t>(t) * qs];
+      const float* c = &s.tile_max[static_cast<size_t>(t / kTile) * qs];
+      for (size_t i = first; i < last; ++i) {
+        const Segment& sg = segs[i];
+        V16 acc = V16{};
+        for (int lane = sg.lane0; lane < sg.lane0 + sg.lanes; lane += 16)
+          acc += Load(p + lane) * Load(c + lane);
+        s.vote[static_cast<size_t>(sg.g - it.g0) * n + t] += HSum(acc);
+      }
+    }
+    first = last;
+  }
+  for (int g = it.g0; g < it.g1; ++g) {
+    Pool(&s.vote[static_cast<size_t>(g - it.g0) * n], n, std::max(0, n - W), a.pool_kernel, a.pool,
+         it.pooled + static_cast<size_t>(g - it.g0) * n);
+  }
+}
+
+#if defined(KVC_CPU_DISPATCH)
+KVC_AVX512_TARGET void ScoreItemAvx512(const Item& it) { ScoreItem<6, 4, true>(it); }
+__attribute__((target("avx2,f16c,fma"))) void ScoreItemAvx2(const Item& it) {
+  ScoreItem<4, 1, false>(it);
+}
+#endif
+
+void ScoreItemAny(const Item& it) {
+#if defined(KVC_CPU_DISPATCH)
+  switch (CpuIsaLevel()) {
+    case CpuIsa::kAvx512:
+      return ScoreItemAvx512(it);
+    case CpuIsa::kAvx2:
+      return ScoreItemAvx2(it);
+    case CpuIsa::kBaseline:
+      break;
+  }
+#endif
+  ScoreItem<2, 1, false>(it);
+}
+
+}  // namespace
+
+void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a) {
+  const BlockLayout& l = a.arena.layout;
+  const int d = l.head_dim, G = a.group_size;
+  const float scale = a.scale != 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const LaneTable& lanes = a.lanes;
+  std::vector<int64_t> off(lanes.num_lanes + 1, 0);
+  for (int32_t lane = 0; lane < lanes.num_lanes; ++lane)
+    off[lane + 1] = off[lane] + lanes.num_tokens[lane];
+  // Pooled votes per (lane, head): [off[lane] * G + g * n, ...).
+  std::vector<float> pooled(static_cast<size_t>(off.back()) * G);
+  // Items: whole lanes (every key converted once) unless that leaves threads idle.
+  int heads_per_item = G;
+  while (heads_per_item > 1 &&
+         static_cast<int64_t>(lanes.num_lanes) * ((G + heads_per_item - 1) / heads_per_item) <
+             pool.size()) {
+    heads_per_item = (heads_per_item + 1) / 2;
+  }
+  const int splits = (G + heads_per_item - 1) / heads_per_item;
+  pool.ParallelFor(static_cast<int64_t>(lanes.num_lanes) * splits, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      Item it;
+      it.a = &a;
+      it.lane = static_cast<int32_t>(i / splits);
+      it.n = lanes.num_tokens[it.lane];
+      it.g0 = static_cast<int>(i % splits) * heads_per_item;
+      it.g1 = std::min(G, it.g0 + heads_per_item);
+      it.scale = scale;
+      it.pooled =
+          &pooled[static_cast<size_t>(off[it.lane]) * G + static_cast<size_t>(it.g0) * it.n];
+      ScoreItemAny(it);
+    }
+  });
+  pool.ParallelFor(lanes.num_lanes, 1, [&](int64_t l0, int64_t l1) {
+    for (int64_t lane = l0; lane < l1; ++lane) {
+      const int32_t n = lanes.num_tokens[lane];
+      const float* rows = &pooled[static_cast<size_t>(off[lane]) * G];
+      for (int32_t t = 0; t < n; ++t) {
+        float sc = 0.0f;
+        for (int g = 0; g < G; ++g)
+          sc += rows[static_cast<size_t>(g) * n + t] / static_cast<float>(G);
+        int32_t b, s;
+        LaneTokenSlot(lanes, l.block_tokens, static_cast<int32_t>(lane), t, &b, &s);
+        float* dst = ScorePtr(a.arena, b, s);
+        *dst = a.mode == ScoreMode::kAccumulate ? *dst + sc : sc;
+        if (a.out_scores != nullptr)
+          a.out_scores[static_cast<size_t>(lane) * lanes.max_tokens + t] = sc;
+      }
+    }
+  });
+}
+
+}  // namespace kvc::kernels::cpu
