@@ -7,6 +7,7 @@
 // (CpuIsaLevel() in cpu_rows.h); head_dim is a multiple of 16 (FormatSupportsHeadDim).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -51,21 +52,22 @@ KVC_AVX512_INLINE __m512 Clamp(__m512 v, __m512 lo, __m512 hi) {
 }
 
 // FloatToE4M3 on 16 lanes (codes in the low byte of each 32-bit lane). The scalar version
-// saturates when a >= 448 or the rounded normal reaches 480; the second implies the first.
+// saturates to 0x7e when a >= 448 or the rounded normal code passes 0x7e (which implies
+// a >= 448), so an unsigned min with 0x7e does both; lanes below 2^-6 take the subnormal
+// code and NaN lanes 0x7f.
 KVC_AVX512_INLINE __m512i FloatToE4M3(__m512 f) {
   const __m512i x = _mm512_castps_si512(f);
-  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(x, 24), Splat(0x80u));
   const __m512i a = _mm512_and_si512(x, Splat(0x7fffffffu));
   const __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, Splat(0x7ffffu)),
                                      _mm512_and_si512(_mm512_srli_epi32(a, 20), Splat(1)));
   __m512i c =
-      _mm512_and_si512(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), Splat(120u << 3)), Splat(0xffu));
+      _mm512_min_epu32(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), Splat(120u << 3)), Splat(0x7eu));
   const __m512i sub =
       _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)), kRne);
   c = _mm512_mask_mov_epi32(c, _mm512_cmplt_epu32_mask(a, Splat(0x3c800000u)), sub);
-  c = _mm512_mask_mov_epi32(c, _mm512_cmpge_epu32_mask(a, Splat(0x43e00000u)), Splat(0x7eu));
   c = _mm512_mask_mov_epi32(c, _mm512_cmpgt_epu32_mask(a, Splat(0x7f800000u)), Splat(0x7fu));
-  return _mm512_or_si512(c, sign);
+  // c | ((x >> 24) & 0x80)
+  return _mm512_ternarylogic_epi32(c, _mm512_srli_epi32(x, 24), Splat(0x80u), 0xf8);
 }
 
 // E4M3ToFloat on 16 lanes of codes (low byte of each 32-bit lane).
@@ -84,21 +86,20 @@ KVC_AVX512_INLINE __m512 E4M3ToFloat(__m512i u) {
       _mm512_or_si512(bits, _mm512_slli_epi32(_mm512_and_si512(u, Splat(0x80)), 24)));
 }
 
-// FloatToE2M1 on 16 lanes: the magnitude code counts the thresholds below |f| (ordered
-// compares are false for NaN, as the scalar ones).
+// FloatToE2M1 on 16 lanes. With e = clamp(floor(log2 |f|), 0, 2), the magnitudes of
+// binade e are spaced 2^(e-1), so code = rne(|f| * 2^(1-e)) + 2e, at most 7: the scalar
+// version's thresholds with their ties to even (0.25 -> 0, 0.75 -> 2, 2.5 -> 4, 5 -> 6).
+// NaN gives magnitude 0 (vmaxps returns its second operand for a NaN), as the scalar one.
 KVC_AVX512_INLINE __m512i FloatToE2M1(__m512 f) {
-  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(f), 28), Splat(8));
-  const __m512 a = _mm512_castsi512_ps(AbsBits(f));
-  const __m512i one = Splat(1);
-  __m512i m = sign;
-  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.25f), _CMP_GT_OQ), m, one);
-  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(0.75f), _CMP_GE_OQ), m, one);
-  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.25f), _CMP_GT_OQ), m, one);
-  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(1.75f), _CMP_GE_OQ), m, one);
-  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(2.5f), _CMP_GT_OQ), m, one);
-  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(3.5f), _CMP_GE_OQ), m, one);
-  m = _mm512_mask_add_epi32(m, _mm512_cmp_ps_mask(a, _mm512_set1_ps(5.0f), _CMP_GT_OQ), m, one);
-  return m;
+  const __m512 zero = _mm512_setzero_ps(), two = _mm512_set1_ps(2.0f);
+  const __m512 a = _mm512_max_ps(_mm512_castsi512_ps(AbsBits(f)), zero);
+  const __m512 e = _mm512_min_ps(_mm512_max_ps(_mm512_getexp_ps(a), zero), two);
+  const __m512 y = _mm512_roundscale_ps(_mm512_scalef_ps(a, _mm512_sub_ps(_mm512_set1_ps(1.0f), e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 m = _mm512_min_ps(_mm512_fmadd_ps(e, two, y), _mm512_set1_ps(7.0f));
+  // m | ((bits >> 28) & 8)
+  return _mm512_ternarylogic_epi32(_mm512_cvttps_epi32(m),
+                                   _mm512_srli_epi32(_mm512_castps_si512(f), 28), Splat(8), 0xf8);
 }
 
 // 16 codes in 0..15 (32-bit lanes) -> 8 bytes, element 2i in the low nibble (PackNibbles).
@@ -263,12 +264,24 @@ KVC_AVX512_INLINE void QuantizeInt4(int d, const float* const* x, uint8_t* const
   }
 }
 
-// NVFP4: block amaxes of all blocks of both records first (16 at a time), then the tensor
-// scale t per record, then block scales e4m3(amax_b / (6 t)), their decoded value times t
-// and its reciprocal, 16 blocks per vector.
+// Four blocks of 16 codes (0..15 in 32-bit lanes) -> 32 bytes, block by block, element 2i
+// in the low nibble: two saturating packs (exact: codes fit) leave, per 128-bit lane k,
+// codes 4k..4k+3 of each block in turn; pairs of codes become bytes, then one word
+// permute puts each block's bytes together.
+KVC_AVX512_INLINE void StoreNibbles4(__m512i c0, __m512i c1, __m512i c2, __m512i c3, uint8_t* out) {
+  const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
+  const __m256i pairs = _mm512_cvtepi16_epi8(_mm512_or_si512(b, _mm512_srli_epi16(b, 4)));
+  const __m256i idx = _mm256_setr_epi16(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutexvar_epi16(idx, pairs));
+}
+
+// NVFP4: block amaxes of all blocks of both records first (16 at a time) and the tensor
+// scale t per record, then per record block scales e4m3(amax_b / (6 t)), their decoded
+// value times t and its reciprocal, 16 blocks per vector, then the elements.
 KVC_AVX512_INLINE void QuantizeNvfp4(int d, const float* const* x, uint8_t* const* rec) {
   const int per_record = d / 16, units = kRowRecords * per_record;
-  alignas(64) uint32_t amax[kRowRecords * kMaxHeadDim / 16];
+  alignas(64) uint32_t amax[kRowRecords * kMaxHeadDim / 16 + 16];
+  uint32_t tbits[kRowRecords] = {0, 0};
   for (int u0 = 0; u0 < units; u0 += 16) {
     const int n = units - u0 < 16 ? units - u0 : 16;
     __m512i a[16];
@@ -277,47 +290,54 @@ KVC_AVX512_INLINE void QuantizeNvfp4(int d, const float* const* x, uint8_t* cons
       const int r = u >= per_record;
       a[i] = AbsBits(_mm512_loadu_ps(x[r] + (u - r * per_record) * 16));
     }
-    _mm512_store_si512(amax + u0, ReduceEach(a, n, MaxU32{}));
-  }
-  float t[kRowRecords];
-  for (int r = 0; r < kRowRecords; ++r) {
-    uint32_t all = 0;
-    for (int b = 0; b < per_record; ++b) {
-      const uint32_t v = amax[r * per_record + b];
-      all = v > all ? v : all;
+    const __m512i m = ReduceEach(a, n, MaxU32{});
+    _mm512_store_si512(amax + u0, m);
+    for (int r = 0; r < kRowRecords; ++r) {
+      const int lo = std::max(0, r * per_record - u0), hi = std::min(n, (r + 1) * per_record - u0);
+      if (lo >= hi) continue;
+      const __mmask16 lanes = static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+      const uint32_t v = _mm512_mask_reduce_max_epu32(lanes, m);
+      tbits[r] = v > tbits[r] ? v : tbits[r];
     }
-    t[r] = BitsAsFloat(all) / (kE4M3Max * kE2M1Max);
   }
   alignas(64) float inv[16];
-  for (int u0 = 0; u0 < units; u0 += 16) {
-    const int n = units - u0 < 16 ? units - u0 : 16;
-    // Lanes of record 1 take t[1]; scalar code skips blocks of a record with !(t > 0).
-    __mmask16 rec1 = 0, live = 0;
-    for (int i = 0; i < n; ++i) {
-      const int r = u0 + i >= per_record;
-      rec1 |= static_cast<__mmask16>(r << i);
-      live |= static_cast<__mmask16>((t[r] > 0) << i);
-    }
-    const __m512 vt = _mm512_mask_mov_ps(_mm512_set1_ps(t[0]), rec1, _mm512_set1_ps(t[1]));
-    const __m512 bmax = _mm512_castsi512_ps(_mm512_load_si512(amax + u0));
-    const __m512i sb = _mm512_maskz_mov_epi32(
-        live, FloatToE4M3(_mm512_div_ps(bmax, _mm512_mul_ps(_mm512_set1_ps(kE2M1Max), vt))));
-    const __m512 eff = _mm512_mul_ps(E4M3ToFloat(sb), vt);
-    _mm512_store_ps(
-        inv, _mm512_maskz_div_ps(live & _mm512_cmp_ps_mask(eff, _mm512_setzero_ps(), _CMP_GT_OQ),
-                                 _mm512_set1_ps(1.0f), eff));
-    alignas(16) uint8_t codes[16];
-    _mm_store_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(sb));
-    for (int i = 0; i < n; ++i) {
-      const int u = u0 + i, r = u >= per_record, b = u - r * per_record;
-      rec[r][d / 2 + b] = codes[i];
-      const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x[r] + 16 * b), _mm512_set1_ps(inv[i]));
-      StoreNibbles(FloatToE2M1(v), rec[r] + 8 * b);
-    }
-  }
   for (int r = 0; r < kRowRecords; ++r) {
-    for (int p = d / 2 + d / 16; p < Nvfp4TensorScaleOffset(d); ++p) rec[r][p] = 0;
-    StoreF32(rec[r] + Nvfp4TensorScaleOffset(d), t[r]);
+    const float t = BitsAsFloat(tbits[r]) / (kE4M3Max * kE2M1Max);
+    const float* xr = x[r];
+    uint8_t* out = rec[r];
+    for (int b0 = 0; b0 < per_record; b0 += 16) {
+      const int nb = per_record - b0 < 16 ? per_record - b0 : 16;
+      const __mmask16 live = static_cast<__mmask16>((1u << nb) - 1u);
+      __m512i sb = _mm512_setzero_si512();
+      __m512 vinv = _mm512_setzero_ps();
+      if (t > 0) {  // else zero scales and codes of x * 0, as the scalar code
+        const __m512 vt = _mm512_set1_ps(t);
+        const __m512 bmax = _mm512_castsi512_ps(_mm512_loadu_si512(amax + r * per_record + b0));
+        sb = _mm512_maskz_mov_epi32(live,
+                                    FloatToE4M3(_mm512_div_ps(bmax, _mm512_set1_ps(kE2M1Max * t))));
+        const __m512 eff = _mm512_mul_ps(E4M3ToFloat(sb), vt);
+        vinv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(eff, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                   _mm512_set1_ps(1.0f), eff);
+      }
+      _mm_mask_storeu_epi8(out + d / 2 + b0, live, _mm512_cvtepi32_epi8(sb));
+      _mm512_store_ps(inv, vinv);
+      int i = 0;
+      for (; i + 4 <= nb; i += 4) {
+        const float* xb = xr + 16 * (b0 + i);
+        StoreNibbles4(
+            FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb), _mm512_set1_ps(inv[i]))),
+            FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), _mm512_set1_ps(inv[i + 1]))),
+            FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb + 32), _mm512_set1_ps(inv[i + 2]))),
+            FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb + 48), _mm512_set1_ps(inv[i + 3]))),
+            out + 8 * (b0 + i));
+      }
+      for (; i < nb; ++i) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xr + 16 * (b0 + i)), _mm512_set1_ps(inv[i]));
+        StoreNibbles(FloatToE2M1(v), out + 8 * (b0 + i));
+      }
+    }
+    for (int p = d / 2 + d / 16; p < Nvfp4TensorScaleOffset(d); ++p) out[p] = 0;
+    StoreF32(out + Nvfp4TensorScaleOffset(d), t);
   }
 }
 
