@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kvc/kernels/dtype.h"
+#include "kvc/kernels/paged_view.h"
 
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
@@ -138,6 +139,31 @@ KVC_CPU_INLINE void StoreRow(const float* in, int n, void* dst, DType dtype, siz
     }
   }
 }
+
+// (block, slot) of stored token t of one lane, as LaneTokenSlot, without an integer
+// division per token when block_tokens is a power of two (16 by default).
+class LaneSlots {
+ public:
+  LaneSlots(const LaneTable& lanes, int block_tokens, int32_t lane)
+      : ids_(lanes.block_ids + lanes.block_offsets[lane]), bt_(block_tokens) {
+    while ((1 << shift_) < block_tokens) ++shift_;
+    if ((1 << shift_) != block_tokens) shift_ = -1;
+  }
+  void Get(int32_t t, int32_t* block, int32_t* slot) const {
+    if (shift_ >= 0) {
+      *block = ids_[t >> shift_];
+      *slot = t & (bt_ - 1);
+    } else {
+      *block = ids_[t / bt_];
+      *slot = t % bt_;
+    }
+  }
+
+ private:
+  const int32_t* ids_;
+  int bt_;
+  int shift_ = 0;
+};
 
 // n is a multiple of 16 (head_dim).
 KVC_CPU_INLINE float Dot(const float* a, const float* b, int n) {

@@ -17,18 +17,27 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 }  // namespace
 
+// Block by block: a block's scores are contiguous floats, so the group sum (in the
+// reference's order) vectorizes across its tokens.
 void AccumulateScores(ThreadPool& pool, const AccumulateScoresArgs& a) {
   const BlockLayout& l = a.arena.layout;
+  const int bt = l.block_tokens, G = a.group_size;
   pool.ParallelFor(a.lanes.num_lanes, 1, [&](int64_t l0, int64_t l1) {
+    std::vector<float> sum(bt);
     for (int64_t lane = l0; lane < l1; ++lane) {
-      for (int32_t t = 0; t < a.lanes.num_tokens[lane]; ++t) {
-        float sum = 0.0f;
-        for (int g = 0; g < a.group_size; ++g) {
-          sum += a.weights[(static_cast<size_t>(lane) * a.group_size + g) * a.lanes.max_tokens + t];
+      const int32_t n = a.lanes.num_tokens[lane];
+      const int32_t* ids = a.lanes.block_ids + a.lanes.block_offsets[lane];
+      const float* w = a.weights + static_cast<size_t>(lane) * G * a.lanes.max_tokens;
+      for (int32_t t0 = 0; t0 < n; t0 += bt) {
+        const int count = std::min(bt, n - t0);
+        float* KVC_RESTRICT s = sum.data();
+        for (int i = 0; i < count; ++i) s[i] = 0.0f;
+        for (int g = 0; g < G; ++g) {
+          const float* KVC_RESTRICT wg = w + static_cast<size_t>(g) * a.lanes.max_tokens + t0;
+          for (int i = 0; i < count; ++i) s[i] += wg[i];
         }
-        int32_t b, s;
-        LaneTokenSlot(a.lanes, l.block_tokens, static_cast<int32_t>(lane), t, &b, &s);
-        *ScorePtr(a.arena, b, s) += sum / static_cast<float>(a.group_size);
+        float* KVC_RESTRICT dst = ScorePtr(a.arena, ids[t0 / bt], 0);
+        for (int i = 0; i < count; ++i) dst[i] += s[i] / static_cast<float>(G);
       }
     }
   });
@@ -53,9 +62,10 @@ void Select(ThreadPool& pool, const SelectArgs& a) {
       pos.resize(n);
       score.resize(n);
       idx.resize(n);
+      const LaneSlots slots(a.lanes, l.block_tokens, static_cast<int32_t>(lane));
       for (int32_t t = 0; t < n; ++t) {
         int32_t b, s;
-        LaneTokenSlot(a.lanes, l.block_tokens, static_cast<int32_t>(lane), t, &b, &s);
+        slots.Get(t, &b, &s);
         pos[t] = *PositionPtr(a.arena, b, s);
         const float sc = *ScorePtr(a.arena, b, s);
         score[t] = std::isnan(sc) ? kNegInf : sc;
@@ -91,14 +101,15 @@ void Compact(ThreadPool& pool, const CompactArgs& a) {
       const uint8_t* keep = a.keep + static_cast<size_t>(lane) * a.lanes.max_tokens;
       int32_t kept = 0;
       for (int32_t t = 0; t < n; ++t) kept += keep[t] != 0;
+      const LaneSlots slots(a.lanes, l.block_tokens, static_cast<int32_t>(lane));
       int32_t hole = 0, src = kept, moved = 0;
       for (;; ++hole, ++src) {
         while (hole < kept && keep[hole]) ++hole;
         while (src < n && !keep[src]) ++src;
         if (hole >= kept || src >= n) break;
         int32_t db, ds, sb, ss;
-        LaneTokenSlot(a.lanes, l.block_tokens, static_cast<int32_t>(lane), hole, &db, &ds);
-        LaneTokenSlot(a.lanes, l.block_tokens, static_cast<int32_t>(lane), src, &sb, &ss);
+        slots.Get(hole, &db, &ds);
+        slots.Get(src, &sb, &ss);
         std::memcpy(KeyRecord(a.arena, db, ds), KeyRecord(a.arena, sb, ss), l.record_bytes);
         std::memcpy(ValueRecord(a.arena, db, ds), ValueRecord(a.arena, sb, ss), l.record_bytes);
         *PositionPtr(a.arena, db, ds) = *PositionPtr(a.arena, sb, ss);

@@ -199,6 +199,63 @@ class CompactRun : public BenchRun {
   double bytes_;
 };
 
+class GatherRun : public BenchRun {
+ public:
+  // Every token of every lane copied into fresh blocks of a second arena (what Compress does
+  // when it repacks a sequence).
+  GatherRun(KernelBackend& b, StorageFormat f, const Geometry& g, KernelStatus* st) : buf_(b) {
+    Paged p = MakePaged(buf_, f, g, st);
+    const size_t rows = p.blocks.size();
+    std::vector<int32_t> dst_blocks(rows), dst_slots(rows);
+    for (size_t r = 0; r < rows; ++r)
+      dst_blocks[r] = static_cast<int32_t>(r / 16), dst_slots[r] = static_cast<int32_t>(r % 16);
+    const int32_t dst_num = static_cast<int32_t>((rows + 15) / 16);
+    args_.src = p.arena;
+    args_.dst = PagedArena{
+        buf_.Upload(nullptr, static_cast<size_t>(dst_num) * p.arena.layout.block_bytes, st),
+        p.arena.layout, dst_num};
+    args_.num_rows = static_cast<int32_t>(rows);
+    args_.src_blocks = buf_.Upload(p.blocks, st);
+    args_.src_slots = buf_.Upload(p.slots, st);
+    args_.dst_blocks = buf_.Upload(dst_blocks, st);
+    args_.dst_slots = buf_.Upload(dst_slots, st);
+    bytes_ = static_cast<double>(rows) * 2.0 * (2.0 * p.arena.layout.record_bytes + 8);
+  }
+  KernelStatus Run() override { return buf_.backend().Gather(args_, StreamHandle{}); }
+  double Bytes() const override { return bytes_; }
+  const char* Counted() const override { return "K+V records, position, score (read + write)"; }
+
+ private:
+  Buffers buf_;
+  GatherArgs args_;
+  double bytes_;
+};
+
+class AccumulateRun : public BenchRun {
+ public:
+  // H2O: one decode step's attention weights [lanes, G, tokens] added to the block scores.
+  AccumulateRun(KernelBackend& b, StorageFormat f, const Geometry& g, KernelStatus* st) : buf_(b) {
+    Paged p = MakePaged(buf_, f, g, st);
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+    std::vector<float> w(static_cast<size_t>(g.lanes) * g.group * g.tokens);
+    for (float& x : w) x = uni(rng);
+    args_.arena = p.arena;
+    args_.lanes = p.table;
+    args_.group_size = g.group;
+    args_.weights = buf_.Upload(w, st);
+    bytes_ = static_cast<double>(w.size()) * 4 + 2.0 * g.lanes * g.tokens * 4;
+  }
+  KernelStatus Run() override { return buf_.backend().AccumulateScores(args_, StreamHandle{}); }
+  double Bytes() const override { return bytes_; }
+  const char* Counted() const override { return "weights read + scores read and written"; }
+
+ private:
+  Buffers buf_;
+  AccumulateScoresArgs args_;
+  double bytes_;
+};
+
 class SnapKvRun : public BenchRun {
  public:
   SnapKvRun(KernelBackend& b, StorageFormat f, const Geometry& g, KernelStatus* st) : buf_(b) {
@@ -319,6 +376,9 @@ std::vector<BenchCase> AllCases(BenchSize size) {
   for (StorageFormat f : quant) cases.push_back(Case<ReadRun>("dequantize", f, size));
   for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32})
     cases.push_back(Case<CompactRun>("compact", f, size));
+  for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32})
+    cases.push_back(Case<GatherRun>("gather", f, size));
+  cases.push_back(Case<AccumulateRun>("h2o_accumulate", StorageFormat::kInt4G32, size));
   for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32}) {
     cases.push_back(Case<SnapKvRun>("snapkv", f, size));
     cases.push_back(SnapKvLayerCase(f));
