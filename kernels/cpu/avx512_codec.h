@@ -108,6 +108,17 @@ KVC_AVX512_INLINE void StoreNibbles(__m512i q, uint8_t* out) {
   _mm_storel_epi64(reinterpret_cast<__m128i*>(out), _mm512_cvtepi64_epi8(packed));
 }
 
+// Four blocks of 16 codes (0..15 in 32-bit lanes) -> 32 bytes, block by block, element 2i
+// in the low nibble: two saturating packs (exact: codes fit) leave, per 128-bit lane k,
+// codes 4k..4k+3 of each block in turn; pairs of codes become bytes, then one word
+// permute puts each block's bytes together.
+KVC_AVX512_INLINE void StoreNibbles4(__m512i c0, __m512i c1, __m512i c2, __m512i c3, uint8_t* out) {
+  const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
+  const __m256i pairs = _mm512_cvtepi16_epi8(_mm512_or_si512(b, _mm512_srli_epi16(b, 4)));
+  const __m256i idx = _mm256_setr_epi16(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutexvar_epi16(idx, pairs));
+}
+
 // 16 packed bytes (32 codes) -> 32 bytes whose low nibbles are the codes in element order.
 // Only low nibbles matter: vpermps reads 4 index bits.
 KVC_AVX512_INLINE __m256i SpreadNibbles(const uint8_t* in) {
@@ -214,6 +225,15 @@ struct MinU32 {
 // groups in vector lanes instead of once per group.
 constexpr int kRowRecords = 2;
 
+// rne(clamp((x - min) * inv, 0, 15)) of 16 elements; a NaN converts to 0x80000000, which
+// the unsigned-saturating packs of StoreNibbles4 turn into 0, the scalar code's byte.
+KVC_AVX512_INLINE __m512i Int4Codes(const float* x, float min, float inv) {
+  const __m512 v = Clamp(
+      _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x), _mm512_set1_ps(min)), _mm512_set1_ps(inv)),
+      _mm512_setzero_ps(), _mm512_set1_ps(15.0f));
+  return _mm512_cvt_roundps_epi32(v, kRne);
+}
+
 // INT4: a unit is one group of one record; units are handled 16 at a time.
 template <int kGroup>
 KVC_AVX512_INLINE void QuantizeInt4(int d, const float* const* x, uint8_t* const* rec) {
@@ -251,28 +271,26 @@ KVC_AVX512_INLINE void QuantizeInt4(int d, const float* const* x, uint8_t* const
     for (int i = 0; i < n; ++i) {
       const int u = u0 + i, r = u >= per_record, g = u - r * per_record;
       const float* xg = x[r] + g * kGroup;
-      const __m512 vmin = _mm512_set1_ps(mins[i]), vinv = _mm512_set1_ps(invs[i]);
-      for (int j = 0; j < kGroup; j += 16) {
-        const __m512 v =
-            Clamp(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(xg + j), vmin), vinv), zero, fifteen);
-        // & 15: a NaN converts to 0x80000000, whose byte is 0 in the scalar code.
-        StoreNibbles(_mm512_and_si512(_mm512_cvt_roundps_epi32(v, kRne), Splat(15)),
-                     rec[r] + (g * kGroup + j) / 2);
+      if (kGroup == 64) {
+        StoreNibbles4(Int4Codes(xg, mins[i], invs[i]), Int4Codes(xg + 16, mins[i], invs[i]),
+                      Int4Codes(xg + 32, mins[i], invs[i]), Int4Codes(xg + 48, mins[i], invs[i]),
+                      rec[r] + g * 32);
+      } else if (i + 1 < n && g + 1 < per_record) {  // two groups of 32 of one record
+        StoreNibbles4(Int4Codes(xg, mins[i], invs[i]), Int4Codes(xg + 16, mins[i], invs[i]),
+                      Int4Codes(xg + 32, mins[i + 1], invs[i + 1]),
+                      Int4Codes(xg + 48, mins[i + 1], invs[i + 1]), rec[r] + g * 16);
+        std::memcpy(rec[r] + d / 2 + 4 * g, &fields[i], 8);
+        ++i;
+        continue;
+      } else {
+        for (int j = 0; j < kGroup; j += 16) {
+          StoreNibbles(_mm512_and_si512(Int4Codes(xg + j, mins[i], invs[i]), Splat(15)),
+                       rec[r] + (g * kGroup + j) / 2);
+        }
       }
       std::memcpy(rec[r] + d / 2 + 4 * g, &fields[i], 4);
     }
   }
-}
-
-// Four blocks of 16 codes (0..15 in 32-bit lanes) -> 32 bytes, block by block, element 2i
-// in the low nibble: two saturating packs (exact: codes fit) leave, per 128-bit lane k,
-// codes 4k..4k+3 of each block in turn; pairs of codes become bytes, then one word
-// permute puts each block's bytes together.
-KVC_AVX512_INLINE void StoreNibbles4(__m512i c0, __m512i c1, __m512i c2, __m512i c3, uint8_t* out) {
-  const __m512i b = _mm512_packus_epi16(_mm512_packus_epi32(c0, c1), _mm512_packus_epi32(c2, c3));
-  const __m256i pairs = _mm512_cvtepi16_epi8(_mm512_or_si512(b, _mm512_srli_epi16(b, 4)));
-  const __m256i idx = _mm256_setr_epi16(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutexvar_epi16(idx, pairs));
 }
 
 // NVFP4: block amaxes of all blocks of both records first (16 at a time) and the tensor
