@@ -50,10 +50,12 @@ KVC_CPU_INLINE float HSum(V16 v) {
   return s[0];
 }
 
-// exp(x) for x <= 0 (-inf included): Cephes expf (2^n * p(r), |r| <= ln2/2, ~1 ulp). Below
-// -87 the result would be subnormal; it is flushed to 0 (scores differ by < 1e-38).
+// exp(x) for x <= 0 (-inf included): Cephes expf (2^n * p(r), |r| <= ln2/2, ~1 ulp), with
+// 2^n applied in two normal halves so that results down to the subnormal range match expf
+// (tokens a query barely sees keep their tiny weights, and so their order in top-k). Below
+// -104, where expf rounds to 0, the result is 0.
 KVC_CPU_INLINE V16 ExpNonPositive(V16 x) {
-  const V16 lim = Splat(-87.0f);
+  const V16 lim = Splat(-104.0f);
   const V16 xc = x < lim ? lim : x;
   const V16 magic = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
   const V16 n = (xc * 1.44269504088896341f + magic) - magic;
@@ -66,10 +68,13 @@ KVC_CPU_INLINE V16 ExpNonPositive(V16 x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
-  const I16 bits = (__builtin_convertvector(n, I16) + 127) << 23;
-  V16 scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  const V16 e = p * scale;
+  const I16 ni = __builtin_convertvector(n, I16);
+  const I16 n1 = ni >> 1, n2 = ni - n1;  // each >= -75: 2^n1 and 2^n2 are normal floats
+  const I16 b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  V16 s1, s2;
+  std::memcpy(&s1, &b1, sizeof s1);
+  std::memcpy(&s2, &b2, sizeof s2);
+  const V16 e = (p * s1) * s2;
   return x < lim ? V16{} : e;
 }
 
