@@ -429,12 +429,21 @@ KVC_AVX512_INLINE void QuantizeRow(StorageFormat format, int d, const float* con
 
 // Dense row element stores (16 lanes): f32, f16 (vcvtps2ph, round to nearest even, as
 // FloatToHalf except NaN payloads) and bf16 (FloatToBFloat16's integer rounding).
-template <DType kOut>
+// kStream: non-temporal stores (dst aligned to the store size) for reads much larger than
+// the caches, where write-allocating the output would double its memory traffic.
+template <DType kOut, bool kStream = false>
 KVC_AVX512_INLINE void StoreOut(void* dst, __m512 v) {
   if constexpr (kOut == DType::kF32) {
-    _mm512_storeu_ps(static_cast<float*>(dst), v);
-  } else if constexpr (kOut == DType::kF16) {
-    _mm256_storeu_si256(static_cast<__m256i*>(dst), _mm512_cvtps_ph(v, kRne));
+    if constexpr (kStream) {
+      _mm512_stream_ps(static_cast<float*>(dst), v);
+    } else {
+      _mm512_storeu_ps(static_cast<float*>(dst), v);
+    }
+    return;
+  }
+  __m256i h;
+  if constexpr (kOut == DType::kF16) {
+    h = _mm512_cvtps_ph(v, kRne);
   } else {
     const __m512i x = _mm512_castps_si512(v);
     const __m512i rounded =
@@ -442,9 +451,13 @@ KVC_AVX512_INLINE void StoreOut(void* dst, __m512 v) {
                                            _mm512_and_si512(_mm512_srli_epi32(x, 16), Splat(1))),
                           16);
     const __m512i nan = _mm512_or_si512(_mm512_srli_epi32(x, 16), Splat(0x40));
-    const __m512i h = _mm512_mask_mov_epi32(
-        rounded, _mm512_cmpgt_epu32_mask(AbsBits(v), Splat(0x7f800000u)), nan);
-    _mm256_storeu_si256(static_cast<__m256i*>(dst), _mm512_cvtepi32_epi16(h));
+    h = _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(
+        rounded, _mm512_cmpgt_epu32_mask(AbsBits(v), Splat(0x7f800000u)), nan));
+  }
+  if constexpr (kStream) {
+    _mm256_stream_si256(static_cast<__m256i*>(dst), h);
+  } else {
+    _mm256_storeu_si256(static_cast<__m256i*>(dst), h);
   }
 }
 
@@ -454,12 +467,13 @@ KVC_AVX512_INLINE void* OutAt(void* dst, int j) {
 }
 
 // 32 elements from 16 packed nibble bytes through a 16-entry table.
-template <DType kOut>
+template <DType kOut, bool kStream>
 KVC_AVX512_INLINE void StoreTable32(const uint8_t* in, __m512 table, void* dst, int j) {
   const __m256i idx = SpreadNibbles(in);
-  StoreOut<kOut>(OutAt<kOut>(dst, j),
-                 _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(idx)), table));
-  StoreOut<kOut>(
+  StoreOut<kOut, kStream>(
+      OutAt<kOut>(dst, j),
+      _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(idx)), table));
+  StoreOut<kOut, kStream>(
       OutAt<kOut>(dst, j + 16),
       _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(idx, 1)), table));
 }
@@ -478,7 +492,7 @@ KVC_AVX512_INLINE __m512 E2M1Table() {
 // DequantizeRecord's: INT4 table entries are float(q) * scale + min, E2M1 entries
 // E2M1ToFloat(q) * eff, FP8 lanes E4M3ToFloat(c) * s (E4M3 codes widened to f16 bit
 // patterns, exact, then * 256 to rebias, exact, NaN codes patched).
-template <DType kOut>
+template <DType kOut, bool kStream = false>
 KVC_AVX512_INLINE void DequantizeRecord(StorageFormat format, int d, const uint8_t* rec,
                                         void* dst) {
   switch (format) {
@@ -487,7 +501,7 @@ KVC_AVX512_INLINE void DequantizeRecord(StorageFormat format, int d, const uint8
       for (int j = 0; j < d; j += 16) {
         const __m512i q =
             _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + j)));
-        StoreOut<kOut>(OutAt<kOut>(dst, j), _mm512_mul_ps(_mm512_cvtepi32_ps(q), s));
+        StoreOut<kOut, kStream>(OutAt<kOut>(dst, j), _mm512_mul_ps(_mm512_cvtepi32_ps(q), s));
       }
       return;
     }
@@ -507,7 +521,7 @@ KVC_AVX512_INLINE void DequantizeRecord(StorageFormat format, int d, const uint8
                                      _mm512_and_si512(_mm512_castps_si512(v), Splat(0x80000000u)),
                                      Splat(0x7fc00000u))));
         }
-        StoreOut<kOut>(OutAt<kOut>(dst, j), _mm512_mul_ps(v, s));
+        StoreOut<kOut, kStream>(OutAt<kOut>(dst, j), _mm512_mul_ps(v, s));
       }
       return;
     }
@@ -519,7 +533,7 @@ KVC_AVX512_INLINE void DequantizeRecord(StorageFormat format, int d, const uint8
         const __m512 min = _mm512_set1_ps(HalfToFloat(LoadU16(rec + d / 2 + 4 * g + 2)));
         const __m512 table = _mm512_add_ps(_mm512_mul_ps(Iota16(), scale), min);
         for (int j = g * group; j < (g + 1) * group; j += 32) {
-          StoreTable32<kOut>(rec + j / 2, table, dst, j);
+          StoreTable32<kOut, kStream>(rec + j / 2, table, dst, j);
         }
       }
       return;
@@ -533,14 +547,14 @@ KVC_AVX512_INLINE void DequantizeRecord(StorageFormat format, int d, const uint8
         const __m128i w =
             _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rec + 8 * b)));
         const __m128i idx = _mm_or_si128(w, _mm_slli_epi16(w, 4));
-        StoreOut<kOut>(OutAt<kOut>(dst, 16 * b),
-                       _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(idx), table));
+        StoreOut<kOut, kStream>(OutAt<kOut>(dst, 16 * b),
+                                _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(idx), table));
       }
       return;
     }
     case StorageFormat::kF16:  // (SnapKV key tiles; reads of raw formats copy rows)
       for (int j = 0; j < d; j += 16) {
-        StoreOut<kOut>(
+        StoreOut<kOut, kStream>(
             OutAt<kOut>(dst, j),
             _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 2 * j))));
       }
@@ -548,7 +562,8 @@ KVC_AVX512_INLINE void DequantizeRecord(StorageFormat format, int d, const uint8
     default: {
       alignas(64) float x[kMaxHeadDim];
       kernels::DequantizeRecord(format, d, rec, x);
-      for (int j = 0; j < d; j += 16) StoreOut<kOut>(OutAt<kOut>(dst, j), _mm512_loadu_ps(x + j));
+      for (int j = 0; j < d; j += 16)
+        StoreOut<kOut, kStream>(OutAt<kOut>(dst, j), _mm512_loadu_ps(x + j));
       return;
     }
   }

@@ -116,7 +116,7 @@ KVC_AVX512_TARGET void WriteRowsAvx512(const WriteTokensArgs& a, int64_t begin, 
   }
 }
 
-template <DType kOut>
+template <DType kOut, bool kStream>
 KVC_AVX512_INLINE void ReadRowsAvx512T(const ReadTokensArgs& a, int64_t begin, int64_t end) {
   const BlockLayout& l = a.arena.layout;
   const int d = l.head_dim;
@@ -132,28 +132,46 @@ KVC_AVX512_INLINE void ReadRowsAvx512T(const ReadTokensArgs& a, int64_t begin, i
       }
     }
     if (a.keys != nullptr) {
-      avx512::DequantizeRecord<kOut>(l.format, d, KeyRecord(a.arena, b, s),
-                                     static_cast<uint8_t*>(a.keys) + off);
+      avx512::DequantizeRecord<kOut, kStream>(l.format, d, KeyRecord(a.arena, b, s),
+                                              static_cast<uint8_t*>(a.keys) + off);
     }
     if (a.values != nullptr) {
-      avx512::DequantizeRecord<kOut>(l.format, d, ValueRecord(a.arena, b, s),
-                                     static_cast<uint8_t*>(a.values) + off);
+      avx512::DequantizeRecord<kOut, kStream>(l.format, d, ValueRecord(a.arena, b, s),
+                                              static_cast<uint8_t*>(a.values) + off);
     }
     if (a.positions != nullptr) a.positions[r] = *PositionPtr(a.arena, b, s);
     if (a.scores != nullptr) a.scores[r] = *ScorePtr(a.arena, b, s);
   }
 }
 
-KVC_AVX512_TARGET void ReadRowsAvx512(const ReadTokensArgs& a, int64_t begin, int64_t end) {
-  if (IsRawFormat(a.arena.layout.format)) return ReadRowsT<true>(a, begin, end);
+// Reads larger than the caches stream their dense output past them (non-temporal stores):
+// write-allocating it would read every output line before overwriting it.
+constexpr size_t kStreamOutputBytes = size_t{8} << 20;
+bool StreamOutput(const ReadTokensArgs& a) {
+  const int64_t stride = internal::RowStride(a.row_stride, a.arena.layout.head_dim);
+  const size_t row_bytes = static_cast<size_t>(stride) * DTypeSize(a.dtype);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; };
+  return static_cast<size_t>(a.num_rows) * row_bytes >= kStreamOutputBytes && row_bytes % 64 == 0 &&
+         aligned(a.keys) && aligned(a.values);
+}
+
+template <bool kStream>
+KVC_AVX512_INLINE void ReadRowsAvx512D(const ReadTokensArgs& a, int64_t begin, int64_t end) {
   switch (a.dtype) {
     case DType::kF32:
-      return ReadRowsAvx512T<DType::kF32>(a, begin, end);
+      return ReadRowsAvx512T<DType::kF32, kStream>(a, begin, end);
     case DType::kF16:
-      return ReadRowsAvx512T<DType::kF16>(a, begin, end);
+      return ReadRowsAvx512T<DType::kF16, kStream>(a, begin, end);
     case DType::kBF16:
-      return ReadRowsAvx512T<DType::kBF16>(a, begin, end);
+      return ReadRowsAvx512T<DType::kBF16, kStream>(a, begin, end);
   }
+}
+
+KVC_AVX512_TARGET void ReadRowsAvx512(const ReadTokensArgs& a, int64_t begin, int64_t end) {
+  if (IsRawFormat(a.arena.layout.format)) return ReadRowsT<true>(a, begin, end);
+  if (!StreamOutput(a)) return ReadRowsAvx512D<false>(a, begin, end);
+  ReadRowsAvx512D<true>(a, begin, end);
+  _mm_sfence();  // streaming stores are weakly ordered: complete them before the pool joins
 }
 #endif
 
