@@ -167,4 +167,28 @@ KVC_BACKEND_CHECK(CpuCodecIsBitExact) {
   }
 }
 
+// Reads of >= 8 MiB take the CPU's streaming-store path; same values as small reads.
+KVC_BACKEND_CHECK(CpuLargeReadIsBitExact) {
+  if (ctx.backend->kind() != BackendKind::kCpu) return;
+  std::mt19937 rng(12);
+  const int32_t n = 36000;  // 9 MiB of f16 keys at d 128
+  for (StorageFormat f :
+       {StorageFormat::kInt4G32, StorageFormat::kNvfp4, StorageFormat::kFp8E4M3}) {
+    const BlockLayout l = MakeBlockLayout(f, 128, 16);
+    const int32_t num_blocks = (n + 15) / 16;
+    const std::vector<uint8_t> input =
+        ToDType(RandomRows(n, 128, DataKind::kOutliers, rng), DType::kF32);
+    const std::vector<uint8_t> arena =
+        WriteWith(*ctx.reference, ctx, l, num_blocks, input, DType::kF32, n);
+    for (DType out : {DType::kF16, DType::kF32}) {
+      const std::vector<uint8_t> a = ReadWith(*ctx.reference, ctx, l, num_blocks, arena, out, n);
+      const std::vector<uint8_t> b = ReadWith(*ctx.backend, ctx, l, num_blocks, arena, out, n);
+      size_t bad = 0;
+      if (!SameDense(a, b, out, &bad)) {
+        ctx.Fail(Str("large read ", ShapeName(l), " as ", DTypeName(out), ": element ", bad));
+      }
+    }
+  }
+}
+
 }  // namespace kvc::kernels::testing
