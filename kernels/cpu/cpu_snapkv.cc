@@ -23,30 +23,58 @@
 namespace kvc::kernels::cpu {
 namespace {
 
-// 16 floats / int32s; GCC vector extensions compile to one zmm, two ymm or four xmm per
-// operation depending on the instance's target.
-typedef float V16 __attribute__((vector_size(64)));
-typedef int32_t I16 __attribute__((vector_size(64)));
+// N floats / int32s in GCC vector extensions, N = the instance's native width (16 for
+// AVX-512, 8 for AVX2, 4 for SSE2): wider-than-native generic vectors are lowered badly.
+template <int N>
+struct Vec {
+  typedef float F __attribute__((vector_size(4 * N)));
+  typedef int32_t I __attribute__((vector_size(4 * N)));
+};
+template <int N>
+using VF = typename Vec<N>::F;
+template <int N>
+using VI = typename Vec<N>::I;
 
 constexpr int kTile = 64;                         // keys per tile
 constexpr int kMaxChunkLanes = 256;               // query lanes per chunk (bounds scratch rows)
 constexpr size_t kChunkBytes = size_t{32} << 20;  // probabilities kept per chunk
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-KVC_CPU_INLINE V16 Splat(float x) { return V16{} + x; }
-KVC_CPU_INLINE V16 Load(const float* p) {
-  V16 v;
+template <int N>
+KVC_CPU_INLINE VF<N> Splat(float x) {
+  return VF<N>{} + x;
+}
+template <int N>
+KVC_CPU_INLINE VF<N> Load(const float* p) {
+  VF<N> v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-KVC_CPU_INLINE void Store(float* p, V16 v) { std::memcpy(p, &v, sizeof v); }
-KVC_CPU_INLINE V16 Max(V16 a, V16 b) { return a > b ? a : b; }
+template <int N>
+KVC_CPU_INLINE void Store(float* p, VF<N> v) {
+  std::memcpy(p, &v, sizeof v);
+}
+template <int N>
+KVC_CPU_INLINE VF<N> Max(VF<N> a, VF<N> b) {
+  return a > b ? a : b;
+}
 
-KVC_CPU_INLINE float HSum(V16 v) {
-  V16 s = v + __builtin_shuffle(v, I16{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-  s += __builtin_shuffle(s, I16{4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3});
-  s += __builtin_shuffle(s, I16{2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
-  s += __builtin_shuffle(s, I16{1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0});
+KVC_CPU_INLINE float HSum(VF<4> v) {
+  VF<4> s = v + __builtin_shuffle(v, VI<4>{2, 3, 0, 1});
+  s += __builtin_shuffle(s, VI<4>{1, 0, 3, 2});
+  return s[0];
+}
+KVC_CPU_INLINE float HSum(VF<8> v) {
+  VF<8> s = v + __builtin_shuffle(v, VI<8>{4, 5, 6, 7, 0, 1, 2, 3});
+  s += __builtin_shuffle(s, VI<8>{2, 3, 0, 1, 2, 3, 0, 1});
+  s += __builtin_shuffle(s, VI<8>{1, 0, 1, 0, 1, 0, 1, 0});
+  return s[0];
+}
+KVC_CPU_INLINE float HSum(VF<16> v) {
+  VF<16> s = v + __builtin_shuffle(v, VI<16>{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+  s += __builtin_shuffle(s, VI<16>{4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3});
+  s += __builtin_shuffle(s, VI<16>{2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
+  s += __builtin_shuffle(s, VI<16>{1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0});
   return s[0];
 }
 
@@ -54,28 +82,29 @@ KVC_CPU_INLINE float HSum(V16 v) {
 // 2^n applied in two normal halves so that results down to the subnormal range match expf
 // (tokens a query barely sees keep their tiny weights, and so their order in top-k). Below
 // -104, where expf rounds to 0, the result is 0.
-KVC_CPU_INLINE V16 ExpNonPositive(V16 x) {
-  const V16 lim = Splat(-104.0f);
-  const V16 xc = x < lim ? lim : x;
-  const V16 magic = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const V16 n = (xc * 1.44269504088896341f + magic) - magic;
-  V16 r = xc - n * 0.693359375f;
+template <int N>
+KVC_CPU_INLINE VF<N> ExpNonPositive(VF<N> x) {
+  const VF<N> lim = Splat<N>(-104.0f);
+  const VF<N> xc = x < lim ? lim : x;
+  const VF<N> magic = Splat<N>(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const VF<N> n = (xc * 1.44269504088896341f + magic) - magic;
+  VF<N> r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
-  V16 p = Splat(1.9875691500e-4f);
+  VF<N> p = Splat<N>(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
-  const I16 ni = __builtin_convertvector(n, I16);
-  const I16 n1 = ni >> 1, n2 = ni - n1;  // each >= -75: 2^n1 and 2^n2 are normal floats
-  const I16 b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
-  V16 s1, s2;
+  const VI<N> ni = __builtin_convertvector(n, VI<N>);
+  const VI<N> n1 = ni >> 1, n2 = ni - n1;  // each >= -75: 2^n1 and 2^n2 are normal floats
+  const VI<N> b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
+  VF<N> s1, s2;
   std::memcpy(&s1, &b1, sizeof s1);
   std::memcpy(&s2, &b2, sizeof s2);
-  const V16 e = (p * s1) * s2;
-  return x < lim ? V16{} : e;
+  const VF<N> e = (p * s1) * s2;
+  return x < lim ? VF<N>{} : e;
 }
 
 // Queries [q0, q0 + count) of window row w0.. of head g occupy lanes [lane0, lane0 + count)
@@ -158,15 +187,15 @@ KVC_AVX512_TARGET void LoadKeyTileAvx512(const SnapKvScoreArgs& a, int32_t lane,
 
 // logits of R keys x V query vectors, accumulated over head_dim. keys: R rows of d floats;
 // qt: [d, qstride] transposed queries starting at the first vector.
-template <int R, int V>
+template <int N, int R, int V>
 KVC_CPU_INLINE void MicroKernel(const float* keys, int d, const float* qt, int qstride,
-                                V16 (&acc)[R][V]) {
+                                VF<N> (&acc)[R][V]) {
   for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < V; ++v) acc[r][v] = V16{};
+    for (int v = 0; v < V; ++v) acc[r][v] = VF<N>{};
   }
   for (int j = 0; j < d; ++j) {
-    V16 q[V];
-    for (int v = 0; v < V; ++v) q[v] = Load(qt + static_cast<size_t>(j) * qstride + 16 * v);
+    VF<N> q[V];
+    for (int v = 0; v < V; ++v) q[v] = Load<N>(qt + static_cast<size_t>(j) * qstride + N * v);
     for (int r = 0; r < R; ++r) {
       const float k = keys[r * d + j];
       for (int v = 0; v < V; ++v) acc[r][v] += k * q[v];
@@ -176,40 +205,40 @@ KVC_CPU_INLINE void MicroKernel(const float* keys, int d, const float* qt, int q
 
 // Logits of keys [r0, r0 + R) of the tile against query vectors [v0, v0 + V): scaled,
 // masked by position, stored as rows of `probs`; running tile maxima per vector.
-template <int R, int V>
+template <int N, int R, int V>
 KVC_CPU_INLINE void LogitBlock(const float* keys, int d, const float* qt, int qs,
                                const int32_t* kpos, const int32_t* qpos, float scale, int r0,
-                               int v0, float* probs, V16* tmax) {
-  V16 acc[R][V];
-  MicroKernel<R, V>(keys + static_cast<size_t>(r0) * d, d, qt + 16 * v0, qs, acc);
-  I16 qp[V];
-  for (int v = 0; v < V; ++v) std::memcpy(&qp[v], qpos + 16 * (v0 + v), sizeof(I16));
+                               int v0, float* probs, VF<N>* tmax) {
+  VF<N> acc[R][V];
+  MicroKernel<N, R, V>(keys + static_cast<size_t>(r0) * d, d, qt + N * v0, qs, acc);
+  VI<N> qp[V];
+  for (int v = 0; v < V; ++v) std::memcpy(&qp[v], qpos + N * (v0 + v), sizeof(VI<N>));
   for (int r = 0; r < R; ++r) {
-    const I16 kp = I16{} + kpos[r0 + r];
+    const VI<N> kp = VI<N>{} + kpos[r0 + r];
     for (int v = 0; v < V; ++v) {
-      const V16 l = kp > qp[v] ? Splat(kNegInf) : acc[r][v] * scale;
-      Store(probs + static_cast<size_t>(r0 + r) * qs + 16 * (v0 + v), l);
-      tmax[v0 + v] = Max(tmax[v0 + v], l);
+      const VF<N> l = kp > qp[v] ? Splat<N>(kNegInf) : acc[r][v] * scale;
+      Store<N>(probs + static_cast<size_t>(r0 + r) * qs + N * (v0 + v), l);
+      tmax[v0 + v] = Max<N>(tmax[v0 + v], l);
     }
   }
 }
 
 // Tile logits for query vectors [v0, v0 + V), all kTile keys, with key rows in blocks of R.
-template <int R, int V>
+template <int N, int R, int V>
 KVC_CPU_INLINE void LogitTile(const float* keys, int d, const float* qt, int qs,
                               const int32_t* kpos, const int32_t* qpos, float scale, int v0,
-                              float* probs, V16* tmax) {
+                              float* probs, VF<N>* tmax) {
   constexpr int kFull = kTile / R * R;
   for (int r0 = 0; r0 < kFull; r0 += R)
-    LogitBlock<R, V>(keys, d, qt, qs, kpos, qpos, scale, r0, v0, probs, tmax);
+    LogitBlock<N, R, V>(keys, d, qt, qs, kpos, qpos, scale, r0, v0, probs, tmax);
   if constexpr (kTile % R != 0) {
-    LogitBlock<kTile % R, V>(keys, d, qt, qs, kpos, qpos, scale, kFull, v0, probs, tmax);
+    LogitBlock<N, kTile % R, V>(keys, d, qt, qs, kpos, qpos, scale, kFull, v0, probs, tmax);
   }
 }
 
-// kR keys x kV query vectors per register block (instance-specific: 24 zmm accumulators
-// with AVX-512, 8 ymm with AVX2, 8 xmm on baseline x86-64).
-template <int kR, int kV, bool kAvx512>
+// kR keys x kV query vectors of N lanes per register block (24 zmm accumulators with
+// AVX-512, 12 ymm with AVX2, 8 xmm on baseline x86-64).
+template <int N, int kR, int kV, bool kAvx512>
 KVC_CPU_INLINE void ScoreItem(const Item& it) {
   const SnapKvScoreArgs& a = *it.a;
   const BlockLayout& l = a.arena.layout;
@@ -240,7 +269,7 @@ KVC_CPU_INLINE void ScoreItem(const Item& it) {
       segs[last].lane0 = qs;
       qs += segs[last++].lanes;
     }
-    const int qv = qs / 16;
+    const int qv = qs / N;
     s.qt.assign(static_cast<size_t>(d) * qs, 0.0f);
     s.qpos.assign(qs, std::numeric_limits<int32_t>::min());  // padding lanes see no key
     alignas(64) float q[kMaxHeadDim];
@@ -256,7 +285,7 @@ KVC_CPU_INLINE void ScoreItem(const Item& it) {
     s.probs.resize(n_pad * qs);
     s.tile_max.resize(static_cast<size_t>(tiles) * qs);
     s.tile_sum.resize(static_cast<size_t>(tiles) * qs);
-    alignas(64) V16 tmax[kMaxChunkLanes / 16];
+    alignas(64) VF<N> tmax[kMaxChunkLanes / N];
     for (int tile = 0; tile < tiles; ++tile) {
       const int32_t t0 = tile * kTile;
 #if defined(KVC_CPU_DISPATCH)
@@ -269,48 +298,48 @@ KVC_CPU_INLINE void ScoreItem(const Item& it) {
       LoadKeyTile(a, it.lane, n, t0, s.keys.data(), s.kpos.data());
 #endif
       float* probs = &s.probs[static_cast<size_t>(t0) * qs];
-      for (int v = 0; v < qv; ++v) tmax[v] = Splat(kNegInf);
+      for (int v = 0; v < qv; ++v) tmax[v] = Splat<N>(kNegInf);
       int v0 = 0;
       for (; v0 + kV <= qv; v0 += kV) {
-        LogitTile<kR, kV>(s.keys.data(), d, s.qt.data(), qs, s.kpos.data(), s.qpos.data(), it.scale,
-                          v0, probs, tmax);
+        LogitTile<N, kR, kV>(s.keys.data(), d, s.qt.data(), qs, s.kpos.data(), s.qpos.data(),
+                             it.scale, v0, probs, tmax);
       }
       for (; v0 < qv; ++v0) {
-        LogitTile<kR, 1>(s.keys.data(), d, s.qt.data(), qs, s.kpos.data(), s.qpos.data(), it.scale,
-                         v0, probs, tmax);
+        LogitTile<N, kR, 1>(s.keys.data(), d, s.qt.data(), qs, s.kpos.data(), s.qpos.data(),
+                            it.scale, v0, probs, tmax);
       }
       // Probabilities against the tile maximum (a fully masked lane keeps 0s).
       for (int v = 0; v < qv; ++v) {
-        const V16 m = tmax[v] == Splat(kNegInf) ? V16{} : tmax[v];
-        V16 sum = V16{};
+        const VF<N> m = tmax[v] == Splat<N>(kNegInf) ? VF<N>{} : tmax[v];
+        VF<N> sum = VF<N>{};
         for (int r = 0; r < kTile; ++r) {
-          float* p = probs + static_cast<size_t>(r) * qs + 16 * v;
-          const V16 e = ExpNonPositive(Load(p) - m);
-          Store(p, e);
+          float* p = probs + static_cast<size_t>(r) * qs + N * v;
+          const VF<N> e = ExpNonPositive<N>(Load<N>(p) - m);
+          Store<N>(p, e);
           sum += e;
         }
-        Store(&s.tile_max[static_cast<size_t>(tile) * qs + 16 * v], tmax[v]);
-        Store(&s.tile_sum[static_cast<size_t>(tile) * qs + 16 * v], sum);
+        Store<N>(&s.tile_max[static_cast<size_t>(tile) * qs + N * v], tmax[v]);
+        Store<N>(&s.tile_sum[static_cast<size_t>(tile) * qs + N * v], sum);
       }
     }
     // Per query: global max m and sum; tile_max becomes exp(m_tile - m) / sum (0 for a
     // query that sees no key, which the reference skips).
     for (int v = 0; v < qv; ++v) {
-      V16 m = Splat(kNegInf);
+      VF<N> m = Splat<N>(kNegInf);
       for (int tile = 0; tile < tiles; ++tile)
-        m = Max(m, Load(&s.tile_max[static_cast<size_t>(tile) * qs + 16 * v]));
-      const V16 m_safe = m == Splat(kNegInf) ? V16{} : m;
-      V16 sum = V16{};
+        m = Max<N>(m, Load<N>(&s.tile_max[static_cast<size_t>(tile) * qs + N * v]));
+      const VF<N> m_safe = m == Splat<N>(kNegInf) ? VF<N>{} : m;
+      VF<N> sum = VF<N>{};
       for (int tile = 0; tile < tiles; ++tile) {
-        float* tm = &s.tile_max[static_cast<size_t>(tile) * qs + 16 * v];
-        const V16 f = ExpNonPositive(Load(tm) - m_safe);
-        Store(tm, f);
-        sum += f * Load(&s.tile_sum[static_cast<size_t>(tile) * qs + 16 * v]);
+        float* tm = &s.tile_max[static_cast<size_t>(tile) * qs + N * v];
+        const VF<N> f = ExpNonPositive<N>(Load<N>(tm) - m_safe);
+        Store<N>(tm, f);
+        sum += f * Load<N>(&s.tile_sum[static_cast<size_t>(tile) * qs + N * v]);
       }
-      const V16 inv = sum > V16{} ? 1.0f / sum : V16{};
+      const VF<N> inv = sum > VF<N>{} ? 1.0f / sum : VF<N>{};
       for (int tile = 0; tile < tiles; ++tile) {
-        float* tm = &s.tile_max[static_cast<size_t>(tile) * qs + 16 * v];
-        Store(tm, Load(tm) * inv);
+        float* tm = &s.tile_max[static_cast<size_t>(tile) * qs + N * v];
+        Store<N>(tm, Load<N>(tm) * inv);
       }
     }
     // Votes: per token and segment, the sum over its queries of e * coefficient.
@@ -319,9 +348,9 @@ KVC_CPU_INLINE void ScoreItem(const Item& it) {
       const float* c = &s.tile_max[static_cast<size_t>(t / kTile) * qs];
       for (size_t i = first; i < last; ++i) {
         const Segment& sg = segs[i];
-        V16 acc = V16{};
-        for (int lane = sg.lane0; lane < sg.lane0 + sg.lanes; lane += 16)
-          acc += Load(p + lane) * Load(c + lane);
+        VF<N> acc = VF<N>{};
+        for (int lane = sg.lane0; lane < sg.lane0 + sg.lanes; lane += N)
+          acc += Load<N>(p + lane) * Load<N>(c + lane);
         s.vote[static_cast<size_t>(sg.g - it.g0) * n + t] += HSum(acc);
       }
     }
@@ -334,9 +363,9 @@ KVC_CPU_INLINE void ScoreItem(const Item& it) {
 }
 
 #if defined(KVC_CPU_DISPATCH)
-KVC_AVX512_TARGET void ScoreItemAvx512(const Item& it) { ScoreItem<6, 4, true>(it); }
+KVC_AVX512_TARGET void ScoreItemAvx512(const Item& it) { ScoreItem<16, 6, 4, true>(it); }
 __attribute__((target("avx2,f16c,fma"))) void ScoreItemAvx2(const Item& it) {
-  ScoreItem<4, 1, false>(it);
+  ScoreItem<8, 6, 2, false>(it);
 }
 #endif
 
@@ -351,7 +380,7 @@ void ScoreItemAny(const Item& it) {
       break;
   }
 #endif
-  ScoreItem<2, 1, false>(it);
+  ScoreItem<4, 4, 2, false>(it);
 }
 
 }  // namespace
