@@ -78,6 +78,25 @@ absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {
   }
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) {
+    if (lanes[1].max_tokens == 0) {
+      // One part (no residual): the kernel writes the output in the caller's dtype and adds
+      // the weights to the H2O scores itself; nothing to merge.
+      kernels::DecodeAttentionArgs a;
+      a.arena = arenas[0];
+      a.lanes = lanes[0].view();
+      a.group_size = group;
+      a.dtype = p.dtype;
+      a.queries = p.queries.data() + i * row_bytes;
+      a.out = result.output.data() + i * row_bytes;
+      a.weights = p.want_weights ? result.weights.data() + static_cast<size_t>(i) * step_weights
+                                 : nullptr;
+      a.accumulate_scores = true;
+      if (lanes[0].max_tokens > 0) {
+        KVC_RETURN_IF_ERROR(
+            FromKernelStatus(pool->backend()->DecodeAttention(a, {}), "DecodeAttention"));
+      }
+      continue;
+    }
     kernels::ConvertElements(p.queries.data() + i * row_bytes, p.dtype, q32.data(), DType::kF32,
                              q32.size());
     for (int part = 0; part < 2; ++part) {
