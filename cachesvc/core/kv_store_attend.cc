@@ -88,8 +88,8 @@ absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {
       a.dtype = p.dtype;
       a.queries = p.queries.data() + i * row_bytes;
       a.out = result.output.data() + i * row_bytes;
-      a.weights = p.want_weights ? result.weights.data() + static_cast<size_t>(i) * step_weights
-                                 : nullptr;
+      a.weights =
+          p.want_weights ? result.weights.data() + static_cast<size_t>(i) * step_weights : nullptr;
       a.accumulate_scores = true;
       if (lanes[0].max_tokens > 0) {
         KVC_RETURN_IF_ERROR(

@@ -25,8 +25,8 @@ TEST(ServicePolicyParseTest, StorageWithARawResidual) {
 }
 
 TEST(ServicePolicyParseTest, BadFlagsSayWhatIsExpected) {
-  EXPECT_THAT(ParseServicePolicy("", "int4+raw"), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                           "number of raw recent tokens"));
+  EXPECT_THAT(ParseServicePolicy("", "int4+raw"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "number of raw recent tokens"));
   EXPECT_THAT(ParseServicePolicy("", "int3"),
               StatusIs(absl::StatusCode::kInvalidArgument, "unknown --storage 'int3'"));
   EXPECT_THAT(ParseServicePolicy("snapkv=x", ""),
