@@ -65,11 +65,12 @@ def summarize(scores):
                       if s["length"] == longest and s["kv_bytes"] > 0]
         per_len = {}
         for s in mine:
-            c = per_len.setdefault(s["length"], [0, 0, 0, 0.0])
+            c = per_len.setdefault(s["length"], [0, 0, 0, 0.0, 0.0])
             c[0] += 1
             c[1] += s["teacher_forced_match"]
             c[2] += s["generated_match"]
             c[3] += s["answer_logprob"]
+            c[4] += s["dense_f16_bytes"] / max(s["kv_bytes"], 1)
         rows.append({
             "policy": p, "cases": n, "tf": tf, "gen": gen,
             "tf_acc": 100.0 * tf / n, "gen_acc": 100.0 * gen / n, "mean_logp": logp,
@@ -78,7 +79,8 @@ def summarize(scores):
             "kv_ratio_longest": sum(ratio_long) / len(ratio_long) if ratio_long else None,
             "longest": longest,
             "per_length": {str(k): {"cases": v[0], "tf": v[1], "gen": v[2],
-                                    "mean_logp": v[3] / v[0]} for k, v in sorted(per_len.items())},
+                                    "mean_logp": v[3] / v[0], "kv_ratio": v[4] / v[0]}
+                           for k, v in sorted(per_len.items())},
         })
     return rows
 
@@ -99,6 +101,17 @@ def print_passkey(rows):
             r["policy"], " | ".join(cells), r["tf"], r["cases"], r["tf_acc"], r["gen"], r["cases"],
             r["gen_acc"], r["mean_logp"], "-" if d is None or r["policy"] == "full" else "%+.2f" % d,
             r["answers_changed_vs_full"], r["kv_ratio_longest"] or 0))
+
+
+def print_ratios(rows):
+    lengths = sorted({int(k) for r in rows for k in r["per_length"]})
+    print()
+    print("| policy | " + " | ".join("KV vs f16, %d tok" % l for l in lengths) + " |")
+    print("|---" * (len(lengths) + 1) + "|")
+    for r in rows:
+        print("| %s | %s |" % (r["policy"], " | ".join(
+            "%.1fx" % r["per_length"][str(l)]["kv_ratio"] if str(l) in r["per_length"] else "-"
+            for l in lengths)))
 
 
 def print_ppl(ppl):
@@ -159,6 +172,7 @@ def plot(scores, rows, ppl, d):
             ax.set_title(p, fontsize=8)
         fig.suptitle("SmolLM2-135M, KV cache in kvcached: pass key (Emma + WEB Bible); "
                      "cell text = greedy exact / cases", fontsize=9)
+        fig.subplots_adjust(hspace=0.45)
         fig.colorbar(im, ax=axes.ravel().tolist(), label=label, shrink=0.6)
         fig.savefig(os.path.join(d, fname), dpi=100)
         plt.close(fig)
@@ -192,6 +206,7 @@ def main():
     scores, ppl, run = load(args.dir)
     rows = summarize(scores)
     print_passkey(rows)
+    print_ratios(rows)
     print_ppl(ppl)
     out = {"run": run, "passkey_summary": rows, "passkey_scores": scores,
            "perplexity": {f: v["results"][0] for f, v in ppl.items()}}

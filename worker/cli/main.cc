@@ -1,5 +1,5 @@
-// kvc-worker: runs the reference engine with a local KV store (the service-backed store comes
-// with the client library).
+// kvc-worker: runs the reference engine with its KV cache in a local store or in kvcached
+// (--kv=kvcached; the service-backed store comes with the client library).
 //   kvc-worker generate   --prompt TEXT | --prompt-file FILE [--question Q] [--policy P] ...
 //   kvc-worker perplexity --text-file FILE [--max-tokens N] [--policies P1,P2,...] [--json OUT]
 //   kvc-worker passkey    [--haystack-file FILE] [--lengths L1,L2] [--depths D1,D2] ...
@@ -42,7 +42,10 @@ int Main(int argc, char** argv) {
            "             [--policies full,window=1024,streaming=4+1020] [--json OUT]\n"
            "             [--kv local|kvcached --target HOST:PORT --storage F]\n"
            "  passkey    [--haystack-file FILE] [--lengths 1024,2048] [--depths 0,0.5,1]\n"
-           "             [--policies full,window=512,streaming=4+508] [--chat] [--json OUT]\n"
+           "             [--keys N] [--chat] [--question-in-prompt] [--json OUT]\n"
+           "             [--policies full,window=512,streaming=4+508]  (local)\n"
+           "             [--kv kvcached --target HOST:PORT --pool NAME\n"
+           "              --policies full,full:fp8,snapkv=1024:int4,h2o=H+R,streaming=S+W]\n"
            "  tokenize   --text TEXT | --text-file FILE [--special]\n";
     return 2;
   }
