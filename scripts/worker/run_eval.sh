@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The worker's quality evaluation with LOCAL KV stores (the service-backed policies come with
-# the client library): perplexity on Persuasion (full cache within the 8K context vs window-only
-# vs 4 sinks + window; the bounded policies also far past the context) and passkey retrieval on
-# Emma. Writes JSON, PNG plots and a log under .cache/eval/. About 30 minutes on 2 cores;
-# EVAL_QUICK=1 runs a small version (~3 minutes).
+# The worker's quality evaluation with LOCAL KV stores (the grid through kvcached is
+# scripts/worker/run_service_eval.sh): perplexity on Persuasion (full cache within the 8K
+# context vs window-only vs 4 sinks + window; the bounded policies also far past the context)
+# and passkey retrieval on Emma. Writes JSON, PNG plots and a log under .cache/eval/. About 30
+# minutes on 2 cores; EVAL_QUICK=1 runs a small version (~3 minutes).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="${KVC_WORKER_BIN:-${ROOT}/build-w/kvc-worker}"

@@ -7,9 +7,10 @@
 #     at budgets 256/512/1024; SnapKV 1024 and 256 + INT4;
 #  2. perplexity through kvcached on Persuasion with the full cache in each storage format
 #     (f32 reference, f16, fp8, int8, int4 g32, int4 g64, nvfp4);
-# then stops kvcached and writes the JSON, markdown and PNG plots (scripts/worker/plot_service_eval.py)
-# under $EVAL_OUT (default .cache/eval/service). Full grid: about an hour on the busy 2-vCPU
-# VM; EVAL_QUICK=1: a few minutes. Needs the top-level build (kvc-worker with the client).
+# then stops kvcached and writes the JSON, markdown and PNG plots
+# (scripts/worker/plot_service_eval.py)
+# under $EVAL_OUT (default .cache/eval/service). Full grid: 67.5 minutes on the busy 2-vCPU
+# VM (load 4-7); EVAL_QUICK=1: ~4 minutes. Needs the top-level build (kvc-worker with the client).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="${KVC_WORKER_BIN:-${ROOT}/build/worker/kvc-worker}"
