@@ -365,6 +365,15 @@ BenchCase SnapKvLayerCase(StorageFormat f) {
                    }};
 }
 
+// One decode step of one layer of a Llama-3-8B-shaped pool at 32K tokens: 8 kv heads x
+// 32768 tokens, head_dim 128, GQA group 4 (32 query heads), one query per head.
+BenchCase DecodeLayerCase(StorageFormat f) {
+  return BenchCase{std::string("decode_llama8b_layer32k/") + StorageFormatName(f),
+                   [f](KernelBackend& b, KernelStatus* st) {
+                     return std::unique_ptr<BenchRun>(new DecodeRun(b, f, {8, 32768, 128, 4}, st));
+                   }};
+}
+
 }  // namespace
 
 std::vector<BenchCase> AllCases(BenchSize size) {
@@ -383,10 +392,9 @@ std::vector<BenchCase> AllCases(BenchSize size) {
     cases.push_back(Case<SnapKvRun>("snapkv", f, size));
     cases.push_back(SnapKvLayerCase(f));
   }
-  for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kFp8E4M3, StorageFormat::kInt4G32,
-                          StorageFormat::kNvfp4}) {
-    cases.push_back(Case<DecodeRun>("decode", f, size));
-  }
+  for (StorageFormat f : quant) cases.push_back(Case<DecodeRun>("decode", f, size));
+  for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32})
+    cases.push_back(DecodeLayerCase(f));
   return cases;
 }
 

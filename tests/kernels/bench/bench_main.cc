@@ -114,7 +114,10 @@ int main(int argc, char** argv) {
     std::printf("%-22s %10.1f %10.2f %10.2f %8.2f", c.name.c_str(), bytes / 1e6, op, copy,
                 op / copy);
     if (copy_nt > 0) std::printf(" %10.2f %8.2f", copy_nt, op / copy_nt);
-    if (flops > 0) std::printf("  %.1f GFLOP/s, %.4f s/run", flops / op_s / 1e9, op_s);
+    if (flops > 0)
+      std::printf("  %.1f GFLOP/s, %.4f s/run", flops / op_s / 1e9, op_s);
+    else
+      std::printf("  %.0f us/run", op_s * 1e6);
     std::printf("\n");
     char buf[512];
     std::snprintf(buf, sizeof buf,
