@@ -188,7 +188,7 @@ KVC_CPU_INLINE void TileRows(StorageFormat f, int d, const uint8_t* const* recs,
 template <int N, int kG>
 KVC_CPU_INLINE void KeyLogits(const float* const* rows, int ntok, int d, const float* q,
                               float scale, float* logits) {
-  constexpr int kT = kG <= 2 ? 4 : 2;
+  constexpr int kT = kG <= 2 || (N == 16 && kG <= 4) ? 4 : 2;
   VF<N> part[kG][N];
   for (int t0 = 0; t0 < ntok; t0 += N) {
     for (int t = 0; t < N; t += kT) {
@@ -316,12 +316,35 @@ KVC_CPU_INLINE void ValueAccumAny(int kg, const float* const* rows, int ntok, in
   ValueAccum<N, 4>(rows, ntok, d, p, acc);
 }
 
-// Prefetches the records of the next tile (blocks of a lane are scattered, so the hardware
-// prefetcher loses the stream at every block boundary).
+// Prefetches records [0, n) into L1, one prefetch per cache line of each run of
+// consecutive records (the tokens of one block).
 KVC_CPU_INLINE void PrefetchRecords(const uint8_t* const* recs, int n, int bytes) {
-  for (int i = 0; i < n; ++i) {
-    for (int o = 0; o < bytes; o += 64) __builtin_prefetch(recs[i] + o);
-    __builtin_prefetch(recs[i] + bytes - 1);
+  for (int i = 0; i < n;) {
+    const uint8_t* start = recs[i];
+    int k = i + 1;
+    while (k < n && recs[k] == recs[k - 1] + bytes) ++k;
+    const uint8_t* end = recs[k - 1] + bytes;
+    for (const uint8_t* p = start; p < end; p += 64) __builtin_prefetch(p);
+    __builtin_prefetch(end - 1);
+    i = k;
+  }
+}
+
+// Prefetches an item's key and value records into L2 (per block, the K and V sections of
+// its slots): many misses in flight while the previous item computes.
+KVC_CPU_INLINE void PrefetchItem(const DecodeAttentionArgs& a, const Item& it) {
+  const BlockLayout& l = a.arena.layout;
+  const int bt = l.block_tokens, rb = l.record_bytes;
+  const int32_t* ids = a.lanes.block_ids + a.lanes.block_offsets[it.lane];
+  for (int32_t t = it.begin; t < it.end;) {
+    const int32_t b = ids[t / bt], s0 = t % bt, s1 = std::min<int32_t>(bt, s0 + (it.end - t));
+    const uint8_t* sections[2] = {KeyRecord(a.arena, b, s0), ValueRecord(a.arena, b, s0)};
+    for (const uint8_t* p : sections) {
+      const uint8_t* end = p + static_cast<size_t>(s1 - s0) * rb;
+      for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
+      __builtin_prefetch(end - 1, 0, 2);
+    }
+    t += s1 - s0;
   }
 }
 
@@ -352,6 +375,8 @@ KVC_CPU_INLINE void DecodeItemsT(const DecodeWork& w, int64_t i0, int64_t i1) {
                                          (static_cast<size_t>(it.lane) * G + g) * d, d,
                                          q + static_cast<size_t>(g) * d);
     }
+    if (i == i0) PrefetchItem(a, it);
+    if (i + 1 < i1) PrefetchItem(a, w.items[i + 1]);
     const LaneSlots slots(a.lanes, l.block_tokens, it.lane);
     for (int32_t t = 0; t < len; ++t) {
       int32_t b, sl;
@@ -528,7 +553,9 @@ void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
 
   const DecodeWork work{&a,       items.data(),         scale,  need_logits, part_m, part_l,
                         part_acc, cs.logits_all.data(), lane_m, lane_l};
-  pool.ParallelFor(static_cast<int64_t>(items.size()), 1,
+  // Runs of 4 items per call (when there are enough) let an item prefetch the next one.
+  const int64_t grain = items.size() >= 64 ? 4 : 1;
+  pool.ParallelFor(static_cast<int64_t>(items.size()), grain,
                    [&](int64_t i0, int64_t i1) { DecodeItems(work, i0, i1); });
 
   // Combine per (lane, query head); keep the global max and sum for the weights pass.
