@@ -80,6 +80,50 @@ struct DecodeWork {
 
 namespace {
 
+// Scalar record decode through a 16-entry table per NVFP4 block (E2M1ToFloat(c) *
+// (E4M3ToFloat(sb) * t)) and a 256-entry E4M3 table for FP8: the values of DequantizeRecord
+// without its per-element conversions (AVX2 and baseline instances; 13x / 1.3x faster
+// there). INT4 stays with DequantizeRecord, which g++ vectorizes (a table was slower).
+struct E4M3Table {
+  float v[256];
+  E4M3Table() {
+    for (int c = 0; c < 256; ++c) v[c] = E4M3ToFloat(static_cast<uint8_t>(c));
+  }
+};
+const E4M3Table& E4M3Lut() {
+  static const E4M3Table t;
+  return t;
+}
+KVC_CPU_INLINE void Nibbles(const uint8_t* in, int bytes, const float* table, float* out) {
+  for (int i = 0; i < bytes; ++i) {
+    out[2 * i] = table[in[i] & 15u];
+    out[2 * i + 1] = table[in[i] >> 4];
+  }
+}
+KVC_CPU_INLINE void DecodeRowTable(StorageFormat f, int d, const uint8_t* rec, float* out) {
+  switch (f) {
+    case StorageFormat::kNvfp4: {
+      const float t = LoadF32(rec + Nvfp4TensorScaleOffset(d));
+      for (int b = 0; b < d / 16; ++b) {
+        const float eff = E4M3ToFloat(rec[d / 2 + b]) * t;
+        float table[16];
+        for (int c = 0; c < 16; ++c) table[c] = E2M1ToFloat(static_cast<uint8_t>(c)) * eff;
+        Nibbles(rec + 8 * b, 8, table, out + 16 * b);
+      }
+      return;
+    }
+    case StorageFormat::kFp8E4M3: {
+      const float s = LoadF32(rec + d);
+      const float* lut = E4M3Lut().v;
+      for (int j = 0; j < d; ++j) out[j] = lut[rec[j]] * s;
+      return;
+    }
+    default:
+      DequantizeRecord(f, d, rec, out);
+      return;
+  }
+}
+
 // Records [0, n) of a tile as f32 rows; rows [n, kTile) point at zeros. f32 records are
 // used in place.
 KVC_CPU_INLINE void TileRowsScalar(StorageFormat f, int d, const uint8_t* const* recs, int n,
@@ -90,7 +134,7 @@ KVC_CPU_INLINE void TileRowsScalar(StorageFormat f, int d, const uint8_t* const*
       continue;
     }
     float* dst = tile + static_cast<size_t>(i) * d;
-    DequantizeRecord(f, d, recs[i], dst);
+    DecodeRowTable(f, d, recs[i], dst);
     rows[i] = dst;
   }
   for (int i = n; i < kTile; ++i) rows[i] = kZeroRow;
