@@ -232,6 +232,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (command == "sequences") {
+    const std::string sort = absl::GetFlag(FLAGS_sort);
+    if (sort != "created" && sort != "tokens" && sort != "bytes" && sort != "id") {
+      std::cerr << "kvcachectl: --sort=" << sort << " is not one of created, tokens, bytes, id\n";
+      return 2;
+    }
     pb::ListSequencesRequest request;
     request.set_pool(absl::GetFlag(FLAGS_pool));
     request.set_tenant(absl::GetFlag(FLAGS_tenant));
@@ -239,6 +244,7 @@ int main(int argc, char** argv) {
     pb::ListSequencesResponse response;
     const grpc::Status status = stub->ListSequences(&context, request, &response);
     if (!status.ok()) return Report(status, target);
+    SortSequences(&response, sort);
     if (json)
       std::cout << Json(response);
     else

@@ -41,6 +41,18 @@ python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["sequences"])=
 
 # sequence show / --sort / evict / drain
 first=$("$CTL" --target="$KVC_TARGET" --json sequences --sort=id | python3 -c 'import json,sys; print(json.load(sys.stdin)["sequences"][0]["sequence_id"])')
+"$CTL" --target="$KVC_TARGET" --json sequences --sort=id | python3 -c '
+import json, sys
+ids = [s["sequence_id"] for s in json.load(sys.stdin)["sequences"]]
+assert len(ids) >= 2 and ids == sorted(ids), ids' || fail "sequences --sort=id: not sorted by id"
+"$CTL" --target="$KVC_TARGET" --json sequences --sort=bytes | python3 -c '
+import json, sys
+b = [int(s.get("bytes", 0)) for s in json.load(sys.stdin)["sequences"]]
+assert b == sorted(b, reverse=True), b' || fail "sequences --sort=bytes: not largest first"
+if "$CTL" --target="$KVC_TARGET" sequences --sort=size 2>"${TMPDIR:-/tmp}/kvcachectl_sort.$$.err"; then
+  fail "sequences --sort=size should be refused"
+fi
+grep -q "not one of created, tokens, bytes, id" "${TMPDIR:-/tmp}/kvcachectl_sort.$$.err" || fail "--sort error message"
 out=$("$CTL" --target="$KVC_TARGET" sequence show "$first")
 echo "$out"
 echo "$out" | grep -Eq "^layer tokens +100 in each of 30 layers$" || fail "sequence show"
