@@ -18,46 +18,25 @@
 #include "cpu/avx512_codec.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_rows.h"
+#include "cpu/cpu_vec.h"
 #include "kvc/kernels/record_codec.h"
 
 namespace kvc::kernels::cpu {
 namespace {
 
-// N floats / int32s in GCC vector extensions, N = the instance's native width (16 for
-// AVX-512, 8 for AVX2, 4 for SSE2): wider-than-native generic vectors are lowered badly.
-template <int N>
-struct Vec {
-  typedef float F __attribute__((vector_size(4 * N)));
-  typedef int32_t I __attribute__((vector_size(4 * N)));
-};
-template <int N>
-using VF = typename Vec<N>::F;
-template <int N>
-using VI = typename Vec<N>::I;
+// Vector helpers and the exp shared with decode attention (cpu_vec.h).
+using vec::ExpNonPositive;
+using vec::Load;
+using vec::Max;
+using vec::Splat;
+using vec::Store;
+using vec::VF;
+using vec::VI;
 
 constexpr int kTile = 64;                         // keys per tile
 constexpr int kMaxChunkLanes = 256;               // query lanes per chunk (bounds scratch rows)
 constexpr size_t kChunkBytes = size_t{32} << 20;  // probabilities kept per chunk
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-template <int N>
-KVC_CPU_INLINE VF<N> Splat(float x) {
-  return VF<N>{} + x;
-}
-template <int N>
-KVC_CPU_INLINE VF<N> Load(const float* p) {
-  VF<N> v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-template <int N>
-KVC_CPU_INLINE void Store(float* p, VF<N> v) {
-  std::memcpy(p, &v, sizeof v);
-}
-template <int N>
-KVC_CPU_INLINE VF<N> Max(VF<N> a, VF<N> b) {
-  return a > b ? a : b;
-}
 
 KVC_CPU_INLINE float HSum(VF<4> v) {
   VF<4> s = v + __builtin_shuffle(v, VI<4>{2, 3, 0, 1});
@@ -76,35 +55,6 @@ KVC_CPU_INLINE float HSum(VF<16> v) {
   s += __builtin_shuffle(s, VI<16>{2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
   s += __builtin_shuffle(s, VI<16>{1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0});
   return s[0];
-}
-
-// exp(x) for x <= 0 (-inf included): Cephes expf (2^n * p(r), |r| <= ln2/2, ~1 ulp), with
-// 2^n applied in two normal halves so that results down to the subnormal range match expf
-// (tokens a query barely sees keep their tiny weights, and so their order in top-k). Below
-// -104, where expf rounds to 0, the result is 0.
-template <int N>
-KVC_CPU_INLINE VF<N> ExpNonPositive(VF<N> x) {
-  const VF<N> lim = Splat<N>(-104.0f);
-  const VF<N> xc = x < lim ? lim : x;
-  const VF<N> magic = Splat<N>(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  const VF<N> n = (xc * 1.44269504088896341f + magic) - magic;
-  VF<N> r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  VF<N> p = Splat<N>(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  const VI<N> ni = __builtin_convertvector(n, VI<N>);
-  const VI<N> n1 = ni >> 1, n2 = ni - n1;  // each >= -75: 2^n1 and 2^n2 are normal floats
-  const VI<N> b1 = (n1 + 127) << 23, b2 = (n2 + 127) << 23;
-  VF<N> s1, s2;
-  std::memcpy(&s1, &b1, sizeof s1);
-  std::memcpy(&s2, &b2, sizeof s2);
-  const VF<N> e = (p * s1) * s2;
-  return x < lim ? VF<N>{} : e;
 }
 
 // Queries [q0, q0 + count) of window row w0.. of head g occupy lanes [lane0, lane0 + count)

@@ -1,6 +1,7 @@
 // GCC vector-extension helpers at an instance's native width N (16 floats for AVX-512, 8 for
 // AVX2, 4 for baseline SSE2): wider-than-native generic vectors are lowered badly, so each
-// instance (cpu_rows.h) instantiates the same code with its own N. Used by decode attention.
+// instance (cpu_rows.h) instantiates the same code with its own N. Used by decode attention
+// and SnapKV scoring.
 #pragma once
 
 #include <cstdint>
@@ -87,8 +88,9 @@ KVC_CPU_INLINE float HMax(VF<N> v) {
 }
 
 // exp(x) for x <= 0 (-inf included): Cephes expf (2^n * p(r), |r| <= ln2/2, ~1 ulp), with
-// 2^n applied in two normal halves so that results down to the subnormal range match expf.
-// Below -104, where expf rounds to 0, the result is 0. (Same algorithm as cpu_snapkv.cc.)
+// 2^n applied in two normal halves so that results down to the subnormal range match expf
+// (tokens a query barely sees keep their tiny weights, and so their order in SnapKV's top-k).
+// Below -104, where expf rounds to 0, the result is 0.
 template <int N>
 KVC_CPU_INLINE VF<N> ExpNonPositive(VF<N> x) {
   const VF<N> lim = Splat<N>(-104.0f);
