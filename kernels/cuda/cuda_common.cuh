@@ -73,6 +73,26 @@ __device__ __forceinline__ float HalfWarpMax(float v) {
   return v;
 }
 
+// Unsigned max/min over the warp (or over each half-warp). Exact: the record codec reduces
+// float bit patterns with these (AbsMax, OrderedBits of record_codec.h), so that NaNs and
+// signed zeros behave as in QuantizeRecord; fmaxf/fminf would drop a NaN and may order -0
+// and +0 either way.
+__device__ __forceinline__ uint32_t WarpMaxU32(uint32_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+__device__ __forceinline__ uint32_t WarpMinU32(uint32_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+__device__ __forceinline__ uint32_t HalfWarpMaxU32(uint32_t v) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
 // Lanes own elements j = lane + 32 k of a head_dim row, k < ceil(head_dim / 32). This is
 // the single head_dim dispatch: kernels are templated on the per-lane element count.
 template <typename F>

@@ -34,10 +34,12 @@ __device__ void QuantizeWarp(StorageFormat f, int d, const float (&x)[KMAX], int
       return;
     case StorageFormat::kFp8E4M3:
     case StorageFormat::kInt8: {
-      float m = 0.0f;
+      // AbsMax of record_codec.h: max of |x| bit patterns, so a NaN element makes the scale
+      // NaN as in QuantizeRecord (fmaxf would drop it). Padding is +0.
+      uint32_t m = 0;
 #pragma unroll
-      for (int k = 0; k < KMAX; ++k) m = fmaxf(m, fabsf(x[k]));  // padding is 0
-      const float amax = WarpMax(m);
+      for (int k = 0; k < KMAX; ++k) m = max(m, FloatAsBits(x[k]) & 0x7fffffffu);
+      const float amax = BitsAsFloat(WarpMaxU32(m));
       const bool fp8 = f == StorageFormat::kFp8E4M3;
       const float scale = amax / (fp8 ? kE4M3Max : 127.0f);
       const float inv = scale > 0 ? 1.0f / scale : 0.0f;
@@ -56,22 +58,26 @@ __device__ void QuantizeWarp(StorageFormat f, int d, const float (&x)[KMAX], int
     case StorageFormat::kInt4G64: {
       // d % 32 == 0 here, so every lane's elements are valid. Group of element (lane, k):
       // k for g32, k / 2 for g64.
-      float lo[KMAX], hi[KMAX];
+      // Min/max in OrderedBits order as QuantizeRecord does (-0 < +0, NaNs propagate);
+      // fminf/fmaxf would drop NaNs and may order signed zeros either way.
+      uint32_t lo[KMAX], hi[KMAX];
 #pragma unroll
       for (int k = 0; k < KMAX; ++k) {
-        lo[k] = WarpMin(x[k]);
-        hi[k] = WarpMax(x[k]);
+        const uint32_t o = OrderedBits(x[k]);
+        lo[k] = WarpMinU32(o);
+        hi[k] = WarpMaxU32(o);
       }
       const bool g64 = f == StorageFormat::kInt4G64;
 #pragma unroll
       for (int k = 0; k < KMAX; ++k) {
         const int j = lane + 32 * k;
-        float glo = lo[k], ghi = hi[k];
+        uint32_t glo_o = lo[k], ghi_o = hi[k];
         if (g64) {
           const int k0 = k & ~1;
-          glo = fminf(lo[k0], lo[k0 + 1 < KMAX ? k0 + 1 : k0]);
-          ghi = fmaxf(hi[k0], hi[k0 + 1 < KMAX ? k0 + 1 : k0]);
+          glo_o = min(lo[k0], lo[k0 + 1 < KMAX ? k0 + 1 : k0]);
+          ghi_o = max(hi[k0], hi[k0 + 1 < KMAX ? k0 + 1 : k0]);
         }
+        const float glo = FromOrderedBits(glo_o), ghi = FromOrderedBits(ghi_o);
         const uint16_t scale_h = FloatToHalf((ghi - glo) / 15.0f);
         const uint16_t min_h = FloatToHalf(glo);
         const float scale = HalfToFloat(scale_h), mn = HalfToFloat(min_h);
@@ -90,14 +96,16 @@ __device__ void QuantizeWarp(StorageFormat f, int d, const float (&x)[KMAX], int
       return;
     }
     case StorageFormat::kNvfp4: {
-      float m = 0.0f;
+      // AbsMax on bit patterns (NaN-propagating), as for FP8/INT8 above.
+      uint32_t m = 0;
 #pragma unroll
-      for (int k = 0; k < KMAX; ++k) m = fmaxf(m, fabsf(x[k]));
-      const float t = WarpMax(m) / (kE4M3Max * kE2M1Max);
+      for (int k = 0; k < KMAX; ++k) m = max(m, FloatAsBits(x[k]) & 0x7fffffffu);
+      const float t = BitsAsFloat(WarpMaxU32(m)) / (kE4M3Max * kE2M1Max);
 #pragma unroll
       for (int k = 0; k < KMAX; ++k) {
         const int j = lane + 32 * k;
-        const float bamax = HalfWarpMax(fabsf(x[k]));  // block of 16 = this half-warp
+        // Block of 16 = this half-warp.
+        const float bamax = BitsAsFloat(HalfWarpMaxU32(FloatAsBits(x[k]) & 0x7fffffffu));
         uint8_t sb = 0;
         float inv = 0.0f;
         if (t > 0) {
