@@ -214,10 +214,17 @@ __global__ void CompactMoveKernel(CompactArgs a, const int32_t* holes, const int
 }  // namespace
 
 KernelStatus LaunchSelect(const SelectArgs& a, StreamHandle stream) {
-  if (a.lanes.num_lanes == 0 || a.lanes.max_tokens == 0) return KernelStatus::Ok();
+  if (a.lanes.num_lanes == 0) return KernelStatus::Ok();
+  const cudaStream_t s = ToStream(stream);
+  if (a.lanes.max_tokens == 0) {
+    // Every lane is empty: no keep entries, but the reference still reports kept = 0 per
+    // lane (the kernels below would need an empty grid).
+    if (a.kept == nullptr) return KernelStatus::Ok();
+    return FromCuda(
+        cudaMemsetAsync(a.kept, 0, static_cast<size_t>(a.lanes.num_lanes) * sizeof(int32_t), s));
+  }
   if (a.lanes.num_lanes > 65535)
     return KernelStatus::Unsupported("CUDA: at most 65535 lanes per call");
-  const cudaStream_t s = ToStream(stream);
   KernelStatus status = KernelStatus::Ok();
   Scratch scratch(s);
   const size_t count = static_cast<size_t>(a.lanes.num_lanes) * a.lanes.max_tokens;
