@@ -12,8 +12,12 @@
 namespace kvc::kernels {
 namespace {
 
+// A failed call's error is reported here, so it is also cleared from the thread's last error
+// (else the next op's launch check would report it again; see cuda/cuda_common.cuh).
 KernelStatus FromCuda(cudaError_t e) {
-  return e == cudaSuccess ? KernelStatus::Ok() : KernelStatus::Internal(cudaGetErrorString(e));
+  if (e == cudaSuccess) return KernelStatus::Ok();
+  cudaGetLastError();
+  return KernelStatus::Internal(cudaGetErrorString(e));
 }
 cudaStream_t ToStream(StreamHandle s) { return static_cast<cudaStream_t>(s.native); }
 

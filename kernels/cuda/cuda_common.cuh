@@ -17,9 +17,14 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 inline cudaStream_t ToStream(StreamHandle s) { return static_cast<cudaStream_t>(s.native); }
 
-// cudaGetErrorString returns static strings, so they fit KernelStatus::detail.
+// cudaGetErrorString returns static strings, so they fit KernelStatus::detail. A failed
+// runtime call (cudaMemsetAsync, cudaFuncSetAttribute, ...) also leaves its error as the
+// thread's last error; it is reported here, so it is cleared, or the next op's LaunchStatus
+// would report it again for a launch that succeeded. (Sticky errors stay sticky.)
 inline KernelStatus FromCuda(cudaError_t e) {
-  return e == cudaSuccess ? KernelStatus::Ok() : KernelStatus::Internal(cudaGetErrorString(e));
+  if (e == cudaSuccess) return KernelStatus::Ok();
+  cudaGetLastError();
+  return KernelStatus::Internal(cudaGetErrorString(e));
 }
 inline KernelStatus LaunchStatus() { return FromCuda(cudaGetLastError()); }
 
@@ -39,6 +44,7 @@ class Scratch {
     void* p = nullptr;
     const cudaError_t e = cudaMallocAsync(&p, count * sizeof(T) + 16, stream_);
     if (e != cudaSuccess) {
+      cudaGetLastError();  // reported here; keep it out of the next LaunchStatus
       *status = KernelStatus{KernelStatusCode::kOutOfMemory, cudaGetErrorString(e)};
       return nullptr;
     }
