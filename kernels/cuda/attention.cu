@@ -197,13 +197,22 @@ KernelStatus LaunchDecodeAttention(const DecodeAttentionArgs& a, StreamHandle st
     KVC_KERNEL_RETURN_IF_ERROR(LaunchDecodePartialFast(a, scale, w, s));
   } else if (w.chunks > 0) {
     KVC_KERNEL_RETURN_IF_ERROR(DispatchHeadDim(d, [&](auto kmax) {
+      const auto kernel = DecodePartialKernel<decltype(kmax)::value>;
       if (smem > 40 * 1024) {  // above the default 48 KiB once static shared memory is added
+        // The 160 KiB bound above fits sm_80/sm_90 (227 KiB per block); sm_86/sm_89 allow
+        // about 99 KiB, so check this device's opt-in limit and say so instead of failing
+        // the launch with an internal error.
+        size_t limit = 0;
+        KVC_KERNEL_RETURN_IF_ERROR(MaxDynamicSharedBytes(kernel, &limit));
+        if (smem > limit) {
+          return KernelStatus::Unsupported(
+              "CUDA decode: group_size * (head_dim + 64) * 4 bytes exceeds this GPU's shared "
+              "memory per block");
+        }
         KVC_KERNEL_RETURN_IF_ERROR(FromCuda(cudaFuncSetAttribute(
-            DecodePartialKernel<decltype(kmax)::value>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-            static_cast<int>(smem))));
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem))));
       }
-      DecodePartialKernel<decltype(kmax)::value>
-          <<<dim3(w.chunks, a.lanes.num_lanes), kThreads, smem, s>>>(a, scale, w);
+      kernel<<<dim3(w.chunks, a.lanes.num_lanes), kThreads, smem, s>>>(a, scale, w);
       return LaunchStatus();
     }));
   }

@@ -28,6 +28,21 @@ inline KernelStatus FromCuda(cudaError_t e) {
 }
 inline KernelStatus LaunchStatus() { return FromCuda(cudaGetLastError()); }
 
+// Dynamic shared memory a block of `kernel` may opt into on the current device: the
+// device's per-block opt-in limit less the kernel's static shared memory.
+template <typename Kernel>
+inline KernelStatus MaxDynamicSharedBytes(Kernel kernel, size_t* bytes) {
+  int device = 0, optin = 0;
+  KVC_KERNEL_RETURN_IF_ERROR(FromCuda(cudaGetDevice(&device)));
+  KVC_KERNEL_RETURN_IF_ERROR(
+      FromCuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)));
+  cudaFuncAttributes attr{};
+  KVC_KERNEL_RETURN_IF_ERROR(FromCuda(cudaFuncGetAttributes(&attr, kernel)));
+  const size_t limit = static_cast<size_t>(optin);
+  *bytes = limit > attr.sharedSizeBytes ? limit - attr.sharedSizeBytes : 0;
+  return KernelStatus::Ok();
+}
+
 // Scratch memory for one op, allocated and freed in stream order (cudaMallocAsync's pool
 // makes this cheap and safe with several streams).
 class Scratch {
