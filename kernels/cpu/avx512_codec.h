@@ -86,20 +86,27 @@ KVC_AVX512_INLINE __m512 E4M3ToFloat(__m512i u) {
       _mm512_or_si512(bits, _mm512_slli_epi32(_mm512_and_si512(u, Splat(0x80)), 24)));
 }
 
-// FloatToE2M1 on 16 lanes. With e = clamp(floor(log2 |f|), 0, 2), the magnitudes of
-// binade e are spaced 2^(e-1), so code = rne(|f| * 2^(1-e)) + 2e, at most 7: the scalar
-// version's thresholds with their ties to even (0.25 -> 0, 0.75 -> 2, 2.5 -> 4, 5 -> 6).
-// NaN gives magnitude 0 (vmaxps returns its second operand for a NaN), as the scalar one.
+// FloatToE2M1 on 16 lanes, from the ceiling and the floor of 4|f|. The scalar version's
+// thresholds are quarter multiples: those whose ties round down (0.25, 1.25, 2.5, 5: code
+// counts a > t) are counted by the ceiling (a > t <=> ceil(4a) > 4t), those whose ties round
+// up (0.75, 1.75, 3.5: a >= t) by the floor (floor(4a) >= 4t), each through a 32-entry table
+// (vpermt2d). 4|f| is clamped at 24 (code 7) first; a NaN stays NaN through the min and
+// converts to 0x80000000, index 0, magnitude 0, as the scalar version. Two conversions and
+// two permutes instead of getexp/scalef/roundscale: fewer uops, and spread over both ports.
 KVC_AVX512_INLINE __m512i FloatToE2M1(__m512 f) {
-  const __m512 zero = _mm512_setzero_ps(), two = _mm512_set1_ps(2.0f);
-  const __m512 a = _mm512_max_ps(_mm512_castsi512_ps(AbsBits(f)), zero);
-  const __m512 e = _mm512_min_ps(_mm512_max_ps(_mm512_getexp_ps(a), zero), two);
-  const __m512 y = _mm512_roundscale_ps(_mm512_scalef_ps(a, _mm512_sub_ps(_mm512_set1_ps(1.0f), e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 m = _mm512_min_ps(_mm512_fmadd_ps(e, two, y), _mm512_set1_ps(7.0f));
+  const __m512 a4 = _mm512_min_ps(
+      _mm512_set1_ps(24.0f), _mm512_mul_ps(_mm512_castsi512_ps(AbsBits(f)), _mm512_set1_ps(4.0f)));
+  const __m512i up = _mm512_cvt_roundps_epi32(a4, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+  const __m512i dn = _mm512_cvt_roundps_epi32(a4, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  // #{1, 5, 10, 20 < i} and #{3, 7, 14 <= i} for i = 0..31.
+  const __m512i gt_lo = _mm512_setr_epi32(0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3);
+  const __m512i gt_hi = _mm512_setr_epi32(3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4);
+  const __m512i ge_lo = _mm512_setr_epi32(0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 3, 3);
+  const __m512i m = _mm512_add_epi32(_mm512_permutex2var_epi32(gt_lo, up, gt_hi),
+                                     _mm512_permutex2var_epi32(ge_lo, dn, Splat(3)));
   // m | ((bits >> 28) & 8)
-  return _mm512_ternarylogic_epi32(_mm512_cvttps_epi32(m),
-                                   _mm512_srli_epi32(_mm512_castps_si512(f), 28), Splat(8), 0xf8);
+  return _mm512_ternarylogic_epi32(m, _mm512_srli_epi32(_mm512_castps_si512(f), 28), Splat(8),
+                                   0xf8);
 }
 
 // 16 codes in 0..15 (32-bit lanes) -> 8 bytes, element 2i in the low nibble (PackNibbles).
@@ -330,12 +337,14 @@ KVC_AVX512_INLINE void QuantizeInt4(int d, const float* const* x, uint8_t* const
   }
 }
 
-// NVFP4: block amaxes of all blocks of both records first (16 at a time) and the tensor
-// scale t per record, then per record block scales e4m3(amax_b / (6 t)), their decoded
-// value times t and its reciprocal, 16 blocks per vector, then the elements.
+// NVFP4: block amaxes of both records (16 blocks per vector), the tensor scale t of each
+// record, then the block scales e4m3(amax_b / (6 t)), their decoded value times t and its
+// reciprocal for the blocks of both records in the same vectors (one pair of divisions per
+// 16 blocks), then the elements.
 KVC_AVX512_INLINE void QuantizeNvfp4(int d, const float* const* x, uint8_t* const* rec) {
   const int per_record = d / 16, units = kRowRecords * per_record;
   alignas(64) uint32_t amax[kRowRecords * kMaxHeadDim / 16 + 16];
+  alignas(64) float inv[kRowRecords * kMaxHeadDim / 16 + 16];
   uint32_t tbits[kRowRecords] = {0, 0};
   for (int u0 = 0; u0 < units; u0 += 16) {
     const int n = units - u0 < 16 ? units - u0 : 16;
@@ -355,44 +364,57 @@ KVC_AVX512_INLINE void QuantizeNvfp4(int d, const float* const* x, uint8_t* cons
       tbits[r] = v > tbits[r] ? v : tbits[r];
     }
   }
-  alignas(64) float inv[16];
+  float t[kRowRecords];
+  for (int r = 0; r < kRowRecords; ++r) t[r] = BitsAsFloat(tbits[r]) / (kE4M3Max * kE2M1Max);
+  for (int u0 = 0; u0 < units; u0 += 16) {
+    const int n = units - u0 < 16 ? units - u0 : 16;
+    // Lanes [0, first1) hold blocks of the key record, [first1, n) of the value record.
+    const int first1 = std::max(0, std::min(n, per_record - u0));
+    const __mmask16 live = static_cast<__mmask16>((1u << n) - 1u);
+    const __mmask16 value_lanes = static_cast<__mmask16>(live & ~((1u << first1) - 1u));
+    const __m512 vt = _mm512_mask_blend_ps(value_lanes, _mm512_set1_ps(t[0]), _mm512_set1_ps(t[1]));
+    // t > 0, else zero scales and codes of x * 0, as the scalar code.
+    const __mmask16 on = _mm512_mask_cmp_ps_mask(live, vt, _mm512_setzero_ps(), _CMP_GT_OQ);
+    const __m512 bmax = _mm512_castsi512_ps(_mm512_load_si512(amax + u0));
+    const __m512i sb = _mm512_maskz_mov_epi32(
+        on, FloatToE4M3(_mm512_div_ps(bmax, _mm512_mul_ps(_mm512_set1_ps(kE2M1Max), vt))));
+    const __m512 eff = _mm512_mul_ps(E4M3ToFloat(sb), vt);
+    _mm512_store_ps(inv + u0, _mm512_maskz_div_ps(
+                                  _mm512_mask_cmp_ps_mask(on, eff, _mm512_setzero_ps(), _CMP_GT_OQ),
+                                  _mm512_set1_ps(1.0f), eff));
+    if (first1 > 0) {
+      _mm_mask_storeu_epi8(rec[0] + d / 2 + u0, static_cast<__mmask16>((1u << first1) - 1u),
+                           _mm512_cvtepi32_epi8(sb));
+    }
+    if (first1 < n) {  // value-record lanes moved down to lane 0
+      const __m512i moved = _mm512_permutexvar_epi32(
+          _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                           _mm512_set1_epi32(first1)),
+          sb);
+      _mm_mask_storeu_epi8(rec[1] + d / 2 + (u0 + first1 - per_record),
+                           static_cast<__mmask16>((1u << (n - first1)) - 1u),
+                           _mm512_cvtepi32_epi8(moved));
+    }
+  }
   for (int r = 0; r < kRowRecords; ++r) {
-    const float t = BitsAsFloat(tbits[r]) / (kE4M3Max * kE2M1Max);
     const float* xr = x[r];
+    const float* ir = inv + r * per_record;
     uint8_t* out = rec[r];
-    for (int b0 = 0; b0 < per_record; b0 += 16) {
-      const int nb = per_record - b0 < 16 ? per_record - b0 : 16;
-      const __mmask16 live = static_cast<__mmask16>((1u << nb) - 1u);
-      __m512i sb = _mm512_setzero_si512();
-      __m512 vinv = _mm512_setzero_ps();
-      if (t > 0) {  // else zero scales and codes of x * 0, as the scalar code
-        const __m512 vt = _mm512_set1_ps(t);
-        const __m512 bmax = _mm512_castsi512_ps(_mm512_loadu_si512(amax + r * per_record + b0));
-        sb = _mm512_maskz_mov_epi32(live,
-                                    FloatToE4M3(_mm512_div_ps(bmax, _mm512_set1_ps(kE2M1Max * t))));
-        const __m512 eff = _mm512_mul_ps(E4M3ToFloat(sb), vt);
-        vinv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(eff, _mm512_setzero_ps(), _CMP_GT_OQ),
-                                   _mm512_set1_ps(1.0f), eff);
-      }
-      _mm_mask_storeu_epi8(out + d / 2 + b0, live, _mm512_cvtepi32_epi8(sb));
-      _mm512_store_ps(inv, vinv);
-      int i = 0;
-      for (; i + 4 <= nb; i += 4) {
-        const float* xb = xr + 16 * (b0 + i);
-        StoreNibbles4(
-            FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb), _mm512_set1_ps(inv[i]))),
-            FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), _mm512_set1_ps(inv[i + 1]))),
-            FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb + 32), _mm512_set1_ps(inv[i + 2]))),
-            FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb + 48), _mm512_set1_ps(inv[i + 3]))),
-            out + 8 * (b0 + i));
-      }
-      for (; i < nb; ++i) {
-        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xr + 16 * (b0 + i)), _mm512_set1_ps(inv[i]));
-        StoreNibbles(FloatToE2M1(v), out + 8 * (b0 + i));
-      }
+    int b = 0;
+    for (; b + 4 <= per_record; b += 4) {
+      const float* xb = xr + 16 * b;
+      StoreNibbles4(FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb), _mm512_set1_ps(ir[b]))),
+                    FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), _mm512_set1_ps(ir[b + 1]))),
+                    FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb + 32), _mm512_set1_ps(ir[b + 2]))),
+                    FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xb + 48), _mm512_set1_ps(ir[b + 3]))),
+                    out + 8 * b);
+    }
+    for (; b < per_record; ++b) {
+      StoreNibbles(FloatToE2M1(_mm512_mul_ps(_mm512_loadu_ps(xr + 16 * b), _mm512_set1_ps(ir[b]))),
+                   out + 8 * b);
     }
     for (int p = d / 2 + d / 16; p < Nvfp4TensorScaleOffset(d); ++p) out[p] = 0;
-    StoreF32(out + Nvfp4TensorScaleOffset(d), t);
+    StoreF32(out + Nvfp4TensorScaleOffset(d), t[r]);
   }
 }
 
