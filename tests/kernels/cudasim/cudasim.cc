@@ -77,6 +77,12 @@ struct Sim {
   void (*body)(void*) = nullptr;
   void* ctx = nullptr;
   bool in_kernel = false;
+  // KVC_CUDASIM_ORDER=reverse resumes the highest thread first: a read of another thread's
+  // write that lacks a barrier is seen in one order or the other.
+  bool reverse = [] {
+    const char* v = std::getenv("KVC_CUDASIM_ORDER");
+    return v != nullptr && std::strcmp(v, "reverse") == 0;
+  }();
 };
 Sim& S() {
   static Sim sim;
@@ -159,7 +165,8 @@ void RunBlock() {
   const int n = static_cast<int>(s.fibers.size());
   for (;;) {
     bool ran = false;
-    for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < n; ++k) {
+      const int i = s.reverse ? n - 1 - k : k;
       if (s.fibers[i].state != State::kRunnable) continue;
       s.current = i;
       thread_idx = s.fibers[i].idx;
