@@ -159,6 +159,24 @@ KVC_BACKEND_CHECK(SelectMatchesReference) {
     ctx.Expect(keep[0] == keep[1], what + ": keep masks identical");
     ctx.Expect(kept[0] == kept[1], what + ": kept counts identical");
   }
+  // Only empty lanes (max_tokens 0): nothing to keep, but every lane's count is still
+  // written (the caller's buffer holds garbage).
+  {
+    const BlockLayout l = MakeBlockLayout(StorageFormat::kF16, 64, 16);
+    const LaneSpec lanes = MakeLanes(l, {0, 0, 0}, 0, rng);
+    std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kGaussian, true, rng);
+    Session s(*ctx.backend, ctx);
+    const DeviceLanes dl = UploadLanes(s, lanes, arena);
+    SelectArgs a;
+    a.arena = dl.arena;
+    a.lanes = dl.table;
+    a.budget = 4;
+    a.keep = static_cast<uint8_t*>(s.Alloc(1));
+    a.kept = s.Upload(std::vector<int32_t>(3, -7));
+    if (!ctx.ExpectOk(ctx.backend->Select(a, StreamHandle{}), "Select of empty lanes")) return;
+    ctx.Expect(s.Download(a.kept, 3) == std::vector<int32_t>(3, 0),
+               "select of empty lanes: kept = 0 for every lane");
+  }
 }
 
 // Spec: hand-checked selection with ties, sinks and recent tokens.
