@@ -14,6 +14,17 @@
 #error "cudasim's context switch is x86-64 only"
 #endif
 
+// Under AddressSanitizer every switch is announced, so that ASan checks the kernels' memory
+// accesses (device buffers, shared memory, per-thread arrays) on the fiber stacks too.
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define KVC_SIM_START_SWITCH(bottom, size) __sanitizer_start_switch_fiber(nullptr, bottom, size)
+#define KVC_SIM_FINISH_SWITCH(bottom, size) __sanitizer_finish_switch_fiber(nullptr, bottom, size)
+#else
+#define KVC_SIM_START_SWITCH(bottom, size) ((void)(bottom), (void)(size))
+#define KVC_SIM_FINISH_SWITCH(bottom, size) ((void)(bottom), (void)(size))
+#endif
+
 // Saves the callee-saved registers on the current stack, stores the stack pointer in
 // *from_sp, loads to_sp and restores the registers saved there.
 extern "C" void kvc_sim_switch(void** from_sp, void* to_sp);
@@ -72,6 +83,8 @@ struct Sim {
   std::vector<Fiber> fibers;
   std::vector<unsigned char> dynamic_shared;
   void* scheduler_sp = nullptr;
+  const void* scheduler_stack = nullptr;  // bottom and size (for ASan's fiber switches)
+  size_t scheduler_stack_size = 0;
   int current = -1;
   int live = 0;
   void (*body)(void*) = nullptr;
@@ -89,18 +102,33 @@ Sim& S() {
   return sim;
 }
 
+// Fiber -> scheduler, and back when the scheduler resumes this fiber.
 void Yield() {
   Sim& s = S();
+  KVC_SIM_START_SWITCH(s.scheduler_stack, s.scheduler_stack_size);
   kvc_sim_switch(&s.fibers[s.current].sp, s.scheduler_sp);
+  KVC_SIM_FINISH_SWITCH(&s.scheduler_stack, &s.scheduler_stack_size);
 }
 
 [[noreturn]] void FiberEntry() {
   Sim& s = S();
+  KVC_SIM_FINISH_SWITCH(&s.scheduler_stack, &s.scheduler_stack_size);
   s.body(s.ctx);
   s.fibers[s.current].state = State::kExited;
   --s.live;
+  KVC_SIM_START_SWITCH(s.scheduler_stack, s.scheduler_stack_size);
   kvc_sim_switch(&s.fibers[s.current].sp, s.scheduler_sp);
   std::abort();  // an exited fiber is never resumed
+}
+
+// Scheduler -> fiber i, and back when it waits or exits.
+void Resume(int i) {
+  Sim& s = S();
+  s.current = i;
+  thread_idx = s.fibers[i].idx;
+  KVC_SIM_START_SWITCH(s.stacks[i].get(), kStackBytes);
+  kvc_sim_switch(&s.scheduler_sp, s.fibers[i].sp);
+  KVC_SIM_FINISH_SWITCH(nullptr, nullptr);
 }
 
 void StartFiber(Fiber& f, char* stack) {
@@ -168,9 +196,7 @@ void RunBlock() {
     for (int k = 0; k < n; ++k) {
       const int i = s.reverse ? n - 1 - k : k;
       if (s.fibers[i].state != State::kRunnable) continue;
-      s.current = i;
-      thread_idx = s.fibers[i].idx;
-      kvc_sim_switch(&s.scheduler_sp, s.fibers[i].sp);
+      Resume(i);
       ran = true;
     }
     if (s.live == 0) return;
