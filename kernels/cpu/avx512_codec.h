@@ -311,17 +311,19 @@ KVC_AVX512_INLINE __m512i Int4Codes(const float* x, float min, float inv) {
   return _mm512_cvt_roundps_epi32(v, kRne);
 }
 
-// INT4: a unit is one group of one record; units are handled 16 at a time.
-template <int kGroup>
+// INT4: a unit is one group of one of kRecords records (the key and value records of one or
+// two rows, see QuantizesRowPairs); units are handled 16 at a time.
+template <int kGroup, int kRecords = kRowRecords>
 KVC_AVX512_INLINE void QuantizeInt4(int d, const float* const* x, uint8_t* const* rec) {
-  const int per_record = d / kGroup, units = kRowRecords * per_record;
+  const int per_record = d / kGroup, units = kRecords * per_record;
   const __m512 zero = _mm512_setzero_ps(), fifteen = _mm512_set1_ps(15.0f);
   for (int u0 = 0; u0 < units; u0 += 16) {
     const int n = units - u0 < 16 ? units - u0 : 16;
     __m512i lo_o[16], hi_o[16];
-    for (int i = 0; i < n; ++i) {
-      const int u = u0 + i;
-      const float* xg = x[u >= per_record] + (u - (u >= per_record ? per_record : 0)) * kGroup;
+    const int r_start = u0 / per_record, g_start = u0 - r_start * per_record;
+    for (int i = 0, r = r_start, g = g_start; i < n; ++i) {
+      const float* xg = x[r] + g * kGroup;
+      if (++g == per_record) g = 0, ++r;
       lo_o[i] = OrderedBits(_mm512_loadu_ps(xg));
       hi_o[i] = lo_o[i];
       for (int j = 16; j < kGroup; j += 16) {
@@ -345,8 +347,8 @@ KVC_AVX512_INLINE void QuantizeInt4(int d, const float* const* x, uint8_t* const
     _mm512_store_si512(fields,
                        _mm512_or_si512(_mm512_cvtepu16_epi32(scale_h),
                                        _mm512_slli_epi32(_mm512_cvtepu16_epi32(min_h), 16)));
-    for (int i = 0; i < n; ++i) {
-      const int u = u0 + i, r = u >= per_record, g = u - r * per_record;
+    for (int i = 0, r = r_start, g = g_start; i < n;
+         ++i, g == per_record - 1 ? (g = 0, ++r) : ++g) {
       const float* xg = x[r] + g * kGroup;
       if (kGroup == 64) {
         StoreNibbles4(Int4Codes(xg, mins[i], invs[i]), Int4Codes(xg + 16, mins[i], invs[i]),
@@ -357,7 +359,7 @@ KVC_AVX512_INLINE void QuantizeInt4(int d, const float* const* x, uint8_t* const
                       Int4Codes(xg + 32, mins[i + 1], invs[i + 1]),
                       Int4Codes(xg + 48, mins[i + 1], invs[i + 1]), rec[r] + g * 16);
         std::memcpy(rec[r] + d / 2 + 4 * g, &fields[i], 8);
-        ++i;
+        ++i, ++g;  // the second group (g + 1 < per_record: no wrap); the step moves past it
         continue;
       } else {
         for (int j = 0; j < kGroup; j += 16) {
@@ -478,6 +480,20 @@ KVC_AVX512_INLINE void QuantizeRow(StorageFormat format, int d, const float* con
         break;
     }
   }
+}
+
+// Formats whose rows are quantized two at a time (QuantizeTwoRows): INT4, whose per-group
+// statistics then fill 16 lanes for d 128 g32 and give the core two independent chains of
+// reductions and divisions.
+inline bool QuantizesRowPairs(StorageFormat format) {
+  return format == StorageFormat::kInt4G32 || format == StorageFormat::kInt4G64;
+}
+
+// The records of two rows: key 0, value 0, key 1, value 1 (QuantizesRowPairs formats).
+KVC_AVX512_INLINE void QuantizeTwoRows(StorageFormat format, int d, const float* const* x,
+                                       uint8_t* const* rec) {
+  if (format == StorageFormat::kInt4G32) return QuantizeInt4<32, 2 * kRowRecords>(d, x, rec);
+  QuantizeInt4<64, 2 * kRowRecords>(d, x, rec);
 }
 
 // ---- dequantize: one record -> d floats, or straight into a dense row ----

@@ -100,19 +100,32 @@ KVC_AVX512_TARGET void WriteRowsAvx512(const WriteTokensArgs& a, int64_t begin, 
   if (IsRawFormat(l.format)) return WriteRowsT<true>(a, begin, end);
   const int d = l.head_dim;
   const int64_t stride = internal::RowStride(a.row_stride, d);
-  alignas(64) float xk[kMaxHeadDim], xv[kMaxHeadDim];
-  const float* const x[2] = {xk, xv};
+  // Key and value rows of up to two tokens: x[2i] keys, x[2i + 1] values of token r + i.
+  alignas(64) float rows_f32[4][kMaxHeadDim];
+  const float* const x[4] = {rows_f32[0], rows_f32[1], rows_f32[2], rows_f32[3]};
+  const bool pairs = avx512::QuantizesRowPairs(l.format);
   const size_t row_bytes = static_cast<size_t>(d) * DTypeSize(a.dtype);
-  for (int64_t r = begin; r < end; ++r) {
-    const int32_t b = a.dst_blocks[r], s = a.dst_slots[r];
-    const size_t off = static_cast<size_t>(r * stride);
-    if (r + kPrefetchRows < end) PrefetchWriteRow(a, r + kPrefetchRows, stride, row_bytes);
-    avx512::LoadRow(a.keys, a.dtype, off, d, xk);
-    avx512::LoadRow(a.values, a.dtype, off, d, xv);
-    uint8_t* const rec[2] = {KeyRecord(a.arena, b, s), ValueRecord(a.arena, b, s)};
-    avx512::QuantizeRow(l.format, d, x, rec);
-    *PositionPtr(a.arena, b, s) = a.positions[r];
-    *ScorePtr(a.arena, b, s) = 0.0f;
+  for (int64_t r = begin; r < end;) {
+    const int n = pairs && r + 1 < end ? 2 : 1;
+    uint8_t* rec[4];
+    for (int i = 0; i < n; ++i) {
+      const int64_t t = r + i;
+      const int32_t b = a.dst_blocks[t], s = a.dst_slots[t];
+      const size_t off = static_cast<size_t>(t * stride);
+      if (t + kPrefetchRows < end) PrefetchWriteRow(a, t + kPrefetchRows, stride, row_bytes);
+      avx512::LoadRow(a.keys, a.dtype, off, d, rows_f32[2 * i]);
+      avx512::LoadRow(a.values, a.dtype, off, d, rows_f32[2 * i + 1]);
+      rec[2 * i] = KeyRecord(a.arena, b, s);
+      rec[2 * i + 1] = ValueRecord(a.arena, b, s);
+      *PositionPtr(a.arena, b, s) = a.positions[t];
+      *ScorePtr(a.arena, b, s) = 0.0f;
+    }
+    if (n == 2) {
+      avx512::QuantizeTwoRows(l.format, d, x, rec);
+    } else {
+      avx512::QuantizeRow(l.format, d, x, rec);
+    }
+    r += n;
   }
 }
 
