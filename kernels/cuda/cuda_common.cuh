@@ -72,46 +72,37 @@ class Scratch {
   std::vector<void*> ptrs_;
 };
 
-__device__ __forceinline__ float WarpMax(float v) {
+// Butterfly reduction over groups of kWidth lanes (32: the warp; 16: each half-warp); every
+// lane ends with its group's result.
+template <int kWidth, typename T, typename Op>
+__device__ __forceinline__ T WarpReduce(T v, Op op) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  for (int o = kWidth / 2; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, o));
   return v;
 }
-__device__ __forceinline__ float WarpMin(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-__device__ __forceinline__ float WarpSum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
-// Max over each half-warp (lanes 0-15 and 16-31 separately).
-__device__ __forceinline__ float HalfWarpMax(float v) {
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
+struct FMaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct UMaxOp {
+  __device__ __forceinline__ uint32_t operator()(uint32_t a, uint32_t b) const { return max(a, b); }
+};
+struct UMinOp {
+  __device__ __forceinline__ uint32_t operator()(uint32_t a, uint32_t b) const { return min(a, b); }
+};
 
+__device__ __forceinline__ float WarpMax(float v) { return WarpReduce<32>(v, FMaxOp{}); }
+__device__ __forceinline__ float WarpSum(float v) { return WarpReduce<32>(v, SumOp{}); }
 // Unsigned max/min over the warp (or over each half-warp). Exact: the record codec reduces
 // float bit patterns with these (AbsMax, OrderedBits of record_codec.h), so that NaNs and
 // signed zeros behave as in QuantizeRecord; fmaxf/fminf would drop a NaN and may order -0
 // and +0 either way.
-__device__ __forceinline__ uint32_t WarpMaxU32(uint32_t v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-__device__ __forceinline__ uint32_t WarpMinU32(uint32_t v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
+__device__ __forceinline__ uint32_t WarpMaxU32(uint32_t v) { return WarpReduce<32>(v, UMaxOp{}); }
+__device__ __forceinline__ uint32_t WarpMinU32(uint32_t v) { return WarpReduce<32>(v, UMinOp{}); }
 __device__ __forceinline__ uint32_t HalfWarpMaxU32(uint32_t v) {
-#pragma unroll
-  for (int o = 8; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
+  return WarpReduce<16>(v, UMaxOp{});
 }
 
 // Lanes own elements j = lane + 32 k of a head_dim row, k < ceil(head_dim / 32). This is
