@@ -51,23 +51,33 @@ KVC_AVX512_INLINE __m512 Clamp(__m512 v, __m512 lo, __m512 hi) {
   return _mm512_min_ps(hi, _mm512_max_ps(lo, v));
 }
 
-// FloatToE4M3 on 16 lanes (codes in the low byte of each 32-bit lane). The scalar version
-// saturates to 0x7e when a >= 448 or the rounded normal code passes 0x7e (which implies
-// a >= 448), so an unsigned min with 0x7e does both; lanes below 2^-6 take the subnormal
-// code and NaN lanes 0x7f.
-KVC_AVX512_INLINE __m512i FloatToE4M3(__m512 f) {
+// FloatToE4M3 on 16 finite lanes (codes in the low byte of each 32-bit lane). The scalar
+// version saturates to 0x7e when a >= 448 or the rounded normal code passes 0x7e (which
+// implies a >= 448), so an unsigned min with 0x7e does both; lanes below 2^-6 take the
+// subnormal code (computed only for vectors that have such a lane). A NaN lane comes out as
+// sign | 0x7e.
+KVC_AVX512_INLINE __m512i FloatToE4M3Finite(__m512 f) {
   const __m512i x = _mm512_castps_si512(f);
   const __m512i a = _mm512_and_si512(x, Splat(0x7fffffffu));
   const __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, Splat(0x7ffffu)),
                                      _mm512_and_si512(_mm512_srli_epi32(a, 20), Splat(1)));
   __m512i c =
       _mm512_min_epu32(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), Splat(120u << 3)), Splat(0x7eu));
-  const __m512i sub =
-      _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)), kRne);
-  c = _mm512_mask_mov_epi32(c, _mm512_cmplt_epu32_mask(a, Splat(0x3c800000u)), sub);
-  c = _mm512_mask_mov_epi32(c, _mm512_cmpgt_epu32_mask(a, Splat(0x7f800000u)), Splat(0x7fu));
-  // c | ((x >> 24) & 0x80)
+  const __mmask16 small = _mm512_cmplt_epu32_mask(a, Splat(0x3c800000u));
+  if (small != 0) {
+    c = _mm512_mask_mov_epi32(
+        c, small,
+        _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)),
+                                 kRne));
+  }
   return _mm512_ternarylogic_epi32(c, _mm512_srli_epi32(x, 24), Splat(0x80u), 0xf8);
+}
+
+// FloatToE4M3 on 16 lanes: NaN lanes patched from sign | 0x7e to sign | 0x7f.
+KVC_AVX512_INLINE __m512i FloatToE4M3(__m512 f) {
+  const __m512i c = FloatToE4M3Finite(f);
+  return _mm512_mask_or_epi32(c, _mm512_cmpgt_epu32_mask(AbsBits(f), Splat(0x7f800000u)), c,
+                              Splat(1));
 }
 
 // E4M3ToFloat on 16 lanes of codes (low byte of each 32-bit lane).
@@ -146,25 +156,6 @@ KVC_AVX512_INLINE void QuantizeInt8(int d, const float* x, uint8_t* rec) {
                      _mm512_cvtepi32_epi8(_mm512_cvt_roundps_epi32(v, kRne)));
   }
   StoreF32(rec + d, scale);
-}
-
-// FloatToE4M3 for finite lanes (a record without NaN or infinity, the common case): no
-// NaN patch, and the subnormal path only for vectors that have such a lane.
-KVC_AVX512_INLINE __m512i FloatToE4M3Finite(__m512 f) {
-  const __m512i x = _mm512_castps_si512(f);
-  const __m512i a = _mm512_and_si512(x, Splat(0x7fffffffu));
-  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(a, Splat(0x7ffffu)),
-                                     _mm512_and_si512(_mm512_srli_epi32(a, 20), Splat(1)));
-  __m512i c =
-      _mm512_min_epu32(_mm512_sub_epi32(_mm512_srli_epi32(r, 20), Splat(120u << 3)), Splat(0x7eu));
-  const __mmask16 small = _mm512_cmplt_epu32_mask(a, Splat(0x3c800000u));
-  if (small != 0) {
-    c = _mm512_mask_mov_epi32(
-        c, small,
-        _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)),
-                                 kRne));
-  }
-  return _mm512_ternarylogic_epi32(c, _mm512_srli_epi32(x, 24), Splat(0x80u), 0xf8);
 }
 
 // 64 codes (0..255 in 32-bit lanes of four vectors) -> 64 bytes in order: the saturating
