@@ -13,6 +13,9 @@
 #include "worker/cli/flags.h"
 #include "worker/engine/llama_model.h"
 #include "worker/engine/local_policy.h"
+#ifdef KVC_WORKER_WITH_SERVICE
+#include "kvc/client/kv_cache_client.h"
+#endif
 
 namespace kvc::worker {
 
@@ -34,6 +37,14 @@ absl::StatusOr<std::unique_ptr<LocalEvictionPolicy>> ParsePolicy(const std::stri
 
 // --model and --threads, with a hint to fetch the model when it is missing.
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const Flags& flags);
+
+#ifdef KVC_WORKER_WITH_SERVICE
+// --target: the kvcached address (default 127.0.0.1:50051).
+std::string KvcachedTarget(const Flags& flags);
+// A client of that kvcached, with a 5-minute default deadline (a long prompt's prefill
+// through the service takes minutes on this CPU).
+absl::StatusOr<std::unique_ptr<client::KvCacheClient>> ConnectToKvcached(const Flags& flags);
+#endif
 
 // Splits "a,b,c" into numbers.
 template <typename T>

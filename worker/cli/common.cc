@@ -49,4 +49,15 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const Flags& flags) {
   return model;
 }
 
+#ifdef KVC_WORKER_WITH_SERVICE
+std::string KvcachedTarget(const Flags& flags) { return flags.Get("target", "127.0.0.1:50051"); }
+
+absl::StatusOr<std::unique_ptr<client::KvCacheClient>> ConnectToKvcached(const Flags& flags) {
+  client::ClientOptions options;
+  options.target = KvcachedTarget(flags);
+  options.default_deadline = absl::Minutes(5);
+  return client::KvCacheClient::Connect(options);
+}
+#endif
+
 }  // namespace kvc::worker

@@ -60,10 +60,7 @@ absl::Status RunGenerate(int argc, char** argv) {
     auto service_policy =
         ParseServicePolicy(flags->Get("policy", "full"), flags->Get("storage", ""));
     if (!service_policy.ok()) return service_policy.status();
-    client::ClientOptions client_options;
-    client_options.target = flags->Get("target", "127.0.0.1:50051");
-    client_options.default_deadline = absl::Minutes(5);
-    auto connected = client::KvCacheClient::Connect(client_options);
+    auto connected = ConnectToKvcached(*flags);
     if (!connected.ok()) return connected.status();
     client = std::move(*connected);
     auto created = ServiceKvStore::Create(
@@ -72,7 +69,7 @@ absl::Status RunGenerate(int argc, char** argv) {
     if (!created.ok()) {
       return absl::Status(
           created.status().code(),
-          absl::StrCat("kvcached at ", client_options.target, ": ", created.status().message()));
+          absl::StrCat("kvcached at ", KvcachedTarget(*flags), ": ", created.status().message()));
     }
     (*created)->ExpectPrompt(static_cast<int64_t>(ids.size()));
     service = created->get();

@@ -116,10 +116,7 @@ absl::Status RunPasskey(int argc, char** argv) {
 #endif
   if (where == "kvcached") {
 #ifdef KVC_WORKER_WITH_SERVICE
-    client::ClientOptions client_options;
-    client_options.target = flags->Get("target", "127.0.0.1:50051");
-    client_options.default_deadline = absl::Minutes(5);
-    auto connected = client::KvCacheClient::Connect(client_options);
+    auto connected = ConnectToKvcached(*flags);
     if (!connected.ok()) return connected.status();
     client = std::move(*connected);
     for (const std::string& name : names) {
@@ -129,8 +126,9 @@ absl::Status RunPasskey(int argc, char** argv) {
     }
     auto stats = client->GetPoolStats(flags->Get("pool", ""));
     if (!stats.ok()) {
-      return absl::Status(stats.status().code(), absl::StrCat("kvcached at ", client_options.target,
-                                                              ": ", stats.status().message()));
+      return absl::Status(
+          stats.status().code(),
+          absl::StrCat("kvcached at ", KvcachedTarget(*flags), ": ", stats.status().message()));
     }
     before = *stats;
 #else

@@ -58,10 +58,7 @@ absl::Status RunPerplexity(int argc, char** argv) {
 #ifdef KVC_WORKER_WITH_SERVICE
   std::unique_ptr<client::KvCacheClient> client;
   if (where == "kvcached") {
-    client::ClientOptions client_options;
-    client_options.target = flags->Get("target", "127.0.0.1:50051");
-    client_options.default_deadline = absl::Minutes(5);
-    auto connected = client::KvCacheClient::Connect(client_options);
+    auto connected = ConnectToKvcached(*flags);
     if (!connected.ok()) return connected.status();
     client = std::move(*connected);
   }
