@@ -20,14 +20,15 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
   };
   // Lanes shorter than a CPU tile (32) and a vector, empty lanes, chunk (256) edges, head
   // groups split over register blocks (G 5..12), head_dim with an odd number of 16-float
-  // vectors, block_tokens not a power of two.
+  // vectors, block_tokens not a power of two, and a group so large (G 64 at d 256) that the
+  // CUDA decode needs more than 48 KiB of shared memory per block (opt-in attribute path).
   const Case cases[] = {
       {128, 1, DType::kF32, true, {1, 17, 600}},   {64, 3, DType::kF16, false, {300, 2}},
       {128, 8, DType::kBF16, true, {33, 1030}},    {64, 4, DType::kF16, true, {5, 0, 31, 3}},
       {128, 4, DType::kF16, false, {257, 3, 512}}, {48, 8, DType::kF32, true, {40, 77}, 12},
       {128, 12, DType::kBF16, true, {70}},         {64, 5, DType::kF16, false, {300, 1}},
       {16, 7, DType::kF32, true, {45}, 8},         {128, 1, DType::kF16, true, {2, 513}, 32},
-      {256, 2, DType::kF32, false, {100}},
+      {256, 2, DType::kF32, false, {100}},         {256, 64, DType::kF16, true, {70, 3}},
   };
   for (StorageFormat f : AllFormats()) {
     for (const Case& c : cases) {
