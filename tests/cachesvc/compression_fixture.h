@@ -89,6 +89,20 @@ class Fixture {
     return absl::OkStatus();
   }
 
+  // `steps` decode steps of Attend with f32 queries at `position` (H2O accumulates scores).
+  absl::Status AttendSteps(const std::vector<float>& queries, int32_t position, int steps) {
+    for (int step = 0; step < steps; ++step) {
+      AttendParams a;
+      a.sequence_id = id_;
+      a.dtype = DType::kF32;
+      a.queries = Bytes(queries);
+      a.positions = {position};
+      auto r = store_->Attend(a);
+      if (!r.ok()) return r.status();
+    }
+    return absl::OkStatus();
+  }
+
   // Stored positions per (layer, head), via Fetch.
   std::map<std::pair<int, int>, std::set<int32_t>> Positions() {
     std::map<std::pair<int, int>, std::set<int32_t>> out;

@@ -183,14 +183,7 @@ TEST(CompressionTest, H2oKeepsTheHeavyHittersAttendAccumulated) {
   p.spec.recent = 5;
   EXPECT_THAT(f.store_->Compress(p), StatusIs(Code::kFailedPrecondition, "no"));
   const std::vector<float> q = QueriesAlong(dir, 1, g.qheads, 30.0f);
-  for (int step = 0; step < 3; ++step) {
-    AttendParams a;
-    a.sequence_id = f.id_;
-    a.dtype = DType::kF32;
-    a.queries = Bytes(q);
-    a.positions = {kTokens - 1};
-    KVC_ASSERT_OK(f.store_->Attend(a));
-  }
+  KVC_ASSERT_OK(f.AttendSteps(q, kTokens - 1, 3));
   KVC_ASSERT_OK(f.store_->Compress(p));
   std::set<int32_t> expected = heavy;
   for (int t = kTokens - 5; t < kTokens; ++t) expected.insert(t);

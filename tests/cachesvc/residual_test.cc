@@ -289,14 +289,7 @@ TEST(ResidualTest, H2oRanksTokensWhoseScoresWereEarnedInTheResidual) {
       for (int e = 0; e < g.dim; ++e) keys[(t * g.heads + h) * g.dim + e] = dir[e];
   KVC_ASSERT_OK(f.AppendAll(0, kTokens, &keys));
   const std::vector<float> q = QueriesAlong(dir, 1, g.qheads, 30.0f);
-  for (int step = 0; step < 3; ++step) {
-    AttendParams a;
-    a.sequence_id = f.id_;
-    a.dtype = DType::kF32;
-    a.queries = Bytes(q);
-    a.positions = {kTokens - 1};
-    KVC_ASSERT_OK(f.store_->Attend(a));
-  }
+  KVC_ASSERT_OK(f.AttendSteps(q, kTokens - 1, 3));
   KVC_ASSERT_OK(f.AppendAll(kTokens, 40));  // ages 92..99 out, then evicts to 3 + 8
   std::set<int32_t> expected = heavy;
   for (int t = kTokens + 32; t < kTokens + 40; ++t) expected.insert(t);

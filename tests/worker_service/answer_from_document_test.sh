@@ -6,12 +6,8 @@
 # usage: answer_from_document_test.sh KVCACHED KVC_WORKER REPO_ROOT
 set -euo pipefail
 KVCACHED=$1 WORKER=$2 ROOT=$3
-MODEL="$ROOT/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-TEXT="$ROOT/.cache/corpus/persuasion.txt"
-if [ ! -s "$MODEL" ] || [ ! -s "$TEXT" ]; then
-  echo "SKIP: needs $MODEL (scripts/fetch_model.sh) and $TEXT (scripts/worker/extract_corpus.py)"
-  exit 77
-fi
+. "$ROOT/tests/testing/worker_assets.sh"
+require_worker_assets "$ROOT"
 . "$ROOT/tests/testing/start_kvcached.sh"
 start_kvcached "$KVCACHED"
 doc=$(mktemp)
