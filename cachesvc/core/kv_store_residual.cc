@@ -95,6 +95,8 @@ absl::Status AppendWithResidualLocked(Sequence& seq, int layer, int64_t start, i
     }
   }
   if (s.age > 0) {
+    // Compaction moves residual tokens between slots: a streaming Fetch must notice.
+    seq.bump_generation();
     KVC_RETURN_IF_ERROR(CompactLayer(pool, raw, res, layer, keep, static_cast<size_t>(c)).status());
   }
   // 3. The newest tokens join the residual.
