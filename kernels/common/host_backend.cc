@@ -43,6 +43,10 @@ KernelStatus CheckHost(const ReadTokensArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckRead(a));
   return CheckRowContents(a.arena, a.num_rows, a.src_blocks, a.src_slots);
 }
+KernelStatus CheckHost(const ReadRecordsArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckReadRecords(a));
+  return CheckRowContents(a.arena, a.num_rows, a.src_blocks, a.src_slots);
+}
 KernelStatus CheckHost(const GatherArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckGather(a));
   KVC_KERNEL_RETURN_IF_ERROR(CheckRowContents(a.src, a.num_rows, a.src_blocks, a.src_slots));
@@ -58,15 +62,11 @@ KernelStatus CheckHost(const SnapKvScoreArgs& a) {
 }
 KernelStatus CheckHost(const AccumulateScoresArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckAccumulate(a));
-  return CheckLaneContents(a.arena, a.lanes);
+  return CheckTokenCounts(a.num_lanes, a.num_tokens, a.max_tokens);
 }
 KernelStatus CheckHost(const SelectArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckSelect(a));
-  return CheckLaneContents(a.arena, a.lanes);
-}
-KernelStatus CheckHost(const CompactArgs& a) {
-  KVC_KERNEL_RETURN_IF_ERROR(CheckCompact(a));
-  return CheckLaneContents(a.arena, a.lanes);
+  return CheckTokenCounts(a.num_lanes, a.num_tokens, a.max_tokens);
 }
 KernelStatus CheckHost(const DecodeAttentionArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckDecode(a));

@@ -17,15 +17,16 @@ class HostBackend : public KernelBackend {
   KernelStatus Synchronize(StreamHandle) override { return KernelStatus::Ok(); }
 };
 
-// Full validation (scalar and contents) for host backends; each op calls one of these first.
+// Full validation (scalar and contents) for host backends; each op calls one of these before
+// it writes anything, so an op that returns an error has written nothing.
 KernelStatus CheckHost(const WriteTokensArgs& a);
 KernelStatus CheckHost(const ReadTokensArgs& a);
+KernelStatus CheckHost(const ReadRecordsArgs& a);
 KernelStatus CheckHost(const GatherArgs& a);
 KernelStatus CheckHost(const RerotateArgs& a);
 KernelStatus CheckHost(const SnapKvScoreArgs& a);
 KernelStatus CheckHost(const AccumulateScoresArgs& a);
 KernelStatus CheckHost(const SelectArgs& a);
-KernelStatus CheckHost(const CompactArgs& a);
 KernelStatus CheckHost(const DecodeAttentionArgs& a);
 
 }  // namespace kvc::kernels::internal

@@ -1,5 +1,7 @@
 #include "common/validate.h"
 
+#include <cstdint>
+
 #include "kvc/kernels/record_codec.h"
 
 namespace kvc::kernels::internal {
@@ -19,8 +21,7 @@ KernelStatus CheckArena(const PagedArena& arena) {
   if (l.block_tokens <= 0) return KernelStatus::Invalid("block_tokens must be positive");
   const BlockLayout expect = MakeBlockLayout(l.format, l.head_dim, l.block_tokens);
   if (expect.record_bytes != l.record_bytes || expect.key_offset != l.key_offset ||
-      expect.value_offset != l.value_offset || expect.positions_offset != l.positions_offset ||
-      expect.scores_offset != l.scores_offset || expect.block_bytes != l.block_bytes) {
+      expect.value_offset != l.value_offset || expect.block_bytes != l.block_bytes) {
     return KernelStatus::Invalid("block layout does not match MakeBlockLayout");
   }
   return KernelStatus::Ok();
@@ -50,8 +51,8 @@ KernelStatus CheckWrite(const WriteTokensArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
   KVC_KERNEL_RETURN_IF_ERROR(CheckRowsScalar(a.num_rows, a.dst_blocks, a.dst_slots));
   if (!ValidDType(a.dtype)) return KernelStatus::Invalid("unknown dtype");
-  if (a.num_rows > 0 && (a.keys == nullptr || a.values == nullptr || a.positions == nullptr)) {
-    return KernelStatus::Invalid("keys, values and positions must be set");
+  if (a.num_rows > 0 && (a.keys == nullptr || a.values == nullptr)) {
+    return KernelStatus::Invalid("keys and values must be set");
   }
   if (a.row_stride != 0 && a.row_stride < a.arena.layout.head_dim) {
     return KernelStatus::Invalid("row_stride < head_dim");
@@ -66,6 +67,16 @@ KernelStatus CheckRead(const ReadTokensArgs& a) {
   if (a.row_stride != 0 && a.row_stride < a.arena.layout.head_dim) {
     return KernelStatus::Invalid("row_stride < head_dim");
   }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckReadRecords(const ReadRecordsArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckRowsScalar(a.num_rows, a.src_blocks, a.src_slots));
+  // Records are 4-byte multiples holding f32 scales; the CUDA backend copies 4-byte words.
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; };
+  if (!aligned(a.keys) || !aligned(a.values))
+    return KernelStatus::Invalid("record outputs must be 4-byte aligned");
   return KernelStatus::Ok();
 }
 
@@ -101,37 +112,38 @@ KernelStatus CheckSnapKv(const SnapKvScoreArgs& a) {
   if (a.pool_kernel <= 0 || a.pool_kernel % 2 == 0)
     return KernelStatus::Invalid("pool_kernel must be odd");
   if (!ValidDType(a.query_dtype)) return KernelStatus::Invalid("unknown dtype");
-  if (a.lanes.num_lanes > 0 && (a.queries == nullptr || a.query_positions == nullptr)) {
-    return KernelStatus::Invalid("queries and query_positions must be set");
+  if (a.lanes.num_lanes > 0 && (a.queries == nullptr || a.query_positions == nullptr ||
+                                a.key_positions == nullptr || a.scores == nullptr)) {
+    return KernelStatus::Invalid("queries, query_positions, key_positions and scores must be set");
   }
+  return KernelStatus::Ok();
+}
+
+// The metadata-only ops (no arena, no block lists): per-lane token counts and a row stride.
+static KernelStatus CheckTokenRows(int32_t num_lanes, const int32_t* num_tokens,
+                                   int32_t max_tokens) {
+  if (num_lanes < 0 || max_tokens < 0) {
+    return KernelStatus::Invalid("num_lanes and max_tokens must be >= 0");
+  }
+  if (num_lanes > 0 && num_tokens == nullptr)
+    return KernelStatus::Invalid("num_tokens must be set");
   return KernelStatus::Ok();
 }
 
 KernelStatus CheckAccumulate(const AccumulateScoresArgs& a) {
-  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
-  KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckTokenRows(a.num_lanes, a.num_tokens, a.max_tokens));
   if (a.group_size <= 0) return KernelStatus::Invalid("group_size must be positive");
-  if (a.lanes.num_lanes > 0 && a.weights == nullptr)
-    return KernelStatus::Invalid("weights must be set");
+  if (a.num_lanes > 0 && (a.weights == nullptr || a.scores == nullptr))
+    return KernelStatus::Invalid("weights and scores must be set");
   return KernelStatus::Ok();
 }
 
 KernelStatus CheckSelect(const SelectArgs& a) {
-  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
-  KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckTokenRows(a.num_lanes, a.num_tokens, a.max_tokens));
   if (a.sinks < 0 || a.recent < 0 || a.budget < 0)
     return KernelStatus::Invalid("sinks, recent and budget must be >= 0");
-  if (a.lanes.num_lanes > 0 && a.keep == nullptr) return KernelStatus::Invalid("keep must be set");
-  return KernelStatus::Ok();
-}
-
-KernelStatus CheckCompact(const CompactArgs& a) {
-  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
-  KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
-  if (a.lanes.num_lanes > 0 &&
-      (a.keep == nullptr || a.new_num_tokens == nullptr || a.new_num_blocks == nullptr)) {
-    return KernelStatus::Invalid("keep, new_num_tokens and new_num_blocks must be set");
-  }
+  if (a.num_lanes > 0 && (a.positions == nullptr || a.scores == nullptr || a.keep == nullptr))
+    return KernelStatus::Invalid("positions, scores and keep must be set");
   return KernelStatus::Ok();
 }
 
@@ -163,6 +175,14 @@ KernelStatus CheckLaneContents(const PagedArena& arena, const LaneTable& lanes) 
         return KernelStatus::Invalid("block id out of range");
       }
     }
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus CheckTokenCounts(int32_t num_lanes, const int32_t* num_tokens, int32_t max_tokens) {
+  for (int32_t l = 0; l < num_lanes; ++l) {
+    if (num_tokens[l] < 0 || num_tokens[l] > max_tokens)
+      return KernelStatus::Invalid("num_tokens must be in [0, max_tokens]");
   }
   return KernelStatus::Ok();
 }

@@ -463,7 +463,7 @@ KVC_CPU_INLINE void DecodeItemsT(const DecodeWork& w, int64_t i0, int64_t i1) {
   }
 }
 
-// Weights p = exp(l - M) / L per (head, token) and their group mean into the block scores.
+// Weights p = exp(l - M) / L per (head, token) and their group mean into the H2O scores.
 template <int N>
 KVC_CPU_INLINE void WeightItemsT(const DecodeWork& w, int64_t i0, int64_t i1) {
   const DecodeAttentionArgs& a = *w.a;
@@ -488,13 +488,10 @@ KVC_CPU_INLINE void WeightItemsT(const DecodeWork& w, int64_t i0, int64_t i1) {
       if (a.weights != nullptr)
         std::memcpy(a.weights + row * a.lanes.max_tokens + it.begin, p, sizeof(float) * len);
     }
-    if (a.accumulate_scores) {
-      const LaneSlots slots(a.lanes, a.arena.layout.block_tokens, it.lane);
-      for (int32_t t = 0; t < len; ++t) {
-        int32_t b, sl;
-        slots.Get(it.begin + t, &b, &sl);
-        *ScorePtr(a.arena, b, sl) += mean[t];
-      }
+    if (a.scores != nullptr) {
+      float* KVC_RESTRICT dst =
+          a.scores + static_cast<size_t>(it.lane) * a.lanes.max_tokens + it.begin;
+      for (int32_t t = 0; t < len; ++t) dst[t] += mean[t];
     }
   }
 }
@@ -563,7 +560,7 @@ void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
       items.push_back({lane, t, std::min(n, t + kChunkTokens)});
   }
   first_item[a.lanes.num_lanes] = static_cast<int32_t>(items.size());
-  const bool need_logits = a.weights != nullptr || a.accumulate_scores;
+  const bool need_logits = a.weights != nullptr || a.scores != nullptr;
   // Per item and query head: max, sum of exp, and d weighted-value sums.
   cs.part_m.resize(items.size() * G);
   cs.part_l.resize(items.size() * G);

@@ -22,12 +22,12 @@ class CpuBackend final : public internal::HostBackend {
   }
   KVC_CPU_OP(WriteTokens, WriteTokensArgs)
   KVC_CPU_OP(ReadTokens, ReadTokensArgs)
+  KVC_CPU_OP(ReadRecords, ReadRecordsArgs)
   KVC_CPU_OP(Gather, GatherArgs)
   KVC_CPU_OP(Rerotate, RerotateArgs)
   KVC_CPU_OP(SnapKvScore, SnapKvScoreArgs)
   KVC_CPU_OP(AccumulateScores, AccumulateScoresArgs)
   KVC_CPU_OP(Select, SelectArgs)
-  KVC_CPU_OP(Compact, CompactArgs)
   KVC_CPU_OP(DecodeAttention, DecodeAttentionArgs)
 #undef KVC_CPU_OP
 

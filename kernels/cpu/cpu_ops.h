@@ -10,12 +10,12 @@ namespace kvc::kernels::cpu {
 
 void WriteTokens(ThreadPool& pool, const WriteTokensArgs& a);
 void ReadTokens(ThreadPool& pool, const ReadTokensArgs& a);
+void ReadRecords(ThreadPool& pool, const ReadRecordsArgs& a);
 void Gather(ThreadPool& pool, const GatherArgs& a);
 void Rerotate(ThreadPool& pool, const RerotateArgs& a);
 void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a);
 void AccumulateScores(ThreadPool& pool, const AccumulateScoresArgs& a);
 void Select(ThreadPool& pool, const SelectArgs& a);
-void Compact(ThreadPool& pool, const CompactArgs& a);
 void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a);
 
 }  // namespace kvc::kernels::cpu

@@ -1,5 +1,5 @@
-// CPU H2O accumulation, top-k selection and tail-to-hole compaction (SnapKV scoring:
-// cpu_snapkv.cc).
+// CPU H2O accumulation and top-k selection (SnapKV scoring: cpu_snapkv.cc). Both work on the
+// caller's metadata arrays only.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -8,66 +8,62 @@
 
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_rows.h"
-#include "kvc/kernels/record_codec.h"
 
 namespace kvc::kernels::cpu {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int32_t kScoreChunk = 256;  // tokens summed at once (a stack buffer)
 
 }  // namespace
 
-// Block by block: a block's scores are contiguous floats, so the group sum (in the
-// reference's order) vectorizes across its tokens.
+// The group sum runs over contiguous floats in the reference's order (g ascending, then one
+// division), so it vectorizes across tokens and stays bit-identical.
 void AccumulateScores(ThreadPool& pool, const AccumulateScoresArgs& a) {
-  const BlockLayout& l = a.arena.layout;
-  const int bt = l.block_tokens, G = a.group_size;
-  pool.ParallelFor(a.lanes.num_lanes, 1, [&](int64_t l0, int64_t l1) {
-    std::vector<float> sum(bt);
+  const int G = a.group_size;
+  const size_t stride = static_cast<size_t>(a.max_tokens);
+  pool.ParallelFor(a.num_lanes, 1, [&](int64_t l0, int64_t l1) {
+    alignas(64) float sum[kScoreChunk];
     for (int64_t lane = l0; lane < l1; ++lane) {
-      const int32_t n = a.lanes.num_tokens[lane];
-      const int32_t* ids = a.lanes.block_ids + a.lanes.block_offsets[lane];
-      const float* w = a.weights + static_cast<size_t>(lane) * G * a.lanes.max_tokens;
-      for (int32_t t0 = 0; t0 < n; t0 += bt) {
-        const int count = std::min(bt, n - t0);
-        float* KVC_RESTRICT s = sum.data();
+      const int32_t n = a.num_tokens[lane];
+      const float* w = a.weights + static_cast<size_t>(lane) * G * stride;
+      float* scores = a.scores + static_cast<size_t>(lane) * stride;
+      for (int32_t t0 = 0; t0 < n; t0 += kScoreChunk) {
+        const int count = std::min(kScoreChunk, n - t0);
+        float* KVC_RESTRICT s = sum;
         for (int i = 0; i < count; ++i) s[i] = 0.0f;
         for (int g = 0; g < G; ++g) {
-          const float* KVC_RESTRICT wg = w + static_cast<size_t>(g) * a.lanes.max_tokens + t0;
+          const float* KVC_RESTRICT wg = w + g * stride + t0;
           for (int i = 0; i < count; ++i) s[i] += wg[i];
         }
-        float* KVC_RESTRICT dst = ScorePtr(a.arena, ids[t0 / bt], 0);
+        float* KVC_RESTRICT dst = scores + t0;
         for (int i = 0; i < count; ++i) dst[i] += s[i] / static_cast<float>(G);
       }
     }
   });
 }
 
+// Partial sorts (nth_element) instead of the reference's full sorts: the kept set is the
+// same because both orders are total (position, then index; score, then position, index).
 void Select(ThreadPool& pool, const SelectArgs& a) {
-  const BlockLayout& l = a.arena.layout;
-  pool.ParallelFor(a.lanes.num_lanes, 1, [&](int64_t l0, int64_t l1) {
-    std::vector<int32_t> pos, idx;
+  pool.ParallelFor(a.num_lanes, 1, [&](int64_t l0, int64_t l1) {
+    std::vector<int32_t> idx;
     std::vector<float> score;
     for (int64_t lane = l0; lane < l1; ++lane) {
-      const int32_t n = a.lanes.num_tokens[lane];
-      uint8_t* keep = a.keep + static_cast<size_t>(lane) * a.lanes.max_tokens;
-      std::memset(keep, 0, a.lanes.max_tokens);
-      const int64_t budget =
-          std::max<int64_t>(0, a.budgets != nullptr ? a.budgets[lane] : a.budget);
+      const int32_t n = a.num_tokens[lane];
+      const size_t row = static_cast<size_t>(lane) * a.max_tokens;
+      uint8_t* keep = a.keep + row;
+      std::memset(keep, 0, a.max_tokens);
+      const int64_t budget = a.budget;
       if (static_cast<int64_t>(n) <= static_cast<int64_t>(a.sinks) + a.recent + budget) {
         std::memset(keep, 1, n);
-        if (a.kept != nullptr) a.kept[lane] = n;
         continue;
       }
-      pos.resize(n);
+      const int32_t* pos = a.positions + row;
       score.resize(n);
       idx.resize(n);
-      const LaneSlots slots(a.lanes, l.block_tokens, static_cast<int32_t>(lane));
       for (int32_t t = 0; t < n; ++t) {
-        int32_t b, s;
-        slots.Get(t, &b, &s);
-        pos[t] = *PositionPtr(a.arena, b, s);
-        const float sc = *ScorePtr(a.arena, b, s);
+        const float sc = a.scores[row + t];
         score[t] = std::isnan(sc) ? kNegInf : sc;
         idx[t] = t;
       }
@@ -88,37 +84,6 @@ void Select(ThreadPool& pool, const SelectArgs& a) {
         std::nth_element(first + a.sinks, first + a.sinks + budget - 1, last - a.recent, by_score);
         for (int64_t i = 0; i < budget; ++i) keep[idx[a.sinks + i]] = 1;
       }
-      if (a.kept != nullptr) a.kept[lane] = static_cast<int32_t>(a.sinks + a.recent + budget);
-    }
-  });
-}
-
-void Compact(ThreadPool& pool, const CompactArgs& a) {
-  const BlockLayout& l = a.arena.layout;
-  pool.ParallelFor(a.lanes.num_lanes, 1, [&](int64_t l0, int64_t l1) {
-    for (int64_t lane = l0; lane < l1; ++lane) {
-      const int32_t n = a.lanes.num_tokens[lane];
-      const uint8_t* keep = a.keep + static_cast<size_t>(lane) * a.lanes.max_tokens;
-      int32_t kept = 0;
-      for (int32_t t = 0; t < n; ++t) kept += keep[t] != 0;
-      const LaneSlots slots(a.lanes, l.block_tokens, static_cast<int32_t>(lane));
-      int32_t hole = 0, src = kept, moved = 0;
-      for (;; ++hole, ++src) {
-        while (hole < kept && keep[hole]) ++hole;
-        while (src < n && !keep[src]) ++src;
-        if (hole >= kept || src >= n) break;
-        int32_t db, ds, sb, ss;
-        slots.Get(hole, &db, &ds);
-        slots.Get(src, &sb, &ss);
-        std::memcpy(KeyRecord(a.arena, db, ds), KeyRecord(a.arena, sb, ss), l.record_bytes);
-        std::memcpy(ValueRecord(a.arena, db, ds), ValueRecord(a.arena, sb, ss), l.record_bytes);
-        *PositionPtr(a.arena, db, ds) = *PositionPtr(a.arena, sb, ss);
-        *ScorePtr(a.arena, db, ds) = *ScorePtr(a.arena, sb, ss);
-        ++moved;
-      }
-      a.new_num_tokens[lane] = kept;
-      a.new_num_blocks[lane] = (kept + l.block_tokens - 1) / l.block_tokens;
-      if (a.moved != nullptr) a.moved[lane] = moved;
     }
   });
 }

@@ -109,7 +109,7 @@ KVC_CPU_INLINE const uint8_t* KeyTileRow(const SnapKvScoreArgs& a, int32_t lane,
   }
   int32_t b, slot;
   LaneTokenSlot(a.lanes, l.block_tokens, lane, t, &b, &slot);
-  *pos = *PositionPtr(a.arena, b, slot);
+  *pos = a.key_positions[static_cast<size_t>(lane) * a.lanes.max_tokens + t];
   return KeyRecord(a.arena, b, slot);
 }
 
@@ -371,16 +371,12 @@ void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a) {
     for (int64_t lane = l0; lane < l1; ++lane) {
       const int32_t n = lanes.num_tokens[lane];
       const float* rows = &pooled[static_cast<size_t>(off[lane]) * G];
+      float* dst = a.scores + static_cast<size_t>(lane) * lanes.max_tokens;
       for (int32_t t = 0; t < n; ++t) {
         float sc = 0.0f;
         for (int g = 0; g < G; ++g)
           sc += rows[static_cast<size_t>(g) * n + t] / static_cast<float>(G);
-        int32_t b, s;
-        LaneTokenSlot(lanes, l.block_tokens, static_cast<int32_t>(lane), t, &b, &s);
-        float* dst = ScorePtr(a.arena, b, s);
-        *dst = a.mode == ScoreMode::kAccumulate ? *dst + sc : sc;
-        if (a.out_scores != nullptr)
-          a.out_scores[static_cast<size_t>(lane) * lanes.max_tokens + t] = sc;
+        dst[t] = a.mode == ScoreMode::kAccumulate ? dst[t] + sc : sc;
       }
     }
   });

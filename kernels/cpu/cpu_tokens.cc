@@ -36,8 +36,6 @@ KVC_CPU_INLINE void WriteRowsT(const WriteTokensArgs& a, int64_t begin, int64_t 
       LoadRow<kFast>(a.values, a.dtype, off, d, x);
       QuantizeRecord(l.format, d, x, ValueRecord(a.arena, b, s));
     }
-    *PositionPtr(a.arena, b, s) = a.positions[r];
-    *ScorePtr(a.arena, b, s) = 0.0f;
   }
 }
 
@@ -62,8 +60,6 @@ KVC_CPU_INLINE void ReadRowsT(const ReadTokensArgs& a, int64_t begin, int64_t en
         StoreRow<kFast>(x, d, dst, a.dtype, off);
       }
     }
-    if (a.positions != nullptr) a.positions[r] = *PositionPtr(a.arena, b, s);
-    if (a.scores != nullptr) a.scores[r] = *ScorePtr(a.arena, b, s);
   }
 }
 
@@ -117,8 +113,6 @@ KVC_AVX512_TARGET void WriteRowsAvx512(const WriteTokensArgs& a, int64_t begin, 
       avx512::LoadRow(a.values, a.dtype, off, d, rows_f32[2 * i + 1]);
       rec[2 * i] = KeyRecord(a.arena, b, s);
       rec[2 * i + 1] = ValueRecord(a.arena, b, s);
-      *PositionPtr(a.arena, b, s) = a.positions[t];
-      *ScorePtr(a.arena, b, s) = 0.0f;
     }
     if (n == 2) {
       avx512::QuantizeTwoRows(l.format, d, x, rec);
@@ -152,8 +146,6 @@ KVC_AVX512_INLINE void ReadRowsAvx512T(const ReadTokensArgs& a, int64_t begin, i
       avx512::DequantizeRecord<kOut, kStream>(l.format, d, ValueRecord(a.arena, b, s),
                                               static_cast<uint8_t*>(a.values) + off);
     }
-    if (a.positions != nullptr) a.positions[r] = *PositionPtr(a.arena, b, s);
-    if (a.scores != nullptr) a.scores[r] = *ScorePtr(a.arena, b, s);
   }
 }
 
@@ -226,6 +218,21 @@ void ReadTokens(ThreadPool& pool, const ReadTokensArgs& a) {
                    [&](int64_t begin, int64_t end) { ReadRows(a, begin, end); });
 }
 
+// Record copies are memory-bound: larger chunks than the codec's keep the per-chunk overhead
+// small.
+void ReadRecords(ThreadPool& pool, const ReadRecordsArgs& a) {
+  const size_t rec = a.arena.layout.record_bytes;
+  pool.ParallelFor(a.num_rows, kRowGrain * 4, [&](int64_t begin, int64_t end) {
+    uint8_t* keys = static_cast<uint8_t*>(a.keys);
+    uint8_t* values = static_cast<uint8_t*>(a.values);
+    for (int64_t r = begin; r < end; ++r) {
+      const int32_t b = a.src_blocks[r], s = a.src_slots[r];
+      if (keys != nullptr) std::memcpy(keys + r * rec, KeyRecord(a.arena, b, s), rec);
+      if (values != nullptr) std::memcpy(values + r * rec, ValueRecord(a.arena, b, s), rec);
+    }
+  });
+}
+
 void Gather(ThreadPool& pool, const GatherArgs& a) {
   const size_t rec = a.src.layout.record_bytes;
   pool.ParallelFor(a.num_rows, kRowGrain * 4, [&](int64_t begin, int64_t end) {
@@ -234,8 +241,6 @@ void Gather(ThreadPool& pool, const GatherArgs& a) {
       const int32_t db = a.dst_blocks[r], ds = a.dst_slots[r];
       std::memcpy(KeyRecord(a.dst, db, ds), KeyRecord(a.src, sb, ss), rec);
       std::memcpy(ValueRecord(a.dst, db, ds), ValueRecord(a.src, sb, ss), rec);
-      *PositionPtr(a.dst, db, ds) = *PositionPtr(a.src, sb, ss);
-      *ScorePtr(a.dst, db, ds) = *ScorePtr(a.src, sb, ss);
     }
   });
 }
@@ -249,7 +254,6 @@ void Rerotate(ThreadPool& pool, const RerotateArgs& a) {
       DequantizeRecord(l.format, l.head_dim, rec, x);
       internal::RopeRotate(a.rope, l.head_dim, a.deltas[r], x);
       QuantizeRecord(l.format, l.head_dim, x, rec);
-      if (a.update_positions) *PositionPtr(a.arena, a.blocks[r], a.slots[r]) += a.deltas[r];
     }
   });
 }

@@ -156,11 +156,7 @@ __global__ void DecodeWeightsKernel(DecodeAttentionArgs a, DecodeScratch w) {
     if (a.weights != nullptr) a.weights[row * a.lanes.max_tokens + t] = prob;
     mean += prob / static_cast<float>(G);
   }
-  if (a.accumulate_scores) {
-    int32_t b, s;
-    LaneTokenSlot(a.lanes, a.arena.layout.block_tokens, lane, t, &b, &s);
-    *ScorePtr(a.arena, b, s) += mean;
-  }
+  if (a.scores != nullptr) a.scores[static_cast<size_t>(lane) * a.lanes.max_tokens + t] += mean;
 }
 
 }  // namespace
@@ -183,7 +179,7 @@ KernelStatus LaunchDecodeAttention(const DecodeAttentionArgs& a, StreamHandle st
   w.part_l = scratch.Alloc<float>(parts, &status);
   w.part_acc = scratch.Alloc<float>(parts * d, &status);
   w.stats = scratch.Alloc<float2>(static_cast<size_t>(a.lanes.num_lanes) * G, &status);
-  const bool need_logits = a.weights != nullptr || a.accumulate_scores;
+  const bool need_logits = a.weights != nullptr || a.scores != nullptr;
   w.logits =
       need_logits
           ? (a.weights != nullptr

@@ -68,12 +68,12 @@ class CudaBackend final : public KernelBackend {
   }
   KVC_CUDA_OP(WriteTokens, WriteTokensArgs, CheckWrite)
   KVC_CUDA_OP(ReadTokens, ReadTokensArgs, CheckRead)
+  KVC_CUDA_OP(ReadRecords, ReadRecordsArgs, CheckReadRecords)
   KVC_CUDA_OP(Gather, GatherArgs, CheckGather)
   KVC_CUDA_OP(Rerotate, RerotateArgs, CheckRerotate)
   KVC_CUDA_OP(SnapKvScore, SnapKvScoreArgs, CheckSnapKv)
   KVC_CUDA_OP(AccumulateScores, AccumulateScoresArgs, CheckAccumulate)
   KVC_CUDA_OP(Select, SelectArgs, CheckSelect)
-  KVC_CUDA_OP(Compact, CompactArgs, CheckCompact)
   KVC_CUDA_OP(DecodeAttention, DecodeAttentionArgs, CheckDecode)
 #undef KVC_CUDA_OP
 

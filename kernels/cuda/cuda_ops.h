@@ -10,12 +10,12 @@ namespace kvc::kernels::cuda {
 
 KernelStatus LaunchWriteTokens(const WriteTokensArgs& a, StreamHandle stream);
 KernelStatus LaunchReadTokens(const ReadTokensArgs& a, StreamHandle stream);
+KernelStatus LaunchReadRecords(const ReadRecordsArgs& a, StreamHandle stream);
 KernelStatus LaunchGather(const GatherArgs& a, StreamHandle stream);
 KernelStatus LaunchRerotate(const RerotateArgs& a, StreamHandle stream);
 KernelStatus LaunchSnapKvScore(const SnapKvScoreArgs& a, StreamHandle stream);
 KernelStatus LaunchAccumulateScores(const AccumulateScoresArgs& a, StreamHandle stream);
 KernelStatus LaunchSelect(const SelectArgs& a, StreamHandle stream);
-KernelStatus LaunchCompact(const CompactArgs& a, StreamHandle stream);
 KernelStatus LaunchDecodeAttention(const DecodeAttentionArgs& a, StreamHandle stream);
 
 }  // namespace kvc::kernels::cuda

@@ -52,7 +52,8 @@ __global__ void SnapKvTileKernel(SnapKvScoreArgs a, SnapTiles tiles, float scale
       int32_t b, s;
       LaneTokenSlot(a.lanes, bt, lane, t0 + tok, &b, &s);
       v = DequantizeElement(f, d, KeyRecord(a.arena, b, s), j);
-      if (j == 0) kpos[tok] = *PositionPtr(a.arena, b, s);
+      if (j == 0)
+        kpos[tok] = a.key_positions[static_cast<size_t>(lane) * a.lanes.max_tokens + t0 + tok];
     }
     keys[tok * (d + 1) + j] = v;
   }
@@ -155,24 +156,18 @@ __global__ void SnapKvPoolKernel(SnapKvScoreArgs a, const float* votes) {
     }
     score += x / static_cast<float>(a.group_size);
   }
-  int32_t b, s;
-  LaneTokenSlot(a.lanes, a.arena.layout.block_tokens, lane, t, &b, &s);
-  float* dst = ScorePtr(a.arena, b, s);
+  float* dst = a.scores + static_cast<size_t>(lane) * a.lanes.max_tokens + t;
   *dst = a.mode == ScoreMode::kAccumulate ? *dst + score : score;
-  if (a.out_scores != nullptr)
-    a.out_scores[static_cast<size_t>(lane) * a.lanes.max_tokens + t] = score;
 }
 
 __global__ void AccumulateScoresKernel(AccumulateScoresArgs a) {
   const int32_t lane = blockIdx.y;
   const int32_t t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= a.lanes.num_tokens[lane]) return;
+  if (t >= a.num_tokens[lane]) return;
   float sum = 0.0f;
   for (int g = 0; g < a.group_size; ++g)
-    sum += a.weights[(static_cast<size_t>(lane) * a.group_size + g) * a.lanes.max_tokens + t];
-  int32_t b, s;
-  LaneTokenSlot(a.lanes, a.arena.layout.block_tokens, lane, t, &b, &s);
-  *ScorePtr(a.arena, b, s) += sum / static_cast<float>(a.group_size);
+    sum += a.weights[(static_cast<size_t>(lane) * a.group_size + g) * a.max_tokens + t];
+  a.scores[static_cast<size_t>(lane) * a.max_tokens + t] += sum / static_cast<float>(a.group_size);
 }
 
 }  // namespace
@@ -220,10 +215,9 @@ KernelStatus LaunchSnapKvScore(const SnapKvScoreArgs& a, StreamHandle stream) {
 }
 
 KernelStatus LaunchAccumulateScores(const AccumulateScoresArgs& a, StreamHandle stream) {
-  if (a.lanes.num_lanes == 0 || a.lanes.max_tokens == 0) return KernelStatus::Ok();
-  if (a.lanes.num_lanes > 65535)
-    return KernelStatus::Unsupported("CUDA: at most 65535 lanes per call");
-  AccumulateScoresKernel<<<dim3(Blocks(a.lanes.max_tokens, 256), a.lanes.num_lanes), 256, 0,
+  if (a.num_lanes == 0 || a.max_tokens == 0) return KernelStatus::Ok();
+  if (a.num_lanes > 65535) return KernelStatus::Unsupported("CUDA: at most 65535 lanes per call");
+  AccumulateScoresKernel<<<dim3(Blocks(a.max_tokens, 256), a.num_lanes), 256, 0,
                            ToStream(stream)>>>(a);
   return LaunchStatus();
 }

@@ -1,6 +1,6 @@
-// CUDA write (quantize + scatter), read (gather + dequantize), record gather and RoPE
-// re-rotation. Write and read use one warp per token row; lane l owns elements
-// l + 32k, and group statistics are warp (or half-warp) reductions. The arithmetic is the
+// CUDA write (quantize + scatter), read (gather + dequantize), record reads and gathers
+// (byte copies) and RoPE re-rotation. Write and read use one warp per token row; lane l owns
+// elements l + 32k, and group statistics are warp (or half-warp) reductions. The arithmetic is the
 // same as QuantizeRecord's (max reductions are exact, the per-element ops identical), so
 // records match the reference bit for bit.
 #include "common/rope.h"
@@ -145,10 +145,6 @@ __global__ void WriteTokensKernel(WriteTokensArgs a, int64_t stride) {
     uint8_t* rec = which == 0 ? KeyRecord(a.arena, b, s) : ValueRecord(a.arena, b, s);
     QuantizeWarp<KMAX>(a.arena.layout.format, d, x, lane, rec);
   }
-  if (lane == 0) {
-    *PositionPtr(a.arena, b, s) = a.positions[row];
-    *ScorePtr(a.arena, b, s) = 0.0f;
-  }
 }
 
 template <int KMAX>
@@ -170,9 +166,28 @@ __global__ void ReadTokensKernel(ReadTokensArgs a, int64_t stride) {
     if (a.values != nullptr)
       StoreElement(a.values, a.dtype, row * stride + j, DequantizeElement(f, d, vrec, j));
   }
-  if (lane == 0) {
-    if (a.positions != nullptr) a.positions[row] = *PositionPtr(a.arena, b, s);
-    if (a.scores != nullptr) a.scores[row] = *ScorePtr(a.arena, b, s);
+}
+
+// Records are 4-byte multiples and 4-byte aligned in blocks and in the dense outputs.
+__device__ __forceinline__ void CopyRecordWarp(uint32_t* dst, const uint32_t* src, int words,
+                                               int lane) {
+  for (int w = lane; w < words; w += 32) dst[w] = src[w];
+}
+
+__global__ void ReadRecordsKernel(ReadRecordsArgs a) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= a.num_rows) return;
+  const int lane = threadIdx.x & 31;
+  const int32_t b = a.src_blocks[row], s = a.src_slots[row];
+  const size_t rec = a.arena.layout.record_bytes;
+  const int words = static_cast<int>(rec / 4);
+  if (a.keys != nullptr) {
+    CopyRecordWarp(reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(a.keys) + row * rec),
+                   reinterpret_cast<const uint32_t*>(KeyRecord(a.arena, b, s)), words, lane);
+  }
+  if (a.values != nullptr) {
+    CopyRecordWarp(reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(a.values) + row * rec),
+                   reinterpret_cast<const uint32_t*>(ValueRecord(a.arena, b, s)), words, lane);
   }
 }
 
@@ -182,20 +197,11 @@ __global__ void GatherKernel(GatherArgs a) {
   const int lane = threadIdx.x & 31;
   const int32_t sb = a.src_blocks[row], ss = a.src_slots[row];
   const int32_t db = a.dst_blocks[row], ds = a.dst_slots[row];
-  const int words =
-      static_cast<int>(a.src.layout.record_bytes / 4);  // records are 4-byte multiples
-  const uint32_t* sk = reinterpret_cast<const uint32_t*>(KeyRecord(a.src, sb, ss));
-  const uint32_t* sv = reinterpret_cast<const uint32_t*>(ValueRecord(a.src, sb, ss));
-  uint32_t* dk = reinterpret_cast<uint32_t*>(KeyRecord(a.dst, db, ds));
-  uint32_t* dv = reinterpret_cast<uint32_t*>(ValueRecord(a.dst, db, ds));
-  for (int w = lane; w < words; w += 32) {
-    dk[w] = sk[w];
-    dv[w] = sv[w];
-  }
-  if (lane == 0) {
-    *PositionPtr(a.dst, db, ds) = *PositionPtr(a.src, sb, ss);
-    *ScorePtr(a.dst, db, ds) = *ScorePtr(a.src, sb, ss);
-  }
+  const int words = static_cast<int>(a.src.layout.record_bytes / 4);
+  CopyRecordWarp(reinterpret_cast<uint32_t*>(KeyRecord(a.dst, db, ds)),
+                 reinterpret_cast<const uint32_t*>(KeyRecord(a.src, sb, ss)), words, lane);
+  CopyRecordWarp(reinterpret_cast<uint32_t*>(ValueRecord(a.dst, db, ds)),
+                 reinterpret_cast<const uint32_t*>(ValueRecord(a.src, sb, ss)), words, lane);
 }
 
 // One thread per row with the shared scalar codec: re-rotation is rare next to reads.
@@ -208,7 +214,6 @@ __global__ void RerotateKernel(RerotateArgs a) {
   DequantizeRecord(l.format, l.head_dim, rec, x);
   internal::RopeRotate(a.rope, l.head_dim, a.deltas[row], x);
   QuantizeRecord(l.format, l.head_dim, x, rec);
-  if (a.update_positions) *PositionPtr(a.arena, a.blocks[row], a.slots[row]) += a.deltas[row];
 }
 
 }  // namespace
@@ -233,6 +238,13 @@ KernelStatus LaunchReadTokens(const ReadTokensArgs& a, StreamHandle stream) {
                                                                                            stride);
     return LaunchStatus();
   });
+}
+
+KernelStatus LaunchReadRecords(const ReadRecordsArgs& a, StreamHandle stream) {
+  if (a.num_rows == 0) return KernelStatus::Ok();
+  ReadRecordsKernel<<<Blocks(a.num_rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0,
+                      ToStream(stream)>>>(a);
+  return LaunchStatus();
 }
 
 KernelStatus LaunchGather(const GatherArgs& a, StreamHandle stream) {

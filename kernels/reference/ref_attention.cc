@@ -47,12 +47,9 @@ void DecodeAttention(const DecodeAttentionArgs& a) {
         a.lse[row] = n > 0 ? m + std::log(sum) : -std::numeric_limits<float>::infinity();
       }
     }
-    if (a.accumulate_scores) {
-      for (int32_t t = 0; t < n; ++t) {
-        int32_t b, s;
-        LaneTokenSlot(a.lanes, l.block_tokens, lane, t, &b, &s);
-        *ScorePtr(a.arena, b, s) += mean_w[t];
-      }
+    if (a.scores != nullptr) {
+      float* scores = a.scores + static_cast<size_t>(lane) * a.lanes.max_tokens;
+      for (int32_t t = 0; t < n; ++t) scores[t] += mean_w[t];
     }
   }
 }

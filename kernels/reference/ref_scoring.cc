@@ -11,18 +11,15 @@ namespace kvc::kernels::reference {
 namespace {
 
 // All stored keys of a lane, dequantized: [n, head_dim].
-std::vector<float> LaneKeys(const PagedArena& arena, const LaneTable& lanes, int32_t lane,
-                            std::vector<int32_t>* positions) {
+std::vector<float> LaneKeys(const PagedArena& arena, const LaneTable& lanes, int32_t lane) {
   const BlockLayout& l = arena.layout;
   const int32_t n = lanes.num_tokens[lane];
   std::vector<float> k(static_cast<size_t>(n) * l.head_dim);
-  positions->resize(n);
   for (int32_t t = 0; t < n; ++t) {
     int32_t b, s;
     LaneTokenSlot(lanes, l.block_tokens, lane, t, &b, &s);
     DequantizeRecord(l.format, l.head_dim, KeyRecord(arena, b, s),
                      &k[static_cast<size_t>(t) * l.head_dim]);
-    (*positions)[t] = *PositionPtr(arena, b, s);
   }
   return k;
 }
@@ -39,8 +36,8 @@ void SnapKvScore(const SnapKvScoreArgs& a) {
   const float scale = a.scale != 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
   for (int32_t lane = 0; lane < a.lanes.num_lanes; ++lane) {
     const int32_t n = a.lanes.num_tokens[lane];
-    std::vector<int32_t> pos;
-    const std::vector<float> keys = LaneKeys(a.arena, a.lanes, lane, &pos);
+    const std::vector<float> keys = LaneKeys(a.arena, a.lanes, lane);
+    const int32_t* pos = a.key_positions + static_cast<size_t>(lane) * a.lanes.max_tokens;
     std::vector<float> score(n, 0.0f), vote(n), logits(n);
     const int32_t pooled_len = std::max(0, n - a.window);
     for (int g = 0; g < a.group_size; ++g) {
@@ -84,52 +81,37 @@ void SnapKvScore(const SnapKvScoreArgs& a) {
         score[t] += v / static_cast<float>(a.group_size);
       }
     }
-    for (int32_t t = 0; t < n; ++t) {
-      int32_t b, s;
-      LaneTokenSlot(a.lanes, l.block_tokens, lane, t, &b, &s);
-      float* dst = ScorePtr(a.arena, b, s);
-      *dst = a.mode == ScoreMode::kAccumulate ? *dst + score[t] : score[t];
-      if (a.out_scores != nullptr)
-        a.out_scores[static_cast<size_t>(lane) * a.lanes.max_tokens + t] = score[t];
-    }
+    float* dst = a.scores + static_cast<size_t>(lane) * a.lanes.max_tokens;
+    for (int32_t t = 0; t < n; ++t)
+      dst[t] = a.mode == ScoreMode::kAccumulate ? dst[t] + score[t] : score[t];
   }
 }
 
 void AccumulateScores(const AccumulateScoresArgs& a) {
-  const BlockLayout& l = a.arena.layout;
-  for (int32_t lane = 0; lane < a.lanes.num_lanes; ++lane) {
-    for (int32_t t = 0; t < a.lanes.num_tokens[lane]; ++t) {
+  for (int32_t lane = 0; lane < a.num_lanes; ++lane) {
+    float* scores = a.scores + static_cast<size_t>(lane) * a.max_tokens;
+    for (int32_t t = 0; t < a.num_tokens[lane]; ++t) {
       float sum = 0.0f;
-      for (int g = 0; g < a.group_size; ++g) {
-        sum += a.weights[(static_cast<size_t>(lane) * a.group_size + g) * a.lanes.max_tokens + t];
-      }
-      int32_t b, s;
-      LaneTokenSlot(a.lanes, l.block_tokens, lane, t, &b, &s);
-      *ScorePtr(a.arena, b, s) += sum / static_cast<float>(a.group_size);
+      for (int g = 0; g < a.group_size; ++g)
+        sum += a.weights[(static_cast<size_t>(lane) * a.group_size + g) * a.max_tokens + t];
+      scores[t] += sum / static_cast<float>(a.group_size);
     }
   }
 }
 
 void Select(const SelectArgs& a) {
-  const BlockLayout& l = a.arena.layout;
-  for (int32_t lane = 0; lane < a.lanes.num_lanes; ++lane) {
-    const int32_t n = a.lanes.num_tokens[lane];
-    uint8_t* keep = a.keep + static_cast<size_t>(lane) * a.lanes.max_tokens;
-    std::fill(keep, keep + a.lanes.max_tokens, 0);
-    const int64_t budget = std::max<int64_t>(0, a.budgets != nullptr ? a.budgets[lane] : a.budget);
-    if (static_cast<int64_t>(n) <= static_cast<int64_t>(a.sinks) + a.recent + budget) {
+  for (int32_t lane = 0; lane < a.num_lanes; ++lane) {
+    const int32_t n = a.num_tokens[lane];
+    const size_t row = static_cast<size_t>(lane) * a.max_tokens;
+    uint8_t* keep = a.keep + row;
+    std::fill(keep, keep + a.max_tokens, 0);
+    if (static_cast<int64_t>(n) <= static_cast<int64_t>(a.sinks) + a.recent + a.budget) {
       std::fill(keep, keep + n, 1);
-      if (a.kept != nullptr) a.kept[lane] = n;
       continue;
     }
-    std::vector<int32_t> pos(n);
+    const int32_t* pos = a.positions + row;
     std::vector<float> score(n);
-    for (int32_t t = 0; t < n; ++t) {
-      int32_t b, s;
-      LaneTokenSlot(a.lanes, l.block_tokens, lane, t, &b, &s);
-      pos[t] = *PositionPtr(a.arena, b, s);
-      score[t] = ScoreForRanking(*ScorePtr(a.arena, b, s));
-    }
+    for (int32_t t = 0; t < n; ++t) score[t] = ScoreForRanking(a.scores[row + t]);
     std::vector<int32_t> by_pos(n);
     for (int32_t t = 0; t < n; ++t) by_pos[t] = t;
     std::sort(by_pos.begin(), by_pos.end(),
@@ -142,8 +124,7 @@ void Select(const SelectArgs& a) {
       if (score[x] != score[y]) return score[x] > score[y];
       return pos[x] != pos[y] ? pos[x] < pos[y] : x < y;
     });
-    for (int64_t i = 0; i < budget; ++i) keep[rest[i]] = 1;
-    if (a.kept != nullptr) a.kept[lane] = static_cast<int32_t>(a.sinks + a.recent + budget);
+    for (int32_t i = 0; i < a.budget; ++i) keep[rest[i]] = 1;
   }
 }
 

@@ -19,8 +19,6 @@ void WriteTokens(const WriteTokensArgs& a) {
     QuantizeRecord(l.format, l.head_dim, x.data(), KeyRecord(a.arena, b, s));
     for (int j = 0; j < l.head_dim; ++j) x[j] = LoadElement(a.values, a.dtype, r * stride + j);
     QuantizeRecord(l.format, l.head_dim, x.data(), ValueRecord(a.arena, b, s));
-    *PositionPtr(a.arena, b, s) = a.positions[r];
-    *ScorePtr(a.arena, b, s) = 0.0f;
   }
 }
 
@@ -39,8 +37,17 @@ void ReadTokens(const ReadTokensArgs& a) {
                      DequantizeElement(l.format, l.head_dim, ValueRecord(a.arena, b, s), j));
       }
     }
-    if (a.positions != nullptr) a.positions[r] = *PositionPtr(a.arena, b, s);
-    if (a.scores != nullptr) a.scores[r] = *ScorePtr(a.arena, b, s);
+  }
+}
+
+void ReadRecords(const ReadRecordsArgs& a) {
+  const size_t rec = a.arena.layout.record_bytes;
+  for (int32_t r = 0; r < a.num_rows; ++r) {
+    const int32_t b = a.src_blocks[r], s = a.src_slots[r];
+    if (a.keys != nullptr)
+      std::memcpy(static_cast<uint8_t*>(a.keys) + r * rec, KeyRecord(a.arena, b, s), rec);
+    if (a.values != nullptr)
+      std::memcpy(static_cast<uint8_t*>(a.values) + r * rec, ValueRecord(a.arena, b, s), rec);
   }
 }
 
@@ -51,8 +58,6 @@ void Gather(const GatherArgs& a) {
     const int32_t db = a.dst_blocks[r], ds = a.dst_slots[r];
     std::memcpy(KeyRecord(a.dst, db, ds), KeyRecord(a.src, sb, ss), rec);
     std::memcpy(ValueRecord(a.dst, db, ds), ValueRecord(a.src, sb, ss), rec);
-    *PositionPtr(a.dst, db, ds) = *PositionPtr(a.src, sb, ss);
-    *ScorePtr(a.dst, db, ds) = *ScorePtr(a.src, sb, ss);
   }
 }
 
@@ -64,7 +69,6 @@ void Rerotate(const RerotateArgs& a) {
     for (int j = 0; j < l.head_dim; ++j) x[j] = DequantizeElement(l.format, l.head_dim, rec, j);
     internal::RopeRotate(a.rope, l.head_dim, a.deltas[r], x.data());
     QuantizeRecord(l.format, l.head_dim, x.data(), rec);
-    if (a.update_positions) *PositionPtr(a.arena, a.blocks[r], a.slots[r]) += a.deltas[r];
   }
 }
 

@@ -20,12 +20,12 @@ class ReferenceBackend final : public internal::HostBackend {
   }
   KVC_REF_OP(WriteTokens, WriteTokensArgs)
   KVC_REF_OP(ReadTokens, ReadTokensArgs)
+  KVC_REF_OP(ReadRecords, ReadRecordsArgs)
   KVC_REF_OP(Gather, GatherArgs)
   KVC_REF_OP(Rerotate, RerotateArgs)
   KVC_REF_OP(SnapKvScore, SnapKvScoreArgs)
   KVC_REF_OP(AccumulateScores, AccumulateScoresArgs)
   KVC_REF_OP(Select, SelectArgs)
-  KVC_REF_OP(Compact, CompactArgs)
   KVC_REF_OP(DecodeAttention, DecodeAttentionArgs)
 #undef KVC_REF_OP
 };

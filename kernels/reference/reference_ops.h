@@ -9,12 +9,12 @@ namespace kvc::kernels::reference {
 
 void WriteTokens(const WriteTokensArgs& a);
 void ReadTokens(const ReadTokensArgs& a);
+void ReadRecords(const ReadRecordsArgs& a);
 void Gather(const GatherArgs& a);
 void Rerotate(const RerotateArgs& a);
 void SnapKvScore(const SnapKvScoreArgs& a);
 void AccumulateScores(const AccumulateScoresArgs& a);
 void Select(const SelectArgs& a);
-void Compact(const CompactArgs& a);
 void DecodeAttention(const DecodeAttentionArgs& a);
 
 }  // namespace kvc::kernels::reference

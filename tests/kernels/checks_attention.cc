@@ -17,6 +17,7 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
     bool weights;
     std::vector<int32_t> tokens;
     int block_tokens = 16;
+    int pad = 0;  // max_tokens past the longest lane
   };
   // Lanes shorter than a CPU tile (32) and a vector, empty lanes, chunk (256) edges, head
   // groups split over register blocks (G 5..12), head_dim with an odd number of 16-float
@@ -27,15 +28,17 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
       {128, 8, DType::kBF16, true, {33, 1030}},    {64, 4, DType::kF16, true, {5, 0, 31, 3}},
       {128, 4, DType::kF16, false, {257, 3, 512}}, {48, 8, DType::kF32, true, {40, 77}, 12},
       {128, 12, DType::kBF16, true, {70}},         {64, 5, DType::kF16, false, {300, 1}},
-      {16, 7, DType::kF32, true, {45}, 8},         {128, 1, DType::kF16, true, {2, 513}, 32},
+      {16, 7, DType::kF32, true, {45}, 8, 3},      {128, 1, DType::kF16, true, {2, 513}, 32, 9},
       {256, 2, DType::kF32, false, {100}},         {256, 64, DType::kF16, true, {70, 3}},
   };
   for (StorageFormat f : AllFormats()) {
     for (const Case& c : cases) {
       if (!FormatSupportsHeadDim(f, c.d)) continue;
       const BlockLayout l = MakeBlockLayout(f, c.d, c.block_tokens);
-      const LaneSpec lanes = MakeLanes(l, c.tokens, 0, rng);
-      const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, true, rng);
+      LaneSpec lanes = MakeLanes(l, c.tokens, 0, rng);
+      lanes.max_tokens += c.pad;
+      const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
+      const std::vector<float> init = MakeScores(lanes, rng);
       const int32_t L = lanes.num_lanes();
       const std::vector<uint8_t> q = ToDType(
           RandomRows(static_cast<int64_t>(L) * c.group, c.d, DataKind::kGaussian, rng), c.dtype);
@@ -54,20 +57,14 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
         a.queries = s.Upload(q);
         a.out = s.Alloc(out_bytes);
         a.weights = c.weights ? static_cast<float*>(s.Alloc(nw * 4)) : nullptr;
-        a.accumulate_scores = c.weights;
+        a.scores = c.weights ? s.Upload(init) : nullptr;
         a.lse = static_cast<float*>(s.Alloc(static_cast<size_t>(L) * c.group * 4));
         if (!ctx.ExpectOk(backends[i]->DecodeAttention(a, StreamHandle{}), "DecodeAttention"))
           return;
         out[i] = DecodeDense(s.DownloadBytes(a.out, out_bytes), c.dtype);
         if (c.weights) weights[i] = s.Download(a.weights, nw);
         lse[i] = s.Download(a.lse, static_cast<size_t>(L) * c.group);
-        PagedArena host{nullptr, l, lanes.num_blocks};
-        std::vector<uint8_t> bytes = s.DownloadBytes(a.arena.base, arena.size());
-        host.base = bytes.data();
-        std::vector<int32_t> blocks, slots;
-        lanes.Rows(&blocks, &slots);
-        for (size_t r = 0; r < blocks.size(); ++r)
-          scores[i].push_back(*ScorePtr(host, blocks[r], slots[r]));
+        if (c.weights) scores[i] = s.Download(a.scores, init.size());
       }
       const std::string what = Str("decode ", ShapeName(l), " G", c.group, " ", DTypeName(c.dtype));
       const double out_tol = c.dtype == DType::kF32 ? 1e-9 : 1e-5;
@@ -80,8 +77,11 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
       if (c.weights) {
         ctx.Expect(Nmse(weights[0], weights[1]) < 1e-9,
                    Str(what, ": weights NMSE ", Nmse(weights[0], weights[1])));
-        ctx.Expect(Nmse(scores[0], scores[1]) < 1e-10,
-                   Str(what, ": scores NMSE ", Nmse(scores[0], scores[1])));
+        const std::vector<float> want = StoredValues(lanes, scores[0]);
+        const std::vector<float> got = StoredValues(lanes, scores[1]);
+        ctx.Expect(Nmse(want, got) < 1e-10, Str(what, ": scores NMSE ", Nmse(want, got)));
+        const int64_t slot = FirstTouchedPadding(lanes, init.data(), scores[1].data(), 4);
+        ctx.Expect(slot < 0, Str(what, ": score slot ", slot, " past its lane was written"));
       }
     }
   }
@@ -96,9 +96,9 @@ KVC_SPEC_CHECK(DecodeAttentionIsSoftmaxAttention) {
   const int d = 64, G = 2;
   const BlockLayout l = MakeBlockLayout(StorageFormat::kF32, d, 16);
   const LaneSpec lanes = MakeLanes(l, {45}, 0, rng);
-  std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, true, rng);
+  std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
   const std::vector<float> q = RandomRows(G, d, DataKind::kGaussian, rng);
-  std::vector<float> out(G * d), w(G * 45);
+  std::vector<float> out(G * d), w(G * 45), scores(45, 0.5f);
   DecodeAttentionArgs a;
   a.arena = PagedArena{arena.data(), l, lanes.num_blocks};
   a.lanes = LaneTable{1, lanes.offsets.data(), lanes.ids.data(), lanes.tokens.data(), 45};
@@ -107,6 +107,7 @@ KVC_SPEC_CHECK(DecodeAttentionIsSoftmaxAttention) {
   a.queries = q.data();
   a.out = out.data();
   a.weights = w.data();
+  a.scores = scores.data();
   std::vector<float> lse(G);
   a.lse = lse.data();
   ctx.ExpectOk(ref->DecodeAttention(a, StreamHandle{}), "DecodeAttention");
@@ -132,6 +133,13 @@ KVC_SPEC_CHECK(DecodeAttentionIsSoftmaxAttention) {
       ctx.Expect(std::fabs(w[g * 45 + t] - logit[t] / sum) < 1e-6,
                  "weights are softmax probabilities");
     }
+    if (g == G - 1) {
+      for (int t = 0; t < 45; ++t) {
+        const float mean = (w[t] + w[45 + t]) / 2;
+        ctx.Expect(std::fabs(scores[t] - (0.5f + mean)) < 1e-6f,
+                   "scores += the group mean of the weights");
+      }
+    }
     for (int j = 0; j < d; ++j) want[j] = static_cast<float>(acc[j]);
     ctx.Expect(Nmse(want, got) < 1e-10,
                Str("reference decode vs double attention, NMSE ", Nmse(want, got)));
@@ -148,7 +156,7 @@ KVC_SPEC_CHECK(DecodeAttentionMergesByLse) {
   const int d = 64, G = 3, n = 45, split = 32;
   const BlockLayout l = MakeBlockLayout(StorageFormat::kF32, d, 16);
   const LaneSpec lanes = MakeLanes(l, {n}, 0, rng);
-  std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, true, rng);
+  std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
   const std::vector<float> q = RandomRows(G, d, DataKind::kGaussian, rng);
   const PagedArena pa{arena.data(), l, lanes.num_blocks};
   auto attend = [&](const int32_t* ids, int32_t tokens, std::vector<float>* out,

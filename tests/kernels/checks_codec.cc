@@ -82,9 +82,8 @@ std::vector<uint8_t> WriteWith(KernelBackend& b, CheckContext& ctx, const BlockL
                                int32_t num_blocks, const std::vector<uint8_t>& rows, DType dtype,
                                int32_t n) {
   Session s(b, ctx);
-  std::vector<int32_t> blocks(n), slots(n), pos(n);
+  std::vector<int32_t> blocks(n), slots(n);
   for (int32_t r = 0; r < n; ++r) blocks[r] = r / l.block_tokens, slots[r] = r % l.block_tokens;
-  for (int32_t r = 0; r < n; ++r) pos[r] = r;
   const std::vector<uint8_t> init(static_cast<size_t>(num_blocks) * l.block_bytes, 0xa5);
   WriteTokensArgs w;
   w.arena = PagedArena{s.UploadBytes(init.data(), init.size()), l, num_blocks};
@@ -92,7 +91,6 @@ std::vector<uint8_t> WriteWith(KernelBackend& b, CheckContext& ctx, const BlockL
   w.dtype = dtype;
   w.keys = s.UploadBytes(rows.data(), rows.size());
   w.values = w.keys;
-  w.positions = s.Upload(pos);
   w.dst_blocks = s.Upload(blocks);
   w.dst_slots = s.Upload(slots);
   if (!ctx.ExpectOk(b.WriteTokens(w, StreamHandle{}), "WriteTokens")) return {};

@@ -105,9 +105,12 @@ KVC_SPEC_CHECK(RecordLayouts) {
     for (int d : {16, 32, 64, 128, 256}) {
       if (!FormatSupportsHeadDim(f, d)) continue;
       const BlockLayout l = MakeBlockLayout(f, d, 16);
-      ctx.Expect(l.block_bytes % 64 == 0 && l.value_offset % 16 == 0 &&
-                     l.positions_offset % 16 == 0 && l.scores_offset % 16 == 0,
+      ctx.Expect(l.block_bytes % 64 == 0 && l.value_offset % 16 == 0,
                  Str("alignment of ", ShapeName(l)));
+      // Records only: K then V (16-byte aligned), padded to 64 bytes and nothing else.
+      ctx.Expect(l.key_offset == 0 && l.value_offset == AlignUp(16 * l.record_bytes, 16) &&
+                     l.block_bytes == AlignUp(l.value_offset + 16 * l.record_bytes, 64),
+                 Str("records-only block of ", ShapeName(l)));
     }
   }
 }

@@ -1,7 +1,9 @@
-// The service's SnapKV path composed on one backend: score -> select -> compact -> decode.
-// Attention is permutation-invariant over (key, value) pairs, so decoding the compacted lanes
-// must equal the reference decoding a fresh arena holding exactly the kept tokens in
-// their original order (compression.md, suggested acceptance test 6).
+// The service's SnapKV path composed on one backend: score -> select -> gather the kept
+// tokens into fresh blocks (copy-on-write compaction; positions and scores follow in the
+// caller's metadata) -> decode with H2O accumulation. Attention is permutation-invariant over
+// (key, value) pairs, so the backend gathers the survivors in reverse order and must still
+// equal the reference decoding a fresh arena holding exactly the kept tokens in their
+// original order (compression.md, suggested acceptance test 6).
 #include <algorithm>
 #include <random>
 
@@ -11,13 +13,26 @@
 namespace kvc::kernels::testing {
 namespace {
 
+// Fresh lanes for `kept[l]` tokens each and the (block, slot) of each of their tokens.
+struct FreshLanes {
+  LaneSpec spec;
+  std::vector<int32_t> blocks, slots;
+};
+FreshLanes MakeFresh(const BlockLayout& l, const std::vector<int32_t>& kept, std::mt19937& rng) {
+  FreshLanes f;
+  f.spec = MakeLanes(l, kept, 0, rng);
+  f.spec.Rows(&f.blocks, &f.slots);
+  return f;
+}
+
 KVC_BACKEND_CHECK(SnapKvPipelineMatchesGatheredReference) {
   std::mt19937 rng(41);
   const int G = 2, window = 8, budget = 20, d = 64;
   for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32, StorageFormat::kNvfp4}) {
     const BlockLayout l = MakeBlockLayout(f, d, 16);
     const LaneSpec lanes = MakeLanes(l, {100, 29, 17}, 0, rng);
-    const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, false, rng);
+    const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
+    const std::vector<int32_t> positions = MakePositions(lanes, false, rng);
     const int32_t L = lanes.num_lanes();
     const std::vector<uint8_t> qw = ToDType(
         RandomRows(static_cast<int64_t>(L) * G * window, d, DataKind::kGaussian, rng), DType::kF32);
@@ -29,13 +44,12 @@ KVC_BACKEND_CHECK(SnapKvPipelineMatchesGatheredReference) {
     }
     const size_t keep_n = static_cast<size_t>(L) * lanes.max_tokens;
 
-    // Backend under test: the whole pipeline in its own memory.
-    std::vector<float> got;
+    // Backend under test: score and select in its own memory.
+    std::vector<float> scores;
     std::vector<uint8_t> keep;
-    std::vector<int32_t> new_tokens, new_blocks;
+    Session s(*ctx.backend, ctx);
+    const DeviceLanes dl = UploadLanes(s, lanes, arena);
     {
-      Session s(*ctx.backend, ctx);
-      DeviceLanes dl = UploadLanes(s, lanes, arena);
       SnapKvScoreArgs sk;
       sk.arena = dl.arena;
       sk.lanes = dl.table;
@@ -44,89 +58,108 @@ KVC_BACKEND_CHECK(SnapKvPipelineMatchesGatheredReference) {
       sk.query_dtype = DType::kF32;
       sk.queries = s.Upload(qw);
       sk.query_positions = s.Upload(qpos);
+      sk.key_positions = s.Upload(positions);
       sk.pool_kernel = 7;
       sk.pool = PoolKind::kMax;
+      sk.scores = static_cast<float*>(s.Alloc(keep_n * 4));
       if (!ctx.ExpectOk(ctx.backend->SnapKvScore(sk, StreamHandle{}), "SnapKvScore")) return;
       SelectArgs sel;
-      sel.arena = dl.arena;
-      sel.lanes = dl.table;
+      sel.num_lanes = L;
+      sel.num_tokens = dl.table.num_tokens;
+      sel.max_tokens = lanes.max_tokens;
+      sel.positions = sk.key_positions;
+      sel.scores = sk.scores;
       sel.recent = window;
       sel.budget = budget;
       sel.keep = static_cast<uint8_t*>(s.Alloc(keep_n));
       if (!ctx.ExpectOk(ctx.backend->Select(sel, StreamHandle{}), "Select")) return;
-      CompactArgs c;
-      c.arena = dl.arena;
-      c.lanes = dl.table;
-      c.keep = sel.keep;
-      c.new_num_tokens = static_cast<int32_t*>(s.Alloc(L * 4));
-      c.new_num_blocks = static_cast<int32_t*>(s.Alloc(L * 4));
-      if (!ctx.ExpectOk(ctx.backend->Compact(c, StreamHandle{}), "Compact")) return;
       keep = s.DownloadBytes(sel.keep, keep_n);
-      new_tokens = s.Download(c.new_num_tokens, L);
-      new_blocks = s.Download(c.new_num_blocks, L);
-      LaneTable compacted = dl.table;
-      compacted.num_tokens = s.Upload(new_tokens);
-      DecodeAttentionArgs da;
-      da.arena = dl.arena;
-      da.lanes = compacted;
-      da.group_size = G;
-      da.dtype = DType::kF32;
-      da.queries = s.Upload(qd);
-      da.out = s.Alloc(static_cast<size_t>(L) * G * d * 4);
-      if (!ctx.ExpectOk(ctx.backend->DecodeAttention(da, StreamHandle{}), "DecodeAttention"))
-        return;
-      got = s.Download(static_cast<const float*>(da.out), static_cast<size_t>(L) * G * d);
+      scores = s.Download(sk.scores, keep_n);
+      // The reference selects the same set from the same metadata.
+      std::vector<uint8_t> ref_keep(keep_n);
+      sel.num_tokens = lanes.tokens.data();
+      sel.positions = positions.data();
+      sel.scores = scores.data();
+      sel.keep = ref_keep.data();
+      if (!ctx.ExpectOk(ctx.reference->Select(sel, StreamHandle{}), "reference Select")) return;
+      ctx.Expect(ref_keep == keep, Str(StorageFormatName(f), ": keep equals the reference's"));
     }
 
-    // Reference: the kept tokens (by the backend's own keep mask) gathered in original order.
+    // The kept tokens in original order (reference side) and reversed (backend side).
     std::vector<int32_t> kept_tokens;
-    std::vector<int32_t> sb, ss, db, ds;
+    std::vector<std::vector<int32_t>> kept(L);
     for (int32_t lane = 0; lane < L; ++lane) {
       const int32_t n = lanes.tokens[lane];
-      const int32_t want = std::min(n, window + budget);
-      int32_t k = 0;
       for (int32_t t = 0; t < n; ++t) {
-        if (!keep[static_cast<size_t>(lane) * lanes.max_tokens + t]) continue;
-        sb.push_back(lanes.ids[lanes.offsets[lane] + t / 16]);
-        ss.push_back(t % 16);
-        ++k;
+        if (keep[static_cast<size_t>(lane) * lanes.max_tokens + t]) kept[lane].push_back(t);
       }
-      ctx.Expect(
-          k == want && new_tokens[lane] == want && new_blocks[lane] == (want + 15) / 16,
-          Str(StorageFormatName(f), " lane ", lane, ": kept ", k, " reported ", new_tokens[lane]));
+      const int32_t want = std::min(n, window + budget);
+      ctx.Expect(static_cast<int32_t>(kept[lane].size()) == want,
+                 Str(StorageFormatName(f), " lane ", lane, ": kept ", kept[lane].size()));
       for (int32_t t = n - window; t < n; ++t) {
         ctx.Expect(keep[static_cast<size_t>(lane) * lanes.max_tokens + t] == 1,
                    "window tokens are kept");
       }
-      kept_tokens.push_back(k);
+      kept_tokens.push_back(static_cast<int32_t>(kept[lane].size()));
     }
-    const LaneSpec fresh = MakeLanes(l, kept_tokens, 0, rng);
-    fresh.Rows(&db, &ds);
-    std::vector<uint8_t> fresh_arena(static_cast<size_t>(fresh.num_blocks) * l.block_bytes, 0);
-    std::vector<uint8_t> src = arena;
-    GatherArgs g;
-    g.src = PagedArena{src.data(), l, lanes.num_blocks};
-    g.dst = PagedArena{fresh_arena.data(), l, fresh.num_blocks};
-    g.num_rows = static_cast<int32_t>(sb.size());
-    g.src_blocks = sb.data();
-    g.src_slots = ss.data();
-    g.dst_blocks = db.data();
-    g.dst_slots = ds.data();
-    if (!ctx.ExpectOk(ctx.reference->Gather(g, StreamHandle{}), "reference Gather")) return;
-    std::vector<float> want(static_cast<size_t>(L) * G * d);
-    DecodeAttentionArgs da;
-    da.arena = g.dst;
-    da.lanes =
-        LaneTable{L, fresh.offsets.data(), fresh.ids.data(), fresh.tokens.data(), fresh.max_tokens};
-    da.group_size = G;
-    da.dtype = DType::kF32;
-    da.queries = qd.data();
-    da.out = want.data();
-    if (!ctx.ExpectOk(ctx.reference->DecodeAttention(da, StreamHandle{}),
-                      "reference DecodeAttention"))
-      return;
-    ctx.Expect(Nmse(want, got) < 1e-9,
-               Str(StorageFormatName(f), ": compacted attention NMSE ", Nmse(want, got)));
+    const FreshLanes fresh = MakeFresh(l, kept_tokens, rng);
+    std::vector<float> want_out(static_cast<size_t>(L) * G * d), got_out = want_out;
+    const size_t fresh_n = static_cast<size_t>(L) * fresh.spec.max_tokens;
+    std::vector<float> want_scores(fresh_n, 0.0f), got_scores(fresh_n, 0.0f);
+    for (int side = 0; side < 2; ++side) {  // 0: reference, original order; 1: backend, reversed
+      KernelBackend& b = side == 0 ? *ctx.reference : *ctx.backend;
+      Session fs(b, ctx);
+      std::vector<int32_t> sb, ss, db, ds;
+      std::vector<float> fresh_scores(fresh_n, 0.0f);
+      size_t row = 0;
+      for (int32_t lane = 0; lane < L; ++lane) {
+        const int32_t k = kept_tokens[lane];
+        for (int32_t j = 0; j < k; ++j, ++row) {
+          const int32_t t = side == 0 ? kept[lane][j] : kept[lane][k - 1 - j];
+          sb.push_back(lanes.ids[lanes.offsets[lane] + t / 16]);
+          ss.push_back(t % 16);
+          db.push_back(fresh.blocks[row]);
+          ds.push_back(fresh.slots[row]);
+          fresh_scores[static_cast<size_t>(lane) * fresh.spec.max_tokens + j] =
+              scores[static_cast<size_t>(lane) * lanes.max_tokens + t];
+        }
+      }
+      GatherArgs g;
+      g.src = PagedArena{fs.UploadBytes(arena.data(), arena.size()), l, lanes.num_blocks};
+      g.dst = PagedArena{fs.Alloc(static_cast<size_t>(fresh.spec.num_blocks) * l.block_bytes), l,
+                         fresh.spec.num_blocks};
+      g.num_rows = static_cast<int32_t>(sb.size());
+      g.src_blocks = fs.Upload(sb);
+      g.src_slots = fs.Upload(ss);
+      g.dst_blocks = fs.Upload(db);
+      g.dst_slots = fs.Upload(ds);
+      if (!ctx.ExpectOk(b.Gather(g, StreamHandle{}), "Gather")) return;
+      const DeviceLanes fl = UploadLanes(fs, fresh.spec, {});
+      DecodeAttentionArgs da;
+      da.arena = g.dst;
+      da.lanes = fl.table;
+      da.group_size = G;
+      da.dtype = DType::kF32;
+      da.queries = fs.Upload(qd);
+      da.out = fs.Alloc(static_cast<size_t>(L) * G * d * 4);
+      da.scores = fs.Upload(fresh_scores);
+      if (!ctx.ExpectOk(b.DecodeAttention(da, StreamHandle{}), "DecodeAttention")) return;
+      (side == 0 ? want_out : got_out) =
+          fs.Download(static_cast<const float*>(da.out), static_cast<size_t>(L) * G * d);
+      std::vector<float> out_scores = fs.Download(da.scores, fresh_n);
+      if (side == 1) {  // back to original order for the comparison
+        for (int32_t lane = 0; lane < L; ++lane) {
+          float* row_scores = &out_scores[static_cast<size_t>(lane) * fresh.spec.max_tokens];
+          std::reverse(row_scores, row_scores + kept_tokens[lane]);
+        }
+      }
+      (side == 0 ? want_scores : got_scores) = out_scores;
+    }
+    ctx.Expect(Nmse(want_out, got_out) < 1e-9,
+               Str(StorageFormatName(f), ": compacted attention NMSE ", Nmse(want_out, got_out)));
+    ctx.Expect(Nmse(want_scores, got_scores) < 1e-10,
+               Str(StorageFormatName(f), ": H2O scores after the step, NMSE ",
+                   Nmse(want_scores, got_scores)));
   }
 }
 

@@ -1,6 +1,7 @@
 // Backend checks of the token ops (write, read, gather, re-rotation) against the reference.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -87,9 +88,8 @@ KVC_BACKEND_CHECK(WriteTokensMatchesReference) {
           ToDType(RandomRows(c.rows * stride / c.d + 1, c.d, DataKind::kOutliers, rng), c.dtype);
       const std::vector<uint8_t> v =
           ToDType(RandomRows(c.rows * stride / c.d + 1, c.d, DataKind::kGaussian, rng), c.dtype);
-      std::vector<int32_t> blocks, slots, pos(c.rows);
+      std::vector<int32_t> blocks, slots;
       RandomSlots(c.rows, l, num_blocks, rng, &blocks, &slots);
-      for (auto& p : pos) p = static_cast<int32_t>(rng() % 100000);
       std::vector<uint8_t> out[2];
       KernelBackend* backends[2] = {ctx.reference, ctx.backend};
       for (int i = 0; i < 2; ++i) {
@@ -101,7 +101,6 @@ KVC_BACKEND_CHECK(WriteTokensMatchesReference) {
         w.keys = s.Upload(k);
         w.values = s.Upload(v);
         w.row_stride = c.stride;
-        w.positions = s.Upload(pos);
         w.dst_blocks = s.Upload(blocks);
         w.dst_slots = s.Upload(slots);
         if (!ctx.ExpectOk(backends[i]->WriteTokens(w, StreamHandle{}), "WriteTokens")) return;
@@ -121,7 +120,7 @@ KVC_BACKEND_CHECK(ReadTokensMatchesReference) {
       for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32}) {
         const BlockLayout l = MakeBlockLayout(f, d, 16);
         const LaneSpec lanes = MakeLanes(l, {1, 40, 16}, 2, rng);
-        const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, true, rng);
+        const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
         std::vector<int32_t> blocks, slots;
         lanes.Rows(&blocks, &slots);
         std::vector<int32_t> perm(blocks.size());
@@ -131,7 +130,7 @@ KVC_BACKEND_CHECK(ReadTokensMatchesReference) {
         for (int32_t p : perm) pb.push_back(blocks[p]), ps.push_back(slots[p]);
         const int32_t n = static_cast<int32_t>(pb.size());
         const size_t bytes = static_cast<size_t>(n) * d * DTypeSize(dtype);
-        std::vector<uint8_t> keys[2], values[2], pos[2], scores[2];
+        std::vector<uint8_t> keys[2], values[2];
         KernelBackend* backends[2] = {ctx.reference, ctx.backend};
         for (int i = 0; i < 2; ++i) {
           Session s(*backends[i], ctx);
@@ -141,18 +140,13 @@ KVC_BACKEND_CHECK(ReadTokensMatchesReference) {
           r.dtype = dtype;
           r.keys = s.Alloc(bytes);
           r.values = s.Alloc(bytes);
-          r.positions = static_cast<int32_t*>(s.Alloc(n * 4));
-          r.scores = static_cast<float*>(s.Alloc(n * 4));
           r.src_blocks = s.Upload(pb);
           r.src_slots = s.Upload(ps);
           if (!ctx.ExpectOk(backends[i]->ReadTokens(r, StreamHandle{}), "ReadTokens")) return;
           keys[i] = s.DownloadBytes(r.keys, bytes);
           values[i] = s.DownloadBytes(r.values, bytes);
-          pos[i] = s.DownloadBytes(r.positions, n * 4);
-          scores[i] = s.DownloadBytes(r.scores, n * 4);
         }
         const std::string what = Str("read ", ShapeName(l), " as ", DTypeName(dtype));
-        ctx.Expect(pos[0] == pos[1] && scores[0] == scores[1], what + ": positions/scores exact");
         if (IsRawFormat(f)) {
           ctx.Expect(keys[0] == keys[1] && values[0] == values[1], what + ": raw bytes exact");
           continue;
@@ -175,13 +169,118 @@ KVC_BACKEND_CHECK(ReadTokensMatchesReference) {
   }
 }
 
+// ReadRecords is a byte copy: identical to the reference and to the records in the arena
+// (those WriteTokens wrote), with keys or values skipped when null and nothing written past
+// the last row.
+KVC_BACKEND_CHECK(ReadRecordsMatchesReference) {
+  std::mt19937 rng(6);
+  for (StorageFormat f : AllFormats()) {
+    for (int d : {64, 128}) {
+      const BlockLayout l = MakeBlockLayout(f, d, 16);
+      const LaneSpec lanes = MakeLanes(l, {1, 40, 16}, 2, rng);
+      const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
+      std::vector<int32_t> blocks, slots;
+      lanes.Rows(&blocks, &slots);
+      std::vector<int32_t> perm(blocks.size());
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<int32_t> pb, ps;
+      for (int32_t p : perm) pb.push_back(blocks[p]), ps.push_back(slots[p]);
+      const int32_t n = static_cast<int32_t>(pb.size());
+      const size_t rec = l.record_bytes, bytes = (n + 1) * rec;  // one guard row
+      const std::vector<uint8_t> guard = RandomBytes(bytes, rng);
+      for (int skip = 0; skip < 3; ++skip) {  // 0: both outputs, 1: values only, 2: keys only
+        std::vector<uint8_t> keys[2], values[2];
+        KernelBackend* backends[2] = {ctx.reference, ctx.backend};
+        for (int i = 0; i < 2; ++i) {
+          Session s(*backends[i], ctx);
+          ReadRecordsArgs r;
+          r.arena = PagedArena{s.UploadBytes(arena.data(), arena.size()), l, lanes.num_blocks};
+          r.num_rows = n;
+          r.keys = skip == 1 ? nullptr : s.UploadBytes(guard.data(), bytes);
+          r.values = skip == 2 ? nullptr : s.UploadBytes(guard.data(), bytes);
+          r.src_blocks = s.Upload(pb);
+          r.src_slots = s.Upload(ps);
+          if (!ctx.ExpectOk(backends[i]->ReadRecords(r, StreamHandle{}), "ReadRecords")) return;
+          keys[i] = s.DownloadBytes(r.keys, r.keys != nullptr ? bytes : 0);
+          values[i] = s.DownloadBytes(r.values, r.values != nullptr ? bytes : 0);
+        }
+        const std::string what = Str("read records ", ShapeName(l), " skip ", skip);
+        ctx.Expect(keys[0] == keys[1] && values[0] == values[1], what + ": bytes exact");
+        const PagedArena host{const_cast<uint8_t*>(arena.data()), l, lanes.num_blocks};
+        for (int which = 0; which < 2; ++which) {
+          const std::vector<uint8_t>& got = which == 0 ? keys[1] : values[1];
+          if (got.empty()) continue;
+          int bad = 0;
+          for (int32_t r = 0; r < n && bad < 3; ++r) {
+            const uint8_t* want =
+                which == 0 ? KeyRecord(host, pb[r], ps[r]) : ValueRecord(host, pb[r], ps[r]);
+            if (std::memcmp(&got[r * rec], want, rec) != 0) {
+              ++bad;
+              ctx.Fail(Str(what, ": row ", r, which == 0 ? " key" : " value",
+                           " record differs from the arena's"));
+            }
+          }
+          ctx.Expect(std::memcmp(&got[n * rec], &guard[n * rec], rec) == 0,
+                     what + ": nothing written past the last row");
+        }
+      }
+    }
+  }
+}
+
+// On one backend: the records ReadRecords returns are the bytes its WriteTokens stored.
+KVC_BACKEND_CHECK(ReadRecordsReturnsWrittenRecords) {
+  std::mt19937 rng(7);
+  for (StorageFormat f : AllFormats()) {
+    const BlockLayout l = MakeBlockLayout(f, 128, 16);
+    const int32_t num_blocks = 6, n = 50;
+    std::vector<int32_t> blocks, slots;
+    RandomSlots(n, l, num_blocks, rng, &blocks, &slots);
+    const std::vector<uint8_t> k =
+        ToDType(RandomRows(n, 128, DataKind::kOutliers, rng), DType::kF16);
+    const std::vector<uint8_t> v =
+        ToDType(RandomRows(n, 128, DataKind::kGaussian, rng), DType::kF16);
+    Session s(*ctx.backend, ctx);
+    WriteTokensArgs w;
+    w.arena = PagedArena{s.Alloc(num_blocks * l.block_bytes), l, num_blocks};
+    w.num_rows = n;
+    w.dtype = DType::kF16;
+    w.keys = s.Upload(k);
+    w.values = s.Upload(v);
+    w.dst_blocks = s.Upload(blocks);
+    w.dst_slots = s.Upload(slots);
+    if (!ctx.ExpectOk(ctx.backend->WriteTokens(w, StreamHandle{}), "WriteTokens")) return;
+    ReadRecordsArgs r;
+    r.arena = w.arena;
+    r.num_rows = n;
+    r.keys = s.Alloc(n * l.record_bytes);
+    r.values = s.Alloc(n * l.record_bytes);
+    r.src_blocks = w.dst_blocks;
+    r.src_slots = w.dst_slots;
+    if (!ctx.ExpectOk(ctx.backend->ReadRecords(r, StreamHandle{}), "ReadRecords")) return;
+    std::vector<uint8_t> arena = s.DownloadBytes(w.arena.base, num_blocks * l.block_bytes);
+    const std::vector<uint8_t> keys = s.DownloadBytes(r.keys, n * l.record_bytes);
+    const std::vector<uint8_t> values = s.DownloadBytes(r.values, n * l.record_bytes);
+    const PagedArena host{arena.data(), l, num_blocks};
+    bool same = true;
+    for (int32_t i = 0; i < n; ++i) {
+      same &= std::memcmp(&keys[i * l.record_bytes], KeyRecord(host, blocks[i], slots[i]),
+                          l.record_bytes) == 0;
+      same &= std::memcmp(&values[i * l.record_bytes], ValueRecord(host, blocks[i], slots[i]),
+                          l.record_bytes) == 0;
+    }
+    ctx.Expect(same, Str("write then read records ", ShapeName(l), ": the stored bytes"));
+  }
+}
+
 KVC_BACKEND_CHECK(GatherMatchesReference) {
   std::mt19937 rng(3);
   for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32, StorageFormat::kNvfp4,
                           StorageFormat::kFp8E4M3}) {
     const BlockLayout src_l = MakeBlockLayout(f, 128, 16), dst_l = MakeBlockLayout(f, 128, 32);
     const LaneSpec lanes = MakeLanes(src_l, {70, 5}, 0, rng);
-    const std::vector<uint8_t> src = MakeArenaBytes(lanes, DataKind::kGaussian, true, rng);
+    const std::vector<uint8_t> src = MakeArenaBytes(lanes, DataKind::kGaussian, rng);
     std::vector<int32_t> sb, ss, db, ds;
     lanes.Rows(&sb, &ss);
     RandomSlots(static_cast<int32_t>(sb.size()), dst_l, 4, rng, &db, &ds);
@@ -213,7 +312,7 @@ KVC_BACKEND_CHECK(RerotateMatchesReference) {
     for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptJ}) {
       const BlockLayout l = MakeBlockLayout(f, 128, 16);
       const LaneSpec lanes = MakeLanes(l, {33}, 0, rng);
-      const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kGaussian, false, rng);
+      const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kGaussian, rng);
       std::vector<int32_t> blocks, slots, deltas;
       lanes.Rows(&blocks, &slots);
       for (size_t i = 0; i < blocks.size(); ++i)
@@ -264,7 +363,6 @@ KVC_SPEC_CHECK(RerotateComposesWithRope) {
     w.dtype = DType::kF32;
     w.keys = at_p.data();
     w.values = at_p.data();
-    w.positions = &p;
     w.dst_blocks = &block;
     w.dst_slots = &slot;
     ctx.ExpectOk(ref->WriteTokens(w, StreamHandle{}), "write");
@@ -275,12 +373,17 @@ KVC_SPEC_CHECK(RerotateComposesWithRope) {
     r.slots = &slot;
     r.deltas = &delta;
     r.rope = rope;
+    const std::vector<uint8_t> before = arena;
     ctx.ExpectOk(ref->Rerotate(r, StreamHandle{}), "rerotate");
     std::vector<float> got(d);
     DequantizeRecord(l.format, d, KeyRecord(w.arena, block, slot), got.data());
     ctx.Expect(Nmse(at_q, got) < 1e-10,
                Str("rerotated key differs from RoPE at p + delta, NMSE ", Nmse(at_q, got)));
-    ctx.Expect(*PositionPtr(w.arena, block, slot) == p + delta, "position updated");
+    // Only that key record changes (the caller moves its own position metadata).
+    const size_t key_off = l.key_offset + slot * l.record_bytes;
+    std::vector<uint8_t> rest = arena;
+    std::memcpy(&rest[key_off], &before[key_off], l.record_bytes);
+    ctx.Expect(rest == before, "rerotate writes nothing but the key record");
     ctx.Expect(std::equal(x.begin() + 32, x.end(), got.begin() + 32),
                "dims past rotary_dim untouched");
   }

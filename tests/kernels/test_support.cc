@@ -91,21 +91,13 @@ std::vector<float> DecodeDense(const std::vector<uint8_t>& bytes, DType dtype) {
   return out;
 }
 
-std::vector<uint8_t> MakeArenaBytes(const LaneSpec& lanes, DataKind kind, bool shuffle_positions,
-                                    std::mt19937& rng) {
+std::vector<uint8_t> MakeArenaBytes(const LaneSpec& lanes, DataKind kind, std::mt19937& rng) {
   std::vector<uint8_t> arena(static_cast<size_t>(lanes.num_blocks) * lanes.layout.block_bytes, 0);
   std::vector<int32_t> blocks, slots;
   lanes.Rows(&blocks, &slots);
   const int64_t n = static_cast<int64_t>(blocks.size());
   const int d = lanes.layout.head_dim;
   const std::vector<float> k = RandomRows(n, d, kind, rng), v = RandomRows(n, d, kind, rng);
-  std::vector<int32_t> pos;
-  for (int32_t l = 0; l < lanes.num_lanes(); ++l) {
-    std::vector<int32_t> p(lanes.tokens[l]);
-    std::iota(p.begin(), p.end(), 0);
-    if (shuffle_positions) std::shuffle(p.begin(), p.end(), rng);
-    pos.insert(pos.end(), p.begin(), p.end());
-  }
   std::unique_ptr<KernelBackend> ref;
   if (!CreateBackend(BackendKind::kReference, BackendOptions{}, &ref).ok()) return arena;
   WriteTokensArgs w;
@@ -114,13 +106,60 @@ std::vector<uint8_t> MakeArenaBytes(const LaneSpec& lanes, DataKind kind, bool s
   w.dtype = DType::kF32;
   w.keys = k.data();
   w.values = v.data();
-  w.positions = pos.data();
   w.dst_blocks = blocks.data();
   w.dst_slots = slots.data();
   if (!ref->WriteTokens(w, StreamHandle{}).ok()) return arena;
-  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
-  for (int64_t r = 0; r < n; ++r) *ScorePtr(w.arena, blocks[r], slots[r]) = uni(rng);
   return arena;
+}
+
+std::vector<int32_t> MakePositions(const LaneSpec& lanes, bool shuffle, std::mt19937& rng) {
+  const size_t stride = static_cast<size_t>(lanes.max_tokens);
+  std::vector<int32_t> pos(lanes.num_lanes() * stride);
+  for (auto& p : pos) p = static_cast<int32_t>(rng());  // padding garbage
+  for (int32_t l = 0; l < lanes.num_lanes(); ++l) {
+    int32_t* row = &pos[l * stride];
+    std::iota(row, row + lanes.tokens[l], 0);
+    if (shuffle) std::shuffle(row, row + lanes.tokens[l], rng);
+  }
+  return pos;
+}
+
+std::vector<float> MakeScores(const LaneSpec& lanes, std::mt19937& rng) {
+  const size_t stride = static_cast<size_t>(lanes.max_tokens);
+  std::vector<float> scores(lanes.num_lanes() * stride);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  for (int32_t l = 0; l < lanes.num_lanes(); ++l) {
+    for (int32_t t = 0; t < lanes.max_tokens; ++t)
+      // Padding: tiny distinct values, so that a stray write or += shows in their bits.
+      scores[l * stride + t] =
+          t < lanes.tokens[l] ? uni(rng) : std::ldexp(1.0f, -100) * static_cast<float>(1 + t % 7);
+  }
+  return scores;
+}
+
+int64_t FirstTouchedPadding(const LaneSpec& lanes, const void* before, const void* got,
+                            size_t elem_bytes, int rows_per_lane) {
+  const auto* a = static_cast<const uint8_t*>(before);
+  const auto* b = static_cast<const uint8_t*>(got);
+  for (int32_t l = 0; l < lanes.num_lanes(); ++l) {
+    for (int r = 0; r < rows_per_lane; ++r) {
+      const size_t row = (static_cast<size_t>(l) * rows_per_lane + r) * lanes.max_tokens;
+      for (int32_t t = lanes.tokens[l]; t < lanes.max_tokens; ++t) {
+        const size_t off = (row + t) * elem_bytes;
+        if (std::memcmp(a + off, b + off, elem_bytes) != 0) return static_cast<int64_t>(row + t);
+      }
+    }
+  }
+  return -1;
+}
+
+std::vector<float> StoredValues(const LaneSpec& lanes, const std::vector<float>& dense) {
+  std::vector<float> out;
+  for (int32_t l = 0; l < lanes.num_lanes(); ++l) {
+    const size_t row = static_cast<size_t>(l) * lanes.max_tokens;
+    out.insert(out.end(), dense.begin() + row, dense.begin() + row + lanes.tokens[l]);
+  }
+  return out;
 }
 
 DeviceLanes UploadLanes(Session& s, const LaneSpec& lanes, const std::vector<uint8_t>& arena) {

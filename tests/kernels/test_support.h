@@ -64,11 +64,22 @@ enum class DataKind { kGaussian, kOutliers };
 std::vector<float> RandomRows(int64_t n, int d, DataKind kind, std::mt19937& rng);
 std::vector<uint8_t> ToDType(const std::vector<float>& x, DType dtype);
 
-// Fills every stored token of `lanes` through the reference backend: random K/V, positions
-// (a shuffled permutation per lane when shuffle_positions, else 0..n-1) and scores.
+// Fills every stored token of `lanes` through the reference backend with random K/V.
 // Returns the arena bytes.
-std::vector<uint8_t> MakeArenaBytes(const LaneSpec& lanes, DataKind kind, bool shuffle_positions,
-                                    std::mt19937& rng);
+std::vector<uint8_t> MakeArenaBytes(const LaneSpec& lanes, DataKind kind, std::mt19937& rng);
+
+// Per-token metadata as the service keeps it, dense [num_lanes, max_tokens]. Positions are
+// 0..n-1 per lane (shuffled when `shuffle`); scores uniform in [0, 1). Slots past a lane's
+// num_tokens hold random garbage that no op may read or write.
+std::vector<int32_t> MakePositions(const LaneSpec& lanes, bool shuffle, std::mt19937& rng);
+std::vector<float> MakeScores(const LaneSpec& lanes, std::mt19937& rng);
+
+// Values of `got` (the op's output) past each lane's num_tokens differ from `before`
+// (bitwise); returns the first such slot, or -1.
+int64_t FirstTouchedPadding(const LaneSpec& lanes, const void* before, const void* got,
+                            size_t elem_bytes, int rows_per_lane = 1);
+// The values of the stored tokens only (lane-major, padding dropped).
+std::vector<float> StoredValues(const LaneSpec& lanes, const std::vector<float>& dense);
 
 // Everything an op needs, living in one backend's memory.
 struct DeviceLanes {

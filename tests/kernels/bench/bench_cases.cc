@@ -90,8 +90,6 @@ Paged MakePaged(Buffers& buf, StorageFormat f, const Geometry& g, KernelStatus* 
   p.table = LaneTable{g.lanes, buf.Upload(offsets, st), buf.Upload(ids, st), buf.Upload(tokens, st),
                       g.tokens};
   const size_t rows = p.blocks.size();
-  std::vector<int32_t> pos(rows);
-  for (size_t r = 0; r < rows; ++r) pos[r] = static_cast<int32_t>(r % g.tokens);
   const std::vector<uint16_t> kv = RandomHalf(rows * g.d, rng);
   WriteTokensArgs w;
   w.arena = p.arena;
@@ -99,7 +97,6 @@ Paged MakePaged(Buffers& buf, StorageFormat f, const Geometry& g, KernelStatus* 
   w.dtype = DType::kF16;
   w.keys = buf.Upload(kv, st);
   w.values = w.keys;
-  w.positions = buf.Upload(pos, st);
   w.dst_blocks = buf.Upload(p.blocks, st);
   w.dst_slots = buf.Upload(p.slots, st);
   if (st->ok()) *st = buf.backend().WriteTokens(w, StreamHandle{});
@@ -113,21 +110,19 @@ class WriteRun : public BenchRun {
     const BlockLayout l = MakeBlockLayout(f, g.d, 16);
     const int rows = g.lanes * g.tokens;
     std::mt19937 rng(1);
-    std::vector<int32_t> blocks(rows), slots(rows), pos(rows);
+    std::vector<int32_t> blocks(rows), slots(rows);
     // Appends: each lane's tokens fill consecutive slots of its blocks; the blocks are
     // scattered over the arena (as after many allocations and frees).
     std::vector<int32_t> block_of(rows / 16);
     std::iota(block_of.begin(), block_of.end(), 0);
     std::shuffle(block_of.begin(), block_of.end(), rng);
-    for (int r = 0; r < rows; ++r)
-      blocks[r] = block_of[r / 16], slots[r] = r % 16, pos[r] = r % g.tokens;
+    for (int r = 0; r < rows; ++r) blocks[r] = block_of[r / 16], slots[r] = r % 16;
     args_.arena = PagedArena{
         buf_.Upload(nullptr, static_cast<size_t>(rows / 16) * l.block_bytes, st), l, rows / 16};
     args_.num_rows = rows;
     args_.dtype = DType::kF16;
     args_.keys = buf_.Upload(RandomHalf(static_cast<size_t>(rows) * g.d, rng), st);
     args_.values = buf_.Upload(RandomHalf(static_cast<size_t>(rows) * g.d, rng), st);
-    args_.positions = buf_.Upload(pos, st);
     args_.dst_blocks = buf_.Upload(blocks, st);
     args_.dst_slots = buf_.Upload(slots, st);
     bytes_ = static_cast<double>(rows) * (2.0 * g.d * 2 + 2.0 * l.record_bytes);
@@ -166,36 +161,27 @@ class ReadRun : public BenchRun {
   double bytes_;
 };
 
-class CompactRun : public BenchRun {
+class ReadRecordsRun : public BenchRun {
  public:
-  CompactRun(KernelBackend& b, StorageFormat f, const Geometry& g, KernelStatus* st) : buf_(b) {
+  // Every stored token's K and V records copied out (Fetch in the stored format).
+  ReadRecordsRun(KernelBackend& b, StorageFormat f, const Geometry& g, KernelStatus* st) : buf_(b) {
     Paged p = MakePaged(buf_, f, g, st);
-    std::mt19937 rng(3);
-    std::vector<uint8_t> keep(static_cast<size_t>(g.lanes) * g.tokens);
-    for (auto& k : keep) k = rng() % 2;  // keep half: about a quarter of the tokens move
-    int64_t moves = 0;
-    for (int lane = 0; lane < g.lanes; ++lane) {
-      const uint8_t* k = &keep[static_cast<size_t>(lane) * g.tokens];
-      const int kept = static_cast<int>(std::count(k, k + g.tokens, 1));
-      moves += std::count(k, k + kept, 0);
-    }
+    const size_t rows = p.blocks.size(), rec = p.arena.layout.record_bytes;
     args_.arena = p.arena;
-    args_.lanes = p.table;
-    args_.keep = buf_.Upload(keep, st);
-    args_.new_num_tokens = static_cast<int32_t*>(buf_.Upload(nullptr, g.lanes * 4, st));
-    args_.new_num_blocks = static_cast<int32_t*>(buf_.Upload(nullptr, g.lanes * 4, st));
-    // Each move reads and writes K and V records plus position and score.
-    bytes_ = static_cast<double>(moves) * 2.0 * (2.0 * p.arena.layout.record_bytes + 8);
+    args_.num_rows = static_cast<int32_t>(rows);
+    args_.keys = buf_.Upload(nullptr, rows * rec, st);
+    args_.values = buf_.Upload(nullptr, rows * rec, st);
+    args_.src_blocks = buf_.Upload(p.blocks, st);
+    args_.src_slots = buf_.Upload(p.slots, st);
+    bytes_ = static_cast<double>(rows) * 2.0 * (2.0 * rec);
   }
-  KernelStatus Run() override { return buf_.backend().Compact(args_, StreamHandle{}); }
+  KernelStatus Run() override { return buf_.backend().ReadRecords(args_, StreamHandle{}); }
   double Bytes() const override { return bytes_; }
-  const char* Counted() const override {
-    return "moved tokens' K+V records, position, score (read + write)";
-  }
+  const char* Counted() const override { return "K+V records (read + write)"; }
 
  private:
   Buffers buf_;
-  CompactArgs args_;
+  ReadRecordsArgs args_;
   double bytes_;
 };
 
@@ -219,11 +205,11 @@ class GatherRun : public BenchRun {
     args_.src_slots = buf_.Upload(p.slots, st);
     args_.dst_blocks = buf_.Upload(dst_blocks, st);
     args_.dst_slots = buf_.Upload(dst_slots, st);
-    bytes_ = static_cast<double>(rows) * 2.0 * (2.0 * p.arena.layout.record_bytes + 8);
+    bytes_ = static_cast<double>(rows) * 2.0 * (2.0 * p.arena.layout.record_bytes);
   }
   KernelStatus Run() override { return buf_.backend().Gather(args_, StreamHandle{}); }
   double Bytes() const override { return bytes_; }
-  const char* Counted() const override { return "K+V records, position, score (read + write)"; }
+  const char* Counted() const override { return "K+V records (read + write)"; }
 
  private:
   Buffers buf_;
@@ -233,17 +219,20 @@ class GatherRun : public BenchRun {
 
 class AccumulateRun : public BenchRun {
  public:
-  // H2O: one decode step's attention weights [lanes, G, tokens] added to the block scores.
-  AccumulateRun(KernelBackend& b, StorageFormat f, const Geometry& g, KernelStatus* st) : buf_(b) {
-    Paged p = MakePaged(buf_, f, g, st);
+  // H2O: one decode step's attention weights [lanes, G, tokens] added to the caller's scores
+  // (metadata only: no KV memory is touched).
+  AccumulateRun(KernelBackend& b, StorageFormat, const Geometry& g, KernelStatus* st) : buf_(b) {
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> uni(0.0f, 1.0f);
     std::vector<float> w(static_cast<size_t>(g.lanes) * g.group * g.tokens);
     for (float& x : w) x = uni(rng);
-    args_.arena = p.arena;
-    args_.lanes = p.table;
+    args_.num_lanes = g.lanes;
+    args_.num_tokens = buf_.Upload(std::vector<int32_t>(g.lanes, g.tokens), st);
+    args_.max_tokens = g.tokens;
     args_.group_size = g.group;
     args_.weights = buf_.Upload(w, st);
+    args_.scores =
+        static_cast<float*>(buf_.Upload(nullptr, static_cast<size_t>(g.lanes) * g.tokens * 4, st));
     bytes_ = static_cast<double>(w.size()) * 4 + 2.0 * g.lanes * g.tokens * 4;
   }
   KernelStatus Run() override { return buf_.backend().AccumulateScores(args_, StreamHandle{}); }
@@ -262,9 +251,10 @@ class SnapKvRun : public BenchRun {
     Paged p = MakePaged(buf_, f, g, st);
     const int window = 32;
     std::mt19937 rng(4);
-    std::vector<int32_t> qpos;
+    std::vector<int32_t> qpos, kpos;
     for (int lane = 0; lane < g.lanes; ++lane) {
       for (int w = 0; w < window; ++w) qpos.push_back(g.tokens - window + w);
+      for (int t = 0; t < g.tokens; ++t) kpos.push_back(t);
     }
     args_.arena = p.arena;
     args_.lanes = p.table;
@@ -274,6 +264,8 @@ class SnapKvRun : public BenchRun {
     args_.queries =
         buf_.Upload(RandomHalf(static_cast<size_t>(g.lanes) * g.group * window * g.d, rng), st);
     args_.query_positions = buf_.Upload(qpos, st);
+    args_.key_positions = buf_.Upload(kpos, st);
+    args_.scores = static_cast<float*>(buf_.Upload(nullptr, kpos.size() * 4, st));
     args_.pool_kernel = 7;
     args_.pool = PoolKind::kMax;
     bytes_ = static_cast<double>(g.lanes) * g.tokens * p.arena.layout.record_bytes;
@@ -384,7 +376,7 @@ std::vector<BenchCase> AllCases(BenchSize size) {
   for (StorageFormat f : quant) cases.push_back(Case<WriteRun>("quantize", f, size));
   for (StorageFormat f : quant) cases.push_back(Case<ReadRun>("dequantize", f, size));
   for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32})
-    cases.push_back(Case<CompactRun>("compact", f, size));
+    cases.push_back(Case<ReadRecordsRun>("read_records", f, size));
   for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32})
     cases.push_back(Case<GatherRun>("gather", f, size));
   cases.push_back(Case<AccumulateRun>("h2o_accumulate", StorageFormat::kInt4G32, size));

@@ -57,12 +57,12 @@ class KernelBackend {
 
   virtual KernelStatus WriteTokens(const WriteTokensArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus ReadTokens(const ReadTokensArgs& args, StreamHandle stream) = 0;
+  virtual KernelStatus ReadRecords(const ReadRecordsArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus Gather(const GatherArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus Rerotate(const RerotateArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus SnapKvScore(const SnapKvScoreArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus AccumulateScores(const AccumulateScoresArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus Select(const SelectArgs& args, StreamHandle stream) = 0;
-  virtual KernelStatus Compact(const CompactArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus DecodeAttention(const DecodeAttentionArgs& args, StreamHandle stream) = 0;
 };
 

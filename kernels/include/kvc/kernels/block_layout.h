@@ -3,12 +3,15 @@
 //
 //   [ K records: block_tokens x token_record_bytes ]   key of token slot i at i * record
 //   [ V records: block_tokens x token_record_bytes ]
-//   [ positions: block_tokens x int32 ]                original position of each token
-//   [ scores:    block_tokens x float ]                accumulated attention (H2O)
 //
-// Each section starts on a 16-byte boundary. A token record is self-contained: its packed
-// elements followed by its own quantization scales, so moving or evicting one token never
-// touches another. Record formats per StorageFormat are in docs/KERNELS.md.
+// Each section starts on a 16-byte boundary. A block holds token records and nothing else:
+// per-token bookkeeping (original position, accumulated attention score) is the caller's
+// host-side metadata, passed to the ops that need it as plain arrays. So a block's bytes
+// depend only on the keys and values written into it (a device pool, a zero-copy reader or
+// a shared prefix sees nothing that changes when a token is attended to). A token record is
+// self-contained: its packed elements followed by its own quantization scales, so moving or
+// evicting one token never touches another. Record formats per StorageFormat are in
+// docs/KERNELS.md.
 #pragma once
 
 #include <cstddef>
@@ -70,12 +73,10 @@ struct BlockLayout {
   StorageFormat format = StorageFormat::kF16;
   int head_dim = 0;
   int block_tokens = 0;
-  size_t record_bytes = 0;      // bytes of one token's K (or V) record
-  size_t key_offset = 0;        // byte offset of the K records
-  size_t value_offset = 0;      // byte offset of the V records
-  size_t positions_offset = 0;  // byte offset of int32 positions[block_tokens]
-  size_t scores_offset = 0;     // byte offset of float scores[block_tokens]
-  size_t block_bytes = 0;       // total bytes, a multiple of 64
+  size_t record_bytes = 0;  // bytes of one token's K (or V) record
+  size_t key_offset = 0;    // byte offset of the K records
+  size_t value_offset = 0;  // byte offset of the V records
+  size_t block_bytes = 0;   // total bytes, a multiple of 64
 };
 
 constexpr BlockLayout MakeBlockLayout(StorageFormat format, int head_dim, int block_tokens) {
@@ -87,9 +88,7 @@ constexpr BlockLayout MakeBlockLayout(StorageFormat format, int head_dim, int bl
   const size_t n = static_cast<size_t>(block_tokens);
   l.key_offset = 0;
   l.value_offset = AlignUp(l.key_offset + n * l.record_bytes, 16);
-  l.positions_offset = AlignUp(l.value_offset + n * l.record_bytes, 16);
-  l.scores_offset = AlignUp(l.positions_offset + n * sizeof(int32_t), 16);
-  l.block_bytes = AlignUp(l.scores_offset + n * sizeof(float), 64);
+  l.block_bytes = AlignUp(l.value_offset + n * l.record_bytes, 64);
   return l;
 }
 
@@ -99,7 +98,7 @@ static_assert(TokenRecordBytes(StorageFormat::kNvfp4, 128) == 64 + 8 + 4, "nvfp4
 static_assert(TokenRecordBytes(StorageFormat::kNvfp4, 16) == 12 + 4, "nvfp4 record, padded");
 static_assert(TokenRecordBytes(StorageFormat::kFp8E4M3, 128) == 128 + 4, "fp8 record");
 static_assert(TokenRecordBytes(StorageFormat::kInt4G64, 128) == 64 + 8, "int4 g64 record");
-static_assert(MakeBlockLayout(StorageFormat::kF16, 64, 16).block_bytes == 2 * 16 * 128 + 64 + 64,
-              "f16 block of 16 tokens x 64 dims");
+static_assert(MakeBlockLayout(StorageFormat::kF16, 64, 16).block_bytes == 2 * 16 * 128,
+              "f16 block of 16 tokens x 64 dims: records only");
 
 }  // namespace kvc::kernels

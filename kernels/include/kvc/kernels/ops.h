@@ -2,6 +2,16 @@
 // array. Pointers live in the backend's memory (device memory for CUDA). "Row" means one
 // token of one lane (a (block id, slot) destination or source). Exact algorithms: the
 // reference backend (kernels/reference/) and docs/KERNELS.md.
+//
+// Blocks hold token records only. Positions and scores are the caller's per-token metadata;
+// ops that rank or mask tokens take them as [num_lanes, max_tokens] arrays (see LaneTable).
+// An op that returns an error has written nothing, so a caller that writes only into blocks
+// it has not published yet can abandon a half-done mutation without undo. Host backends
+// validate everything before the first write. The CUDA backend checks arguments, its limits
+// and its scratch allocations before it enqueues the first kernel that writes caller memory;
+// only a failure of the CUDA runtime itself (kInternal: a launch the driver refuses, or a
+// fault that Synchronize reports) can leave outputs partly written, and the device is then
+// suspect anyway.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +21,8 @@
 
 namespace kvc::kernels {
 
-// Quantizes rows of dense keys and values into their slots (scatter). The slot's position
-// is set and its score reset to 0. Destinations must be distinct.
+// Quantizes rows of dense keys and values into their slots (scatter). Destinations must be
+// distinct.
 struct WriteTokensArgs {
   PagedArena arena;
   int32_t num_rows = 0;
@@ -20,13 +30,12 @@ struct WriteTokensArgs {
   const void* keys = nullptr;           // [num_rows, row_stride], first head_dim used
   const void* values = nullptr;         // [num_rows, row_stride]
   int64_t row_stride = 0;               // elements between rows; 0 means head_dim
-  const int32_t* positions = nullptr;   // [num_rows] original token positions
   const int32_t* dst_blocks = nullptr;  // [num_rows]
   const int32_t* dst_slots = nullptr;   // [num_rows] in [0, block_tokens)
 };
 
-// Dequantizes stored rows into dense arrays (gather). keys/values/positions/scores may each
-// be null to skip that output.
+// Dequantizes stored rows into dense arrays (gather). keys or values may be null to skip
+// that output.
 struct ReadTokensArgs {
   PagedArena arena;
   int32_t num_rows = 0;
@@ -34,15 +43,25 @@ struct ReadTokensArgs {
   void* keys = nullptr;                 // [num_rows, row_stride]
   void* values = nullptr;               // [num_rows, row_stride]
   int64_t row_stride = 0;               // 0 means head_dim
-  int32_t* positions = nullptr;         // [num_rows]
-  float* scores = nullptr;              // [num_rows]
   const int32_t* src_blocks = nullptr;  // [num_rows]
   const int32_t* src_slots = nullptr;   // [num_rows]
 };
 
-// Copies whole token records (K, V, position, score) byte for byte from (src block, slot)
-// to (dst block, slot): gather into fresh blocks, or between arenas of the same format and
-// head_dim. Source and destination slots must not overlap.
+// Copies stored rows' records byte for byte into dense buffers (Fetch in the stored format):
+// row r's key record to keys + r * record_bytes, its value record to values + r *
+// record_bytes. keys or values may be null to skip that output; both must be 4-byte aligned.
+struct ReadRecordsArgs {
+  PagedArena arena;
+  int32_t num_rows = 0;
+  void* keys = nullptr;                 // [num_rows, record_bytes] bytes
+  void* values = nullptr;               // [num_rows, record_bytes] bytes
+  const int32_t* src_blocks = nullptr;  // [num_rows]
+  const int32_t* src_slots = nullptr;   // [num_rows]
+};
+
+// Copies whole token records (K and V) byte for byte from (src block, slot) to (dst block,
+// slot): into fresh blocks (copy-on-write compaction), or between arenas of the same format
+// and head_dim. Source and destination slots must not overlap; destinations are distinct.
 struct GatherArgs {
   PagedArena src;
   PagedArena dst;
@@ -64,9 +83,10 @@ struct RopeConfig {
   RopeStyle style = RopeStyle::kNeox;
 };
 
-// Rotates stored keys by a per-row position delta (new position - old position): exact for
-// RoPE keys, used for StreamingLLM's in-cache positions. Quantized keys are dequantized,
-// rotated in fp32 and requantized. Values are untouched.
+// Rotates stored keys in place by a per-row position delta (new position - old position):
+// exact for RoPE keys, used for StreamingLLM's in-cache positions. Quantized keys are
+// dequantized, rotated in fp32 and requantized. Values are untouched; the caller updates
+// its position metadata. Rows must be distinct.
 struct RerotateArgs {
   PagedArena arena;
   int32_t num_rows = 0;
@@ -74,13 +94,12 @@ struct RerotateArgs {
   const int32_t* slots = nullptr;   // [num_rows]
   const int32_t* deltas = nullptr;  // [num_rows]
   RopeConfig rope;
-  bool update_positions = true;  // also add the delta to the stored position
 };
 
 enum class PoolKind : uint8_t { kMax = 0, kAvg = 1 };
 enum class ScoreMode : uint8_t {
-  kOverwrite = 0,   // block score := new score (SnapKV)
-  kAccumulate = 1,  // block score += new score (H2O)
+  kOverwrite = 0,   // scores := new score (SnapKV)
+  kAccumulate = 1,  // scores += new score (H2O)
 };
 
 // SnapKV observation-window scores. For each query head of a lane's GQA group and each of
@@ -99,46 +118,41 @@ struct SnapKvScoreArgs {
   DType query_dtype = DType::kF16;
   const void* queries = nullptr;             // [num_lanes, group_size, window, head_dim]
   const int32_t* query_positions = nullptr;  // [num_lanes, window]
+  const int32_t* key_positions = nullptr;    // [num_lanes, lanes.max_tokens] of stored tokens
   float scale = 0.0f;                        // 0 means 1/sqrt(head_dim)
   int32_t pool_kernel = 7;                   // odd, >= 1
   PoolKind pool = PoolKind::kMax;
-  ScoreMode mode = ScoreMode::kOverwrite;  // how results land in the block score fields
-  float* out_scores = nullptr;             // optional [num_lanes, lanes.max_tokens]
+  ScoreMode mode = ScoreMode::kOverwrite;
+  float* scores = nullptr;  // in/out [num_lanes, lanes.max_tokens]; slots past a lane's
+                            // num_tokens are left as they are
 };
 
-// Adds one decode step's attention weights to the per-token H2O scores: block score of
-// stored token t of lane l += mean over g of weights[l, g, t].
+// Adds one decode step's attention weights to the per-token H2O scores: scores[l, t] +=
+// mean over g of weights[l, g, t], for t < num_tokens[l]. Touches no KV memory.
 struct AccumulateScoresArgs {
-  PagedArena arena;
-  LaneTable lanes;
+  int32_t num_lanes = 0;
+  const int32_t* num_tokens = nullptr;  // [num_lanes]
+  int32_t max_tokens = 0;               // >= every num_tokens[l]: the row stride
   int32_t group_size = 1;
-  const float* weights = nullptr;  // [num_lanes, group_size, lanes.max_tokens]
+  const float* weights = nullptr;  // [num_lanes, group_size, max_tokens]
+  float* scores = nullptr;         // in/out [num_lanes, max_tokens]
 };
 
-// Chooses the tokens to keep per lane: the `sinks` lowest positions, the `recent` highest
-// positions, plus the `budget` highest block scores among the rest (ties: lowest position
-// wins; NaN scores rank lowest). Lanes with no more tokens than that keep everything.
+// Chooses the tokens to keep per lane from their metadata alone: the `sinks` lowest
+// positions, the `recent` highest positions, plus the `budget` highest scores among the rest
+// (ties: lowest position wins, then lowest index; NaN scores rank lowest). Lanes with no more
+// tokens than that keep everything. Touches no KV memory.
 struct SelectArgs {
-  PagedArena arena;
-  LaneTable lanes;
+  int32_t num_lanes = 0;
+  const int32_t* num_tokens = nullptr;  // [num_lanes]
+  int32_t max_tokens = 0;               // >= every num_tokens[l]: the row stride
+  const int32_t* positions = nullptr;   // [num_lanes, max_tokens]
+  const float* scores = nullptr;        // [num_lanes, max_tokens]
   int32_t sinks = 0;
   int32_t recent = 0;
-  int32_t budget = 0;                // heavy hitters kept per lane (when `budgets` is null)
-  const int32_t* budgets = nullptr;  // optional [num_lanes], overrides `budget`
-  uint8_t* keep = nullptr;           // out [num_lanes, lanes.max_tokens], 1 = keep, by stored index
-  int32_t* kept = nullptr;           // optional out [num_lanes], tokens kept
-};
-
-// Tail-to-hole compaction: the j-th kept token at stored index >= kept count moves into the
-// j-th dropped slot below it (both ascending), so kept tokens fill the prefix of the lane
-// and blocks [new_num_blocks, lane blocks) become free. Positions and scores move too.
-struct CompactArgs {
-  PagedArena arena;
-  LaneTable lanes;
-  const uint8_t* keep = nullptr;      // [num_lanes, lanes.max_tokens]
-  int32_t* new_num_tokens = nullptr;  // out [num_lanes]
-  int32_t* new_num_blocks = nullptr;  // out [num_lanes] = ceil(new tokens / block_tokens)
-  int32_t* moved = nullptr;           // optional out [num_lanes], tokens moved
+  int32_t budget = 0;       // heavy hitters kept per lane
+  uint8_t* keep = nullptr;  // out [num_lanes, max_tokens], 1 = keep, by stored index; slots
+                            // past a lane's num_tokens are written 0
 };
 
 // One decode step of paged attention. For each lane and each of its group_size query heads:
@@ -151,12 +165,14 @@ struct DecodeAttentionArgs {
   PagedArena arena;
   LaneTable lanes;
   int32_t group_size = 1;
-  DType dtype = DType::kF16;       // element type of queries and out
-  const void* queries = nullptr;   // [num_lanes, group_size, head_dim]
-  void* out = nullptr;             // [num_lanes, group_size, head_dim]
-  float scale = 0.0f;              // 0 means 1/sqrt(head_dim)
-  float* weights = nullptr;        // optional out [num_lanes, group_size, lanes.max_tokens]
-  bool accumulate_scores = false;  // add the group mean of the weights to block scores (H2O)
+  DType dtype = DType::kF16;      // element type of queries and out
+  const void* queries = nullptr;  // [num_lanes, group_size, head_dim]
+  void* out = nullptr;            // [num_lanes, group_size, head_dim]
+  float scale = 0.0f;             // 0 means 1/sqrt(head_dim)
+  float* weights = nullptr;       // optional out [num_lanes, group_size, lanes.max_tokens]
+  // Optional in/out [num_lanes, lanes.max_tokens]: += the group mean of this step's weights
+  // (H2O scores, as AccumulateScores).
+  float* scores = nullptr;
   // Optional out [num_lanes, group_size]: log sum_t exp(scale * q.k_t), natural log, the
   // softmax's log-normalizer; -infinity for a lane with no tokens.
   float* lse = nullptr;

@@ -27,7 +27,8 @@ struct PagedArena {
 };
 
 // CSR list of lanes. Stored tokens of a lane are always the prefix 0..num_tokens-1 of its
-// block list (compaction keeps it that way).
+// block list. Per-token arrays that go with a LaneTable (positions, scores, keep masks,
+// weights) are dense [num_lanes, max_tokens]: stored token t of lane l at l * max_tokens + t.
 struct LaneTable {
   int32_t num_lanes = 0;
   const int32_t* block_offsets = nullptr;  // [num_lanes + 1], nondecreasing, [0] == 0
@@ -46,12 +47,6 @@ KVC_HD uint8_t* KeyRecord(const PagedArena& a, int32_t block, int32_t slot) {
 KVC_HD uint8_t* ValueRecord(const PagedArena& a, int32_t block, int32_t slot) {
   return BlockBase(a, block) + a.layout.value_offset +
          static_cast<size_t>(slot) * a.layout.record_bytes;
-}
-KVC_HD int32_t* PositionPtr(const PagedArena& a, int32_t block, int32_t slot) {
-  return reinterpret_cast<int32_t*>(BlockBase(a, block) + a.layout.positions_offset) + slot;
-}
-KVC_HD float* ScorePtr(const PagedArena& a, int32_t block, int32_t slot) {
-  return reinterpret_cast<float*>(BlockBase(a, block) + a.layout.scores_offset) + slot;
 }
 
 // Block id and slot of stored token t of `lane`.
