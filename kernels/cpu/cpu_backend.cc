@@ -2,7 +2,7 @@
 #include <memory>
 #include <thread>
 
-#include "common/host_backend.h"
+#include "base/host_backend.h"
 #include "cpu/cpu_ops.h"
 
 namespace kvc::kernels {

@@ -1,8 +1,8 @@
 // CPU write/read/gather/re-rotation: rows are independent, so they are split across threads.
 #include <cstring>
 
-#include "common/rope.h"
-#include "common/validate.h"
+#include "base/rope.h"
+#include "base/validate.h"
 #include "cpu/avx512_codec.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_rows.h"

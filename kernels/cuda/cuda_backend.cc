@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "common/validate.h"
+#include "base/validate.h"
 #include "cuda/cuda_ops.h"
 #include "kvc/kernels/backend.h"
 

@@ -3,7 +3,7 @@
 // elements l + 32k, and group statistics are warp (or half-warp) reductions. The arithmetic is the
 // same as QuantizeRecord's (max reductions are exact, the per-element ops identical), so
 // records match the reference bit for bit.
-#include "common/rope.h"
+#include "base/rope.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
 #include "kvc/kernels/record_codec.h"

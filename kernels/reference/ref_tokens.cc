@@ -2,8 +2,8 @@
 #include <cstring>
 #include <vector>
 
-#include "common/rope.h"
-#include "common/validate.h"
+#include "base/rope.h"
+#include "base/validate.h"
 #include "kvc/kernels/record_codec.h"
 #include "reference/reference_ops.h"
 

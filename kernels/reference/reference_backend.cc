@@ -1,7 +1,7 @@
 // The reference backend: validation, then the scalar specification ops.
 #include <memory>
 
-#include "common/host_backend.h"
+#include "base/host_backend.h"
 #include "reference/reference_ops.h"
 
 namespace kvc::kernels {

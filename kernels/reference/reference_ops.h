@@ -1,6 +1,6 @@
 // The reference backend's ops: slow, obvious, single-threaded scalar code. This is the
 // executable specification the CPU and CUDA backends are tested against. Arguments are
-// already validated (common/host_backend.h).
+// already validated (base/host_backend.h).
 #pragma once
 
 #include "kvc/kernels/ops.h"

@@ -5,8 +5,8 @@
 #include <numeric>
 #include <random>
 
+#include "base/rope.h"
 #include "check_framework.h"
-#include "common/rope.h"
 #include "test_support.h"
 
 namespace kvc::kernels::testing {

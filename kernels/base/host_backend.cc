@@ -1,9 +1,9 @@
-#include "common/host_backend.h"
+#include "base/host_backend.h"
 
 #include <cstdlib>
 #include <cstring>
 
-#include "common/validate.h"
+#include "base/validate.h"
 
 namespace kvc::kernels::internal {
 

@@ -1,4 +1,4 @@
-#include "common/validate.h"
+#include "base/validate.h"
 
 #include <cstdint>
 
