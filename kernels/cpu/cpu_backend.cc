@@ -1,6 +1,5 @@
 // The CPU backend: validation, then the threaded ops over one ThreadPool per backend.
 #include <memory>
-#include <thread>
 
 #include "base/host_backend.h"
 #include "cpu/cpu_ops.h"
@@ -32,15 +31,14 @@ class CpuBackend final : public internal::HostBackend {
 #undef KVC_CPU_OP
 
  private:
-  cpu::ThreadPool pool_;
+  ThreadPool pool_;  // shared by concurrent callers (see kvc/kernels/thread_pool.h)
 };
 
 }  // namespace
 
 namespace internal {
 std::unique_ptr<KernelBackend> MakeCpuBackend(int num_threads) {
-  if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
-  return std::make_unique<CpuBackend>(num_threads > 0 ? num_threads : 1);
+  return std::make_unique<CpuBackend>(num_threads);  // <= 0: hardware concurrency
 }
 }  // namespace internal
 

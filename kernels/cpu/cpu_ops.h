@@ -3,8 +3,8 @@
 // hoisted out of element loops, multi-accumulator dot products). Arguments are validated.
 #pragma once
 
-#include "cpu/thread_pool.h"
 #include "kvc/kernels/ops.h"
+#include "kvc/kernels/thread_pool.h"
 
 namespace kvc::kernels::cpu {
 
