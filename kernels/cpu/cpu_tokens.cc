@@ -1,12 +1,12 @@
 // CPU write/read/gather/re-rotation: rows are independent, so they are split across threads.
 #include <cstring>
 
-#include "base/rope.h"
 #include "base/validate.h"
 #include "cpu/avx512_codec.h"
 #include "cpu/cpu_ops.h"
 #include "cpu/cpu_rows.h"
 #include "kvc/kernels/record_codec.h"
+#include "kvc/kernels/rope.h"
 
 namespace kvc::kernels::cpu {
 namespace {
@@ -252,7 +252,7 @@ void Rerotate(ThreadPool& pool, const RerotateArgs& a) {
     for (int64_t r = begin; r < end; ++r) {
       uint8_t* rec = KeyRecord(a.arena, a.blocks[r], a.slots[r]);
       DequantizeRecord(l.format, l.head_dim, rec, x);
-      internal::RopeRotate(a.rope, l.head_dim, a.deltas[r], x);
+      RopeRotate(a.rope, l.head_dim, a.deltas[r], x);
       QuantizeRecord(l.format, l.head_dim, x, rec);
     }
   });

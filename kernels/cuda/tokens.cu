@@ -3,10 +3,10 @@
 // elements l + 32k, and group statistics are warp (or half-warp) reductions. The arithmetic is the
 // same as QuantizeRecord's (max reductions are exact, the per-element ops identical), so
 // records match the reference bit for bit.
-#include "base/rope.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/cuda_ops.h"
 #include "kvc/kernels/record_codec.h"
+#include "kvc/kernels/rope.h"
 
 namespace kvc::kernels::cuda {
 namespace {
@@ -212,7 +212,7 @@ __global__ void RerotateKernel(RerotateArgs a) {
   float x[kMaxHeadDim];
   uint8_t* rec = KeyRecord(a.arena, a.blocks[row], a.slots[row]);
   DequantizeRecord(l.format, l.head_dim, rec, x);
-  internal::RopeRotate(a.rope, l.head_dim, a.deltas[row], x);
+  RopeRotate(a.rope, l.head_dim, a.deltas[row], x);
   QuantizeRecord(l.format, l.head_dim, x, rec);
 }
 

@@ -2,9 +2,9 @@
 #include <cstring>
 #include <vector>
 
-#include "base/rope.h"
 #include "base/validate.h"
 #include "kvc/kernels/record_codec.h"
+#include "kvc/kernels/rope.h"
 #include "reference/reference_ops.h"
 
 namespace kvc::kernels::reference {
@@ -67,7 +67,7 @@ void Rerotate(const RerotateArgs& a) {
   for (int32_t r = 0; r < a.num_rows; ++r) {
     uint8_t* rec = KeyRecord(a.arena, a.blocks[r], a.slots[r]);
     for (int j = 0; j < l.head_dim; ++j) x[j] = DequantizeElement(l.format, l.head_dim, rec, j);
-    internal::RopeRotate(a.rope, l.head_dim, a.deltas[r], x.data());
+    RopeRotate(a.rope, l.head_dim, a.deltas[r], x.data());
     QuantizeRecord(l.format, l.head_dim, x.data(), rec);
   }
 }

@@ -5,8 +5,8 @@
 #include <numeric>
 #include <random>
 
-#include "base/rope.h"
 #include "check_framework.h"
+#include "kvc/kernels/rope.h"
 #include "test_support.h"
 
 namespace kvc::kernels::testing {
@@ -340,6 +340,38 @@ KVC_BACKEND_CHECK(RerotateMatchesReference) {
   }
 }
 
+// Spec: the public RoPE helpers (kvc/kernels/rope.h) the worker shares.
+KVC_SPEC_CHECK(RopeHelpers) {
+  ctx.Expect(RopeInvFrequency(10000.0, 128, 0) == 1.0, "pair 0 has frequency 1");
+  ctx.Expect(std::fabs(RopeInvFrequency(10000.0, 128, 32) - 0.01) < 1e-15, "10000^(-1/2)");
+  ctx.Expect(std::fabs(RopeInvFrequency(500000.0, 64, 31) - std::pow(500000.0, -62.0 / 64)) < 1e-18,
+             "theta^(-2i/rd) in double");
+  int a, b;
+  RopePair(RopeStyle::kNeox, 64, 5, &a, &b);
+  ctx.Expect(a == 5 && b == 37, "NeoX pairs (i, i + rd/2)");
+  RopePair(RopeStyle::kGptJ, 64, 5, &a, &b);
+  ctx.Expect(a == 10 && b == 11, "GPT-J pairs (2i, 2i + 1)");
+  // Large positions: the angle is reduced in double, so sin/cos match a long-double
+  // computation to float accuracy.
+  for (int32_t p : {0, 1, 4095, 1000003, 2000000000}) {
+    float s, c;
+    RopeSinCos(10000.0f, 128, 3, p, &s, &c);
+    const long double angle =
+        static_cast<long double>(p) * std::pow(10000.0L, -6.0L / 128) /* i = 3 */;
+    ctx.Expect(std::fabs(s - static_cast<float>(std::sin(angle))) < 1e-6f &&
+                   std::fabs(c - static_cast<float>(std::cos(angle))) < 1e-6f,
+               Str("sin/cos at position ", p));
+  }
+  // Rotations compose: by p then by q equals by p + q (up to float rounding).
+  std::mt19937 rng(8);
+  const RopeConfig rope{10000.0f, 0, RopeStyle::kNeox};
+  std::vector<float> x = RandomRows(1, 64, DataKind::kGaussian, rng), y = x;
+  RopeRotate(rope, 64, 1234, x.data());
+  RopeRotate(rope, 64, 5678, x.data());
+  RopeRotate(rope, 64, 1234 + 5678, y.data());
+  ctx.Expect(Nmse(y, x) < 1e-12, Str("rotations compose, NMSE ", Nmse(y, x)));
+}
+
 // Spec: rotating a key written at position p by delta equals writing it at p + delta.
 KVC_SPEC_CHECK(RerotateComposesWithRope) {
   std::unique_ptr<KernelBackend> ref;
@@ -354,8 +386,8 @@ KVC_SPEC_CHECK(RerotateComposesWithRope) {
     const std::vector<float> x = RandomRows(1, d, DataKind::kGaussian, rng);
     const int32_t p = 123, delta = 45678;
     std::vector<float> at_p = x, at_q = x;
-    internal::RopeRotate(rope, d, p, at_p.data());
-    internal::RopeRotate(rope, d, p + delta, at_q.data());
+    RopeRotate(rope, d, p, at_p.data());
+    RopeRotate(rope, d, p + delta, at_q.data());
     int32_t block = 0, slot = 3;
     WriteTokensArgs w;
     w.arena = PagedArena{arena.data(), l, 1};

@@ -18,6 +18,7 @@
 
 #include "kvc/kernels/dtype.h"
 #include "kvc/kernels/paged_view.h"
+#include "kvc/kernels/rope.h"
 
 namespace kvc::kernels {
 
@@ -70,17 +71,6 @@ struct GatherArgs {
   const int32_t* src_slots = nullptr;   // [num_rows]
   const int32_t* dst_blocks = nullptr;  // [num_rows]
   const int32_t* dst_slots = nullptr;   // [num_rows]
-};
-
-enum class RopeStyle : uint8_t {
-  kNeox = 0,  // pairs (i, i + rotary_dim / 2) ("rotate half"; Llama, NeoX)
-  kGptJ = 1,  // pairs (2i, 2i + 1) (interleaved; GPT-J)
-};
-
-struct RopeConfig {
-  float theta = 10000.0f;  // base: inv_freq[i] = theta^(-2i / rotary_dim)
-  int32_t rotary_dim = 0;  // leading dims rotated; 0 means head_dim; even
-  RopeStyle style = RopeStyle::kNeox;
 };
 
 // Rotates stored keys in place by a per-row position delta (new position - old position):
