@@ -547,7 +547,7 @@ void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a) {
   const BlockLayout& l = a.arena.layout;
   const int d = l.head_dim;
   const int G = a.group_size;
-  const float scale = a.scale != 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = AttentionScale(d);
   CallScratch& cs = CallerScratch();
   std::vector<Item>& items = cs.items;
   std::vector<int32_t>& first_item = cs.first_item;

@@ -338,7 +338,7 @@ void ScoreItemAny(const Item& it) {
 void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a) {
   const BlockLayout& l = a.arena.layout;
   const int d = l.head_dim, G = a.group_size;
-  const float scale = a.scale != 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = AttentionScale(d);
   const LaneTable& lanes = a.lanes;
   std::vector<int64_t> off(lanes.num_lanes + 1, 0);
   for (int32_t lane = 0; lane < lanes.num_lanes; ++lane)

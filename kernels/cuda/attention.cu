@@ -188,7 +188,7 @@ KernelStatus LaunchDecodeAttention(const DecodeAttentionArgs& a, StreamHandle st
                        static_cast<size_t>(a.lanes.num_lanes) * G * a.lanes.max_tokens, &status))
           : nullptr;
   KVC_KERNEL_RETURN_IF_ERROR(status);
-  const float scale = a.scale != 0 ? a.scale : 1.0f / sqrtf(static_cast<float>(d));
+  const float scale = AttentionScale(d);
   if (w.chunks > 0 && DecodeFastApplies(a)) {
     KVC_KERNEL_RETURN_IF_ERROR(LaunchDecodePartialFast(a, scale, w, s));
   } else if (w.chunks > 0) {

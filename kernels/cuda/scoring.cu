@@ -181,7 +181,7 @@ KernelStatus LaunchSnapKvScore(const SnapKvScoreArgs& a, StreamHandle stream) {
   const SnapTiles tiles = TilesFor(d);
   const int num_chunks = (a.lanes.max_tokens + tiles.tokens - 1) / tiles.tokens;
   const int64_t R = static_cast<int64_t>(a.group_size) * a.window;
-  const float scale = a.scale != 0 ? a.scale : 1.0f / sqrtf(static_cast<float>(d));
+  const float scale = AttentionScale(d);
   KernelStatus status = KernelStatus::Ok();
   Scratch scratch(s);
   float2* partial =

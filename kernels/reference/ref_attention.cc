@@ -11,7 +11,7 @@ namespace kvc::kernels::reference {
 void DecodeAttention(const DecodeAttentionArgs& a) {
   const BlockLayout& l = a.arena.layout;
   const int d = l.head_dim;
-  const float scale = a.scale != 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = AttentionScale(d);
   std::vector<float> k(d), v(d), q(d), acc(d);
   for (int32_t lane = 0; lane < a.lanes.num_lanes; ++lane) {
     const int32_t n = a.lanes.num_tokens[lane];

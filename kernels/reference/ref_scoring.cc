@@ -33,7 +33,7 @@ float ScoreForRanking(float s) {
 void SnapKvScore(const SnapKvScoreArgs& a) {
   const BlockLayout& l = a.arena.layout;
   const int d = l.head_dim;
-  const float scale = a.scale != 0 ? a.scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = AttentionScale(d);
   for (int32_t lane = 0; lane < a.lanes.num_lanes; ++lane) {
     const int32_t n = a.lanes.num_tokens[lane];
     const std::vector<float> keys = LaneKeys(a.arena, a.lanes, lane);

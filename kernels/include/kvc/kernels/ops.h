@@ -14,6 +14,8 @@
 // suspect anyway.
 #pragma once
 
+#include <math.h>
+
 #include <cstdint>
 
 #include "kvc/kernels/dtype.h"
@@ -21,6 +23,11 @@
 #include "kvc/kernels/rope.h"
 
 namespace kvc::kernels {
+
+// The softmax scale of SnapKvScore and DecodeAttention: 1/sqrt(head_dim). A model with
+// another attention scale s folds it into its queries (q * s * sqrt(head_dim)): the logits
+// are the same, so the ops need no scale argument.
+KVC_HD float AttentionScale(int head_dim) { return 1.0f / sqrtf(static_cast<float>(head_dim)); }
 
 // Quantizes rows of dense keys and values into their slots (scatter). Destinations must be
 // distinct.
@@ -93,7 +100,7 @@ enum class ScoreMode : uint8_t {
 };
 
 // SnapKV observation-window scores. For each query head of a lane's GQA group and each of
-// its `window` queries: p = softmax(scale * q.k) over the lane's stored keys, keys with
+// its `window` queries: p = softmax(q.k / sqrt(head_dim)) over the lane's stored keys, keys with
 // position > query position masked (the causal mask inside the window); summed over the
 // window; smoothed along stored order by 1-D pooling (kernel pool_kernel, stride 1,
 // padding pool_kernel / 2; avg divides by pool_kernel) over the first num_tokens - window
@@ -109,7 +116,6 @@ struct SnapKvScoreArgs {
   const void* queries = nullptr;             // [num_lanes, group_size, window, head_dim]
   const int32_t* query_positions = nullptr;  // [num_lanes, window]
   const int32_t* key_positions = nullptr;    // [num_lanes, lanes.max_tokens] of stored tokens
-  float scale = 0.0f;                        // 0 means 1/sqrt(head_dim)
   int32_t pool_kernel = 7;                   // odd, >= 1
   PoolKind pool = PoolKind::kMax;
   ScoreMode mode = ScoreMode::kOverwrite;
@@ -146,7 +152,7 @@ struct SelectArgs {
 };
 
 // One decode step of paged attention. For each lane and each of its group_size query heads:
-// out = softmax(scale * q.K) V over the lane's stored tokens, read directly in the stored
+// out = softmax(q.K / sqrt(head_dim)) V over the lane's stored tokens, read directly in the stored
 // format, with a max-subtracted softmax and fp32 accumulation. A lane with no tokens gives
 // zeros. `lse` lets a caller merge attention computed over disjoint token sets (e.g. a
 // low-bit part and a raw recent part): out = sum_i exp(lse_i - LSE) out_i with
@@ -158,12 +164,11 @@ struct DecodeAttentionArgs {
   DType dtype = DType::kF16;      // element type of queries and out
   const void* queries = nullptr;  // [num_lanes, group_size, head_dim]
   void* out = nullptr;            // [num_lanes, group_size, head_dim]
-  float scale = 0.0f;             // 0 means 1/sqrt(head_dim)
   float* weights = nullptr;       // optional out [num_lanes, group_size, lanes.max_tokens]
   // Optional in/out [num_lanes, lanes.max_tokens]: += the group mean of this step's weights
   // (H2O scores, as AccumulateScores).
   float* scores = nullptr;
-  // Optional out [num_lanes, group_size]: log sum_t exp(scale * q.k_t), natural log, the
+  // Optional out [num_lanes, group_size]: log sum_t exp(q.k_t / sqrt(head_dim)), natural log, the
   // softmax's log-normalizer; -infinity for a lane with no tokens.
   float* lse = nullptr;
 };
