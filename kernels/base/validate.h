@@ -3,11 +3,12 @@
 // offsets, token counts) read the index arrays and so run only where those live in host
 // memory.
 //
-// An op that returns an error has written nothing: host backends run every check of an op
-// (CheckHost, host_backend.h) before its first write, and the CUDA backend runs the scalar
-// checks, and its own limits, before it enqueues anything. Preconditions that cost a pass
-// over the whole arena (distinct destinations, non-overlapping gather sides) are the
-// caller's to keep and are not checked.
+// An op that returns an error has written nothing (ops.h): host backends run every check of
+// an op (CheckHost, host_backend.h) before its first write; the CUDA backend runs the scalar
+// checks here, then its own limits and scratch allocations, before it enqueues the first
+// kernel that writes caller memory. Preconditions that cost a pass over the whole arena
+// (distinct destinations, non-overlapping gather sides) are the caller's to keep and are
+// not checked.
 #pragma once
 
 #include "kvc/kernels/ops.h"
