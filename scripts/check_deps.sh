@@ -27,5 +27,10 @@ check "public client headers must not expose generated protobuf or gRPC types" \
   "${inc}(grpc|grpcpp|google/protobuf)/|${inc}[^>\"]*\.pb\.h" client/include
 check "common/ is a leaf (Abseil and the standard library only)" \
   "${inc}(grpc|grpcpp|google/protobuf|prometheus|kvc|cachesvc|client|proto)/" common
+# Bookkeeping apart from bytes: the core reaches pool memory only through kernel ops, so
+# the same code serves a device pool. Only the host pool itself maps its arenas.
+check "cachesvc/core must not read or write pool memory (use a KernelBackend op)" \
+  "KeyRecord|ValueRecord|BlockBase|record_codec\\.h|memcpy\\([^)]*arena|\\.base\\b|HostArena" \
+  $(ls cachesvc/core/*.h cachesvc/core/*.cc | grep -v -e host_block_pool -e host_arena)
 [ $status = 0 ] && echo "check_deps: layering OK"
 exit $status

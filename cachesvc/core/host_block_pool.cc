@@ -49,14 +49,10 @@ kernels::PagedArena HostBlockPool::arena(StorageFormat format) {
   return view;
 }
 
-int64_t HostBlockPool::used_bytes() const {
-  kvc::MutexLock lock(&mu_);
-  return used_bytes_;
-}
+int64_t HostBlockPool::used_bytes() const { return used_bytes_.load(std::memory_order_relaxed); }
 
 int64_t HostBlockPool::used_blocks(StorageFormat format) const {
-  kvc::MutexLock lock(&mu_);
-  return arenas_[static_cast<size_t>(format)].used;
+  return used_blocks_[static_cast<size_t>(format)].load(std::memory_order_relaxed);
 }
 
 absl::Status HostBlockPool::ReserveLocked(StorageFormat format) {
@@ -81,7 +77,7 @@ absl::Status HostBlockPool::Allocate(StorageFormat format, int64_t n, std::vecto
   kvc::MutexLock lock(&mu_);
   KVC_RETURN_IF_ERROR(ReserveLocked(format));
   FormatArena& a = arenas_[static_cast<size_t>(format)];
-  const int64_t free_bytes = options_.capacity_bytes - used_bytes_;
+  const int64_t free_bytes = options_.capacity_bytes - used_bytes_.load(std::memory_order_relaxed);
   const int64_t fresh_left = a.max_blocks - a.next_fresh + static_cast<int64_t>(a.free.size());
   if (n * block_bytes > free_bytes || n > fresh_left) {
     return absl::ResourceExhaustedError(
@@ -103,8 +99,8 @@ absl::Status HostBlockPool::Allocate(StorageFormat format, int64_t n, std::vecto
     a.allocated[static_cast<size_t>(id)] = true;
     out->push_back(id);
   }
-  a.used += n;
-  used_bytes_ += n * block_bytes;
+  used_blocks_[static_cast<size_t>(format)].fetch_add(n, std::memory_order_relaxed);
+  used_bytes_.fetch_add(n * block_bytes, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -120,8 +116,9 @@ void HostBlockPool::Free(StorageFormat format, absl::Span<const BlockId> blocks)
     a.allocated[static_cast<size_t>(id)] = false;
     a.free.push_back(id);
   }
-  a.used -= static_cast<int64_t>(blocks.size());
-  used_bytes_ -= static_cast<int64_t>(blocks.size()) * block_bytes;
+  const int64_t n = static_cast<int64_t>(blocks.size());
+  used_blocks_[static_cast<size_t>(format)].fetch_sub(n, std::memory_order_relaxed);
+  used_bytes_.fetch_sub(n * block_bytes, std::memory_order_relaxed);
 }
 
 }  // namespace kvc::cachesvc

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -41,7 +42,6 @@ class HostBlockPool final : public BlockPool {
     int64_t next_fresh = 0;       // blocks [0, next_fresh) have been handed out before
     std::vector<BlockId> free;    // returned blocks, reused LIFO
     std::vector<bool> allocated;  // double-free guard, grows with next_fresh
-    int64_t used = 0;
   };
 
   HostBlockPool(const PoolOptions& options, kernels::KernelBackend* backend)
@@ -52,7 +52,9 @@ class HostBlockPool final : public BlockPool {
   kernels::KernelBackend* const backend_;
   mutable kvc::Mutex mu_;
   std::array<FormatArena, kernels::kNumStorageFormats> arenas_ ABSL_GUARDED_BY(mu_);
-  int64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Written under mu_, read without it (statistics and scrapes take no lock).
+  std::atomic<int64_t> used_bytes_{0};
+  std::array<std::atomic<int64_t>, kernels::kNumStorageFormats> used_blocks_{};
 };
 
 }  // namespace kvc::cachesvc

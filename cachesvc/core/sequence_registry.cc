@@ -2,6 +2,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "cachesvc/core/quote.h"
 
 namespace kvc::cachesvc {
 
@@ -9,15 +10,21 @@ SequenceRegistry::Shard& SequenceRegistry::shard(const std::string& id) const {
   return shards_[absl::Hash<std::string>{}(id) % kShards];
 }
 
-absl::Status SequenceRegistry::Insert(std::shared_ptr<Sequence> sequence) {
+absl::Status SequenceRegistry::Insert(std::shared_ptr<Sequence> sequence, int64_t max_size) {
   Shard& s = shard(sequence->id());
   kvc::MutexLock lock(&s.mu);
-  auto [it, inserted] = s.map.emplace(sequence->id(), sequence);
-  if (!inserted) {
-    return absl::AlreadyExistsError(absl::StrCat("sequence '", sequence->id(),
-                                                 "' already exists; choose another "
+  if (s.map.contains(sequence->id())) {
+    return absl::AlreadyExistsError(absl::StrCat("sequence ", Quoted(sequence->id()),
+                                                 " already exists; choose another "
                                                  "client_sequence_id or Release the old one"));
   }
+  // Reserve a place atomically, so concurrent creates cannot together pass the limit.
+  if (size_.fetch_add(1, std::memory_order_relaxed) >= max_size) {
+    size_.fetch_sub(1, std::memory_order_relaxed);
+    return absl::ResourceExhaustedError(absl::StrCat("the server holds its maximum of ", max_size,
+                                                     " sequences; release some first"));
+  }
+  s.map.emplace(sequence->id(), std::move(sequence));
   return absl::OkStatus();
 }
 
@@ -27,7 +34,7 @@ absl::StatusOr<std::shared_ptr<Sequence>> SequenceRegistry::Find(const std::stri
   auto it = s.map.find(id);
   if (it == s.map.end()) {
     return absl::NotFoundError(
-        absl::StrCat("sequence '", id, "' not found: it was released or never created"));
+        absl::StrCat("sequence ", Quoted(id), " not found: it was released or never created"));
   }
   return it->second;
 }
@@ -35,16 +42,9 @@ absl::StatusOr<std::shared_ptr<Sequence>> SequenceRegistry::Find(const std::stri
 bool SequenceRegistry::Erase(const std::string& id) {
   Shard& s = shard(id);
   kvc::MutexLock lock(&s.mu);
-  return s.map.erase(id) > 0;
-}
-
-int64_t SequenceRegistry::size() const {
-  int64_t n = 0;
-  for (auto& s : shards_) {
-    kvc::MutexLock lock(&s.mu);
-    n += static_cast<int64_t>(s.map.size());
-  }
-  return n;
+  if (s.map.erase(id) == 0) return false;
+  size_.fetch_sub(1, std::memory_order_relaxed);
+  return true;
 }
 
 std::vector<std::shared_ptr<Sequence>> SequenceRegistry::All() const {

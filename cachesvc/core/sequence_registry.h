@@ -1,5 +1,6 @@
 // SequenceRegistry: id -> Sequence, sharded by id hash so concurrent RPCs on different
-// sequences rarely share a lock. A shard lock is held only for the map operation itself.
+// sequences rarely share a lock. A shard lock is held only for the map operation itself;
+// the count is an atomic, so sizing the registry locks nothing.
 //
 // Entries are shared_ptr because an RPC may still hold a sequence while Release removes it
 // from the map; the last holder frees the metadata (its blocks were already returned by
@@ -7,7 +8,7 @@
 #pragma once
 
 #include <array>
-#include <functional>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,13 +23,13 @@ namespace kvc::cachesvc {
 
 class SequenceRegistry {
  public:
-  // ALREADY_EXISTS if the id is taken.
-  absl::Status Insert(std::shared_ptr<Sequence> sequence);
-  // NOT_FOUND (naming the id) if absent.
+  // ALREADY_EXISTS if the id is taken; RESOURCE_EXHAUSTED when `max_size` sequences exist.
+  absl::Status Insert(std::shared_ptr<Sequence> sequence, int64_t max_size);
+  // NOT_FOUND (naming a prefix of the id) if absent.
   absl::StatusOr<std::shared_ptr<Sequence>> Find(const std::string& id) const;
   // Removes the entry if present; returns whether it was.
   bool Erase(const std::string& id);
-  int64_t size() const;
+  int64_t size() const { return size_.load(std::memory_order_relaxed); }
   // A snapshot of every entry, for listings.
   std::vector<std::shared_ptr<Sequence>> All() const;
 
@@ -41,6 +42,7 @@ class SequenceRegistry {
   Shard& shard(const std::string& id) const;
 
   mutable std::array<Shard, kShards> shards_;
+  std::atomic<int64_t> size_{0};
 };
 
 }  // namespace kvc::cachesvc

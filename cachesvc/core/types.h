@@ -8,16 +8,16 @@
 #include <vector>
 
 #include "kvc/kernels/dtype.h"
+#include "kvc/kernels/ops.h"
 
 namespace kvc::cachesvc {
 
 using kernels::DType;
+using kernels::RopeStyle;
 using kernels::StorageFormat;
 
 // Index of a block inside one pool's arena.
 using BlockId = int32_t;
-
-enum class RopeStyle : uint8_t { kNeox = 0, kGptj = 1 };
 
 struct RopeParams {
   bool enabled = false;

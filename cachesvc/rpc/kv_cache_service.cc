@@ -118,9 +118,7 @@ grpc::Status KvCacheServiceImpl::Release(grpc::ServerContext*, const pb::Release
 grpc::Status KvCacheServiceImpl::Compress(grpc::ServerContext*, const pb::CompressRequest* request,
                                           pb::CompressResponse* response) {
   RpcScope scope(metrics_, kService, "Compress");
-  auto dtype = store_->SequenceDType(request->sequence_id());
-  if (!dtype.ok()) return scope.Finish(ToGrpcStatus(dtype.status()));
-  auto params = FromProto(*request, *dtype);
+  auto params = FromProto(*request);
   if (!params.ok()) return scope.Finish(ToGrpcStatus(params.status()));
   for (const auto& q : request->queries())
     scope.AddReceived(static_cast<int64_t>(q.queries().size()));
@@ -134,10 +132,9 @@ grpc::Status KvCacheServiceImpl::Compress(grpc::ServerContext*, const pb::Compre
 
 absl::Status KvCacheServiceImpl::AttendOne(const pb::AttendRequest& request,
                                            pb::AttendResponse* response) {
-  KVC_ASSIGN_OR_RETURN(const DType pool_dtype, store_->SequenceDType(request.sequence_id()));
-  KVC_ASSIGN_OR_RETURN(AttendParams params, FromProto(request, pool_dtype));
+  KVC_ASSIGN_OR_RETURN(AttendParams params, FromProto(request));
   KVC_ASSIGN_OR_RETURN(AttendResult result, store_->Attend(params));
-  ToProto(result, request.layer(), params.dtype, response);
+  ToProto(result, request.layer(), response);
   return absl::OkStatus();
 }
 

@@ -155,7 +155,7 @@ absl::StatusOr<PoolOptions> FromProto(const pb::PoolConfig& config) {
     o.geometry.rope.theta = g.rope().theta();
     o.geometry.rope.rotary_dim = g.rope().rotary_dim();
     o.geometry.rope.style =
-        g.rope().style() == pb::ROPE_STYLE_GPTJ ? RopeStyle::kGptj : RopeStyle::kNeox;
+        g.rope().style() == pb::ROPE_STYLE_GPTJ ? RopeStyle::kGptJ : RopeStyle::kNeox;
   }
   return o;
 }
@@ -170,7 +170,7 @@ void ToProto(const PoolGeometry& g, pb::PoolGeometry* out) {
   if (g.rope.enabled) {
     out->mutable_rope()->set_theta(g.rope.theta);
     out->mutable_rope()->set_rotary_dim(g.rope.rotary_dim);
-    out->mutable_rope()->set_style(g.rope.style == RopeStyle::kGptj ? pb::ROPE_STYLE_GPTJ
+    out->mutable_rope()->set_style(g.rope.style == RopeStyle::kGptJ ? pb::ROPE_STYLE_GPTJ
                                                                     : pb::ROPE_STYLE_NEOX);
   }
 }
@@ -244,7 +244,6 @@ absl::StatusOr<AppendParams> FromProto(const pb::AppendRequest& r) {
   p.num_tokens = r.num_tokens();
   if (r.dtype() != pb::DTYPE_UNSPECIFIED) {
     KVC_ASSIGN_OR_RETURN(p.dtype, FromProto(r.dtype(), "dtype"));
-    p.dtype_set = true;
   }
   p.keys = absl::string_view(r.keys().data(), r.keys().size());
   p.values = absl::string_view(r.values().data(), r.values().size());
@@ -269,7 +268,6 @@ absl::StatusOr<FetchParams> FromProto(const pb::FetchRequest& r) {
   }
   if (r.dtype() != pb::DTYPE_UNSPECIFIED) {
     KVC_ASSIGN_OR_RETURN(p.dtype, FromProto(r.dtype(), "dtype"));
-    p.dtype_set = true;
   }
   if (r.max_chunk_bytes() < 0) {
     return absl::InvalidArgumentError(
@@ -299,14 +297,13 @@ void ToProto(FetchChunk& c, pb::FetchChunk* out) {
 
 namespace kvc::cachesvc {
 
-absl::StatusOr<CompressParams> FromProto(const pb::CompressRequest& r, DType pool_dtype) {
+absl::StatusOr<CompressParams> FromProto(const pb::CompressRequest& r) {
   CompressParams p;
   p.sequence_id = r.sequence_id();
   KVC_ASSIGN_OR_RETURN(p.spec, FromProto(r.spec()));
   for (const auto& q : r.queries()) {
     LayerQueries lq;
     lq.layer = q.layer();
-    lq.dtype = pool_dtype;
     if (q.dtype() != pb::DTYPE_UNSPECIFIED) {
       KVC_ASSIGN_OR_RETURN(lq.dtype, FromProto(q.dtype(), "queries.dtype"));
     }
@@ -331,11 +328,10 @@ void ToProto(const CompressResult& r, pb::CompressResponse* out) {
   out->set_storage(ToProto(r.storage));
 }
 
-absl::StatusOr<AttendParams> FromProto(const pb::AttendRequest& r, DType pool_dtype) {
+absl::StatusOr<AttendParams> FromProto(const pb::AttendRequest& r) {
   AttendParams p;
   p.sequence_id = r.sequence_id();
   p.layer = r.layer();
-  p.dtype = pool_dtype;
   if (r.dtype() != pb::DTYPE_UNSPECIFIED) {
     KVC_ASSIGN_OR_RETURN(p.dtype, FromProto(r.dtype(), "dtype"));
   }
@@ -345,10 +341,10 @@ absl::StatusOr<AttendParams> FromProto(const pb::AttendRequest& r, DType pool_dt
   return p;
 }
 
-void ToProto(AttendResult& r, int layer, DType dtype, pb::AttendResponse* out) {
+void ToProto(AttendResult& r, int layer, pb::AttendResponse* out) {
   out->set_layer(layer);
   out->set_output(std::move(r.output));
-  out->set_dtype(ToProto(dtype));
+  out->set_dtype(ToProto(r.dtype));
   out->set_max_stored(r.max_stored);
   out->mutable_weights()->Add(r.weights.begin(), r.weights.end());
   out->mutable_weight_positions()->Add(r.weight_positions.begin(), r.weight_positions.end());

@@ -17,13 +17,13 @@ kvcache::v1::StorageFormat ToProto(StorageFormat format);
 
 absl::StatusOr<CompressionSpec> FromProto(const kvcache::v1::CompressionSpec& spec);
 void ToProto(const CompressionSpec& spec, kvcache::v1::CompressionSpec* out);
-// Queries with DTYPE_UNSPECIFIED are taken as `pool_dtype`. Payloads are borrowed.
-absl::StatusOr<CompressParams> FromProto(const kvcache::v1::CompressRequest& request,
-                                         DType pool_dtype);
+// DTYPE_UNSPECIFIED leaves a dtype unset (the pool's; the core resolves it). Payloads are
+// borrowed.
+absl::StatusOr<CompressParams> FromProto(const kvcache::v1::CompressRequest& request);
 void ToProto(const CompressResult& result, kvcache::v1::CompressResponse* out);
-absl::StatusOr<AttendParams> FromProto(const kvcache::v1::AttendRequest& request, DType pool_dtype);
+absl::StatusOr<AttendParams> FromProto(const kvcache::v1::AttendRequest& request);
 // Moves the output buffer into the message.
-void ToProto(AttendResult& result, int layer, DType dtype, kvcache::v1::AttendResponse* out);
+void ToProto(AttendResult& result, int layer, kvcache::v1::AttendResponse* out);
 // Fills defaults (block_tokens 16, dtype f16) for zero fields; validation is the pool's.
 absl::StatusOr<PoolOptions> FromProto(const kvcache::v1::PoolConfig& config);
 void ToProto(const PoolGeometry& geometry, kvcache::v1::PoolGeometry* out);

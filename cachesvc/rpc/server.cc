@@ -27,7 +27,10 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
         "max_message_bytes is ", options.max_message_bytes, "; expected 64 KiB .. 1 GiB"));
   }
   std::unique_ptr<KvCacheServer> server(new KvCacheServer());
-  KVC_ASSIGN_OR_RETURN(server->store_, KvStore::Create(options.store));
+  // A response must fit one message; leave room for the fields around the payload.
+  KvStoreOptions store_options = options.store;
+  store_options.max_response_bytes = options.max_message_bytes - (int64_t{16} << 10);
+  KVC_ASSIGN_OR_RETURN(server->store_, KvStore::Create(store_options));
   KVC_ASSIGN_OR_RETURN(server->metrics_,
                        Metrics::Create(options.metrics_listen, server->store_.get()));
   server->kv_service_ =

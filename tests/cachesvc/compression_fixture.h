@@ -80,7 +80,6 @@ class Fixture {
       a.start_position = start;
       a.num_tokens = n;
       a.dtype = DType::kF32;
-      a.dtype_set = true;
       a.keys = Bytes(k);
       a.values = Bytes(v);
       auto r = store_->Append(a);
@@ -129,7 +128,6 @@ class Fixture {
     f.sequence_id = id_;
     f.layers = {layer};
     f.dtype = DType::kF32;
-    f.dtype_set = true;
     EXPECT_THAT(store_->Fetch(f,
                               [&](FetchChunk& c) {
                                 if (c.kv_head != head) return true;

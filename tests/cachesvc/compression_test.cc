@@ -290,7 +290,6 @@ TEST(CompressionTest, CyclesOfAppendCompressReleaseLeaveNoBlocksBehind) {
       a.layer = l;
       a.num_tokens = n;
       a.dtype = DType::kF32;
-      a.dtype_set = true;
       a.keys = Bytes(k);
       a.values = Bytes(k);
       KVC_ASSERT_OK((*store)->Append(a));
@@ -359,7 +358,6 @@ TEST(CompressionTest, StreamingLlmRerotationGivesInCachePositionsWithExactKeys) 
     a.start_position = start;
     a.num_tokens = 50;
     a.dtype = DType::kF32;
-    a.dtype_set = true;
     a.keys =
         absl::string_view(reinterpret_cast<const char*>(keys.data()) + start * g.heads * g.dim * 4,
                           50 * g.heads * g.dim * 4);
@@ -374,7 +372,6 @@ TEST(CompressionTest, StreamingLlmRerotationGivesInCachePositionsWithExactKeys) 
   FetchParams f;
   f.sequence_id = seq.id;
   f.dtype = DType::kF32;
-  f.dtype_set = true;
   std::map<int, std::set<int32_t>> positions;
   KVC_ASSERT_OK(store->Fetch(f, [&](FetchChunk& c) {
     const float* k = reinterpret_cast<const float*>(c.keys.data());

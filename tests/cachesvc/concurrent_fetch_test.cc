@@ -30,6 +30,9 @@ struct Case {
   int residual;
 };
 
+// Names the case in test output instead of dumping its bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class ConcurrentFetchTest : public ::testing::TestWithParam<Case> {};
 
 // Checks one Fetch's chunks: every position in [0, visible) once per lane, with its data.

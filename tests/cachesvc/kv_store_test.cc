@@ -119,12 +119,10 @@ TEST_F(KvStoreTest, ConvertsDtypesOnWriteAndRead) {
     const Payload p = MakePayload(l, 0, 5, DType::kF32);
     AppendParams a = Params(id_, l, 0, 5, p);
     a.dtype = DType::kF32;
-    a.dtype_set = true;
     KVC_ASSERT_OK(store_->Append(a));
   }
   FetchParams params;
   params.dtype = DType::kBF16;
-  params.dtype_set = true;
   for (const FetchChunk& c : FetchAll(params)) {
     EXPECT_EQ(c.dtype, DType::kBF16);
     EXPECT_EQ(c.keys, MakeHeadKv(1, c.layer, c.kv_head, 0, 5, kDim, DType::kBF16, false));

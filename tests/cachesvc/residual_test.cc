@@ -232,7 +232,28 @@ TEST(ResidualTest, CompressSetsTheResidualOnASequenceStillRaw) {
   p.sequence_id = quantized.id_;
   p.spec = LowBit(StorageFormat::kInt4G32, 8);
   EXPECT_THAT(quantized.store_->Compress(p),
-              StatusIs(Code::kFailedPrecondition, "already stored in int8"));
+              StatusIs(Code::kFailedPrecondition, "are stored in int8"));
+  // Nor one converted back to the raw format: its values went through int8 once.
+  p.spec = LowBit(StorageFormat::kF32, 0);
+  KVC_ASSERT_OK(quantized.store_->Compress(p).status());
+  p.spec = LowBit(StorageFormat::kInt4G32, 8);
+  EXPECT_THAT(quantized.store_->Compress(p),
+              StatusIs(Code::kFailedPrecondition, "lossy format before"));
+}
+
+TEST(ResidualTest, CompressRefusesAResidualTheAutomaticPolicyWouldEvict) {
+  CompressionSpec h2o;
+  h2o.eviction = Eviction::kH2o;
+  h2o.heavy = 8;
+  h2o.recent = 10;
+  Fixture f(Geometry{}, h2o);
+  KVC_ASSERT_OK(f.AppendAll(0, 40));
+  CompressParams p;
+  p.sequence_id = f.id_;
+  p.spec = LowBit(StorageFormat::kInt4G32, 19);  // the policy keeps only the newest 10
+  EXPECT_THAT(f.store_->Compress(p), StatusIs(Code::kInvalidArgument, "use at most 10"));
+  p.spec = LowBit(StorageFormat::kInt4G32, 10);
+  KVC_EXPECT_OK(f.store_->Compress(p).status());
 }
 
 TEST(ResidualTest, StreamingLlmWithAResidualRunsInConstantMemoryAndReturnsEveryBlock) {

@@ -1,0 +1,115 @@
+#include "cachesvc/core/append.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "cachesvc/core/eviction_rule.h"
+#include "cachesvc/core/selection.h"
+#include "cachesvc/core/transaction.h"
+#include "common/status_macros.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+// The automatic policy evicts once a lane would be a whole block over what the rule keeps,
+// back down to it: memory stays bounded by ceil((keeps + block_tokens) / block_tokens) blocks
+// per lane and the selection runs once per block of appended tokens, not per token. H2O
+// waits for scores (without them every token ranks 0 and it would keep the oldest).
+bool EvictionDue(const Sequence& seq, const EvictionRule& rule, int layer, int64_t n)
+    ABSL_SHARED_LOCKS_REQUIRED(seq.mu()) {
+  if (!rule.evicts() || (rule.scored && !seq.has_scores())) return false;
+  const SequenceStorage& st = seq.storage();
+  int64_t most = 0;
+  for (int h = 0; h < st.num_kv_heads(); ++h) most = std::max(most, st.lane_tokens(layer, h));
+  return most + n > rule.keeps() + seq.geometry().block_tokens;
+}
+
+}  // namespace
+
+absl::StatusOr<DType> ValidateAppend(const AppendParams& p, const PoolOptions& pool,
+                                     int64_t max_tokens) {
+  const PoolGeometry& g = pool.geometry;
+  if (p.layer < 0 || p.layer >= g.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("layer ", p.layer, " is out of range: pool '",
+                                                   pool.name, "' has ", g.num_layers,
+                                                   " layers (0..", g.num_layers - 1, ")"));
+  }
+  if (p.num_tokens < 1 || p.num_tokens > max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("num_tokens is ", p.num_tokens, "; expected 1..",
+                                                   max_tokens,
+                                                   " per append (split larger ranges)"));
+  }
+  if (p.start_position < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start_position is ", p.start_position, "; expected >= 0"));
+  }
+  // Compared without forming start + n, which could overflow.
+  if (p.start_position > int64_t{INT32_MAX} - p.num_tokens) {
+    return absl::OutOfRangeError(absl::StrCat("start_position ", p.start_position, " + num_tokens ",
+                                              p.num_tokens,
+                                              " exceeds the largest supported position 2^31-1"));
+  }
+  const DType dtype = p.dtype.value_or(g.dtype);
+  const int64_t expected = p.num_tokens * g.TokenLayerBytes(dtype);
+  for (const auto& [name, data] : {std::pair<const char*, absl::string_view>{"keys", p.keys},
+                                   std::pair<const char*, absl::string_view>{"values", p.values}}) {
+    if (static_cast<int64_t>(data.size()) != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " has ", data.size(), " bytes; expected num_tokens ", p.num_tokens, " x ",
+          g.num_kv_heads, " kv heads x head_dim ", g.head_dim, " x ", kernels::DTypeSize(dtype),
+          " bytes (", kernels::DTypeName(dtype), ") = ", expected));
+    }
+  }
+  return dtype;
+}
+
+absl::StatusOr<AppendResult> AppendLocked(Sequence& seq, const AppendParams& p, DType dtype) {
+  const int layer = static_cast<int>(p.layer);
+  const int64_t have = seq.layer_tokens(layer);
+  if (p.start_position != have) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("append out of order for layer ", p.layer, ": start_position is ",
+                     p.start_position, " but the layer has ", have,
+                     " tokens; the next append of this layer must start at ", have));
+  }
+  const PoolGeometry& g = seq.geometry();
+  SequenceStorage& st = seq.storage();
+  std::vector<int32_t> positions(static_cast<size_t>(p.num_tokens));
+  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(p.start_position));
+  const EvictionRule rule = ResolveEviction(seq.policy());
+  std::vector<LaneSelection> selection;
+  if (EvictionDue(seq, rule, layer, p.num_tokens)) {
+    KVC_ASSIGN_OR_RETURN(selection, SelectLayer(seq.pool()->backend(), st, layer, rule, positions));
+  }
+  Transaction tx(seq.pool(), &st);
+  tx.SetIncoming(
+      IncomingRows{dtype, p.keys.data(), p.values.data(), int64_t{g.num_kv_heads} * g.head_dim});
+  int64_t evicted = 0;
+  for (int h = 0; h < g.num_kv_heads; ++h) {
+    LaneChange change;
+    change.old = &st.lane(layer, h);
+    change.tiers = st.tiers();
+    change.incoming_positions = positions;
+    if (!selection.empty()) {
+      LaneSelection& sel = selection[static_cast<size_t>(h)];
+      change.keep = std::move(sel.keep);
+      change.delta = std::move(sel.delta);
+      change.incoming_keep = std::move(sel.incoming_keep);
+      change.incoming_delta = std::move(sel.incoming_delta);
+      evicted += sel.evicted;
+    }
+    tx.AddLane(st.lane_index(layer, h), PlanLane(change, g.block_tokens), int64_t{h} * g.head_dim);
+  }
+  KVC_RETURN_IF_ERROR(tx.Execute());
+  tx.Commit();
+  seq.set_layer_tokens(layer, have + p.num_tokens);
+  if (evicted > 0) {
+    seq.usage()->evicted_token_heads[static_cast<size_t>(rule.why)].fetch_add(
+        evicted, std::memory_order_relaxed);
+  }
+  seq.SyncUsage();
+  return AppendResult{have + p.num_tokens, seq.visible_tokens()};
+}
+
+}  // namespace kvc::cachesvc

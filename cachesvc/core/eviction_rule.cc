@@ -1,0 +1,128 @@
+#include "cachesvc/core/eviction_rule.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvc::cachesvc {
+
+using Eviction = CompressionSpec::Eviction;
+
+EvictionRule ResolveEviction(const CompressionSpec& s) {
+  EvictionRule r;
+  r.why = s.eviction;
+  switch (s.eviction) {
+    case Eviction::kNone:
+      break;
+    case Eviction::kStreamingLlm:
+      r.sinks = s.sinks;
+      r.recent = s.window;
+      r.rerotate = s.rerotate_keys;
+      break;
+    case Eviction::kSnapKv:
+      r.recent = s.window;
+      r.budget = s.budget - s.window;
+      r.scored = true;
+      break;
+    case Eviction::kH2o:
+      r.recent = s.recent;
+      r.budget = s.heavy;
+      r.scored = true;
+      break;
+  }
+  return r;
+}
+
+const char* EvictionName(Eviction eviction) {
+  switch (eviction) {
+    case Eviction::kNone:
+      return "none";
+    case Eviction::kStreamingLlm:
+      return "streaming_llm";
+    case Eviction::kSnapKv:
+      return "snapkv";
+    case Eviction::kH2o:
+      return "h2o";
+  }
+  return "?";
+}
+
+absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool automatic) {
+  if (s.storage_set && !kernels::FormatSupportsHeadDim(s.storage, g.head_dim)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("storage ", kernels::StorageFormatName(s.storage), " cannot store head_dim ",
+                     g.head_dim, " (its quantization groups must tile head_dim)"));
+  }
+  if (s.residual_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("residual_tokens is ", s.residual_tokens, "; expected >= 0"));
+  }
+  switch (s.eviction) {
+    case Eviction::kNone:
+      break;
+    case Eviction::kStreamingLlm:
+      if (s.sinks < 0 || s.window < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("streaming_llm needs sinks >= 0 and window >= 1; got sinks ", s.sinks,
+                         ", window ", s.window));
+      }
+      if (s.rerotate_keys) {
+        if (!g.rope.enabled) {
+          return absl::FailedPreconditionError(
+              "streaming_llm.rerotate_keys needs the pool's RoPE parameters (geometry.rope)");
+        }
+      }
+      break;
+    case Eviction::kSnapKv:
+      if (s.window < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("snapkv.window is ", s.window, "; expected >= 1 (paper: 32)"));
+      }
+      if (s.budget <= s.window) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("snapkv.budget is ", s.budget, "; it must be larger than window (",
+                         s.window, ") so some prompt tokens are selected"));
+      }
+      if (s.pooling_kernel < 1 || s.pooling_kernel % 2 == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("snapkv.pooling_kernel is ",
+                                                       s.pooling_kernel,
+                                                       "; expected an odd number >= 1 (paper: 7)"));
+      }
+      if (automatic) {
+        return absl::InvalidArgumentError(
+            "snapkv needs the observation-window queries, so it cannot be an automatic policy; "
+            "apply it with Compress at the end of prefill");
+      }
+      break;
+    case Eviction::kH2o:
+      if (s.heavy < 0 || s.recent < 0 || s.heavy + s.recent < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("h2o needs heavy >= 0, recent >= 0 and heavy + recent >= 1; got heavy ",
+                         s.heavy, ", recent ", s.recent));
+      }
+      break;
+  }
+  const int64_t protect = ProtectedRecent(s);
+  if (s.residual_tokens > 0 && protect >= 0 && s.residual_tokens > protect) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "residual_tokens (", s.residual_tokens, ") is larger than the newest tokens ",
+        EvictionName(s.eviction), " always keeps (", protect,
+        "): the raw residual holds the newest tokens, so it must fit in the policy's recent "
+        "window (",
+        s.eviction == Eviction::kH2o ? "h2o.recent" : "window", ")"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t ProtectedRecent(const CompressionSpec& s) {
+  switch (s.eviction) {
+    case Eviction::kNone:
+      return -1;
+    case Eviction::kStreamingLlm:
+    case Eviction::kSnapKv:
+      return s.window;
+    case Eviction::kH2o:
+      return s.recent;
+  }
+  return -1;
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,40 @@
+// The eviction rule of a CompressionSpec, resolved once: which tokens a lane keeps (sinks,
+// recent window, heavy hitters) and whether survivors get in-cache positions. Every path that
+// evicts (automatic policies on append, Compress) goes through ResolveEviction.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "cachesvc/core/types.h"
+
+namespace kvc::cachesvc {
+
+struct EvictionRule {
+  CompressionSpec::Eviction why = CompressionSpec::Eviction::kNone;
+  int32_t sinks = 0;      // lowest positions always kept
+  int32_t recent = 0;     // highest positions always kept
+  int32_t budget = 0;     // highest-scoring others kept
+  bool rerotate = false;  // survivors' keys re-rotated to consecutive in-cache positions
+  bool scored = false;    // ranks by scores (SnapKV, H2O)
+
+  bool evicts() const { return why != CompressionSpec::Eviction::kNone; }
+  // Tokens a lane keeps at most.
+  int64_t keeps() const { return int64_t{sinks} + recent + budget; }
+};
+
+EvictionRule ResolveEviction(const CompressionSpec& spec);
+
+const char* EvictionName(CompressionSpec::Eviction eviction);
+
+// INVALID_ARGUMENT / FAILED_PRECONDITION naming the field when `spec` cannot apply to a
+// pool of `geometry`. `automatic`: set at CreateSequence (SnapKV needs queries, so only a
+// Compress can apply it).
+absl::Status ValidateSpec(const CompressionSpec& spec, const PoolGeometry& geometry,
+                          bool automatic);
+
+// The newest tokens per lane that `spec`'s eviction always keeps (its recent window); -1 when
+// it evicts nothing. A raw residual must fit in it.
+int64_t ProtectedRecent(const CompressionSpec& spec);
+
+}  // namespace kvc::cachesvc

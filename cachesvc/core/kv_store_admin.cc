@@ -1,0 +1,121 @@
+// KvStore's listings and statistics. Pool figures come from the pools' atomic counters and
+// the running totals the sequences keep (PoolUsage): no sequence lock is taken, so a metrics
+// scrape costs the same with 100 or 10,000 live sequences. Only ListSequences visits
+// sequences (it reports each one).
+#include <algorithm>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/snapshot.h"
+#include "common/status_macros.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+using Eviction = CompressionSpec::Eviction;
+
+int64_t RawBlockBytes(const BlockPool& pool) {
+  return static_cast<int64_t>(
+      pool.layout(kernels::RawFormatFor(pool.options().geometry.dtype)).block_bytes);
+}
+
+}  // namespace
+
+std::vector<PoolSnapshot> KvStore::ListPools() const {
+  std::vector<PoolSnapshot> out;
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    const BlockPool& pool = *pools_[i];
+    PoolSnapshot s;
+    s.options = pool.options();
+    // Counted in the pool's raw format: what a new uncompressed sequence gets.
+    s.block_bytes = RawBlockBytes(pool);
+    s.total_blocks = pool.capacity_bytes() / s.block_bytes;
+    s.used_bytes = pool.used_bytes();
+    s.free_blocks = (pool.capacity_bytes() - s.used_bytes) / s.block_bytes;
+    s.sequences = usage_[i]->sequences.load(std::memory_order_relaxed);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_name) const {
+  const BlockPool* only = nullptr;
+  if (!pool_name.empty()) {
+    KVC_ASSIGN_OR_RETURN(only, FindPool(pool_name));
+  }
+  PoolStatsSnapshot stats;
+  stats.pool = pool_name;
+  std::vector<FormatBytes> by_format(kernels::kNumStorageFormats);
+  for (int f = 0; f < kernels::kNumStorageFormats; ++f) {
+    by_format[static_cast<size_t>(f)].format = static_cast<StorageFormat>(f);
+  }
+  std::array<int64_t, PoolUsage::kEvictionCauses> evicted{};
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    const BlockPool& pool = *pools_[i];
+    if (only != nullptr && &pool != only) continue;
+    const PoolUsage& usage = *usage_[i];
+    for (int c = 0; c < PoolUsage::kEvictionCauses; ++c) {
+      evicted[static_cast<size_t>(c)] +=
+          usage.evicted_token_heads[static_cast<size_t>(c)].load(std::memory_order_relaxed);
+    }
+    stats.capacity_bytes += pool.capacity_bytes();
+    stats.used_bytes += pool.used_bytes();
+    stats.total_blocks += pool.capacity_bytes() / RawBlockBytes(pool);
+    for (int f = 0; f < kernels::kNumStorageFormats; ++f) {
+      const auto format = static_cast<StorageFormat>(f);
+      const int64_t used = pool.used_blocks(format);
+      stats.used_blocks += used;
+      FormatBytes& fb = by_format[static_cast<size_t>(f)];
+      fb.blocks += used;
+      fb.bytes += used * static_cast<int64_t>(pool.layout(format).block_bytes);
+    }
+    const PoolGeometry& g = pool.options().geometry;
+    const int64_t visible = usage.visible_tokens.load(std::memory_order_relaxed);
+    stats.sequences += usage.sequences.load(std::memory_order_relaxed);
+    stats.visible_tokens += visible;
+    stats.stored_token_heads += usage.stored_token_heads.load(std::memory_order_relaxed);
+    stats.dense_bytes += 2 * visible * g.num_layers * g.TokenLayerBytes(g.dtype);
+  }
+  for (const FormatBytes& fb : by_format) {
+    if (fb.blocks > 0) stats.bytes_by_format.push_back(fb);
+  }
+  stats.appended_bytes_total = appended_bytes_.load(std::memory_order_relaxed);
+  stats.fetched_bytes_total = fetched_bytes_.load(std::memory_order_relaxed);
+  stats.evicted_token_heads.emplace_back("operator", evicted[0]);
+  for (auto why : {Eviction::kStreamingLlm, Eviction::kSnapKv, Eviction::kH2o}) {
+    stats.evicted_token_heads.emplace_back(EvictionName(why), evicted[static_cast<size_t>(why)]);
+  }
+  return stats;
+}
+
+absl::StatusOr<SequenceList> KvStore::ListSequences(const ListSequencesParams& p) const {
+  const BlockPool* only = nullptr;
+  if (!p.pool.empty()) {
+    KVC_ASSIGN_OR_RETURN(only, FindPool(p.pool));
+  }
+  if (p.limit < 0 || p.limit > 10000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit is ", p.limit, "; expected 0..10000 (0 = 1000)"));
+  }
+  const int64_t limit = p.limit == 0 ? 1000 : p.limit;
+  SequenceList list;
+  for (const auto& seq : registry_.All()) {
+    if (only != nullptr && seq->pool() != only) continue;
+    if (!p.tenant.empty() && seq->tenant() != p.tenant) continue;
+    kvc::ReaderMutexLock lock(&seq->mu());
+    if (seq->released()) continue;
+    list.sequences.push_back(SnapshotLocked(*seq));
+  }
+  std::sort(list.sequences.begin(), list.sequences.end(),
+            [](const SequenceSnapshot& a, const SequenceSnapshot& b) {
+              return std::tie(a.created_unix_ms, a.id) < std::tie(b.created_unix_ms, b.id);
+            });
+  list.total = static_cast<int64_t>(list.sequences.size());
+  if (static_cast<int64_t>(list.sequences.size()) > limit) {
+    list.sequences.resize(static_cast<size_t>(limit));
+  }
+  return list;
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,38 @@
+// PageLease: blocks of one format taken from a pool for one mutation. Until Commit(), the
+// destructor returns every block to the pool, so an error anywhere before the commit leaks
+// nothing; after Commit() the blocks belong to the metadata the mutation published.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cachesvc/core/block_pool.h"
+
+namespace kvc::cachesvc {
+
+class PageLease {
+ public:
+  PageLease(BlockPool* pool, StorageFormat format) : pool_(pool), format_(format) {}
+  PageLease(PageLease&& other) noexcept;
+  PageLease& operator=(PageLease&& other) noexcept;
+  PageLease(const PageLease&) = delete;
+  PageLease& operator=(const PageLease&) = delete;
+  ~PageLease();
+
+  // Takes `n` more blocks, all or none (the pool's RESOURCE_EXHAUSTED otherwise).
+  absl::Status Allocate(int64_t n);
+  // The i-th block taken, in allocation order.
+  BlockId block(int64_t i) const { return blocks_[static_cast<size_t>(i)]; }
+  int64_t size() const { return static_cast<int64_t>(blocks_.size()); }
+  StorageFormat format() const { return format_; }
+  // The blocks now belong to published metadata; the destructor keeps them.
+  void Commit() { blocks_.clear(); }
+
+ private:
+  BlockPool* pool_;
+  StorageFormat format_;
+  std::vector<BlockId> blocks_;
+};
+
+}  // namespace kvc::cachesvc

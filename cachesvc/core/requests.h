@@ -1,0 +1,137 @@
+// Parameters and results of the data operations (KvStore's API), plain C++. Payloads are
+// borrowed for the duration of the call. An unset dtype means the pool's input dtype; the
+// core resolves it, so callers need no round trip to learn it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "cachesvc/core/types.h"
+
+namespace kvc::cachesvc {
+
+struct CreateSequenceParams {
+  std::string pool;                // empty = default pool
+  std::string tenant;              // <= 128 bytes
+  std::string client_sequence_id;  // empty = the service picks one
+  CompressionSpec policy;
+};
+
+struct AppendParams {
+  std::string sequence_id;
+  int64_t layer = 0;
+  int64_t start_position = 0;
+  int64_t num_tokens = 0;
+  std::optional<DType> dtype;
+  // Dense [num_tokens, num_kv_heads, head_dim] of dtype.
+  absl::string_view keys;
+  absl::string_view values;
+};
+
+struct AppendResult {
+  int64_t layer_tokens = 0;
+  int64_t visible_tokens = 0;
+};
+
+enum class FetchFormat : uint8_t { kDense, kStored };
+
+struct FetchParams {
+  std::string sequence_id;
+  std::vector<int64_t> layers;  // empty = all
+  FetchFormat format = FetchFormat::kDense;
+  std::optional<DType> dtype;
+  int64_t max_chunk_bytes = 0;  // 0 = the default (1 MiB); clamped to [4 KiB, 3 MiB]
+  // Serve every token appended to a layer, not only the tokens every layer has.
+  bool include_unfinished = false;
+};
+
+// One (layer, kv head, token range) of a Fetch. The sink may move the strings out.
+struct FetchChunk {
+  int layer = 0;
+  int kv_head = 0;
+  int64_t first_index = 0;
+  int num_tokens = 0;
+  std::vector<int32_t> positions;
+  std::string keys;
+  std::string values;
+  DType dtype = DType::kF16;
+  StorageFormat storage = StorageFormat::kF16;
+  int record_bytes = 0;  // kStored only
+  bool last = false;
+  int64_t visible_tokens = 0;
+};
+
+// Receives chunks in order, called without any lock held. Returns false to stop (the
+// caller went away); Fetch then returns CANCELLED.
+using FetchSink = std::function<bool(FetchChunk& chunk)>;
+
+// Queries of one layer that a scoring policy needs (SnapKV: the last `window` prompt
+// queries; H2O at prefill: every prompt query).
+struct LayerQueries {
+  int64_t layer = 0;
+  std::optional<DType> dtype;
+  absl::string_view queries;       // [n, num_query_heads, head_dim] of dtype
+  std::vector<int32_t> positions;  // [n] position of each query
+};
+
+struct CompressParams {
+  std::string sequence_id;
+  CompressionSpec spec;
+  std::vector<LayerQueries> queries;  // SnapKV / H2O: one entry for every layer
+};
+
+struct LayerCompressResult {
+  int layer = 0;
+  int64_t token_heads_before = 0;  // stored tokens summed over the layer's kv heads
+  int64_t token_heads_after = 0;
+  int64_t bytes_before = 0;
+  int64_t bytes_after = 0;
+};
+
+struct CompressResult {
+  std::vector<LayerCompressResult> layers;
+  int64_t bytes_before = 0;
+  int64_t bytes_after = 0;
+  StorageFormat storage = StorageFormat::kF16;
+};
+
+struct AttendParams {
+  std::string sequence_id;
+  int64_t layer = 0;
+  std::optional<DType> dtype;      // of queries and output
+  absl::string_view queries;       // [n, num_query_heads, head_dim]
+  std::vector<int32_t> positions;  // [n]; each >= the layer's last appended position
+  bool want_weights = false;
+};
+
+struct AttendResult {
+  DType dtype = DType::kF16;
+  std::string output;  // [n, num_query_heads, head_dim] of dtype
+  // With want_weights: [n, num_query_heads, max_stored] attention weights, and the
+  // position of each weight's token [num_kv_heads, max_stored] (-1 = padding).
+  std::vector<float> weights;
+  std::vector<int32_t> weight_positions;
+  int32_t max_stored = 0;
+};
+
+struct ReleaseResult {
+  int64_t freed_blocks = 0;
+  int64_t freed_bytes = 0;
+};
+
+struct ListSequencesParams {
+  std::string pool;
+  std::string tenant;
+  int64_t limit = 0;  // 0 = 1000
+};
+
+struct SequenceList {
+  std::vector<SequenceSnapshot> sequences;
+  int64_t total = 0;
+};
+
+}  // namespace kvc::cachesvc

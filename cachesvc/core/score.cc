@@ -1,0 +1,138 @@
+#include "cachesvc/core/score.h"
+
+#include <algorithm>
+
+#include "cachesvc/core/backend_buffer.h"
+#include "cachesvc/core/tier_lanes.h"
+#include "cachesvc/core/transaction.h"
+#include "common/status_macros.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+kernels::SnapKvScoreArgs ScoreArgs(const PoolGeometry& g, const ScoreRequest& r) {
+  kernels::SnapKvScoreArgs a;
+  a.group_size = g.num_query_heads / g.num_kv_heads;
+  a.window = r.window;
+  a.query_dtype = r.query_dtype;
+  a.queries = r.queries;
+  a.query_positions = r.positions.data();
+  a.pool_kernel = r.pool_kernel;
+  a.pool = r.pooling;
+  a.mode = r.mode;
+  return a;
+}
+
+// Lanes whose tokens sit in more than one tier are scored in one f32 copy of the layer
+// (softmax over every stored key needs them in one arena), tiers in order.
+absl::StatusOr<std::vector<std::vector<float>>> ScoreAcrossTiers(BlockPool* pool,
+                                                                 const SequenceStorage& st,
+                                                                 int layer,
+                                                                 const ScoreRequest& request) {
+  const PoolGeometry& g = pool->options().geometry;
+  const int heads = g.num_kv_heads, bt = g.block_tokens;
+  TierLanes all;
+  all.block_offsets.push_back(0);
+  for (int h = 0; h < heads; ++h) {
+    const int64_t n = st.lane_tokens(layer, h);
+    for (int64_t b = 0; b < CeilDiv(n, bt); ++b) {
+      all.block_ids.push_back(static_cast<int32_t>(all.block_ids.size()));
+    }
+    all.block_offsets.push_back(static_cast<int32_t>(all.block_ids.size()));
+    all.num_tokens.push_back(static_cast<int32_t>(n));
+    all.max_tokens = std::max(all.max_tokens, static_cast<int32_t>(n));
+  }
+  const kernels::BlockLayout layout = kernels::MakeBlockLayout(StorageFormat::kF32, g.head_dim, bt);
+  KVC_ASSIGN_OR_RETURN(
+      BackendBuffer memory,
+      BackendBuffer::Allocate(pool->backend(), all.block_ids.size() * layout.block_bytes));
+  const kernels::PagedArena temp{memory.data(), layout, static_cast<int32_t>(all.block_ids.size())};
+  const size_t stride = static_cast<size_t>(all.max_tokens);
+  all.positions.assign(static_cast<size_t>(heads) * stride, 0);
+  all.scores.assign(all.positions.size(), 0.0f);
+  std::vector<int64_t> at(static_cast<size_t>(heads), 0);
+  for (int t = 0; t < static_cast<int>(st.tiers().size()); ++t) {
+    std::vector<int32_t> src_b, src_s, dst_b, dst_s;
+    for (int h = 0; h < heads; ++h) {
+      const Segment& s = st.lane(layer, h)[static_cast<size_t>(t)];
+      for (int64_t i = 0; i < s.size(); ++i) {
+        const int64_t k = at[static_cast<size_t>(h)]++;
+        src_b.push_back(s.block_of(i, bt));
+        src_s.push_back(Segment::slot_of(i, bt));
+        dst_b.push_back(all.block_offsets[static_cast<size_t>(h)] + static_cast<int32_t>(k / bt));
+        dst_s.push_back(static_cast<int32_t>(k % bt));
+        all.positions[static_cast<size_t>(h) * stride + static_cast<size_t>(k)] =
+            s.positions[static_cast<size_t>(i)];
+        all.scores[static_cast<size_t>(h) * stride + static_cast<size_t>(k)] =
+            s.scores[static_cast<size_t>(i)];
+      }
+    }
+    if (src_b.empty()) continue;
+    std::vector<float> k(src_b.size() * static_cast<size_t>(g.head_dim)), v(k.size());
+    kernels::ReadTokensArgs r;
+    r.arena = pool->arena(st.tiers()[static_cast<size_t>(t)].format);
+    r.num_rows = static_cast<int32_t>(src_b.size());
+    r.dtype = DType::kF32;
+    r.keys = k.data();
+    r.values = v.data();
+    r.src_blocks = src_b.data();
+    r.src_slots = src_s.data();
+    if (auto ks = pool->backend()->ReadTokens(r, {}); !ks.ok())
+      return KernelFailure(ks, "ReadTokens");
+    kernels::WriteTokensArgs w;
+    w.arena = temp;
+    w.num_rows = r.num_rows;
+    w.dtype = DType::kF32;
+    w.keys = k.data();
+    w.values = v.data();
+    w.dst_blocks = dst_b.data();
+    w.dst_slots = dst_s.data();
+    if (auto ks = pool->backend()->WriteTokens(w, {}); !ks.ok())
+      return KernelFailure(ks, "WriteTokens");
+  }
+  kernels::SnapKvScoreArgs a = ScoreArgs(g, request);
+  a.arena = temp;
+  a.lanes = all.view();
+  a.key_positions = all.positions.data();
+  a.scores = all.scores.data();
+  if (auto ks = pool->backend()->SnapKvScore(a, {}); !ks.ok())
+    return KernelFailure(ks, "SnapKvScore");
+  std::vector<std::vector<float>> out;
+  for (int h = 0; h < heads; ++h) out.push_back(all.LaneScores(h));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<float>>> ScoreLayer(BlockPool* pool,
+                                                           const SequenceStorage& st, int layer,
+                                                           const ScoreRequest& request) {
+  const int heads = st.num_kv_heads();
+  int only = -1;
+  for (int t = 0; t < static_cast<int>(st.tiers().size()); ++t) {
+    for (int h = 0; h < heads; ++h) {
+      if (st.lane(layer, h)[static_cast<size_t>(t)].size() == 0) continue;
+      if (only >= 0 && only != t) return ScoreAcrossTiers(pool, st, layer, request);
+      only = t;
+    }
+  }
+  if (only < 0) return std::vector<std::vector<float>>(static_cast<size_t>(heads));
+  // Every token of the layer is in one tier: score it where it is.
+  const TierLanes lanes = BuildTierLanes(st, layer, only);
+  std::vector<float> scores = lanes.scores;
+  kernels::SnapKvScoreArgs a = ScoreArgs(pool->options().geometry, request);
+  a.arena = pool->arena(st.tiers()[static_cast<size_t>(only)].format);
+  a.lanes = lanes.view();
+  a.key_positions = lanes.positions.data();
+  a.scores = scores.data();
+  if (auto ks = pool->backend()->SnapKvScore(a, {}); !ks.ok())
+    return KernelFailure(ks, "SnapKvScore");
+  std::vector<std::vector<float>> out;
+  for (int h = 0; h < heads; ++h) {
+    const auto begin = scores.begin() + static_cast<std::ptrdiff_t>(h) * lanes.max_tokens;
+    out.emplace_back(begin, begin + lanes.num_tokens[static_cast<size_t>(h)]);
+  }
+  return out;
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,31 @@
+// Scoring for SnapKV and H2O's prefill: each stored token of a layer gets the attention the
+// observation queries pay it (softmax over every stored key of its lane, all tiers), as new
+// score arrays; nothing is written to the sequence (the Compress that asked commits them
+// with the rest of its change).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cachesvc/core/block_pool.h"
+#include "cachesvc/core/sequence_storage.h"
+
+namespace kvc::cachesvc {
+
+struct ScoreRequest {
+  const void* queries = nullptr;  // [num_kv_heads, group, window, head_dim] of query_dtype
+  DType query_dtype = DType::kF16;
+  std::vector<int32_t> positions;  // [num_kv_heads, window]
+  int32_t window = 0;
+  int32_t pool_kernel = 1;
+  kernels::PoolKind pooling = kernels::PoolKind::kMax;
+  kernels::ScoreMode mode = kernels::ScoreMode::kOverwrite;
+};
+
+// Per kv head of `layer`: the new score of every stored token, tiers in order.
+absl::StatusOr<std::vector<std::vector<float>>> ScoreLayer(BlockPool* pool,
+                                                           const SequenceStorage& storage,
+                                                           int layer, const ScoreRequest& request);
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,34 @@
+#include "cachesvc/core/sequence.h"
+
+namespace kvc::cachesvc {
+
+std::vector<Tier> InitialTiers(const PoolGeometry& geometry, const CompressionSpec& policy) {
+  const StorageFormat raw = kernels::RawFormatFor(geometry.dtype);
+  std::vector<Tier> tiers{Tier{policy.storage_set ? policy.storage : raw, Tier::kUnlimited}};
+  if (policy.residual_tokens > 0) tiers.push_back(Tier{raw, policy.residual_tokens});
+  return tiers;
+}
+
+Sequence::Sequence(std::string id, std::string tenant, BlockPool* pool, PoolUsage* usage,
+                   CompressionSpec policy, int64_t created_unix_ms)
+    : id_(std::move(id)),
+      tenant_(std::move(tenant)),
+      pool_(pool),
+      usage_(usage),
+      policy_(policy),
+      created_unix_ms_(created_unix_ms),
+      storage_(pool->options().geometry.num_layers, pool->options().geometry.num_kv_heads,
+               kernels::RawFormatFor(pool->options().geometry.dtype),
+               InitialTiers(pool->options().geometry, policy)),
+      layer_tokens_(static_cast<size_t>(pool->options().geometry.num_layers), 0) {}
+
+void Sequence::SyncUsage(bool gone) {
+  const int64_t visible = gone ? 0 : visible_tokens();
+  const int64_t stored = gone ? 0 : storage_.stored_token_heads();
+  usage_->visible_tokens.fetch_add(visible - counted_visible_, std::memory_order_relaxed);
+  usage_->stored_token_heads.fetch_add(stored - counted_stored_, std::memory_order_relaxed);
+  counted_visible_ = visible;
+  counted_stored_ = stored;
+}
+
+}  // namespace kvc::cachesvc

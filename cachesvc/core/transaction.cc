@@ -1,0 +1,266 @@
+#include "cachesvc/core/transaction.h"
+
+#include <array>
+
+#include "absl/strings/str_cat.h"
+#include "common/check.h"
+#include "common/status_macros.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+constexpr size_t kFormats = kernels::kNumStorageFormats;
+
+// Row lists of one kernel op, grouped by the format whose arena it runs on.
+struct Rows {
+  std::vector<int32_t> src_blocks, src_slots, dst_blocks, dst_slots, deltas;
+  size_t size() const { return dst_blocks.size(); }
+};
+
+}  // namespace
+
+absl::Status KernelFailure(const kernels::KernelStatus& status, const char* op) {
+  return absl::InternalError(absl::StrCat(op, " failed on validated input (",
+                                          kernels::KernelStatusCodeName(status.code), ": ",
+                                          status.detail, "); the sequence is unchanged"));
+}
+
+#define KVC_KERNEL_CALL(call, name)                           \
+  do {                                                        \
+    const ::kvc::kernels::KernelStatus kvc_ks_ = (call);      \
+    if (!kvc_ks_.ok()) return KernelFailure(kvc_ks_, (name)); \
+  } while (false)
+
+void Transaction::AddLane(int lane, LanePlan plan, int64_t lane_offset) {
+  KVC_CHECK(!executed_);
+  lanes_.push_back(Lane{lane, std::move(plan), lane_offset, {}});
+}
+
+PageLease& Transaction::LeaseFor(StorageFormat format) {
+  for (PageLease& lease : leases_) {
+    if (lease.format() == format) return lease;
+  }
+  leases_.emplace_back(pool_, format);
+  return leases_.back();
+}
+
+BlockId Transaction::Resolve(const Lane& lane, size_t segment, const BlockRef& ref) const {
+  if (!ref.fresh) return ref.id;
+  const StorageFormat format = lane.plan.segments[segment].tier.format;
+  for (const PageLease& lease : leases_) {
+    if (lease.format() == format) return lease.block(lane.fresh_base[segment] + ref.id);
+  }
+  KVC_CHECK(false) << "no lease for a fresh block";
+  return 0;
+}
+
+absl::Status Transaction::Execute() {
+  KVC_CHECK(!executed_) << "a transaction executes once";
+  std::array<int64_t, kFormats> need{};
+  for (Lane& l : lanes_) {
+    for (const SegmentPlan& sp : l.plan.segments) {
+      l.fresh_base.push_back(need[static_cast<size_t>(sp.tier.format)]);
+      need[static_cast<size_t>(sp.tier.format)] += sp.fresh_blocks;
+    }
+  }
+  leases_.reserve(kFormats);
+  for (size_t f = 0; f < kFormats; ++f) {
+    if (need[f] > 0) KVC_RETURN_IF_ERROR(LeaseFor(static_cast<StorageFormat>(f)).Allocate(need[f]));
+  }
+  KVC_RETURN_IF_ERROR(RunConverts());
+  KVC_RETURN_IF_ERROR(RunCopies(&SegmentPlan::fills, "Gather (fill)"));
+  KVC_RETURN_IF_ERROR(RunWrites());
+  KVC_RETURN_IF_ERROR(RunCopies(&SegmentPlan::cow, "Gather (copy-on-write)"));
+  KVC_RETURN_IF_ERROR(RunRotations());
+  KVC_RETURN_IF_ERROR(RunCopies(&SegmentPlan::moves, "Gather (compaction)"));
+  executed_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Transaction::RunCopies(std::vector<PlannedCopy> SegmentPlan::*list, const char* what) {
+  std::array<Rows, kFormats> by_format;
+  for (const Lane& l : lanes_) {
+    for (size_t s = 0; s < l.plan.segments.size(); ++s) {
+      const SegmentPlan& sp = l.plan.segments[s];
+      Rows& rows = by_format[static_cast<size_t>(sp.tier.format)];
+      for (const PlannedCopy& c : sp.*list) {
+        rows.src_blocks.push_back(Resolve(l, s, c.src.block));
+        rows.src_slots.push_back(c.src.slot);
+        rows.dst_blocks.push_back(Resolve(l, s, c.dst.block));
+        rows.dst_slots.push_back(c.dst.slot);
+      }
+    }
+  }
+  int formats = 0;
+  for (size_t f = 0; f < kFormats; ++f) {
+    const Rows& rows = by_format[f];
+    if (rows.size() == 0) continue;
+    ++formats;
+    // The in-place moves must be one op: only then does a failure leave nothing behind.
+    KVC_CHECK(list != &SegmentPlan::moves || formats == 1) << "in-place moves in two arenas";
+    kernels::GatherArgs a;
+    a.src = a.dst = pool_->arena(static_cast<StorageFormat>(f));
+    a.num_rows = static_cast<int32_t>(rows.size());
+    a.src_blocks = rows.src_blocks.data();
+    a.src_slots = rows.src_slots.data();
+    a.dst_blocks = rows.dst_blocks.data();
+    a.dst_slots = rows.dst_slots.data();
+    KVC_KERNEL_CALL(pool_->backend()->Gather(a, {}), what);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transaction::RunConverts() {
+  const int d = pool_->options().geometry.head_dim;
+  // One read and one write per (source format, destination format) pair.
+  for (size_t from = 0; from < kFormats; ++from) {
+    for (size_t to = 0; to < kFormats; ++to) {
+      Rows rows;
+      for (const Lane& l : lanes_) {
+        const std::vector<Segment>& old = storage_->lane(l.lane);
+        for (size_t s = 0; s < l.plan.segments.size(); ++s) {
+          const SegmentPlan& sp = l.plan.segments[s];
+          if (static_cast<size_t>(sp.tier.format) != to) continue;
+          for (const PlannedConvert& c : sp.converts) {
+            if (static_cast<size_t>(old[static_cast<size_t>(c.src_tier)].format) != from) continue;
+            rows.src_blocks.push_back(c.src_block);
+            rows.src_slots.push_back(c.src_slot);
+            rows.dst_blocks.push_back(Resolve(l, s, c.dst.block));
+            rows.dst_slots.push_back(c.dst.slot);
+          }
+        }
+      }
+      if (rows.size() == 0) continue;
+      std::vector<float> keys(rows.size() * static_cast<size_t>(d)), values(keys.size());
+      kernels::ReadTokensArgs r;
+      r.arena = pool_->arena(static_cast<StorageFormat>(from));
+      r.num_rows = static_cast<int32_t>(rows.size());
+      r.dtype = DType::kF32;
+      r.keys = keys.data();
+      r.values = values.data();
+      r.src_blocks = rows.src_blocks.data();
+      r.src_slots = rows.src_slots.data();
+      KVC_KERNEL_CALL(pool_->backend()->ReadTokens(r, {}), "ReadTokens (convert)");
+      kernels::WriteTokensArgs w;
+      w.arena = pool_->arena(static_cast<StorageFormat>(to));
+      w.num_rows = r.num_rows;
+      w.dtype = DType::kF32;
+      w.keys = keys.data();
+      w.values = values.data();
+      w.dst_blocks = rows.dst_blocks.data();
+      w.dst_slots = rows.dst_slots.data();
+      KVC_KERNEL_CALL(pool_->backend()->WriteTokens(w, {}), "WriteTokens (convert)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transaction::RunWrites() {
+  const size_t elem = kernels::DTypeSize(incoming_.dtype);
+  for (const Lane& l : lanes_) {
+    for (size_t s = 0; s < l.plan.segments.size(); ++s) {
+      const SegmentPlan& sp = l.plan.segments[s];
+      const kernels::PagedArena arena =
+          sp.writes.empty() ? kernels::PagedArena{} : pool_->arena(sp.tier.format);
+      // One op per run of consecutive incoming rows (a stride walks the request in place).
+      for (size_t begin = 0; begin < sp.writes.size();) {
+        size_t end = begin + 1;
+        while (end < sp.writes.size() && sp.writes[end].row == sp.writes[end - 1].row + 1) ++end;
+        Rows rows;
+        for (size_t k = begin; k < end; ++k) {
+          rows.dst_blocks.push_back(Resolve(l, s, sp.writes[k].dst.block));
+          rows.dst_slots.push_back(sp.writes[k].dst.slot);
+        }
+        const size_t offset =
+            static_cast<size_t>(l.lane_offset + sp.writes[begin].row * incoming_.row_stride) * elem;
+        kernels::WriteTokensArgs w;
+        w.arena = arena;
+        w.num_rows = static_cast<int32_t>(rows.size());
+        w.dtype = incoming_.dtype;
+        w.keys = incoming_.keys + offset;
+        w.values = incoming_.values + offset;
+        w.row_stride = incoming_.row_stride;
+        w.dst_blocks = rows.dst_blocks.data();
+        w.dst_slots = rows.dst_slots.data();
+        KVC_KERNEL_CALL(pool_->backend()->WriteTokens(w, {}), "WriteTokens");
+        begin = end;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transaction::RunRotations() {
+  const PoolGeometry& g = pool_->options().geometry;
+  std::array<Rows, kFormats> by_format;
+  for (const Lane& l : lanes_) {
+    for (size_t s = 0; s < l.plan.segments.size(); ++s) {
+      const SegmentPlan& sp = l.plan.segments[s];
+      Rows& rows = by_format[static_cast<size_t>(sp.tier.format)];
+      for (const PlannedRotation& r : sp.rotations) {
+        rows.dst_blocks.push_back(Resolve(l, s, r.row.block));
+        rows.dst_slots.push_back(r.row.slot);
+        rows.deltas.push_back(r.delta);
+      }
+    }
+  }
+  for (size_t f = 0; f < kFormats; ++f) {
+    const Rows& rows = by_format[f];
+    if (rows.size() == 0) continue;
+    kernels::RerotateArgs a;
+    a.arena = pool_->arena(static_cast<StorageFormat>(f));
+    a.num_rows = static_cast<int32_t>(rows.size());
+    a.blocks = rows.dst_blocks.data();
+    a.slots = rows.dst_slots.data();
+    a.deltas = rows.deltas.data();
+    a.rope.theta = static_cast<float>(g.rope.theta);
+    a.rope.rotary_dim = g.rope.rotary_dim;
+    a.rope.style = g.rope.style;
+    KVC_KERNEL_CALL(pool_->backend()->Rerotate(a, {}), "Rerotate");
+  }
+  return absl::OkStatus();
+}
+
+void Transaction::Commit() {
+  KVC_CHECK(executed_) << "Commit without a successful Execute";
+  std::array<std::vector<BlockId>, kFormats> freed;
+  bool rewrites = false;
+  for (const Lane& l : lanes_) {
+    const std::vector<Segment>& old = storage_->lane(l.lane);
+    for (size_t j = 0; j < l.plan.freed.size(); ++j) {
+      auto& to = freed[static_cast<size_t>(old[j].format)];
+      to.insert(to.end(), l.plan.freed[j].begin(), l.plan.freed[j].end());
+    }
+    rewrites |= l.plan.rewrites;
+  }
+  if (tiers_) {
+    // A new tier list applies to every lane at once.
+    KVC_CHECK(static_cast<int>(lanes_.size()) == storage_->num_layers() * storage_->num_kv_heads());
+    storage_->SetTiers(*std::move(tiers_));
+    rewrites = true;
+  }
+  for (Lane& l : lanes_) {
+    for (size_t s = 0; s < l.plan.segments.size(); ++s) {
+      SegmentPlan& sp = l.plan.segments[s];
+      std::vector<BlockId> blocks;
+      for (const BlockRef& b : sp.blocks) blocks.push_back(Resolve(l, s, b));
+      for (int32_t t : sp.transient) {
+        freed[static_cast<size_t>(sp.tier.format)].push_back(Resolve(l, s, BlockRef{t, true}));
+      }
+      if (sp.extend) {
+        storage_->Extend(l.lane, static_cast<int>(s), blocks, sp.positions, sp.scores);
+      } else {
+        storage_->Replace(l.lane, static_cast<int>(s),
+                          Segment{sp.tier.format, std::move(blocks), std::move(sp.positions),
+                                  std::move(sp.scores)});
+      }
+    }
+  }
+  for (PageLease& lease : leases_) lease.Commit();
+  for (size_t f = 0; f < kFormats; ++f) {
+    if (!freed[f].empty()) pool_->Free(static_cast<StorageFormat>(f), freed[f]);
+  }
+  if (rewrites) storage_->BumpGeneration();
+}
+
+}  // namespace kvc::cachesvc

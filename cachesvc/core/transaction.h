@@ -1,0 +1,75 @@
+// Transaction: runs the lane plans of one mutation of one sequence (lane_plan.h) and
+// publishes them together. Execute() allocates every fresh block through PageLeases and runs
+// the kernel phases; it writes only memory no stored token occupies, except the single
+// in-place move op at the end, so on any error (a full pool, a failed kernel op) the
+// sequence and the pool are exactly as before. Commit() cannot fail: it swaps in the new
+// segments, frees what the plans freed and bumps the generation when a stored token moved
+// or went away. The caller holds the sequence's lock throughout.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "cachesvc/core/block_pool.h"
+#include "cachesvc/core/lane_plan.h"
+#include "cachesvc/core/page_lease.h"
+#include "cachesvc/core/sequence_storage.h"
+
+namespace kvc::cachesvc {
+
+// Rows appended by the request: row r of a lane is `row_stride` elements after row r - 1,
+// starting `lane_offset` elements (AddLane) into keys and values.
+struct IncomingRows {
+  DType dtype = DType::kF16;
+  const char* keys = nullptr;
+  const char* values = nullptr;
+  int64_t row_stride = 0;
+};
+
+class Transaction {
+ public:
+  Transaction(BlockPool* pool, SequenceStorage* storage) : pool_(pool), storage_(storage) {}
+
+  void SetIncoming(const IncomingRows& rows) { incoming_ = rows; }
+  // Adds the plan of lane `lane` of the storage; its incoming rows start `lane_offset`
+  // elements into the incoming keys and values.
+  void AddLane(int lane, LanePlan plan, int64_t lane_offset = 0);
+  // The tier list to publish with the lanes (a Compress that converts or adds a residual).
+  void SetTiers(std::vector<Tier> tiers) { tiers_ = std::move(tiers); }
+
+  // Allocates and writes. RESOURCE_EXHAUSTED when the pool cannot hold the fresh blocks,
+  // INTERNAL when a kernel op fails; either way nothing changed.
+  absl::Status Execute();
+  // Publishes; requires a successful Execute().
+  void Commit();
+
+ private:
+  struct Lane {
+    int lane = 0;
+    LanePlan plan;
+    int64_t lane_offset = 0;
+    std::vector<int64_t> fresh_base;  // per segment: its first block in its format's lease
+  };
+  PageLease& LeaseFor(StorageFormat format);
+  BlockId Resolve(const Lane& lane, size_t segment, const BlockRef& ref) const;
+  absl::Status RunConverts();
+  absl::Status RunCopies(std::vector<PlannedCopy> SegmentPlan::*list, const char* what);
+  absl::Status RunWrites();
+  absl::Status RunRotations();
+
+  BlockPool* pool_;
+  SequenceStorage* storage_;
+  IncomingRows incoming_;
+  std::vector<Lane> lanes_;
+  std::optional<std::vector<Tier>> tiers_;
+  std::vector<PageLease> leases_;
+  bool executed_ = false;
+};
+
+// INTERNAL for a kernel op that failed on input the core validated (a bug or a device
+// fault, never the caller's fault), naming the op.
+absl::Status KernelFailure(const kernels::KernelStatus& status, const char* op);
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,161 @@
+// concurrency_benchmark: does one sequence's heavy work hold up another's? Measures, in one
+// run and on the same store:
+//   1. Attend latency of a short sequence (one decode step of one layer) when idle, and while
+//      another sequence of --tokens tokens is compressed (SnapKV + INT4) on another thread:
+//      the ratio is what a decode loop pays for sharing the service with a prefill;
+//   2. GetPoolStats cost with 100 and with 10,000 live sequences (the ratio is ~1 when
+//      statistics read running totals instead of visiting sequences).
+//
+//   concurrency_benchmark [--tokens=32768] [--layers=4] [--quick]
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "cachesvc/core/kv_store.h"
+
+ABSL_FLAG(int32_t, tokens, 32768, "tokens of the sequence being compressed");
+ABSL_FLAG(int32_t, layers, 4, "layers of the Llama-3-8B-shaped pool (8 kv heads, d 128)");
+ABSL_FLAG(int32_t, short_tokens, 4096, "tokens of the sequence Attend runs on");
+ABSL_FLAG(bool, quick, false, "tiny shapes (smoke test)");
+
+namespace {
+
+using namespace kvc::cachesvc;  // NOLINT: a benchmark binary
+using Clock = std::chrono::steady_clock;
+
+constexpr int kHeads = 8, kQHeads = 32, kDim = 128;
+
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::vector<uint16_t> RandomHalf(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> f(n);
+  for (float& x : f) x = d(rng);
+  std::vector<uint16_t> h(n);
+  kvc::kernels::ConvertElements(f.data(), DType::kF32, h.data(), DType::kF16, n);
+  return h;
+}
+
+std::string Fill(KvStore& store, int layers, int tokens) {
+  auto seq = store.CreateSequence({});
+  if (!seq.ok()) std::abort();
+  constexpr int kChunk = 2048;
+  const std::vector<uint16_t> kv = RandomHalf(static_cast<size_t>(kChunk) * kHeads * kDim, 1);
+  for (int l = 0; l < layers; ++l) {
+    for (int start = 0; start < tokens; start += kChunk) {
+      const int n = std::min(kChunk, tokens - start);
+      AppendParams a;
+      a.sequence_id = seq->id;
+      a.layer = l;
+      a.start_position = start;
+      a.num_tokens = n;
+      a.keys = a.values = absl::string_view(reinterpret_cast<const char*>(kv.data()),
+                                            static_cast<size_t>(n) * kHeads * kDim * 2);
+      if (!store.Append(a).ok()) std::abort();
+    }
+  }
+  return seq->id;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const bool quick = absl::GetFlag(FLAGS_quick);
+  const int tokens = quick ? 2048 : absl::GetFlag(FLAGS_tokens);
+  const int layers = quick ? 2 : absl::GetFlag(FLAGS_layers);
+  const int short_tokens = quick ? 512 : absl::GetFlag(FLAGS_short_tokens);
+  PoolOptions pool;
+  pool.geometry = {layers, kHeads, kQHeads, kDim, 16, DType::kF16, {}};
+  pool.capacity_bytes = int64_t{3} << 30;
+  KvStoreOptions o;
+  o.pools.push_back(pool);
+  auto store = std::move(*KvStore::Create(o));
+  const std::string big = Fill(*store, layers, tokens);
+  const std::string small = Fill(*store, layers, short_tokens);
+
+  const std::vector<uint16_t> q = RandomHalf(kQHeads * kDim, 2);
+  auto attend = [&]() {
+    AttendParams a;
+    a.sequence_id = small;
+    a.layer = 0;
+    a.queries = absl::string_view(reinterpret_cast<const char*>(q.data()), q.size() * 2);
+    a.positions = {short_tokens};
+    const auto t0 = Clock::now();
+    if (!store->Attend(a).ok()) std::abort();
+    return Since(t0);
+  };
+  std::vector<double> idle;
+  for (int i = 0; i < (quick ? 20 : 200); ++i) idle.push_back(attend());
+
+  std::vector<std::vector<uint16_t>> window;
+  CompressParams cp;
+  cp.sequence_id = big;
+  cp.spec.eviction = CompressionSpec::Eviction::kSnapKv;
+  cp.spec.window = 32;
+  cp.spec.budget = quick ? 256 : 2048;
+  cp.spec.storage = StorageFormat::kInt4G32;
+  cp.spec.storage_set = true;
+  for (int l = 0; l < layers; ++l) {
+    window.push_back(
+        RandomHalf(static_cast<size_t>(32) * kQHeads * kDim, 3 + static_cast<uint32_t>(l)));
+    LayerQueries lq;
+    lq.layer = l;
+    lq.queries = absl::string_view(reinterpret_cast<const char*>(window.back().data()),
+                                   window.back().size() * 2);
+    for (int i = 0; i < 32; ++i) lq.positions.push_back(tokens - 32 + i);
+    cp.queries.push_back(std::move(lq));
+  }
+  std::atomic<bool> done{false};
+  double compress_seconds = 0;
+  std::thread compressor([&] {
+    const auto t0 = Clock::now();
+    if (!store->Compress(cp).ok()) std::abort();
+    compress_seconds = Since(t0);
+    done = true;
+  });
+  std::vector<double> busy;
+  while (!done) busy.push_back(attend());
+  compressor.join();
+
+  // Statistics cost at 100 and 10,000 sequences (empty ones: what they hold is irrelevant).
+  auto stats_cost = [&]() {
+    double best = 1e9;
+    for (int r = 0; r < 7; ++r) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 100; ++i) (void)store->GetPoolStats("");
+      best = std::min(best, Since(t0) / 100);
+    }
+    return best;
+  };
+  for (int i = 0; i < 98; ++i) (void)store->CreateSequence({});
+  const double stats_100 = stats_cost();
+  for (int i = 0; i < 9900; ++i) (void)store->CreateSequence({});
+  const double stats_10k = stats_cost();
+
+  std::printf("concurrency_benchmark: %d layers x %d kv heads x d %d, f16, %u hardware threads\n",
+              layers, kHeads, kDim, std::thread::hardware_concurrency());
+  std::printf(
+      "  Attend (1 query, %d stored tokens): idle median %.3f ms; during a %d-token "
+      "SnapKV+INT4 Compress (%.2f s) median %.3f ms over %zu steps = %.2fx idle\n",
+      short_tokens, Median(idle) * 1e3, tokens, compress_seconds, Median(busy) * 1e3, busy.size(),
+      Median(busy) / Median(idle));
+  std::printf("  GetPoolStats: %.2f us at 100 sequences, %.2f us at 10,000 = %.2fx\n",
+              stats_100 * 1e6, stats_10k * 1e6, stats_10k / stats_100);
+  return 0;
+}

@@ -1,0 +1,122 @@
+// Pool statistics and a metrics scrape read running totals, not the sequences: they cost
+// the same with 100 and with 10,000 live sequences, they never wait for a sequence's lock
+// (one held by a long Compress), and the totals agree with the sequences themselves.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "cachesvc/core/kv_store.h"
+#include "cachesvc/metrics/metrics.h"
+#include "gtest/gtest.h"
+#include "tests/testing/kv_data.h"
+#include "tests/testing/status_matchers.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::unique_ptr<KvStore> MakeStore() {
+  PoolOptions pool;
+  pool.geometry = {2, 2, 4, 64, 16, DType::kF16, {}};
+  pool.capacity_bytes = int64_t{512} << 20;
+  KvStoreOptions o;
+  o.pools.push_back(pool);
+  auto store = KvStore::Create(o);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return std::move(*store);
+}
+
+void AddSequences(KvStore& store, int n, int tokens) {
+  for (int i = 0; i < n; ++i) {
+    auto seq = store.CreateSequence({});
+    ASSERT_TRUE(seq.ok()) << seq.status();
+    for (int l = 0; l < 2; ++l) {
+      const std::string k = ::kvc::testing::MakeKv(1, l, 0, tokens, 2, 64, DType::kF16, false);
+      AppendParams a;
+      a.sequence_id = seq->id;
+      a.layer = l;
+      a.num_tokens = tokens;
+      a.keys = a.values = k;
+      KVC_ASSERT_OK(store.Append(a).status());
+    }
+  }
+}
+
+// Best of `rounds` timings of `calls` calls: the cost without the machine's noise.
+template <typename F>
+double BestSeconds(F&& f, int rounds = 7, int calls = 50) {
+  double best = 1e9;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < calls; ++i) f();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / calls);
+  }
+  return best;
+}
+
+TEST(StatsScalingTest, StatsAndScrapeCostTheSameAt100And10000Sequences) {
+  auto store = MakeStore();
+  KVC_ASSERT_OK_AND_ASSIGN(auto metrics, Metrics::Create("", store.get()));
+  AddSequences(*store, 100, 3);
+  const double stats_100 = BestSeconds([&] { (void)store->GetPoolStats(""); });
+  const double scrape_100 = BestSeconds([&] { (void)metrics->Serialize(); });
+  AddSequences(*store, 9900, 3);
+  const double stats_10k = BestSeconds([&] { (void)store->GetPoolStats(""); });
+  const double scrape_10k = BestSeconds([&] { (void)metrics->Serialize(); });
+  RecordProperty("stats_us_100", static_cast<int>(stats_100 * 1e6));
+  RecordProperty("stats_us_10000", static_cast<int>(stats_10k * 1e6));
+  EXPECT_LT(stats_10k, 2 * stats_100 + 5e-6)
+      << "GetPoolStats: " << stats_100 * 1e6 << " us at 100, " << stats_10k * 1e6
+      << " us at 10,000 sequences";
+  EXPECT_LT(scrape_10k, 2 * scrape_100 + 20e-6) << "scrape: " << scrape_100 * 1e6 << " us at 100, "
+                                                << scrape_10k * 1e6 << " us at 10,000 sequences";
+  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, store->GetPoolStats(""));
+  EXPECT_EQ(stats.sequences, 10000);
+  EXPECT_EQ(stats.visible_tokens, 10000 * 3);
+  EXPECT_EQ(stats.stored_token_heads, 10000 * 3 * 2 * 2);
+}
+
+TEST(StatsScalingTest, StatsDoNotWaitForASequenceBusyCompressing) {
+  auto store = MakeStore();
+  auto seq = store->CreateSequence({});
+  ASSERT_TRUE(seq.ok());
+  constexpr int kTokens = 16384;
+  for (int l = 0; l < 2; ++l) {
+    const std::string k = ::kvc::testing::MakeKv(2, l, 0, kTokens, 2, 64, DType::kF16, false);
+    AppendParams a;
+    a.sequence_id = seq->id;
+    a.layer = l;
+    a.num_tokens = kTokens;
+    a.keys = a.values = k;
+    KVC_ASSERT_OK(store->Append(a).status());
+  }
+  std::atomic<bool> done{false};
+  double compress_seconds = 0;
+  std::thread compress([&] {
+    CompressParams p;
+    p.sequence_id = seq->id;
+    p.spec.storage = StorageFormat::kNvfp4;  // converts every token: long enough to observe
+    p.spec.storage_set = true;
+    const auto t0 = Clock::now();
+    EXPECT_TRUE(store->Compress(p).ok());
+    compress_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    done = true;
+  });
+  double worst = 0;
+  int calls = 0;
+  while (!done) {
+    const auto t0 = Clock::now();
+    KVC_ASSERT_OK(store->GetPoolStats("").status());
+    worst = std::max(worst, std::chrono::duration<double>(Clock::now() - t0).count());
+    ++calls;
+  }
+  compress.join();
+  ASSERT_GT(calls, 10) << "the Compress ended too soon to tell";
+  EXPECT_LT(worst, compress_seconds / 4) << "GetPoolStats waited " << worst * 1e3 << " ms during a "
+                                         << compress_seconds * 1e3 << " ms Compress";
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc
