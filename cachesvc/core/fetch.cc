@@ -23,7 +23,7 @@ struct FetchPlan {
   std::vector<Range> ranges;
   std::vector<int64_t> limit;  // per layer: positions below it are served
   int64_t visible = 0;
-  uint64_t generation = 0;
+  std::vector<uint64_t> generations;  // per layer, when planned
 };
 
 absl::StatusOr<std::vector<int>> FetchLayers(const FetchParams& p, const Sequence& seq) {
@@ -60,7 +60,7 @@ FetchPlan PlanFetch(const Sequence& seq, const FetchParams& p, const std::vector
                                   : std::clamp(p.max_chunk_bytes, kMinChunkBytes, kMaxChunkBytes);
   FetchPlan plan;
   plan.visible = seq.visible_tokens();
-  plan.generation = st.generation();
+  for (int l = 0; l < g.num_layers; ++l) plan.generations.push_back(st.generation(l));
   plan.limit.assign(static_cast<size_t>(g.num_layers), plan.visible);
   for (int layer : layers) {
     if (p.include_unfinished) plan.limit[static_cast<size_t>(layer)] = seq.layer_tokens(layer);
@@ -165,7 +165,8 @@ absl::Status FetchSequence(const std::shared_ptr<Sequence>& seq, const FetchPara
     FetchChunk chunk;
     {
       kvc::ReaderMutexLock lock(&seq->mu());
-      if (seq->released() || seq->storage().generation() != plan.generation) {
+      if (seq->released() ||
+          seq->storage().generation(r.layer) != plan.generations[static_cast<size_t>(r.layer)]) {
         return absl::AbortedError(absl::StrCat(
             "sequence ", Quoted(seq->id()),
             " was released or compressed (or its stored tokens moved) while this Fetch was "

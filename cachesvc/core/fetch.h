@@ -2,8 +2,8 @@
 // The plan is a list of stored-index ranges taken under the lock (O(chunks), not O(tokens));
 // each chunk is then read under the lock and handed to the sink without it. Appends that land
 // meanwhile only add indices past the plan, so the Fetch serves the tokens visible when it
-// started; anything that moves or drops a stored token (a new generation) or a Release ends
-// it with ABORTED, never with a mix of two states.
+// started; anything that moves or drops a stored token of a layer still to be served (a new
+// generation of that layer) or a Release ends it with ABORTED, never with a mix of two states.
 #pragma once
 
 #include <atomic>

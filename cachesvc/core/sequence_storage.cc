@@ -10,6 +10,7 @@ SequenceStorage::SequenceStorage(int num_layers, int num_kv_heads, StorageFormat
   KVC_CHECK(!tiers_.empty() && tiers_.front().limit == Tier::kUnlimited);
   NoteLossy();
   lanes_.resize(static_cast<size_t>(num_layers) * static_cast<size_t>(num_kv_heads));
+  generations_.assign(static_cast<size_t>(num_layers), 0);
   for (auto& lane : lanes_) {
     for (const Tier& t : tiers_) lane.push_back(Segment{t.format, {}, {}, {}});
   }
@@ -76,7 +77,7 @@ std::vector<std::pair<StorageFormat, std::vector<BlockId>>> SequenceStorage::Tak
       s = Segment{s.format, {}, {}, {}};
     }
   }
-  ++generation_;
+  BumpAllGenerations();
   std::vector<std::pair<StorageFormat, std::vector<BlockId>>> out;
   for (int f = 0; f < kernels::kNumStorageFormats; ++f) {
     if (!by_format[static_cast<size_t>(f)].empty()) {

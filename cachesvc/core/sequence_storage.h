@@ -1,6 +1,6 @@
 // SequenceStorage: what one sequence stores. Per lane (layer x kv head) one Segment per tier
 // (segment.h), the tier list, running totals (stored token-heads, blocks per format) and the
-// generation. Plain metadata: it never touches pool memory. Mutations go through a
+// generations. Plain metadata: it never touches pool memory. Mutations go through a
 // Transaction (transaction.h), whose commit is the only caller of Replace/Extend; anything that
 // moves, rewrites or drops a stored token bumps the generation there, so a reader holding
 // stored indices from an older generation knows they are stale. Not thread-safe: the owning
@@ -44,7 +44,9 @@ class SequenceStorage {
   int64_t blocks(StorageFormat format) const {
     return blocks_by_format_[static_cast<size_t>(format)];
   }
-  uint64_t generation() const { return generation_; }
+  // Per layer: bumped whenever a stored token of the layer moved, was rewritten or went
+  // away (an append does not), so readers of other layers are not disturbed.
+  uint64_t generation(int layer) const { return generations_[static_cast<size_t>(layer)]; }
 
   // Transaction::Commit only.
   void Replace(int lane, int tier, Segment segment);
@@ -53,7 +55,10 @@ class SequenceStorage {
               const std::vector<int32_t>& positions, const std::vector<float>& scores);
   // A new tier list; lanes gain empty segments for new tiers (Replace fills them).
   void SetTiers(std::vector<Tier> tiers);
-  void BumpGeneration() { ++generation_; }
+  void BumpGeneration(int layer) { ++generations_[static_cast<size_t>(layer)]; }
+  void BumpAllGenerations() {
+    for (uint64_t& g : generations_) ++g;
+  }
   // New scores for one tier of a lane (Attend's H2O accumulation): metadata only, no token
   // moves, so no new generation.
   void SetScores(int lane, int tier, std::vector<float> scores);
@@ -74,7 +79,7 @@ class SequenceStorage {
   std::vector<std::vector<Segment>> lanes_;  // [layer * num_kv_heads + kv head][tier]
   int64_t stored_token_heads_ = 0;
   std::array<int64_t, kernels::kNumStorageFormats> blocks_by_format_{};
-  uint64_t generation_ = 0;
+  std::vector<uint64_t> generations_;  // [layer]
 };
 
 }  // namespace kvc::cachesvc

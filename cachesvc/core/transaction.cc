@@ -1,5 +1,6 @@
 #include "cachesvc/core/transaction.h"
 
+#include <algorithm>
 #include <array>
 
 #include "absl/strings/str_cat.h"
@@ -224,20 +225,20 @@ absl::Status Transaction::RunRotations() {
 void Transaction::Commit() {
   KVC_CHECK(executed_) << "Commit without a successful Execute";
   std::array<std::vector<BlockId>, kFormats> freed;
-  bool rewrites = false;
+  std::vector<uint8_t> rewritten(static_cast<size_t>(storage_->num_layers()), 0);
   for (const Lane& l : lanes_) {
     const std::vector<Segment>& old = storage_->lane(l.lane);
     for (size_t j = 0; j < l.plan.freed.size(); ++j) {
       auto& to = freed[static_cast<size_t>(old[j].format)];
       to.insert(to.end(), l.plan.freed[j].begin(), l.plan.freed[j].end());
     }
-    rewrites |= l.plan.rewrites;
+    if (l.plan.rewrites) rewritten[static_cast<size_t>(l.lane / storage_->num_kv_heads())] = 1;
   }
   if (tiers_) {
     // A new tier list applies to every lane at once.
     KVC_CHECK(static_cast<int>(lanes_.size()) == storage_->num_layers() * storage_->num_kv_heads());
     storage_->SetTiers(*std::move(tiers_));
-    rewrites = true;
+    std::fill(rewritten.begin(), rewritten.end(), 1);
   }
   for (Lane& l : lanes_) {
     for (size_t s = 0; s < l.plan.segments.size(); ++s) {
@@ -260,7 +261,9 @@ void Transaction::Commit() {
   for (size_t f = 0; f < kFormats; ++f) {
     if (!freed[f].empty()) pool_->Free(static_cast<StorageFormat>(f), freed[f]);
   }
-  if (rewrites) storage_->BumpGeneration();
+  for (int layer = 0; layer < storage_->num_layers(); ++layer) {
+    if (rewritten[static_cast<size_t>(layer)]) storage_->BumpGeneration(layer);
+  }
 }
 
 }  // namespace kvc::cachesvc

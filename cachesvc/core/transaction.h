@@ -3,8 +3,8 @@
 // the kernel phases; it writes only memory no stored token occupies, except the single
 // in-place move op at the end, so on any error (a full pool, a failed kernel op) the
 // sequence and the pool are exactly as before. Commit() cannot fail: it swaps in the new
-// segments, frees what the plans freed and bumps the generation when a stored token moved
-// or went away. The caller holds the sequence's lock throughout.
+// segments, frees what the plans freed and bumps the generation of every layer where a
+// stored token moved or went away. The caller holds the sequence's lock throughout.
 #pragma once
 
 #include <cstdint>

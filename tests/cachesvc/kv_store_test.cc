@@ -277,3 +277,38 @@ TEST_F(KvStoreTest, ConcurrentSequencesDoNotInterfere) {
 
 }  // namespace
 }  // namespace kvc::cachesvc
+
+namespace kvc::cachesvc {
+namespace {
+
+// A response must fit one message: Attend checks the size it would build (output and, with
+// weights, n x query heads x stored tokens floats) before doing any work, and says what to
+// ask for instead; the sequence's scores are untouched by the refused call.
+TEST(KvStoreLimitsTest, AttendRefusesAResponseLargerThanTheLimitBeforeWorking) {
+  KvStoreOptions options = SmallStore();
+  options.max_response_bytes = 64 << 10;
+  KVC_ASSERT_OK_AND_ASSIGN(auto store, KvStore::Create(options));
+  KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot seq, store->CreateSequence({}));
+  constexpr int kTokens = 900;
+  for (int l = 0; l < kLayers; ++l) {
+    const Payload p = MakePayload(l, 0, kTokens);
+    KVC_ASSERT_OK(store->Append(Params(seq.id, l, 0, kTokens, p)).status());
+  }
+  const int n = 8;
+  std::vector<float> q(static_cast<size_t>(n) * 2 * kHeads * kDim, 0.25f);
+  AttendParams a;
+  a.sequence_id = seq.id;
+  a.dtype = DType::kF32;
+  a.queries = absl::string_view(reinterpret_cast<const char*>(q.data()), q.size() * 4);
+  for (int i = 0; i < n; ++i) a.positions.push_back(kTokens + i);
+  a.want_weights = true;  // 8 x 4 query heads x 900 x 4 bytes = 115,200 bytes of weights
+  EXPECT_THAT(store->Attend(a), StatusIs(Code::kResourceExhausted, "at most 65536"));
+  EXPECT_THAT(store->Attend(a), StatusIs(Code::kResourceExhausted, "return_weights false"));
+  a.want_weights = false;  // 8 x 4 x 32 x 4 bytes of output: fits
+  KVC_ASSERT_OK_AND_ASSIGN(const AttendResult r, store->Attend(a));
+  EXPECT_EQ(r.output.size(), q.size() * 4);
+  EXPECT_TRUE(r.weights.empty());
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc
