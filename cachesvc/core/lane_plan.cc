@@ -160,6 +160,7 @@ class SegmentPlanner {
   // comes from; per final block whether it is copied.
   int64_t n_ = 0, m_ = 0, extended_ = 0;
   std::vector<int64_t> where_, owner_, final_at_;
+  std::vector<int64_t> final_of_;  // per extended index: the final index of its token, or -1
   std::vector<uint8_t> dirty_;
 };
 
@@ -235,8 +236,18 @@ void SegmentPlanner::ChooseBlocks() {
       dirty_[static_cast<size_t>(i / bt_)] = 1;
     }
   }
-  // Fresh blocks: first those the fillers need past the old end, then replacements.
-  const int64_t filler_blocks = std::max<int64_t>(0, CeilDiv(extended_, bt_) - old_blocks_);
+  // A filler whose final slot is in a copied block is written there directly; the others are
+  // staged after the old end, which may need fresh blocks of its own.
+  final_of_.assign(static_cast<size_t>(extended_), -1);
+  for (int64_t i = 0; i < m_; ++i)
+    final_of_[static_cast<size_t>(final_at_[static_cast<size_t>(i)])] = i;
+  int64_t staged_end = n_;
+  for (int64_t e = n_; e < extended_; ++e) {
+    const int64_t i = final_of_[static_cast<size_t>(e)];
+    if (i >= 0 && !dirty_[static_cast<size_t>(i / bt_)]) staged_end = e + 1;
+  }
+  // Fresh blocks: first those the staged fillers need past the old end, then replacements.
+  const int64_t filler_blocks = std::max<int64_t>(0, CeilDiv(staged_end, bt_) - old_blocks_);
   int32_t next_fresh = static_cast<int32_t>(filler_blocks);
   plan_.blocks.resize(static_cast<size_t>(final_blocks));
   for (int64_t b = 0; b < final_blocks; ++b) {
@@ -252,8 +263,17 @@ void SegmentPlanner::ChooseBlocks() {
 SegmentPlan SegmentPlanner::Plan(bool* rewrites) {
   Place();
   ChooseBlocks();
+  auto final_slot = [&](int64_t i) {
+    return RowRef{plan_.blocks[static_cast<size_t>(i / bt_)], static_cast<int32_t>(i % bt_)};
+  };
+  auto direct = [&](int64_t e) {  // a filler written straight into its copied block
+    const int64_t i = final_of_[static_cast<size_t>(e)];
+    return e >= n_ && dirty_[static_cast<size_t>(i / bt_)];
+  };
   for (size_t k = 0; k < tokens_.size(); ++k) {
-    if (where_[k] >= n_) Fill(tokens_[k], Extended(where_[k]));
+    const int64_t e = where_[k];
+    if (e < n_) continue;
+    Fill(tokens_[k], direct(e) ? final_slot(final_of_[static_cast<size_t>(e)]) : Extended(e));
   }
   // Phases 3-5 and the new metadata, stored index by stored index.
   plan_.positions.resize(static_cast<size_t>(m_));
@@ -263,9 +283,9 @@ SegmentPlan SegmentPlanner::Plan(bool* rewrites) {
     plan_.positions[static_cast<size_t>(i)] = tok.position + tok.delta;
     plan_.scores[static_cast<size_t>(i)] = tok.score;
     const int64_t from = final_at_[static_cast<size_t>(i)];
-    const RowRef dst{plan_.blocks[static_cast<size_t>(i / bt_)], static_cast<int32_t>(i % bt_)};
+    const RowRef dst = final_slot(i);
     if (dirty_[static_cast<size_t>(i / bt_)]) {
-      plan_.cow.push_back(PlannedCopy{Extended(from), dst});
+      if (!direct(from)) plan_.cow.push_back(PlannedCopy{Extended(from), dst});
     } else if (from != i) {
       plan_.moves.push_back(PlannedCopy{Extended(from), dst});
     }

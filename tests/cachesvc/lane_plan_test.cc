@@ -337,3 +337,41 @@ TEST(LanePlanTest, EvictionMovesTheTailIntoHolesAndFreesTrailingBlocks) {
 
 }  // namespace
 }  // namespace kvc::cachesvc
+
+namespace kvc::cachesvc {
+namespace {
+
+// Decoding with a full residual (R = one block): each new token ages the oldest raw token
+// into tier 0 and takes its slot. The residual's block is copied once with the new row
+// written straight into the copy: one fresh block, nothing staged and freed again.
+TEST(LanePlanTest, ResidualDecodeStepCopiesOneBlockAndStagesNothing) {
+  std::vector<Segment> old(2);
+  old[0].format = StorageFormat::kInt4G32;
+  for (int i = 0; i < 6; ++i) old[0].positions.push_back(i);
+  old[0].scores.assign(6, 0.0f);
+  old[0].blocks = {1, 2};
+  old[1].format = StorageFormat::kF16;
+  for (int i = 6; i < 10; ++i) old[1].positions.push_back(i);
+  old[1].scores.assign(4, 0.0f);
+  old[1].blocks = {3};
+  LaneChange c;
+  c.old = &old;
+  c.tiers = {Tier{StorageFormat::kInt4G32, Tier::kUnlimited}, Tier{StorageFormat::kF16, 4}};
+  c.incoming_positions = {10};
+  const LanePlan plan = PlanLane(c, kBlock);
+  const SegmentPlan& low = plan.segments[0];
+  const SegmentPlan& raw = plan.segments[1];
+  EXPECT_TRUE(low.extend);
+  ASSERT_EQ(low.converts.size(), 1u);  // position 6 ages out
+  EXPECT_EQ(low.positions, (std::vector<int32_t>{6}));
+  EXPECT_EQ(raw.fresh_blocks, 1);
+  EXPECT_TRUE(raw.transient.empty());
+  ASSERT_EQ(raw.writes.size(), 1u);
+  EXPECT_TRUE(raw.writes[0].dst.block.fresh);
+  EXPECT_EQ(raw.cow.size(), 3u);  // the three raw tokens that stay
+  EXPECT_EQ(plan.freed[1], (std::vector<BlockId>{3}));
+  EXPECT_TRUE(plan.rewrites);
+}
+
+}  // namespace
+}  // namespace kvc::cachesvc
