@@ -63,7 +63,7 @@ namespace kvc::worker {
 namespace {
 
 // Attention over committed tokens and over a pending chunk, merged by log-sum-exp, equals
-// attention over both at once (how a store that sees a chunk only after every layer has it
+// attention over both at once (how a cache that sees a chunk only after every layer has it
 // can still serve the forward pass exactly).
 TEST(AttentionTest, MergingDisjointKeySetsEqualsAttendingOverTheUnion) {
   std::mt19937 rng(9);

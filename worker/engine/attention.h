@@ -1,12 +1,12 @@
 // Dense causal attention over stored (position, key, value) rows of one kv head, the math
-// behind KvStore::Attend for the local store and the Fetch + local attention path. Uses
+// behind KvCache::Attend for the local cache and the Fetch + local attention path. Uses
 // OpenBLAS sgemm for QK^T and PV; softmax rows are spread over the thread pool.
 #pragma once
 
 #include <cstdint>
 
 #include "absl/types/span.h"
-#include "worker/engine/kv_store.h"
+#include "worker/engine/kv_cache.h"
 #include "worker/engine/thread_pool.h"
 
 namespace kvc::worker {

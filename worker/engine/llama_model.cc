@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
 }
 
 absl::StatusOr<std::vector<float>> LlamaModel::Forward(absl::Span<const int32_t> tokens,
-                                                       int32_t start_pos, KvStore& kv,
+                                                       int32_t start_pos, KvCache& kv,
                                                        LogitsMode mode, AttentionPath path) {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size());
@@ -38,7 +38,7 @@ absl::StatusOr<std::vector<float>> LlamaModel::Forward(absl::Span<const int32_t>
   const KvGeometry& g = kv.geometry();
   if (g.num_layers != c.num_layers || g.num_kv_heads != c.num_kv_heads ||
       g.num_q_heads != c.num_q_heads || g.head_dim != c.head_dim) {
-    return absl::InvalidArgumentError("KvStore geometry does not match the model");
+    return absl::InvalidArgumentError("KvCache geometry does not match the model");
   }
   const int64_t d = c.hidden, hd = c.head_dim;
   const int64_t q_dim = int64_t{c.num_q_heads} * hd, kv_dim = int64_t{c.num_kv_heads} * hd;
