@@ -77,7 +77,7 @@ std::vector<float> Drive(KvCache& kv, int prompt, int chunk, int decode) {
 
 TEST(ServiceKvCacheTest, MatchesTheLocalCacheOnPrefillAndDecode) {
   auto t = ::kvc::testing::StartTestServer(F32Pool());
-  ThreadPool threads(2);
+  kernels::ThreadPool threads(2);
   LocalKvCache local(Geometry(), nullptr, &threads);
   for (bool always_fetch : {false, true}) {
     SCOPED_TRACE(always_fetch ? "fetch path" : "attend path");
@@ -97,7 +97,7 @@ TEST(ServiceKvCacheTest, MatchesTheLocalCacheOnPrefillAndDecode) {
 
 TEST(ServiceKvCacheTest, SnapKvAtThePromptEndShrinksTheServiceCache) {
   auto t = ::kvc::testing::StartTestServer(F32Pool());
-  ThreadPool threads(2);
+  kernels::ThreadPool threads(2);
   ServicePolicy policy;
   policy.at_prompt_end =
       client::CompressionSpec::SnapKv(8, 24).WithStorage(client::StorageFormat::kInt4G32);
@@ -151,7 +151,7 @@ class QueryRecorder : public KvCache {
 // (`generate --kv=kvcached`) leaves, for SnapKV (observation window) and H2O (prefill scores).
 TEST(ServiceKvCacheTest, LoadingAPrefilledPromptEqualsPrefillingThroughTheService) {
   auto t = ::kvc::testing::StartTestServer(F32Pool());
-  ThreadPool threads(2);
+  kernels::ThreadPool threads(2);
   for (const char* spec : {"snapkv", "h2o"}) {
     SCOPED_TRACE(spec);
     ServicePolicy policy;

@@ -10,12 +10,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kvc/kernels/thread_pool.h"
 #include "worker/engine/bpe_tokenizer.h"
 #include "worker/engine/gguf_file.h"
 #include "worker/engine/kv_cache.h"
 #include "worker/engine/model_config.h"
 #include "worker/engine/model_weights.h"
-#include "worker/engine/thread_pool.h"
 
 namespace kvc::worker {
 
@@ -34,7 +34,7 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   const BpeTokenizer& tokenizer() const { return *tokenizer_; }
-  ThreadPool* pool() { return &pool_; }
+  kernels::ThreadPool* pool() { return &pool_; }
 
   // Runs `tokens` at positions start_pos, start_pos + 1, ... through the model, appending their
   // K/V to `kv` and then committing the step (kv.CommitStep(start_pos + n)). Returns logits
@@ -51,7 +51,7 @@ class LlamaModel {
   ModelConfig config_;
   ModelWeights weights_;
   std::unique_ptr<BpeTokenizer> tokenizer_;
-  ThreadPool pool_;
+  kernels::ThreadPool pool_;
 };
 
 }  // namespace kvc::worker

@@ -9,7 +9,7 @@
 namespace kvc::worker {
 
 LocalKvCache::LocalKvCache(const KvGeometry& geometry, std::unique_ptr<LocalEvictionPolicy> policy,
-                           ThreadPool* pool)
+                           kernels::ThreadPool* pool)
     : geometry_(geometry), policy_(std::move(policy)), pool_(pool) {
   layers_.resize(static_cast<size_t>(geometry_.num_layers));
   for (LayerKv& l : layers_) l.heads.resize(static_cast<size_t>(geometry_.num_kv_heads));

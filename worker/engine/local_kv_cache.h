@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "kvc/kernels/thread_pool.h"
 #include "worker/engine/kv_cache.h"
 #include "worker/engine/local_policy.h"
-#include "worker/engine/thread_pool.h"
 
 namespace kvc::worker {
 
@@ -17,7 +17,7 @@ class LocalKvCache : public KvCache {
  public:
   // `policy` may be null (full cache). `pool` (optional, not owned) parallelizes attention.
   LocalKvCache(const KvGeometry& geometry, std::unique_ptr<LocalEvictionPolicy> policy,
-               ThreadPool* pool);
+               kernels::ThreadPool* pool);
 
   const KvGeometry& geometry() const override { return geometry_; }
   absl::Status Append(int32_t layer, absl::Span<const int32_t> positions,
@@ -44,7 +44,7 @@ class LocalKvCache : public KvCache {
  private:
   KvGeometry geometry_;
   std::unique_ptr<LocalEvictionPolicy> policy_;
-  ThreadPool* pool_;
+  kernels::ThreadPool* pool_;
   std::vector<LayerKv> layers_;  // [num_layers]
 };
 

@@ -61,7 +61,7 @@ void ApplyRope(float* x, absl::Span<const int32_t> positions, int32_t heads, int
   }
 }
 
-void SiluMul(float* gate, const float* up, int64_t count, ThreadPool* pool) {
+void SiluMul(float* gate, const float* up, int64_t count, kernels::ThreadPool* pool) {
   auto body = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float g = gate[i];
@@ -69,7 +69,7 @@ void SiluMul(float* gate, const float* up, int64_t count, ThreadPool* pool) {
     }
   };
   if (pool != nullptr && count >= 65536) {
-    pool->ParallelFor(count, body);
+    pool->ParallelFor(count, GrainPerThread(count, *pool), body);
   } else {
     body(0, count);
   }

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
-#include "worker/engine/thread_pool.h"
+#include "kvc/kernels/thread_pool.h"
 
 namespace kvc::worker {
 
@@ -21,8 +21,15 @@ void RmsNorm(const float* x, const float* weight, float* out, int64_t n, int64_t
 void ApplyRope(float* x, absl::Span<const int32_t> positions, int32_t heads, int32_t head_dim,
                float theta);
 
+// Grain for kernels::ThreadPool::ParallelFor that cuts [0, n) into one chunk per pool thread:
+// these loops are uniform, so equal shares need no finer balancing and keep hand-off costs at
+// one chunk per thread.
+inline int64_t GrainPerThread(int64_t n, const kernels::ThreadPool& pool) {
+  return (n + pool.size() - 1) / pool.size();
+}
+
 // gate[i] = silu(gate[i]) * up[i] for i < count.
-void SiluMul(float* gate, const float* up, int64_t count, ThreadPool* pool);
+void SiluMul(float* gate, const float* up, int64_t count, kernels::ThreadPool* pool);
 
 // Row-wise log-softmax of logits[vocab] at `target`: log p(target).
 double LogProb(const float* logits, int64_t vocab, int32_t target);

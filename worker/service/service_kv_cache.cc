@@ -11,7 +11,7 @@ namespace kvc::worker {
 
 absl::StatusOr<std::unique_ptr<ServiceKvCache>> ServiceKvCache::Create(
     client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
-    const ServicePolicy& policy, bool always_fetch, ThreadPool* pool_threads) {
+    const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads) {
   auto pools = client->ListPools();
   if (!pools.ok()) return pools.status();
   const client::PoolInfo* info = nullptr;

@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "kvc/client/kv_cache_client.h"
+#include "kvc/kernels/thread_pool.h"
 #include "worker/engine/kv_cache.h"
-#include "worker/engine/thread_pool.h"
 
 namespace kvc::worker {
 
@@ -37,7 +37,7 @@ class ServiceKvCache : public KvCache {
   // match `geometry`. `pool_threads` (not owned, may be null) runs local attention.
   static absl::StatusOr<std::unique_ptr<ServiceKvCache>> Create(
       client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
-      const ServicePolicy& policy, bool always_fetch, ThreadPool* pool_threads);
+      const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads);
   ~ServiceKvCache() override;  // releases the sequence
 
   const KvGeometry& geometry() const override { return geometry_; }
@@ -72,7 +72,7 @@ class ServiceKvCache : public KvCache {
 
  private:
   ServiceKvCache(client::KvCacheClient* client, const KvGeometry& geometry,
-                 const ServicePolicy& policy, bool always_fetch, ThreadPool* pool_threads)
+                 const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads)
       : client_(client),
         geometry_(geometry),
         policy_(policy),
@@ -88,7 +88,7 @@ class ServiceKvCache : public KvCache {
   KvGeometry geometry_;
   ServicePolicy policy_;
   bool always_fetch_;
-  ThreadPool* threads_;
+  kernels::ThreadPool* threads_;
   std::string sequence_id_;
   int64_t prompt_tokens_ = -1;
   bool compressed_ = false;
