@@ -46,6 +46,7 @@ absl::StatusOr<std::vector<float>> LlamaModel::Forward(absl::Span<const int32_t>
 
   std::vector<int32_t> positions(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) positions[i] = start_pos + static_cast<int32_t>(i);
+  const RopeAngles rope = ComputeRopeAngles(positions, c.head_dim, c.rope_theta);
 
   std::vector<float> x(static_cast<size_t>(n * d));
   for (int64_t i = 0; i < n; ++i) {
@@ -66,8 +67,8 @@ absl::StatusOr<std::vector<float>> LlamaModel::Forward(absl::Span<const int32_t>
     MatMul(h.data(), w.wq.data(), q.data(), n, d, q_dim, /*accumulate=*/false);
     MatMul(h.data(), w.wk.data(), k.data(), n, d, kv_dim, /*accumulate=*/false);
     MatMul(h.data(), w.wv.data(), v.data(), n, d, kv_dim, /*accumulate=*/false);
-    ApplyRope(q.data(), positions, c.num_q_heads, c.head_dim, c.rope_theta);
-    ApplyRope(k.data(), positions, c.num_kv_heads, c.head_dim, c.rope_theta);
+    ApplyRope(q.data(), rope, c.num_q_heads, c.head_dim);
+    ApplyRope(k.data(), rope, c.num_kv_heads, c.head_dim);
     if (auto s = kv.Append(l, positions, k, v); !s.ok()) return s;
     if (path == AttentionPath::kStoreAttend) {
       if (auto s = kv.Attend(l, q, positions, absl::MakeSpan(attn)); !s.ok()) return s;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/types/span.h"
 #include "kvc/kernels/thread_pool.h"
@@ -15,9 +16,25 @@ void MatMul(const float* x, const float* w, float* y, int64_t n, int64_t in, int
 // out[n, d] = x / sqrt(mean(x^2) + eps) * weight[d], per row.
 void RmsNorm(const float* x, const float* weight, float* out, int64_t n, int64_t d, float eps);
 
-// Rotate-half (NeoX / Hugging Face) RoPE in place on x[n, heads, head_dim] at `positions`:
-// pairs (i, i + head_dim/2) rotate by positions[t] * theta^(-2i/head_dim). Angles are formed in
-// double so large positions keep their precision.
+// sin and cos of the RoPE angles positions[t] * theta^(-2i/head_dim), i < head_dim / 2, from
+// kernels::RopeSinCos: the one definition kvcached's re-rotation also uses, so a key rotated here
+// and one moved in the service agree (angles formed in double, so large positions keep their
+// precision). Its frequencies are double where llama.cpp and the NumPy fixtures round them to
+// float: logits move by ~1e-4 at most (8K tokens). Computed once per forward pass and shared by
+// every layer's Q and K.
+struct RopeAngles {
+  int64_t n = 0;           // positions
+  int32_t half = 0;        // head_dim / 2
+  std::vector<float> sin;  // [n, half]
+  std::vector<float> cos;  // [n, half]
+};
+RopeAngles ComputeRopeAngles(absl::Span<const int32_t> positions, int32_t head_dim, float theta);
+
+// Rotate-half (NeoX / Hugging Face) RoPE in place on x[n, heads, head_dim]: pairs
+// (i, i + head_dim/2) of row t rotate by the angles of t (n = the positions `angles` was made for).
+void ApplyRope(float* x, const RopeAngles& angles, int32_t heads, int32_t head_dim);
+
+// The same at `positions` (angles computed for this call only).
 void ApplyRope(float* x, absl::Span<const int32_t> positions, int32_t heads, int32_t head_dim,
                float theta);
 
