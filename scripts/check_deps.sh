@@ -23,6 +23,9 @@ check "cachesvc/core must not include gRPC, protobuf or Prometheus" \
 check "CUDA and NCCL headers belong in kernels/cuda only" \
   "${inc}(cuda_runtime|cuda|nccl)[._a-z]*\.h" common proto cachesvc client worker
 check "client/ and worker/ must not include cachesvc/" "${inc}cachesvc/" client worker
+# worker/ shares the kernels' thread pool and RoPE helpers, through their public headers only.
+check "worker/ may use kernels/ only through its public headers (kvc/kernels/*)" \
+  "${inc}kernels/" worker
 check "public client headers must not expose generated protobuf or gRPC types" \
   "${inc}(grpc|grpcpp|google/protobuf)/|${inc}[^>\"]*\.pb\.h" client/include
 check "common/ is a leaf (Abseil and the standard library only)" \

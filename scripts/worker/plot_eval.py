@@ -32,7 +32,7 @@ def plot_perplexity(files, out):
     ax.set_xlabel("tokens of Persuasion read")
     ax.set_ylabel("perplexity of the segment")
     ax.set_yscale("log")
-    ax.set_title("SmolLM2-135M, local KV store: perplexity per segment")
+    ax.set_title("SmolLM2-135M, local KV cache: perplexity per segment")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

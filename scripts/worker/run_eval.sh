@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The worker's quality evaluation with LOCAL KV stores (the grid through kvcached is
+# The worker's quality evaluation with LOCAL KV caches (the grid through kvcached is
 # scripts/worker/run_service_eval.sh): perplexity on Persuasion (full cache within the 8K
 # context vs window-only vs 4 sinks + window; the bounded policies also far past the context)
 # and passkey retrieval on Emma. Writes JSON, PNG plots and a log under .cache/eval/. About 30

@@ -35,7 +35,7 @@ TEST(AttentionTest, BlockedMatchesReference) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal;
   const KvGeometry g{1, 2, 6, 16};
-  ThreadPool pool(2);
+  kernels::ThreadPool pool(2);
   for (int64_t tokens : {1, 5, 200}) {
     std::vector<Case> heads = {RandomHead(rng, tokens, g.head_dim),
                                RandomHead(rng, tokens + 3, g.head_dim)};
@@ -63,7 +63,7 @@ namespace kvc::worker {
 namespace {
 
 // Attention over committed tokens and over a pending chunk, merged by log-sum-exp, equals
-// attention over both at once (how a store that sees a chunk only after every layer has it
+// attention over both at once (how a cache that sees a chunk only after every layer has it
 // can still serve the forward pass exactly).
 TEST(AttentionTest, MergingDisjointKeySetsEqualsAttendingOverTheUnion) {
   std::mt19937 rng(9);

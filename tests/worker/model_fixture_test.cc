@@ -19,7 +19,7 @@
 #include "worker/engine/chat_template.h"
 #include "worker/engine/dequantize.h"
 #include "worker/engine/generator.h"
-#include "worker/engine/local_kv_store.h"
+#include "worker/engine/local_kv_cache.h"
 #include "worker/engine/sampler.h"
 
 namespace kvc::worker {
@@ -108,7 +108,7 @@ class ModelFixtureTest : public ::testing::Test {
   }
 
   std::vector<float> Logits(const std::vector<int32_t>& ids, AttentionPath path, int64_t chunk) {
-    LocalKvStore kv(model_->config().kv_geometry(), nullptr, model_->pool());
+    LocalKvCache kv(model_->config().kv_geometry(), nullptr, model_->pool());
     std::vector<float> all;
     for (size_t start = 0; start < ids.size(); start += static_cast<size_t>(chunk)) {
       const size_t len = std::min(static_cast<size_t>(chunk), ids.size() - start);
@@ -198,7 +198,7 @@ TEST_F(ModelFixtureTest, GreedyChatAnswerNamesParis) {
                                                /*add_generation_prompt=*/true);
   const std::vector<int32_t> ids = model_->tokenizer().Encode(prompt, /*parse_special=*/true);
   EXPECT_EQ(ids, cases_[0].ids);  // the chat fixture's prompt
-  LocalKvStore kv(model_->config().kv_geometry(), nullptr, model_->pool());
+  LocalKvCache kv(model_->config().kv_geometry(), nullptr, model_->pool());
   GenerateOptions opt;
   opt.max_new_tokens = 12;
   opt.stop_ids = {model_->tokenizer().eos_id()};
@@ -207,9 +207,9 @@ TEST_F(ModelFixtureTest, GreedyChatAnswerNamesParis) {
   EXPECT_NE(result->text.find("Paris"), std::string::npos) << result->text;
 }
 
-TEST_F(ModelFixtureTest, SinkWindowStoreStaysBoundedWhileDecoding) {
+TEST_F(ModelFixtureTest, SinkWindowCacheStaysBoundedWhileDecoding) {
   const KvGeometry g = model_->config().kv_geometry();
-  LocalKvStore kv(g, MakeLocalSinkWindowPolicy(4, 28), model_->pool());
+  LocalKvCache kv(g, MakeLocalSinkWindowPolicy(4, 28), model_->pool());
   GenerateOptions opt;
   opt.max_new_tokens = 24;
   opt.prefill_chunk = 16;

@@ -1,4 +1,4 @@
-// Passkey prompt construction and a tiny end-to-end run of the harness with local stores.
+// Passkey prompt construction and a tiny end-to-end run of the harness with local caches.
 #include "worker/eval/passkey.h"
 
 #include <gtest/gtest.h>

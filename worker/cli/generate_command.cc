@@ -1,5 +1,5 @@
 // kvc-worker generate: answer a prompt (or a document + question) with the KV cache in
-// kvcached (--kv=kvcached) or in a local store, and report tokens/s and the KV held against a
+// kvcached (--kv=kvcached) or in a local cache, and report tokens/s and the KV held against a
 // full f16 cache.
 #include <fstream>
 #include <iostream>
@@ -17,10 +17,10 @@
 #include "worker/cli/commands.h"
 #include "worker/engine/chat_template.h"
 #include "worker/engine/generator.h"
-#include "worker/engine/local_kv_store.h"
+#include "worker/engine/local_kv_cache.h"
 #ifdef KVC_WORKER_WITH_SERVICE
 #include "kvc/client/kv_cache_client.h"
-#include "worker/service/service_kv_store.h"
+#include "worker/service/service_kv_cache.h"
 #include "worker/service/service_policy_parse.h"
 #endif
 
@@ -50,11 +50,11 @@ absl::Status RunGenerate(int argc, char** argv) {
 
   const std::string where = flags->Get("kv", "local");
 #ifdef KVC_WORKER_WITH_SERVICE
-  // Declared before the store: the store releases its sequence through the client.
+  // Declared before the cache: the cache releases its sequence through the client.
   std::unique_ptr<client::KvCacheClient> client;
-  ServiceKvStore* service = nullptr;
+  ServiceKvCache* service = nullptr;
 #endif
-  std::unique_ptr<KvStore> store;
+  std::unique_ptr<KvCache> store;
 #ifdef KVC_WORKER_WITH_SERVICE
   if (where == "kvcached") {
     auto service_policy =
@@ -63,7 +63,7 @@ absl::Status RunGenerate(int argc, char** argv) {
     auto connected = ConnectToKvcached(*flags);
     if (!connected.ok()) return connected.status();
     client = std::move(*connected);
-    auto created = ServiceKvStore::Create(
+    auto created = ServiceKvCache::Create(
         client.get(), flags->Get("pool", ""), (*model)->config().kv_geometry(), *service_policy,
         flags->Get("attention", "store") == "fetch", (*model)->pool());
     if (!created.ok()) {
@@ -86,10 +86,10 @@ absl::Status RunGenerate(int argc, char** argv) {
     if (flags->Has("storage")) return absl::InvalidArgumentError("--storage needs --kv=kvcached");
     auto policy = ParsePolicy(flags->Get("policy", "full"));
     if (!policy.ok()) return policy.status();
-    store = std::make_unique<LocalKvStore>((*model)->config().kv_geometry(), std::move(*policy),
+    store = std::make_unique<LocalKvCache>((*model)->config().kv_geometry(), std::move(*policy),
                                            (*model)->pool());
   }
-  KvStore& kv = *store;
+  KvCache& kv = *store;
 
   GenerateOptions opt;
   auto max_new = flags->GetInt("max-new-tokens", 128);

@@ -1,5 +1,5 @@
-// kvc-worker: runs the reference engine with its KV cache in a local store or in kvcached
-// (--kv=kvcached; the service-backed store comes with the client library).
+// kvc-worker: runs the reference engine with its KV cache in a local cache or in kvcached
+// (--kv=kvcached; the service-backed cache comes with the client library).
 //   kvc-worker generate   --prompt TEXT | --prompt-file FILE [--question Q] [--policy P] ...
 //   kvc-worker perplexity --text-file FILE [--max-tokens N] [--policies P1,P2,...] [--json OUT]
 //   kvc-worker passkey    [--haystack-file FILE] [--lengths L1,L2] [--depths D1,D2] ...

@@ -1,5 +1,5 @@
 // kvc-worker passkey: passkey retrieval grid (lengths x depths x policies), with the policies'
-// caches in local stores (--kv=local: full, window=W, streaming=S+W) or in kvcached
+// caches held locally (--kv=local: full, window=W, streaming=S+W) or in kvcached
 // (--kv=kvcached: POLICY[:STORAGE] with the service policies of `generate`, e.g. full:fp8,
 // snapkv=1024:int4, h2o=256+256, streaming=4+508). Progress goes to stderr, a markdown table
 // to stdout, every number to --json.
@@ -22,7 +22,7 @@
 #include "worker/eval/passkey.h"
 #ifdef KVC_WORKER_WITH_SERVICE
 #include "kvc/client/kv_cache_client.h"
-#include "worker/service/service_kv_store.h"
+#include "worker/service/service_kv_cache.h"
 #include "worker/service/service_policy_parse.h"
 #endif
 
@@ -51,8 +51,8 @@ absl::StatusOr<PasskeyPolicy> ServicePasskeyPolicy(const std::string& name,
   PasskeyPolicy p;
   p.name = name;
   const ServicePolicy sp = *policy;
-  p.load = [=](const PrefilledPrompt& prompt) -> absl::StatusOr<std::unique_ptr<KvStore>> {
-    auto store = ServiceKvStore::Create(client, pool, model->config().kv_geometry(), sp, false,
+  p.load = [=](const PrefilledPrompt& prompt) -> absl::StatusOr<std::unique_ptr<KvCache>> {
+    auto store = ServiceKvCache::Create(client, pool, model->config().kv_geometry(), sp, false,
                                         model->pool());
     if (!store.ok()) return store.status();
     if (auto s = (*store)->LoadPrompt(*prompt.kv, prompt.prompt_tokens, prompt.window_queries,
@@ -60,10 +60,10 @@ absl::StatusOr<PasskeyPolicy> ServicePasskeyPolicy(const std::string& name,
         !s.ok()) {
       return s;
     }
-    return std::unique_ptr<KvStore>(std::move(*store));
+    return std::unique_ptr<KvCache>(std::move(*store));
   };
-  p.footprint = [](KvStore& kv, const PrefilledPrompt&) -> absl::StatusOr<KvFootprint> {
-    auto info = static_cast<ServiceKvStore&>(kv).Info();
+  p.footprint = [](KvCache& kv, const PrefilledPrompt&) -> absl::StatusOr<KvFootprint> {
+    auto info = static_cast<ServiceKvCache&>(kv).Info();
     if (!info.ok()) return info.status();
     const KvGeometry& g = kv.geometry();
     KvFootprint f;

@@ -1,5 +1,5 @@
 // kvc-worker perplexity: perplexity of a text file under several policies, with the KV cache
-// in a local store or in kvcached (--kv=kvcached).
+// in a local cache or in kvcached (--kv=kvcached).
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -14,11 +14,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "worker/cli/commands.h"
-#include "worker/engine/local_kv_store.h"
+#include "worker/engine/local_kv_cache.h"
 #include "worker/eval/perplexity.h"
 #ifdef KVC_WORKER_WITH_SERVICE
 #include "kvc/client/kv_cache_client.h"
-#include "worker/service/service_kv_store.h"
+#include "worker/service/service_kv_cache.h"
 #include "worker/service/service_policy_parse.h"
 #endif
 
@@ -66,18 +66,18 @@ absl::Status RunPerplexity(int argc, char** argv) {
   if (where != "local" && where != "kvcached") {
     return absl::InvalidArgumentError("--kv is local or kvcached");
   }
-  // Builds the store for one policy spec (and checks every spec before minutes of work).
-  auto make_store = [&](const std::string& spec) -> absl::StatusOr<std::unique_ptr<KvStore>> {
+  // Builds the cache for one policy spec (and checks every spec before minutes of work).
+  auto make_store = [&](const std::string& spec) -> absl::StatusOr<std::unique_ptr<KvCache>> {
     if (where == "kvcached") {
 #ifdef KVC_WORKER_WITH_SERVICE
       auto policy = ParseServicePolicy(spec == "full" ? "" : spec, storage);
       if (!policy.ok()) return policy.status();
       if (client == nullptr) return absl::InvalidArgumentError("no kvcached client");
-      auto store = ServiceKvStore::Create(client.get(), flags->Get("pool", ""),
+      auto store = ServiceKvCache::Create(client.get(), flags->Get("pool", ""),
                                           (*model)->config().kv_geometry(), *policy,
                                           /*always_fetch=*/false, (*model)->pool());
       if (!store.ok()) return store.status();
-      return std::unique_ptr<KvStore>(std::move(*store));
+      return std::unique_ptr<KvCache>(std::move(*store));
 #else
       return absl::InvalidArgumentError("--kv=kvcached needs the full build");
 #endif
@@ -85,7 +85,7 @@ absl::Status RunPerplexity(int argc, char** argv) {
     if (!storage.empty()) return absl::InvalidArgumentError("--storage needs --kv=kvcached");
     auto policy = ParsePolicy(spec);
     if (!policy.ok()) return policy.status();
-    return std::unique_ptr<KvStore>(std::make_unique<LocalKvStore>(
+    return std::unique_ptr<KvCache>(std::make_unique<LocalKvCache>(
         (*model)->config().kv_geometry(), std::move(*policy), (*model)->pool()));
   };
   for (const std::string& spec : specs) {
@@ -95,7 +95,7 @@ absl::Status RunPerplexity(int argc, char** argv) {
   for (size_t p = 0; p < specs.size(); ++p) {
     auto store = make_store(specs[p]);
     if (!store.ok()) return store.status();
-    KvStore& kv = **store;
+    KvCache& kv = **store;
     PerplexityOptions opt;
     opt.chunk = static_cast<int32_t>(*chunk);
     opt.segment = static_cast<int32_t>(*segment);

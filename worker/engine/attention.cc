@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+#include "worker/engine/ops.h"
+
 namespace kvc::worker {
 namespace {
 
@@ -19,7 +21,7 @@ int64_t VisibleCount(const HeadKvView& kv, int32_t pos) {
 
 void AttendKvHead(const KvGeometry& g, int32_t kv_head, const HeadKvView& kv,
                   absl::Span<const float> queries, absl::Span<const int32_t> query_positions,
-                  absl::Span<float> out, ThreadPool* pool, absl::Span<float> lse) {
+                  absl::Span<float> out, kernels::ThreadPool* pool, absl::Span<float> lse) {
   const int64_t n = static_cast<int64_t>(query_positions.size());
   const int32_t group = g.group_size();
   const int32_t hd = g.head_dim;
@@ -76,7 +78,7 @@ void AttendKvHead(const KvGeometry& g, int32_t kv_head, const HeadKvView& kv,
     }
   };
   if (pool != nullptr && rows * t >= 16384) {
-    pool->ParallelFor(rows, softmax_rows);
+    pool->ParallelFor(rows, GrainPerThread(rows, *pool), softmax_rows);
   } else {
     softmax_rows(0, rows);
   }
@@ -124,8 +126,8 @@ void AttendReference(const KvGeometry& g, int32_t kv_head, const HeadKvView& kv,
 }
 
 void AttendLayer(const KvGeometry& g, const LayerKv& layer, absl::Span<const float> queries,
-                 absl::Span<const int32_t> query_positions, absl::Span<float> out, ThreadPool* pool,
-                 absl::Span<float> lse) {
+                 absl::Span<const int32_t> query_positions, absl::Span<float> out,
+                 kernels::ThreadPool* pool, absl::Span<float> lse) {
   for (int32_t h = 0; h < g.num_kv_heads; ++h) {
     const HeadKv& head = layer.heads[h];
     HeadKvView view{head.positions.data(), head.keys.data(), head.values.data(),

@@ -1,13 +1,13 @@
 // Dense causal attention over stored (position, key, value) rows of one kv head, the math
-// behind KvStore::Attend for the local store and the Fetch + local attention path. Uses
+// behind KvCache::Attend for the local cache and the Fetch + local attention path. Uses
 // OpenBLAS sgemm for QK^T and PV; softmax rows are spread over the thread pool.
 #pragma once
 
 #include <cstdint>
 
 #include "absl/types/span.h"
-#include "worker/engine/kv_store.h"
-#include "worker/engine/thread_pool.h"
+#include "kvc/kernels/thread_pool.h"
+#include "worker/engine/kv_cache.h"
 
 namespace kvc::worker {
 
@@ -25,7 +25,7 @@ struct HeadKvView {
 //   scaled scores (-inf when the query sees no token), so partial results combine exactly.
 void AttendKvHead(const KvGeometry& geometry, int32_t kv_head, const HeadKvView& kv,
                   absl::Span<const float> queries, absl::Span<const int32_t> query_positions,
-                  absl::Span<float> out, ThreadPool* pool, absl::Span<float> lse = {});
+                  absl::Span<float> out, kernels::ThreadPool* pool, absl::Span<float> lse = {});
 
 // Slow, obvious version (one query, one head, scalar loops): the oracle for tests.
 void AttendReference(const KvGeometry& geometry, int32_t kv_head, const HeadKvView& kv,
@@ -34,8 +34,8 @@ void AttendReference(const KvGeometry& geometry, int32_t kv_head, const HeadKvVi
 
 // All heads of a layer held as LayerKv (the Fetch path). lse as in AttendKvHead.
 void AttendLayer(const KvGeometry& geometry, const LayerKv& layer, absl::Span<const float> queries,
-                 absl::Span<const int32_t> query_positions, absl::Span<float> out, ThreadPool* pool,
-                 absl::Span<float> lse = {});
+                 absl::Span<const int32_t> query_positions, absl::Span<float> out,
+                 kernels::ThreadPool* pool, absl::Span<float> lse = {});
 
 // Combines attention computed over two disjoint key sets (e.g. the tokens a service has
 // committed and the chunk still being appended) into attention over their union:

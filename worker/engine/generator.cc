@@ -14,7 +14,7 @@ double Seconds(std::chrono::steady_clock::time_point since) {
 
 }  // namespace
 
-absl::StatusOr<GenerateResult> Generate(LlamaModel& model, KvStore& kv,
+absl::StatusOr<GenerateResult> Generate(LlamaModel& model, KvCache& kv,
                                         absl::Span<const int32_t> prompt,
                                         const GenerateOptions& options) {
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");

@@ -1,4 +1,4 @@
-// Prompt prefill (in chunks) and the token-by-token decode loop over a KvStore, with timings.
+// Prompt prefill (in chunks) and the token-by-token decode loop over a KvCache, with timings.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/engine/kv_store.h"
+#include "worker/engine/kv_cache.h"
 #include "worker/engine/llama_model.h"
 #include "worker/engine/sampler.h"
 
@@ -33,8 +33,8 @@ struct GenerateResult {
 };
 
 // Prefills `prompt` at positions 0.. into an empty `kv`, then decodes. InvalidArgument for an
-// empty prompt; model and store errors pass through.
-absl::StatusOr<GenerateResult> Generate(LlamaModel& model, KvStore& kv,
+// empty prompt; model and cache errors pass through.
+absl::StatusOr<GenerateResult> Generate(LlamaModel& model, KvCache& kv,
                                         absl::Span<const int32_t> prompt,
                                         const GenerateOptions& options);
 

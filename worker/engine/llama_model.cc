@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& 
 }
 
 absl::StatusOr<std::vector<float>> LlamaModel::Forward(absl::Span<const int32_t> tokens,
-                                                       int32_t start_pos, KvStore& kv,
+                                                       int32_t start_pos, KvCache& kv,
                                                        LogitsMode mode, AttentionPath path) {
   const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(tokens.size());
@@ -38,7 +38,7 @@ absl::StatusOr<std::vector<float>> LlamaModel::Forward(absl::Span<const int32_t>
   const KvGeometry& g = kv.geometry();
   if (g.num_layers != c.num_layers || g.num_kv_heads != c.num_kv_heads ||
       g.num_q_heads != c.num_q_heads || g.head_dim != c.head_dim) {
-    return absl::InvalidArgumentError("KvStore geometry does not match the model");
+    return absl::InvalidArgumentError("KvCache geometry does not match the model");
   }
   const int64_t d = c.hidden, hd = c.head_dim;
   const int64_t q_dim = int64_t{c.num_q_heads} * hd, kv_dim = int64_t{c.num_kv_heads} * hd;
@@ -46,6 +46,7 @@ absl::StatusOr<std::vector<float>> LlamaModel::Forward(absl::Span<const int32_t>
 
   std::vector<int32_t> positions(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) positions[i] = start_pos + static_cast<int32_t>(i);
+  const RopeAngles rope = ComputeRopeAngles(positions, c.head_dim, c.rope_theta);
 
   std::vector<float> x(static_cast<size_t>(n * d));
   for (int64_t i = 0; i < n; ++i) {
@@ -66,8 +67,8 @@ absl::StatusOr<std::vector<float>> LlamaModel::Forward(absl::Span<const int32_t>
     MatMul(h.data(), w.wq.data(), q.data(), n, d, q_dim, /*accumulate=*/false);
     MatMul(h.data(), w.wk.data(), k.data(), n, d, kv_dim, /*accumulate=*/false);
     MatMul(h.data(), w.wv.data(), v.data(), n, d, kv_dim, /*accumulate=*/false);
-    ApplyRope(q.data(), positions, c.num_q_heads, c.head_dim, c.rope_theta);
-    ApplyRope(k.data(), positions, c.num_kv_heads, c.head_dim, c.rope_theta);
+    ApplyRope(q.data(), rope, c.num_q_heads, c.head_dim);
+    ApplyRope(k.data(), rope, c.num_kv_heads, c.head_dim);
     if (auto s = kv.Append(l, positions, k, v); !s.ok()) return s;
     if (path == AttentionPath::kStoreAttend) {
       if (auto s = kv.Attend(l, q, positions, absl::MakeSpan(attn)); !s.ok()) return s;

@@ -1,4 +1,4 @@
-// Eviction policies for the LOCAL in-memory store only: simple baselines that let the
+// Eviction policies for the LOCAL in-memory cache only: simple baselines that let the
 // evaluation harness be validated before the service's policies (StreamingLLM, SnapKV, H2O in
 // cachesvc/) are wired in. They see positions only, no attention scores.
 #pragma once
@@ -21,7 +21,7 @@ class LocalEvictionPolicy {
   virtual std::vector<int64_t> SelectKeep(int32_t layer, int32_t kv_head,
                                           absl::Span<const int32_t> positions) const = 0;
 
-  // When true, after eviction the store closes the gaps: survivors get consecutive positions
+  // When true, after eviction the cache closes the gaps: survivors get consecutive positions
   // ending at the newest one and their keys are re-rotated by (new - old) position. This is
   // StreamingLLM's "positions inside the cache": attention only sees relative offsets, so no
   // offset ever exceeds the cache span, however long the stream.

@@ -6,7 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/engine/gguf_file.h"
-#include "worker/engine/kv_store.h"
+#include "worker/engine/kv_cache.h"
 
 namespace kvc::worker {
 

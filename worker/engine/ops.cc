@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "kvc/kernels/rope.h"
+
 extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace kvc::worker {
@@ -34,24 +36,29 @@ void RmsNorm(const float* x, const float* weight, float* out, int64_t n, int64_t
   }
 }
 
-void ApplyRope(float* x, absl::Span<const int32_t> positions, int32_t heads, int32_t head_dim,
-               float theta) {
-  const int32_t half = head_dim / 2;
-  std::vector<double> inv_freq(static_cast<size_t>(half));
-  for (int32_t i = 0; i < half; ++i) {
-    // Same float-valued frequencies as the reference implementations, then a double angle.
-    inv_freq[i] = static_cast<double>(
-        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim)));
-  }
-  std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
+RopeAngles ComputeRopeAngles(absl::Span<const int32_t> positions, int32_t head_dim, float theta) {
+  RopeAngles angles;
+  angles.n = static_cast<int64_t>(positions.size());
+  angles.half = head_dim / 2;
+  const size_t size = positions.size() * static_cast<size_t>(angles.half);
+  angles.sin.resize(size);
+  angles.cos.resize(size);
   for (size_t t = 0; t < positions.size(); ++t) {
-    for (int32_t i = 0; i < half; ++i) {
-      const double a = positions[t] * inv_freq[i];
-      cos_t[i] = static_cast<float>(std::cos(a));
-      sin_t[i] = static_cast<float>(std::sin(a));
+    for (int32_t i = 0; i < angles.half; ++i) {
+      const size_t at = t * static_cast<size_t>(angles.half) + static_cast<size_t>(i);
+      kernels::RopeSinCos(theta, head_dim, i, positions[t], &angles.sin[at], &angles.cos[at]);
     }
+  }
+  return angles;
+}
+
+void ApplyRope(float* x, const RopeAngles& angles, int32_t heads, int32_t head_dim) {
+  const int32_t half = angles.half;
+  for (int64_t t = 0; t < angles.n; ++t) {
+    const float* sin_t = angles.sin.data() + t * half;
+    const float* cos_t = angles.cos.data() + t * half;
     for (int32_t h = 0; h < heads; ++h) {
-      float* v = x + (static_cast<int64_t>(t) * heads + h) * head_dim;
+      float* v = x + (t * heads + h) * head_dim;
       for (int32_t i = 0; i < half; ++i) {
         const float a = v[i], b = v[i + half];
         v[i] = a * cos_t[i] - b * sin_t[i];
@@ -61,7 +68,12 @@ void ApplyRope(float* x, absl::Span<const int32_t> positions, int32_t heads, int
   }
 }
 
-void SiluMul(float* gate, const float* up, int64_t count, ThreadPool* pool) {
+void ApplyRope(float* x, absl::Span<const int32_t> positions, int32_t heads, int32_t head_dim,
+               float theta) {
+  ApplyRope(x, ComputeRopeAngles(positions, head_dim, theta), heads, head_dim);
+}
+
+void SiluMul(float* gate, const float* up, int64_t count, kernels::ThreadPool* pool) {
   auto body = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float g = gate[i];
@@ -69,7 +81,7 @@ void SiluMul(float* gate, const float* up, int64_t count, ThreadPool* pool) {
     }
   };
   if (pool != nullptr && count >= 65536) {
-    pool->ParallelFor(count, body);
+    pool->ParallelFor(count, GrainPerThread(count, *pool), body);
   } else {
     body(0, count);
   }

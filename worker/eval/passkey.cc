@@ -21,11 +21,11 @@ double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// The full-cache prefill store: forwards to a LocalKvStore and keeps the newest `window`
+// The full-cache prefill cache: forwards to a LocalKvCache and keeps the newest `window`
 // queries of every layer (what a compressing engine remembers for SnapKV/H2O).
-class RecordingKvStore : public KvStore {
+class RecordingKvCache : public KvCache {
  public:
-  RecordingKvStore(LocalKvStore* inner, int32_t window)
+  RecordingKvCache(LocalKvCache* inner, int32_t window)
       : inner_(inner),
         window_(static_cast<size_t>(std::max(window, 1))),
         queries_(static_cast<size_t>(inner->geometry().num_layers)),
@@ -62,14 +62,14 @@ class RecordingKvStore : public KvStore {
   std::vector<std::vector<int32_t>>& positions() { return positions_; }
 
  private:
-  LocalKvStore* inner_;
+  LocalKvCache* inner_;
   size_t window_;
   std::vector<std::vector<float>> queries_;
   std::vector<std::vector<int32_t>> positions_;
 };
 
 // Feeds `tokens` from `start` in chunks; returns the logits of the last fed token.
-absl::StatusOr<std::vector<float>> Feed(LlamaModel& model, KvStore& kv,
+absl::StatusOr<std::vector<float>> Feed(LlamaModel& model, KvCache& kv,
                                         const std::vector<int32_t>& tokens, int32_t start,
                                         int32_t chunk) {
   std::vector<float> out;
@@ -86,7 +86,7 @@ absl::StatusOr<std::vector<float>> Feed(LlamaModel& model, KvStore& kv,
 }
 
 // Greedy decoding from `logits` (the prediction for position `pos`) for up to `max` tokens.
-absl::StatusOr<std::vector<int32_t>> Greedy(LlamaModel& model, KvStore& kv,
+absl::StatusOr<std::vector<int32_t>> Greedy(LlamaModel& model, KvCache& kv,
                                             std::vector<float> logits, int32_t pos, int32_t max,
                                             std::vector<int32_t> out) {
   const int32_t eos = model.tokenizer().eos_id();
@@ -141,12 +141,12 @@ PasskeyPolicy LocalPasskeyPolicy(const PolicySpec& spec) {
   PasskeyPolicy p;
   p.name = spec.name;
   auto make = spec.make;
-  p.load = [make](const PrefilledPrompt& prompt) -> absl::StatusOr<std::unique_ptr<KvStore>> {
-    std::unique_ptr<LocalKvStore> kv = prompt.kv->Clone(make());
+  p.load = [make](const PrefilledPrompt& prompt) -> absl::StatusOr<std::unique_ptr<KvCache>> {
+    std::unique_ptr<LocalKvCache> kv = prompt.kv->Clone(make());
     if (auto s = kv->CommitStep(prompt.prompt_tokens); !s.ok()) return s;
-    return std::unique_ptr<KvStore>(std::move(kv));
+    return std::unique_ptr<KvCache>(std::move(kv));
   };
-  p.footprint = [](KvStore& kv, const PrefilledPrompt& prompt) -> absl::StatusOr<KvFootprint> {
+  p.footprint = [](KvCache& kv, const PrefilledPrompt& prompt) -> absl::StatusOr<KvFootprint> {
     const KvGeometry& g = kv.geometry();
     const int64_t slot_bytes = int64_t{2} * 2 * g.head_dim;  // K and V as f16
     KvFootprint f;
@@ -192,8 +192,8 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
           prompt.insert(prompt.end(), question.begin(), question.end());
 
         const auto t_prefill = std::chrono::steady_clock::now();
-        LocalKvStore full(model.config().kv_geometry(), nullptr, model.pool());
-        RecordingKvStore recorder(&full, options.observation_window);
+        LocalKvCache full(model.config().kv_geometry(), nullptr, model.pool());
+        RecordingKvCache recorder(&full, options.observation_window);
         auto prompt_logits = Feed(model, recorder, prompt, 0, options.prefill_chunk);
         if (!prompt_logits.ok()) return prompt_logits.status();
         PrefilledPrompt prefilled;
@@ -252,7 +252,7 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
           }
           s.teacher_forced_match = diverged == answer.size();
           // Greedy decoding makes the same steps while it agrees with the answer: continue
-          // this store after a full match, else decode again from a fresh store.
+          // this cache after a full match, else decode again from a fresh cache.
           std::vector<int32_t> generated;
           if (s.teacher_forced_match &&
               static_cast<int32_t>(answer.size()) >= options.answer_max_tokens) {

@@ -1,11 +1,11 @@
 // Passkey retrieval (needle in a haystack). Each case is prefilled once with the full cache (a
-// local f32 store); the prefilled K/V then go to one store per policy, which applies the policy
-// as an engine would when the prompt is complete (a local store clones and evicts; the
-// kvcached-backed store loads the K/V into a service sequence and compresses there with the
-// prompt's last observation-window queries). The answer is scored from each store:
+// local f32 cache); the prefilled K/V then go to one cache per policy, which applies the policy
+// as an engine would when the prompt is complete (a local cache clones and evicts; the
+// kvcached-backed cache loads the K/V into a service sequence and compresses there with the
+// prompt's last observation-window queries). The answer is scored from each cache:
 //  * teacher-forced: log-probability and argmax match of the answer tokens after the lead-in
 //    "The pass key is" (works for weak models); the answer tokens are fed one decode step at a
-//    time (through the store's Attend, i.e. the service's for kvcached);
+//    time (through the cache's Attend, i.e. the service's for kvcached);
 //  * generated: greedy answer, exact match when it contains the pass key.
 #pragma once
 
@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/engine/llama_model.h"
-#include "worker/engine/local_kv_store.h"
+#include "worker/engine/local_kv_cache.h"
 #include "worker/engine/local_policy.h"
 
 namespace kvc::worker {
@@ -35,7 +35,7 @@ PasskeyPrompt MakePasskeyPrompt(const BpeTokenizer& tok, const std::string& hays
 
 // A prompt prefilled once with the full cache: what every policy starts from.
 struct PrefilledPrompt {
-  LocalKvStore* kv = nullptr;  // full cache, positions [0, prompt_tokens)
+  LocalKvCache* kv = nullptr;  // full cache, positions [0, prompt_tokens)
   int32_t prompt_tokens = 0;
   // The prompt's last queries of every layer ([layer] -> [n, num_q_heads, head_dim] and [n]
   // positions, n <= PasskeyOptions::observation_window), as the engine computed them in prefill:
@@ -44,19 +44,19 @@ struct PrefilledPrompt {
   std::vector<std::vector<int32_t>> window_positions;
 };
 
-// What the store of a policy holds after the policy ran at the end of the prompt.
+// What the cache of a policy holds after the policy ran at the end of the prompt.
 struct KvFootprint {
   int64_t token_slots = 0;      // stored (layer, kv head, token) slots
-  int64_t bytes = 0;            // bytes held (a local store: token_slots as dense f16)
+  int64_t bytes = 0;            // bytes held (a local cache: token_slots as dense f16)
   int64_t dense_f16_bytes = 0;  // a full f16 cache of the same tokens
 };
 
 struct PasskeyPolicy {
   std::string name;
-  // A store holding `prompt` with the policy applied at the end of the prompt.
-  std::function<absl::StatusOr<std::unique_ptr<KvStore>>(const PrefilledPrompt&)> load;
-  // What that store holds (called right after `load`).
-  std::function<absl::StatusOr<KvFootprint>(KvStore&, const PrefilledPrompt&)> footprint;
+  // A cache holding `prompt` with the policy applied at the end of the prompt.
+  std::function<absl::StatusOr<std::unique_ptr<KvCache>>(const PrefilledPrompt&)> load;
+  // What that cache holds (called right after `load`).
+  std::function<absl::StatusOr<KvFootprint>(KvCache&, const PrefilledPrompt&)> footprint;
 };
 
 // A local baseline: clones the full cache under `make()` (nullptr = full) and commits.

@@ -9,7 +9,7 @@
 
 namespace kvc::worker {
 
-absl::StatusOr<PerplexityResult> EvaluatePerplexity(LlamaModel& model, KvStore& kv,
+absl::StatusOr<PerplexityResult> EvaluatePerplexity(LlamaModel& model, KvCache& kv,
                                                     absl::Span<const int32_t> tokens,
                                                     const PerplexityOptions& options) {
   const int64_t n = static_cast<int64_t>(tokens.size());

@@ -1,4 +1,4 @@
-// Perplexity of a long token sequence under a given KvStore (full cache or an eviction policy):
+// Perplexity of a long token sequence under a given KvCache (full cache or an eviction policy):
 // the text is fed in chunks, every token after the first is scored from the previous logits.
 #pragma once
 
@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/engine/kv_store.h"
+#include "worker/engine/kv_cache.h"
 #include "worker/engine/llama_model.h"
 
 namespace kvc::worker {
@@ -24,12 +24,12 @@ struct PerplexityResult {
   double nll_sum = 0;  // natural log
   double perplexity = 0;
   double seconds = 0;
-  int64_t max_stored_slots = 0;            // peak KvStore::StoredTokenSlots() after a commit
+  int64_t max_stored_slots = 0;            // peak KvCache::StoredTokenSlots() after a commit
   std::vector<double> segment_perplexity;  // one per `segment` scored tokens
 };
 
-// InvalidArgument for fewer than two tokens; model/store errors pass through.
-absl::StatusOr<PerplexityResult> EvaluatePerplexity(LlamaModel& model, KvStore& kv,
+// InvalidArgument for fewer than two tokens; model/cache errors pass through.
+absl::StatusOr<PerplexityResult> EvaluatePerplexity(LlamaModel& model, KvCache& kv,
                                                     absl::Span<const int32_t> tokens,
                                                     const PerplexityOptions& options);
 

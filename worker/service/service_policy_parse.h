@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/service/service_kv_store.h"
+#include "worker/service/service_kv_cache.h"
 
 namespace kvc::worker {
 

@@ -1,4 +1,4 @@
-// ServiceKvStore: the worker engine's KvStore backed by kvcached through the client library —
+// ServiceKvCache: the worker engine's KvCache backed by kvcached through the client library —
 // the KV cache lives in the service, not in the engine.
 //
 //   Append   -> client Append (f32; the service stores it in the sequence's format)
@@ -7,7 +7,7 @@
 //               prefill chunks (causal inside the chunk): Fetch of the layer (with the
 //               chunk's own tokens) + local attention. The `fetch` path uses Fetch always.
 //   Compress -> at the end of the prompt (ExpectPrompt), SnapKV with the last `window`
-//               queries of every layer that this store saw during prefill, or H2O ranked
+//               queries of every layer that this cache saw during prefill, or H2O ranked
 //               by the same window; StreamingLLM/H2O then run automatically in the service.
 #pragma once
 
@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "kvc/client/kv_cache_client.h"
-#include "worker/engine/kv_store.h"
-#include "worker/engine/thread_pool.h"
+#include "kvc/kernels/thread_pool.h"
+#include "worker/engine/kv_cache.h"
 
 namespace kvc::worker {
 
@@ -31,14 +31,14 @@ struct ServicePolicy {
   int32_t query_window = 32;  // prompt queries kept per layer for at_prompt_end
 };
 
-class ServiceKvStore : public KvStore {
+class ServiceKvCache : public KvCache {
  public:
   // Creates a sequence in `pool` (empty = the server's default). The pool's geometry must
   // match `geometry`. `pool_threads` (not owned, may be null) runs local attention.
-  static absl::StatusOr<std::unique_ptr<ServiceKvStore>> Create(
+  static absl::StatusOr<std::unique_ptr<ServiceKvCache>> Create(
       client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
-      const ServicePolicy& policy, bool always_fetch, ThreadPool* pool_threads);
-  ~ServiceKvStore() override;  // releases the sequence
+      const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads);
+  ~ServiceKvCache() override;  // releases the sequence
 
   const KvGeometry& geometry() const override { return geometry_; }
   absl::Status Append(int32_t layer, absl::Span<const int32_t> positions,
@@ -53,14 +53,14 @@ class ServiceKvStore : public KvStore {
   // The prompt is `tokens` long: when CommitStep reaches it, run policy.at_prompt_end.
   void ExpectPrompt(int64_t tokens) { prompt_tokens_ = tokens; }
 
-  // Loads a prompt prefilled elsewhere into this (empty) store and ends the prompt as
+  // Loads a prompt prefilled elsewhere into this (empty) cache and ends the prompt as
   // `kvc-worker generate` would after prefilling it here: Append of every layer's K/V in
   // position order (chunks of `chunk_tokens`), then CommitStep(prompt_tokens), which runs
   // policy.at_prompt_end with `window_queries` as the observation window (per layer
   // [n, num_q_heads, head_dim] rotated at `window_positions`; the newest
   // policy.query_window are used). `source` must hold the full cache of positions
   // [0, prompt_tokens) (every kv head the same tokens).
-  absl::Status LoadPrompt(KvStore& source, int32_t prompt_tokens,
+  absl::Status LoadPrompt(KvCache& source, int32_t prompt_tokens,
                           const std::vector<std::vector<float>>& window_queries,
                           const std::vector<std::vector<int32_t>>& window_positions,
                           int32_t chunk_tokens = 2048);
@@ -71,8 +71,8 @@ class ServiceKvStore : public KvStore {
   int64_t fetch_calls() const { return fetch_calls_; }
 
  private:
-  ServiceKvStore(client::KvCacheClient* client, const KvGeometry& geometry,
-                 const ServicePolicy& policy, bool always_fetch, ThreadPool* pool_threads)
+  ServiceKvCache(client::KvCacheClient* client, const KvGeometry& geometry,
+                 const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads)
       : client_(client),
         geometry_(geometry),
         policy_(policy),
@@ -88,7 +88,7 @@ class ServiceKvStore : public KvStore {
   KvGeometry geometry_;
   ServicePolicy policy_;
   bool always_fetch_;
-  ThreadPool* threads_;
+  kernels::ThreadPool* threads_;
   std::string sequence_id_;
   int64_t prompt_tokens_ = -1;
   bool compressed_ = false;

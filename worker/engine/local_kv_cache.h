@@ -1,23 +1,23 @@
-// In-memory KvStore: dense f32 rows per (layer, kv head), attention computed locally. With no
+// In-memory KvCache: dense f32 rows per (layer, kv head), attention computed locally. With no
 // policy it is the full cache (the quality ceiling); with a LocalEvictionPolicy it evicts at
-// every CommitStep. Not thread-safe; one sequence per store.
+// every CommitStep. Not thread-safe; one sequence per cache.
 #pragma once
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "worker/engine/kv_store.h"
+#include "kvc/kernels/thread_pool.h"
+#include "worker/engine/kv_cache.h"
 #include "worker/engine/local_policy.h"
-#include "worker/engine/thread_pool.h"
 
 namespace kvc::worker {
 
-class LocalKvStore : public KvStore {
+class LocalKvCache : public KvCache {
  public:
   // `policy` may be null (full cache). `pool` (optional, not owned) parallelizes attention.
-  LocalKvStore(const KvGeometry& geometry, std::unique_ptr<LocalEvictionPolicy> policy,
-               ThreadPool* pool);
+  LocalKvCache(const KvGeometry& geometry, std::unique_ptr<LocalEvictionPolicy> policy,
+               kernels::ThreadPool* pool);
 
   const KvGeometry& geometry() const override { return geometry_; }
   absl::Status Append(int32_t layer, absl::Span<const int32_t> positions,
@@ -31,7 +31,7 @@ class LocalKvStore : public KvStore {
 
   // A copy of everything stored, governed by `policy` from now on (the evaluation prefills
   // once with the full cache and fans the same K/V out to each policy).
-  std::unique_ptr<LocalKvStore> Clone(std::unique_ptr<LocalEvictionPolicy> policy) const;
+  std::unique_ptr<LocalKvCache> Clone(std::unique_ptr<LocalEvictionPolicy> policy) const;
 
   // Keeps only rows `keep` (ascending indices) of one (layer, kv head): the hook a policy
   // (local or test) uses to give heads different token sets. InvalidArgument on bad indices.
@@ -44,7 +44,7 @@ class LocalKvStore : public KvStore {
  private:
   KvGeometry geometry_;
   std::unique_ptr<LocalEvictionPolicy> policy_;
-  ThreadPool* pool_;
+  kernels::ThreadPool* pool_;
   std::vector<LayerKv> layers_;  // [num_layers]
 };
 

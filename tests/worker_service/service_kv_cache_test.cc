@@ -1,15 +1,15 @@
-// The engine's two KV stores agree: ServiceKvStore (KV cache in a real kvcached over gRPC)
-// gives the same attention as the local in-memory store, on the decode path (the service's
+// The engine's two KV caches agree: ServiceKvCache (KV cache in a real kvcached over gRPC)
+// gives the same attention as the local in-memory cache, on the decode path (the service's
 // Attend) and the prefill path (Fetch + local attention), and SnapKV at the end of the
 // prompt shrinks what the service holds.
-#include "worker/service/service_kv_store.h"
+#include "worker/service/service_kv_cache.h"
 
 #include <random>
 
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
-#include "worker/engine/local_kv_store.h"
+#include "worker/engine/local_kv_cache.h"
 
 namespace kvc::worker {
 namespace {
@@ -26,7 +26,7 @@ cachesvc::ServerOptions F32Pool() {
   pool.geometry.num_kv_heads = kHeads;
   pool.geometry.num_query_heads = kQHeads;
   pool.geometry.head_dim = kDim;
-  pool.geometry.dtype = kernels::DType::kF32;  // exact storage: both stores must agree closely
+  pool.geometry.dtype = kernels::DType::kF32;  // exact storage: both caches must agree closely
   o.store.pools.push_back(pool);
   return o;
 }
@@ -50,7 +50,7 @@ KvGeometry Geometry() {
 
 // Runs a prefill of `prompt` tokens in chunks, then `decode` single-token steps, on `kv`,
 // returning every attention output in order.
-std::vector<float> Drive(KvStore& kv, int prompt, int chunk, int decode) {
+std::vector<float> Drive(KvCache& kv, int prompt, int chunk, int decode) {
   std::vector<float> outputs;
   int32_t pos = 0;
   auto step = [&](int n) {
@@ -75,16 +75,16 @@ std::vector<float> Drive(KvStore& kv, int prompt, int chunk, int decode) {
   return outputs;
 }
 
-TEST(ServiceKvStoreTest, MatchesTheLocalStoreOnPrefillAndDecode) {
+TEST(ServiceKvCacheTest, MatchesTheLocalCacheOnPrefillAndDecode) {
   auto t = ::kvc::testing::StartTestServer(F32Pool());
-  ThreadPool threads(2);
-  LocalKvStore local(Geometry(), nullptr, &threads);
+  kernels::ThreadPool threads(2);
+  LocalKvCache local(Geometry(), nullptr, &threads);
   for (bool always_fetch : {false, true}) {
     SCOPED_TRACE(always_fetch ? "fetch path" : "attend path");
-    KVC_ASSERT_OK_AND_ASSIGN(auto service, ServiceKvStore::Create(t.client.get(), "", Geometry(),
+    KVC_ASSERT_OK_AND_ASSIGN(auto service, ServiceKvCache::Create(t.client.get(), "", Geometry(),
                                                                   {}, always_fetch, &threads));
     const std::vector<float> a = Drive(*service, 40, 16, 6);
-    LocalKvStore fresh(Geometry(), nullptr, &threads);
+    LocalKvCache fresh(Geometry(), nullptr, &threads);
     const std::vector<float> b = Drive(fresh, 40, 16, 6);
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4) << i;
@@ -95,15 +95,15 @@ TEST(ServiceKvStoreTest, MatchesTheLocalStoreOnPrefillAndDecode) {
   }
 }
 
-TEST(ServiceKvStoreTest, SnapKvAtThePromptEndShrinksTheServiceCache) {
+TEST(ServiceKvCacheTest, SnapKvAtThePromptEndShrinksTheServiceCache) {
   auto t = ::kvc::testing::StartTestServer(F32Pool());
-  ThreadPool threads(2);
+  kernels::ThreadPool threads(2);
   ServicePolicy policy;
   policy.at_prompt_end =
       client::CompressionSpec::SnapKv(8, 24).WithStorage(client::StorageFormat::kInt4G32);
   policy.compress_at_prompt_end = true;
   policy.query_window = 8;
-  KVC_ASSERT_OK_AND_ASSIGN(auto service, ServiceKvStore::Create(t.client.get(), "", Geometry(),
+  KVC_ASSERT_OK_AND_ASSIGN(auto service, ServiceKvCache::Create(t.client.get(), "", Geometry(),
                                                                 policy, false, &threads));
   service->ExpectPrompt(100);
   Drive(*service, 100, 32, 3);
@@ -113,10 +113,10 @@ TEST(ServiceKvStoreTest, SnapKvAtThePromptEndShrinksTheServiceCache) {
   EXPECT_EQ(info.visible_tokens, 103);
 }
 
-// Keeps the last `window` queries of every layer, like the passkey harness's prefill store.
-class QueryRecorder : public KvStore {
+// Keeps the last `window` queries of every layer, like the passkey harness's prefill cache.
+class QueryRecorder : public KvCache {
  public:
-  QueryRecorder(KvStore* inner, size_t window)
+  QueryRecorder(KvCache* inner, size_t window)
       : inner_(inner), window_(window), q_(kLayers), p_(kLayers) {}
   const KvGeometry& geometry() const override { return inner_->geometry(); }
   absl::Status Append(int32_t layer, absl::Span<const int32_t> positions,
@@ -140,7 +140,7 @@ class QueryRecorder : public KvStore {
   int64_t StoredTokenSlots() const override { return inner_->StoredTokenSlots(); }
   std::string Describe() const override { return "recorder"; }
 
-  KvStore* inner_;
+  KvCache* inner_;
   size_t window_;
   std::vector<std::vector<float>> q_;
   std::vector<std::vector<int32_t>> p_;
@@ -149,9 +149,9 @@ class QueryRecorder : public KvStore {
 // The passkey harness prefills once locally and loads the K/V into a service sequence per
 // policy: that must leave the service holding exactly what prefilling through the service
 // (`generate --kv=kvcached`) leaves, for SnapKV (observation window) and H2O (prefill scores).
-TEST(ServiceKvStoreTest, LoadingAPrefilledPromptEqualsPrefillingThroughTheService) {
+TEST(ServiceKvCacheTest, LoadingAPrefilledPromptEqualsPrefillingThroughTheService) {
   auto t = ::kvc::testing::StartTestServer(F32Pool());
-  ThreadPool threads(2);
+  kernels::ThreadPool threads(2);
   for (const char* spec : {"snapkv", "h2o"}) {
     SCOPED_TRACE(spec);
     ServicePolicy policy;
@@ -164,16 +164,16 @@ TEST(ServiceKvStoreTest, LoadingAPrefilledPromptEqualsPrefillingThroughTheServic
     policy.compress_at_prompt_end = true;
     policy.query_window = 8;
     // The engine's way: prefill through the service, compressed when the prompt is complete.
-    KVC_ASSERT_OK_AND_ASSIGN(auto engine, ServiceKvStore::Create(t.client.get(), "", Geometry(),
+    KVC_ASSERT_OK_AND_ASSIGN(auto engine, ServiceKvCache::Create(t.client.get(), "", Geometry(),
                                                                  policy, false, &threads));
     engine->ExpectPrompt(100);
     Drive(*engine, 100, 32, 0);
     // The harness's way: a local full-cache prefill (remembering more queries than needed),
     // loaded into a fresh sequence in small chunks.
-    LocalKvStore local(Geometry(), nullptr, &threads);
+    LocalKvCache local(Geometry(), nullptr, &threads);
     QueryRecorder recorder(&local, 20);
     Drive(recorder, 100, 32, 0);
-    KVC_ASSERT_OK_AND_ASSIGN(auto loaded, ServiceKvStore::Create(t.client.get(), "", Geometry(),
+    KVC_ASSERT_OK_AND_ASSIGN(auto loaded, ServiceKvCache::Create(t.client.get(), "", Geometry(),
                                                                  policy, false, &threads));
     ASSERT_THAT(loaded->LoadPrompt(local, 100, recorder.q_, recorder.p_, /*chunk_tokens=*/37),
                 ::kvc::testing::IsOk());
@@ -191,7 +191,7 @@ TEST(ServiceKvStoreTest, LoadingAPrefilledPromptEqualsPrefillingThroughTheServic
     std::vector<float> out_a(q.size()), out_b(q.size());
     const int32_t pos[1] = {100};
     const auto k = Gaussian(kHeads * kDim, 5), v = Gaussian(kHeads * kDim, 6);
-    for (ServiceKvStore* s : {engine.get(), loaded.get()}) {
+    for (ServiceKvCache* s : {engine.get(), loaded.get()}) {
       for (int l = 0; l < kLayers; ++l)
         ASSERT_THAT(s->Append(l, pos, k, v), ::kvc::testing::IsOk());
     }
@@ -201,17 +201,17 @@ TEST(ServiceKvStoreTest, LoadingAPrefilledPromptEqualsPrefillingThroughTheServic
   }
 }
 
-TEST(ServiceKvStoreTest, RefusesAPoolOfAnotherShape) {
+TEST(ServiceKvCacheTest, RefusesAPoolOfAnotherShape) {
   auto t = ::kvc::testing::StartTestServer(::kvc::testing::SmallServerOptions());
-  EXPECT_THAT(ServiceKvStore::Create(t.client.get(), "", Geometry(), {}, false, nullptr),
+  EXPECT_THAT(ServiceKvCache::Create(t.client.get(), "", Geometry(), {}, false, nullptr),
               ::kvc::testing::StatusIs(absl::StatusCode::kFailedPrecondition, "is shaped"));
 }
 
 }  // namespace
 }  // namespace kvc::worker
 
-// The engine's KvStore conformance suite, run against the kvcached-backed store.
-#include "tests/worker/kv_store_conformance.h"
+// The engine's KvCache conformance suite, run against the kvcached-backed cache.
+#include "tests/worker/kv_cache_conformance.h"
 
 namespace kvc::worker::testing {
 namespace {
@@ -234,10 +234,10 @@ namespace {
   return *server;
 }
 
-INSTANTIATE_TEST_SUITE_P(Kvcached, KvStoreConformanceTest,
-                         ::testing::Values(KvStoreFactory{
-                             "kvcached", [](const KvGeometry& g) -> std::unique_ptr<KvStore> {
-                               auto store = ServiceKvStore::Create(ConformanceServer().client.get(),
+INSTANTIATE_TEST_SUITE_P(Kvcached, KvCacheConformanceTest,
+                         ::testing::Values(KvCacheFactory{
+                             "kvcached", [](const KvGeometry& g) -> std::unique_ptr<KvCache> {
+                               auto store = ServiceKvCache::Create(ConformanceServer().client.get(),
                                                                    "", g, {}, false, nullptr);
                                return store.ok() ? std::move(*store) : nullptr;
                              }}));

@@ -1,4 +1,4 @@
-#include "worker/service/service_kv_store.h"
+#include "worker/service/service_kv_cache.h"
 
 #include <algorithm>
 #include <cstring>
@@ -9,9 +9,9 @@
 
 namespace kvc::worker {
 
-absl::StatusOr<std::unique_ptr<ServiceKvStore>> ServiceKvStore::Create(
+absl::StatusOr<std::unique_ptr<ServiceKvCache>> ServiceKvCache::Create(
     client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
-    const ServicePolicy& policy, bool always_fetch, ThreadPool* pool_threads) {
+    const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads) {
   auto pools = client->ListPools();
   if (!pools.ok()) return pools.status();
   const client::PoolInfo* info = nullptr;
@@ -29,8 +29,8 @@ absl::StatusOr<std::unique_ptr<ServiceKvStore>> ServiceKvStore::Create(
                      g.head_dim, " but the model needs ", geometry.num_layers, " x ",
                      geometry.num_kv_heads, " (", geometry.num_q_heads, ") x ", geometry.head_dim));
   }
-  std::unique_ptr<ServiceKvStore> store(
-      new ServiceKvStore(client, geometry, policy, always_fetch, pool_threads));
+  std::unique_ptr<ServiceKvCache> store(
+      new ServiceKvCache(client, geometry, policy, always_fetch, pool_threads));
   client::CreateSequenceOptions options;
   options.pool = info->name;
   options.tenant = "kvc-worker";
@@ -41,11 +41,11 @@ absl::StatusOr<std::unique_ptr<ServiceKvStore>> ServiceKvStore::Create(
   return store;
 }
 
-ServiceKvStore::~ServiceKvStore() {
+ServiceKvCache::~ServiceKvCache() {
   if (!sequence_id_.empty()) (void)client_->Release(sequence_id_);
 }
 
-absl::Status ServiceKvStore::Append(int32_t layer, absl::Span<const int32_t> positions,
+absl::Status ServiceKvCache::Append(int32_t layer, absl::Span<const int32_t> positions,
                                     absl::Span<const float> keys, absl::Span<const float> values) {
   if (positions.empty()) return absl::InvalidArgumentError("Append of zero tokens");
   for (size_t i = 1; i < positions.size(); ++i) {
@@ -73,7 +73,7 @@ absl::Status ServiceKvStore::Append(int32_t layer, absl::Span<const int32_t> pos
   return r.ok() ? absl::OkStatus() : r.status();
 }
 
-absl::StatusOr<LayerKv> ServiceKvStore::FetchLayer(int32_t layer, bool include_unfinished) {
+absl::StatusOr<LayerKv> ServiceKvCache::FetchLayer(int32_t layer, bool include_unfinished) {
   ++fetch_calls_;
   client::FetchOptions options;
   options.layers = {layer};
@@ -107,11 +107,11 @@ absl::StatusOr<LayerKv> ServiceKvStore::FetchLayer(int32_t layer, bool include_u
   return out;
 }
 
-absl::StatusOr<LayerKv> ServiceKvStore::Fetch(int32_t layer) {
+absl::StatusOr<LayerKv> ServiceKvCache::Fetch(int32_t layer) {
   return FetchLayer(layer, /*include_unfinished=*/true);
 }
 
-absl::Status ServiceKvStore::Attend(int32_t layer, absl::Span<const float> queries,
+absl::Status ServiceKvCache::Attend(int32_t layer, absl::Span<const float> queries,
                                     absl::Span<const int32_t> query_positions,
                                     absl::Span<float> out) {
   const size_t row = static_cast<size_t>(geometry_.num_q_heads) * geometry_.head_dim;
@@ -155,7 +155,7 @@ absl::Status ServiceKvStore::Attend(int32_t layer, absl::Span<const float> queri
   return absl::OkStatus();
 }
 
-absl::Status ServiceKvStore::CompressAtPromptEnd() {
+absl::Status ServiceKvCache::CompressAtPromptEnd() {
   std::vector<client::LayerQueries> queries;
   for (int32_t l = 0; l < geometry_.num_layers; ++l) {
     const auto& q = window_queries_[static_cast<size_t>(l)];
@@ -183,7 +183,7 @@ absl::Status ServiceKvStore::CompressAtPromptEnd() {
   return r.ok() ? absl::OkStatus() : r.status();
 }
 
-absl::Status ServiceKvStore::LoadPrompt(KvStore& source, int32_t prompt_tokens,
+absl::Status ServiceKvCache::LoadPrompt(KvCache& source, int32_t prompt_tokens,
                                         const std::vector<std::vector<float>>& window_queries,
                                         const std::vector<std::vector<int32_t>>& window_positions,
                                         int32_t chunk_tokens) {
@@ -191,7 +191,7 @@ absl::Status ServiceKvStore::LoadPrompt(KvStore& source, int32_t prompt_tokens,
   const size_t heads = static_cast<size_t>(geometry_.num_kv_heads);
   const size_t d = static_cast<size_t>(geometry_.head_dim);
   const size_t row = static_cast<size_t>(geometry_.num_q_heads) * d;
-  if (base_position_ >= 0) return absl::FailedPreconditionError("LoadPrompt into a used store");
+  if (base_position_ >= 0) return absl::FailedPreconditionError("LoadPrompt into a used cache");
   if (policy_.compress_at_prompt_end &&
       (window_queries.size() != layers || window_positions.size() != layers)) {
     return absl::InvalidArgumentError("LoadPrompt needs observation queries for every layer");
@@ -242,7 +242,7 @@ absl::Status ServiceKvStore::LoadPrompt(KvStore& source, int32_t prompt_tokens,
   return CommitStep(prompt_tokens);
 }
 
-absl::Status ServiceKvStore::CommitStep(int32_t end_position) {
+absl::Status ServiceKvCache::CommitStep(int32_t end_position) {
   if (policy_.compress_at_prompt_end && !compressed_ && prompt_tokens_ > 0 &&
       end_position >= prompt_tokens_) {
     return CompressAtPromptEnd();
@@ -250,16 +250,16 @@ absl::Status ServiceKvStore::CommitStep(int32_t end_position) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<client::SequenceInfo> ServiceKvStore::Info() const {
+absl::StatusOr<client::SequenceInfo> ServiceKvCache::Info() const {
   return client_->GetSequence(sequence_id_);
 }
 
-int64_t ServiceKvStore::StoredTokenSlots() const {
+int64_t ServiceKvCache::StoredTokenSlots() const {
   auto info = client_->GetSequence(sequence_id_);
   return info.ok() ? info->stored_token_heads : -1;
 }
 
-std::string ServiceKvStore::Describe() const {
+std::string ServiceKvCache::Describe() const {
   return absl::StrCat("kvcached sequence ", sequence_id_, always_fetch_ ? " (fetch path)" : "");
 }
 

@@ -1,4 +1,4 @@
-#include "worker/engine/local_kv_store.h"
+#include "worker/engine/local_kv_cache.h"
 
 #include <algorithm>
 
@@ -8,14 +8,14 @@
 
 namespace kvc::worker {
 
-LocalKvStore::LocalKvStore(const KvGeometry& geometry, std::unique_ptr<LocalEvictionPolicy> policy,
-                           ThreadPool* pool)
+LocalKvCache::LocalKvCache(const KvGeometry& geometry, std::unique_ptr<LocalEvictionPolicy> policy,
+                           kernels::ThreadPool* pool)
     : geometry_(geometry), policy_(std::move(policy)), pool_(pool) {
   layers_.resize(static_cast<size_t>(geometry_.num_layers));
   for (LayerKv& l : layers_) l.heads.resize(static_cast<size_t>(geometry_.num_kv_heads));
 }
 
-absl::Status LocalKvStore::Append(int32_t layer, absl::Span<const int32_t> positions,
+absl::Status LocalKvCache::Append(int32_t layer, absl::Span<const int32_t> positions,
                                   absl::Span<const float> keys, absl::Span<const float> values) {
   if (layer < 0 || layer >= geometry_.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
@@ -51,7 +51,7 @@ absl::Status LocalKvStore::Append(int32_t layer, absl::Span<const int32_t> posit
   return absl::OkStatus();
 }
 
-absl::Status LocalKvStore::Attend(int32_t layer, absl::Span<const float> queries,
+absl::Status LocalKvCache::Attend(int32_t layer, absl::Span<const float> queries,
                                   absl::Span<const int32_t> query_positions,
                                   absl::Span<float> out) {
   if (layer < 0 || layer >= geometry_.num_layers) {
@@ -66,21 +66,21 @@ absl::Status LocalKvStore::Attend(int32_t layer, absl::Span<const float> queries
   return absl::OkStatus();
 }
 
-absl::StatusOr<LayerKv> LocalKvStore::Fetch(int32_t layer) {
+absl::StatusOr<LayerKv> LocalKvCache::Fetch(int32_t layer) {
   if (layer < 0 || layer >= geometry_.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
   }
   return layers_[layer];
 }
 
-std::unique_ptr<LocalKvStore> LocalKvStore::Clone(
+std::unique_ptr<LocalKvCache> LocalKvCache::Clone(
     std::unique_ptr<LocalEvictionPolicy> policy) const {
-  auto copy = std::make_unique<LocalKvStore>(geometry_, std::move(policy), pool_);
+  auto copy = std::make_unique<LocalKvCache>(geometry_, std::move(policy), pool_);
   copy->layers_ = layers_;
   return copy;
 }
 
-absl::Status LocalKvStore::Retain(int32_t layer, int32_t kv_head, absl::Span<const int64_t> keep) {
+absl::Status LocalKvCache::Retain(int32_t layer, int32_t kv_head, absl::Span<const int64_t> keep) {
   if (layer < 0 || layer >= geometry_.num_layers || kv_head < 0 ||
       kv_head >= geometry_.num_kv_heads) {
     return absl::InvalidArgumentError("layer or kv head out of range");
@@ -107,7 +107,7 @@ absl::Status LocalKvStore::Retain(int32_t layer, int32_t kv_head, absl::Span<con
   return absl::OkStatus();
 }
 
-absl::Status LocalKvStore::CloseGaps(int32_t layer, int32_t kv_head) {
+absl::Status LocalKvCache::CloseGaps(int32_t layer, int32_t kv_head) {
   if (geometry_.rope_theta <= 0.0f) {
     return absl::FailedPreconditionError("re-rotation needs KvGeometry::rope_theta");
   }
@@ -128,7 +128,7 @@ absl::Status LocalKvStore::CloseGaps(int32_t layer, int32_t kv_head) {
   return absl::OkStatus();
 }
 
-absl::Status LocalKvStore::CommitStep(int32_t /*end_position*/) {
+absl::Status LocalKvCache::CommitStep(int32_t /*end_position*/) {
   if (policy_ == nullptr) return absl::OkStatus();
   for (int32_t l = 0; l < geometry_.num_layers; ++l) {
     for (int32_t h = 0; h < geometry_.num_kv_heads; ++h) {
@@ -144,7 +144,7 @@ absl::Status LocalKvStore::CommitStep(int32_t /*end_position*/) {
   return absl::OkStatus();
 }
 
-int64_t LocalKvStore::StoredTokenSlots() const {
+int64_t LocalKvCache::StoredTokenSlots() const {
   int64_t total = 0;
   for (const LayerKv& l : layers_) {
     for (const HeadKv& h : l.heads) total += static_cast<int64_t>(h.positions.size());
@@ -152,7 +152,7 @@ int64_t LocalKvStore::StoredTokenSlots() const {
   return total;
 }
 
-std::string LocalKvStore::Describe() const {
+std::string LocalKvCache::Describe() const {
   return policy_ == nullptr ? "local full" : policy_->Describe();
 }
 

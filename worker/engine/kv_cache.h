@@ -1,12 +1,12 @@
 // The engine's KV cache boundary. The forward pass never touches keys and values directly: it
 // appends each layer's new K/V here and asks for attention outputs. Implementations: the local
-// in-memory store (tests, evaluation baselines) and, later, a store backed by kvcached through
-// the client library. Depends on Abseil only.
+// in-memory LocalKvCache (tests, evaluation baselines) and ServiceKvCache (worker/service/),
+// backed by kvcached through the client library. Depends on Abseil only.
 //
 // Conventions every implementation follows:
 //  - Keys are stored after RoPE (rotate-half / NeoX layout, the Hugging Face layout: the engine
 //    undoes GGUF's Q/K row permutation at load), rotated at the position stored with them: the
-//    token's original position, unless the store re-rotated the key (rotating by p' - p moves
+//    token's original position, unless the cache re-rotated the key (rotating by p' - p moves
 //    it to p' exactly; StreamingLLM uses this to keep distances inside the trained context).
 //  - Each (layer, kv head) may hold a different set of tokens (SnapKV and H2O select per head);
 //    positions within one (layer, kv head) are strictly increasing.
@@ -28,7 +28,7 @@ struct KvGeometry {
   int32_t num_kv_heads = 0;
   int32_t num_q_heads = 0;
   int32_t head_dim = 0;
-  // RoPE base the keys were rotated with (rotate-half layout); 0 when unknown. A store needs it
+  // RoPE base the keys were rotated with (rotate-half layout); 0 when unknown. A cache needs it
   // only to move keys to new positions (StreamingLLM re-rotation).
   float rope_theta = 0.0f;
 
@@ -47,9 +47,9 @@ struct LayerKv {
   std::vector<HeadKv> heads;  // [num_kv_heads]
 };
 
-class KvStore {
+class KvCache {
  public:
-  virtual ~KvStore() = default;
+  virtual ~KvCache() = default;
 
   virtual const KvGeometry& geometry() const = 0;
 

@@ -1,10 +1,10 @@
-// Behaviour every KvStore implementation must show, as a value-parameterized GoogleTest suite.
-// A new implementation (e.g. the kvcached-backed store) instantiates it with a factory:
+// Behaviour every KvCache implementation must show, as a value-parameterized GoogleTest suite.
+// A new implementation (e.g. the kvcached-backed cache) instantiates it with a factory:
 //
-//   INSTANTIATE_TEST_SUITE_P(Service, KvStoreConformanceTest,
-//       ::testing::Values(KvStoreFactory{"service", [](const KvGeometry& g) { ... }}));
+//   INSTANTIATE_TEST_SUITE_P(Service, KvCacheConformanceTest,
+//       ::testing::Values(KvCacheFactory{"service", [](const KvGeometry& g) { ... }}));
 //
-// The checks use only the KvStore interface: append/attend against the scalar reference,
+// The checks use only the KvCache interface: append/attend against the scalar reference,
 // causal visibility, validation without side effects, Fetch contents, layer independence.
 #pragma once
 
@@ -17,18 +17,18 @@
 #include <vector>
 
 #include "worker/engine/attention.h"
-#include "worker/engine/kv_store.h"
+#include "worker/engine/kv_cache.h"
 
 namespace kvc::worker::testing {
 
-struct KvStoreFactory {
+struct KvCacheFactory {
   std::string name;
-  std::function<std::unique_ptr<KvStore>(const KvGeometry&)> make;
+  std::function<std::unique_ptr<KvCache>(const KvGeometry&)> make;
 };
 
-inline std::ostream& operator<<(std::ostream& os, const KvStoreFactory& f) { return os << f.name; }
+inline std::ostream& operator<<(std::ostream& os, const KvCacheFactory& f) { return os << f.name; }
 
-class KvStoreConformanceTest : public ::testing::TestWithParam<KvStoreFactory> {
+class KvCacheConformanceTest : public ::testing::TestWithParam<KvCacheFactory> {
  protected:
   static constexpr KvGeometry kGeometry{3, 2, 6, 16, 10000.0f};
 
@@ -44,7 +44,7 @@ class KvStoreConformanceTest : public ::testing::TestWithParam<KvStoreFactory> {
   std::mt19937 rng_{11};
 };
 
-TEST_P(KvStoreConformanceTest, AttendMatchesReferenceOverAppendedTokens) {
+TEST_P(KvCacheConformanceTest, AttendMatchesReferenceOverAppendedTokens) {
   SCOPED_TRACE("seed 11");
   auto kv = GetParam().make(kGeometry);
   std::vector<int32_t> all_pos;
@@ -78,7 +78,7 @@ TEST_P(KvStoreConformanceTest, AttendMatchesReferenceOverAppendedTokens) {
   }
 }
 
-TEST_P(KvStoreConformanceTest, FetchReturnsAppendedRowsPerHead) {
+TEST_P(KvCacheConformanceTest, FetchReturnsAppendedRowsPerHead) {
   auto kv = GetParam().make(kGeometry);
   const std::vector<int32_t> pos = {0, 1, 2};
   const auto k = Random(Rows(3)), v = Random(Rows(3));
@@ -101,7 +101,7 @@ TEST_P(KvStoreConformanceTest, FetchReturnsAppendedRowsPerHead) {
   EXPECT_EQ(kv->StoredTokenSlots(), int64_t{3} * kGeometry.num_layers * kGeometry.num_kv_heads);
 }
 
-TEST_P(KvStoreConformanceTest, QueriesSeeOnlyEarlierPositions) {
+TEST_P(KvCacheConformanceTest, QueriesSeeOnlyEarlierPositions) {
   auto kv = GetParam().make(kGeometry);
   const std::vector<int32_t> pos = {10, 11};
   const auto k = Random(Rows(2)), v = Random(Rows(2));
@@ -121,7 +121,7 @@ TEST_P(KvStoreConformanceTest, QueriesSeeOnlyEarlierPositions) {
   }
 }
 
-TEST_P(KvStoreConformanceTest, InvalidAppendsChangeNothing) {
+TEST_P(KvCacheConformanceTest, InvalidAppendsChangeNothing) {
   auto kv = GetParam().make(kGeometry);
   const std::vector<int32_t> pos = {0, 1};
   const auto k = Random(Rows(2)), v = Random(Rows(2));

@@ -1,13 +1,13 @@
-// LocalKvStore: validation, per-head retention (different token sets per kv head), policies,
+// LocalKvCache: validation, per-head retention (different token sets per kv head), policies,
 // and Attend == Fetch + local attention.
-#include "worker/engine/local_kv_store.h"
+#include "worker/engine/local_kv_cache.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 #include <vector>
 
-#include "tests/worker/kv_store_conformance.h"
+#include "tests/worker/kv_cache_conformance.h"
 #include "worker/engine/attention.h"
 #include "worker/engine/ops.h"
 
@@ -23,7 +23,7 @@ std::vector<float> Random(size_t n, std::mt19937& rng) {
   return v;
 }
 
-absl::Status AppendRange(LocalKvStore& kv, int32_t layer, int32_t begin, int32_t end,
+absl::Status AppendRange(LocalKvCache& kv, int32_t layer, int32_t begin, int32_t end,
                          std::mt19937& rng) {
   std::vector<int32_t> pos;
   for (int32_t p = begin; p < end; ++p) pos.push_back(p);
@@ -31,9 +31,9 @@ absl::Status AppendRange(LocalKvStore& kv, int32_t layer, int32_t begin, int32_t
   return kv.Append(layer, pos, Random(n, rng), Random(n, rng));
 }
 
-TEST(LocalKvStoreTest, RejectsBadLayerShapeAndOrder) {
+TEST(LocalKvCacheTest, RejectsBadLayerShapeAndOrder) {
   std::mt19937 rng(1);
-  LocalKvStore kv(kGeom, nullptr, nullptr);
+  LocalKvCache kv(kGeom, nullptr, nullptr);
   EXPECT_EQ(AppendRange(kv, 2, 0, 4, rng).code(), absl::StatusCode::kInvalidArgument);
   const std::vector<int32_t> pos = {0, 1};
   EXPECT_EQ(kv.Append(0, pos, Random(3, rng), Random(3, rng)).code(),
@@ -43,9 +43,9 @@ TEST(LocalKvStoreTest, RejectsBadLayerShapeAndOrder) {
   EXPECT_EQ(kv.StoredTokenSlots(), 4 * kGeom.num_kv_heads);  // the failed append left nothing
 }
 
-TEST(LocalKvStoreTest, HeadsMayKeepDifferentTokens) {
+TEST(LocalKvCacheTest, HeadsMayKeepDifferentTokens) {
   std::mt19937 rng(2);
-  LocalKvStore kv(kGeom, nullptr, nullptr);
+  LocalKvCache kv(kGeom, nullptr, nullptr);
   for (int32_t l = 0; l < kGeom.num_layers; ++l) ASSERT_TRUE(AppendRange(kv, l, 0, 10, rng).ok());
   const std::vector<int64_t> keep0 = {0, 3, 9}, keep1 = {1, 2, 4, 5};
   ASSERT_TRUE(kv.Retain(0, 0, keep0).ok());
@@ -71,9 +71,9 @@ TEST(LocalKvStoreTest, HeadsMayKeepDifferentTokens) {
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], 1e-5);
 }
 
-TEST(LocalKvStoreTest, SinkWindowPolicyKeepsSinksAndRecentTokens) {
+TEST(LocalKvCacheTest, SinkWindowPolicyKeepsSinksAndRecentTokens) {
   std::mt19937 rng(3);
-  LocalKvStore kv(kGeom, MakeLocalSinkWindowPolicy(2, 3), nullptr);
+  LocalKvCache kv(kGeom, MakeLocalSinkWindowPolicy(2, 3), nullptr);
   for (int32_t l = 0; l < kGeom.num_layers; ++l) ASSERT_TRUE(AppendRange(kv, l, 0, 10, rng).ok());
   ASSERT_TRUE(kv.CommitStep(10).ok());
   auto layer = kv.Fetch(1);
@@ -82,11 +82,11 @@ TEST(LocalKvStoreTest, SinkWindowPolicyKeepsSinksAndRecentTokens) {
   EXPECT_EQ(kv.Describe(), "local sinks=2 window=3");
 }
 
-TEST(LocalKvStoreTest, ReRotationMovesSinkKeysExactly) {
+TEST(LocalKvCacheTest, ReRotationMovesSinkKeysExactly) {
   std::mt19937 rng(4);
   KvGeometry g = kGeom;
   g.rope_theta = 100000.0f;
-  LocalKvStore kv(g, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), nullptr);
+  LocalKvCache kv(g, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), nullptr);
   std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, 7};
   const size_t n = pos.size() * g.num_kv_heads * g.head_dim;
   const std::vector<float> raw = Random(n, rng), values = Random(n, rng);
@@ -102,14 +102,14 @@ TEST(LocalKvStoreTest, ReRotationMovesSinkKeysExactly) {
   const int32_t at5[1] = {5};
   ApplyRope(expect.data(), at5, 1, g.head_dim, g.rope_theta);
   for (int32_t d = 0; d < g.head_dim; ++d) EXPECT_NEAR(layer->heads[1].keys[d], expect[d], 1e-5);
-  // Without rope_theta the store cannot move keys.
-  LocalKvStore no_theta(kGeom, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), nullptr);
+  // Without rope_theta the cache cannot move keys.
+  LocalKvCache no_theta(kGeom, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), nullptr);
   for (int32_t l = 0; l < g.num_layers; ++l)
     ASSERT_TRUE(no_theta.Append(l, pos, keys, values).ok());
   EXPECT_EQ(no_theta.CommitStep(8).code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST(LocalKvStoreTest, WindowPolicyKeepsOnlyRecentTokens) {
+TEST(LocalKvCacheTest, WindowPolicyKeepsOnlyRecentTokens) {
   auto policy = MakeLocalWindowPolicy(4);
   const std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5};
   EXPECT_EQ(policy->SelectKeep(0, 0, pos), (std::vector<int64_t>{2, 3, 4, 5}));
@@ -122,10 +122,10 @@ TEST(LocalKvStoreTest, WindowPolicyKeepsOnlyRecentTokens) {
 namespace kvc::worker::testing {
 namespace {
 
-INSTANTIATE_TEST_SUITE_P(Local, KvStoreConformanceTest,
-                         ::testing::Values(KvStoreFactory{
-                             "local_full", [](const KvGeometry& g) -> std::unique_ptr<KvStore> {
-                               return std::make_unique<LocalKvStore>(g, nullptr, nullptr);
+INSTANTIATE_TEST_SUITE_P(Local, KvCacheConformanceTest,
+                         ::testing::Values(KvCacheFactory{
+                             "local_full", [](const KvGeometry& g) -> std::unique_ptr<KvCache> {
+                               return std::make_unique<LocalKvCache>(g, nullptr, nullptr);
                              }}));
 
 }  // namespace
