@@ -33,7 +33,7 @@ absl::Status AppendRange(LocalKvStore& kv, int32_t layer, int32_t begin, int32_t
 
 TEST(LocalKvStoreTest, RejectsBadLayerShapeAndOrder) {
   std::mt19937 rng(1);
-  LocalKvStore kv(kGeom, nullptr, nullptr);
+  LocalKvStore kv(kGeom, nullptr, /*pool=*/nullptr);
   EXPECT_EQ(AppendRange(kv, 2, 0, 4, rng).code(), absl::StatusCode::kInvalidArgument);
   const std::vector<int32_t> pos = {0, 1};
   EXPECT_EQ(kv.Append(0, pos, Random(3, rng), Random(3, rng)).code(),
@@ -45,7 +45,7 @@ TEST(LocalKvStoreTest, RejectsBadLayerShapeAndOrder) {
 
 TEST(LocalKvStoreTest, HeadsMayKeepDifferentTokens) {
   std::mt19937 rng(2);
-  LocalKvStore kv(kGeom, nullptr, nullptr);
+  LocalKvStore kv(kGeom, nullptr, /*pool=*/nullptr);
   for (int32_t l = 0; l < kGeom.num_layers; ++l) ASSERT_TRUE(AppendRange(kv, l, 0, 10, rng).ok());
   const std::vector<int64_t> keep0 = {0, 3, 9}, keep1 = {1, 2, 4, 5};
   ASSERT_TRUE(kv.Retain(0, 0, keep0).ok());
@@ -73,7 +73,7 @@ TEST(LocalKvStoreTest, HeadsMayKeepDifferentTokens) {
 
 TEST(LocalKvStoreTest, SinkWindowPolicyKeepsSinksAndRecentTokens) {
   std::mt19937 rng(3);
-  LocalKvStore kv(kGeom, MakeLocalSinkWindowPolicy(2, 3), nullptr);
+  LocalKvStore kv(kGeom, MakeLocalSinkWindowPolicy(2, 3), /*pool=*/nullptr);
   for (int32_t l = 0; l < kGeom.num_layers; ++l) ASSERT_TRUE(AppendRange(kv, l, 0, 10, rng).ok());
   ASSERT_TRUE(kv.CommitStep(10).ok());
   auto layer = kv.Fetch(1);
@@ -86,7 +86,7 @@ TEST(LocalKvStoreTest, ReRotationMovesSinkKeysExactly) {
   std::mt19937 rng(4);
   KvGeometry g = kGeom;
   g.rope_theta = 100000.0f;
-  LocalKvStore kv(g, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), nullptr);
+  LocalKvStore kv(g, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), /*pool=*/nullptr);
   std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, 7};
   const size_t n = pos.size() * g.num_kv_heads * g.head_dim;
   const std::vector<float> raw = Random(n, rng), values = Random(n, rng);
@@ -103,7 +103,8 @@ TEST(LocalKvStoreTest, ReRotationMovesSinkKeysExactly) {
   ApplyRope(expect.data(), at5, 1, g.head_dim, g.rope_theta);
   for (int32_t d = 0; d < g.head_dim; ++d) EXPECT_NEAR(layer->heads[1].keys[d], expect[d], 1e-5);
   // Without rope_theta the store cannot move keys.
-  LocalKvStore no_theta(kGeom, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), nullptr);
+  LocalKvStore no_theta(kGeom, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true),
+                        /*pool=*/nullptr);
   for (int32_t l = 0; l < g.num_layers; ++l)
     ASSERT_TRUE(no_theta.Append(l, pos, keys, values).ok());
   EXPECT_EQ(no_theta.CommitStep(8).code(), absl::StatusCode::kFailedPrecondition);

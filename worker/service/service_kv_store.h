@@ -38,6 +38,8 @@ class ServiceKvStore : public KvStore {
   static absl::StatusOr<std::unique_ptr<ServiceKvStore>> Create(
       client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
       const ServicePolicy& policy, bool always_fetch, ThreadPool* pool_threads);
+  ServiceKvStore(const ServiceKvStore&) = delete;
+  ServiceKvStore& operator=(const ServiceKvStore&) = delete;
   ~ServiceKvStore() override;  // releases the sequence
 
   const KvGeometry& geometry() const override { return geometry_; }
