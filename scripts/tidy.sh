@@ -86,11 +86,12 @@ if [ ${#generated[@]} -gt 0 ]; then ninja -C "$BUILD" "${generated[@]}" >/dev/nu
 # for a header, a .cc that includes it (its own foo.cc when that does) -- a header alone gets
 # guessed flags -- and HeaderFilterRegex reports the header's findings. With --all only the
 # .cc files run: every header is seen through them.
-mapfile -t targets < <(python3 - "$BUILD/compile_commands.json" "$mode" "${checked[@]}" <<'PY'
+mapfile -t targets < <(python3 - "$BUILD/compile_commands.json" "$mode" "$excluded" \
+  "${checked[@]}" <<'PY'
 import collections, json, os, re, subprocess, sys
-db_path, mode, files = sys.argv[1], sys.argv[2], sys.argv[3:]
-in_db = {os.path.relpath(os.path.join(e["directory"], e["file"]))
-         for e in json.load(open(db_path))}
+db_path, mode, excluded, files = sys.argv[1], sys.argv[2], re.compile(sys.argv[3]), sys.argv[4:]
+in_db = {f for f in (os.path.relpath(os.path.join(e["directory"], e["file"]))
+                     for e in json.load(open(db_path))) if not excluded.search(f)}
 tracked = subprocess.run(["git", "ls-files", "*.cc", "*.h"], capture_output=True, text=True,
                          check=True).stdout.split()
 include = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
