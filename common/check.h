@@ -10,6 +10,8 @@ namespace kvc::internal {
 class CheckFailure {
  public:
   CheckFailure(const char* file, int line, const char* condition);
+  CheckFailure(const CheckFailure&) = delete;  // a copy would abort twice
+  CheckFailure& operator=(const CheckFailure&) = delete;
   [[noreturn]] ~CheckFailure();
   std::ostream& stream() { return stream_; }
 

@@ -18,6 +18,8 @@ namespace internal {
 class LogMessage {
  public:
   LogMessage(LogSeverity severity, const char* file, int line);
+  LogMessage(const LogMessage&) = delete;  // a copy would log the line twice
+  LogMessage& operator=(const LogMessage&) = delete;
   ~LogMessage();
   std::ostream& stream() { return stream_; }
 

@@ -3,8 +3,14 @@
 // Debian's libabsl is not built with TSan, so TSan cannot see the happens-before edges of
 // absl::Mutex and would report every guarded access as a race. Announcing acquire/release
 // on the mutex's address makes the tsan preset meaningful; outside TSan builds the
-// annotations compile to nothing. Thread-safety annotations (ABSL_GUARDED_BY) work as with
-// absl::Mutex.
+// annotations compile to nothing.
+//
+// Clang's thread-safety analysis (the clang-tsa preset) sees through these classes exactly
+// as through absl::Mutex: Mutex is a capability (ABSL_LOCKABLE), the scoped locks are
+// ABSL_SCOPED_LOCKABLE, and every acquire/release carries its annotation, so
+// ABSL_GUARDED_BY(mu_) fields and ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) functions are checked.
+// cmake/KvcThreadSafety.cmake compiles cmake/thread_safety_probe.cc at configure time to prove
+// that misuse is still rejected.
 #pragma once
 
 #include "absl/base/thread_annotations.h"
@@ -27,6 +33,7 @@ class ABSL_LOCKABLE Mutex {
   Mutex() = default;
   Mutex(const Mutex&) = delete;
   Mutex& operator=(const Mutex&) = delete;
+  ~Mutex() = default;
 
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
     mu_.Lock();
@@ -44,6 +51,18 @@ class ABSL_LOCKABLE Mutex {
     KVC_TSAN_RELEASE(this);
     mu_.ReaderUnlock();
   }
+  // Returns true, holding the lock, when it was free.
+  bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) {
+    if (!mu_.TryLock()) return false;
+    KVC_TSAN_ACQUIRE(this);
+    return true;
+  }
+
+  // Require that this thread holds the lock (exclusively / at least shared); absl aborts
+  // when it can tell it does not. They also tell the analysis that the lock is held where it
+  // cannot see the acquisition (callbacks, lambdas).
+  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() { mu_.AssertHeld(); }
+  void AssertReaderHeld() const ABSL_ASSERT_SHARED_LOCK() { mu_.AssertReaderHeld(); }
 
  private:
   absl::Mutex mu_;

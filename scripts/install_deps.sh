@@ -10,6 +10,9 @@ PACKAGES=(
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang-format python3 python3-pip
 )
+# Static checks of the test command: the clang-tsa preset (clang 14 thread-safety analysis,
+# scripts/tsa_check.sh) and clang-tidy (scripts/tidy.sh).
+PACKAGES+=(clang-14 clang-tidy-14)
 # Reference worker (model engine): BLAS for the matrix products.
 PACKAGES+=(libopenblas-dev)
 # Reference worker fixtures (scripts/worker/make_fixtures.py builds its venv with it).

@@ -1,31 +1,60 @@
 #!/usr/bin/env bash
-# The test command: on a fresh Debian 12 machine, installs what is missing, fetches the
-# reference model, checks layering and formatting, builds everything (Release; CUDA
-# kernels too where nvcc exists) and runs every test with ctest.
+# The test command (what CI runs: .ci/run calls exactly this). On a fresh Debian 12 machine it
+# installs what is missing, fetches the reference model, then runs these stages in order and
+# prints each one's wall time:
 #
-#   scripts/test.sh            # default suite
-#   scripts/test.sh --asan     # also build and run the whole suite under ASan + UBSan
-#   scripts/test.sh --tsan     # also under ThreadSanitizer
+#   checks      layering (check_deps.sh) and formatting (format.sh --check)
+#   tidy        clang-tidy on the C++ files changed by the last commit (scripts/tidy.sh)
+#   default     Release build (CUDA kernels too where nvcc exists) + every test with ctest
+#   clang-tsa   clang 14 thread-safety analysis, compile only (scripts/tsa_check.sh)
+#   asan        ASan + UBSan build + every test
+#   tsan        ThreadSanitizer build + every test
+#
+# A failing stage does not stop the later ones (one CI run reports everything); the exit
+# status is 1 if any stage failed. About 42 minutes on 2 cores from a clean tree (README.md).
+#
+#   scripts/test.sh                  all of the above (CI)
+#   scripts/test.sh --quick          checks + default only, for local iterations
+#   scripts/test.sh --quick --tsan   ... plus the named stages (--tidy --tsa --asan --tsan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
+export JOBS
 
+quick=0
 extra=()
 for arg in "$@"; do
   case "$arg" in
-    --asan) extra+=(asan) ;;
-    --tsan) extra+=(tsan) ;;
-    *) echo "usage: scripts/test.sh [--asan] [--tsan]" >&2; exit 64 ;;
+    --quick) quick=1 ;;
+    --tidy | --tsa | --asan | --tsan) extra+=("${arg#--}") ;;
+    *) echo "usage: scripts/test.sh [--quick [--tidy] [--tsa] [--asan] [--tsan]]" >&2; exit 64 ;;
   esac
 done
+want() {  # want STAGE: is this stage part of this run?
+  [ "$quick" = 0 ] && return 0
+  local s
+  for s in "${extra[@]}"; do [ "$s" = "$1" ] && return 0; done
+  return 1
+}
 
-step() { printf '\n==> %s\n' "$*"; }
+summary=()
+failed=0
+total_start=$SECONDS
+# stage NAME COMMAND...: runs COMMAND, records its wall time and status, never exits.
+stage() {
+  local name=$1 start=$SECONDS rc=0
+  shift
+  printf '\n==> %s\n' "$name"
+  "$@" || rc=$?
+  local t=$((SECONDS - start)) result=ok
+  if [ "$rc" -ne 0 ]; then result="FAILED (exit $rc)"; failed=1; fi
+  summary+=("$(printf '  %-22s %3dm%02ds  %s' "$name" $((t / 60)) $((t % 60)) "$result")")
+  return "$rc"
+}
+skip() { summary+=("$(printf '  %-22s %8s  skipped: %s' "$1" "" "$2")"); }
 
-step "dependencies"
-scripts/install_deps.sh
-if [ -x scripts/fetch_model.sh ]; then
-  step "reference model and text"
-  scripts/fetch_model.sh
+fetch_assets() {
+  scripts/fetch_model.sh || return
   # Jane Austen's novels from Debian's r-cran-janeaustenr (apt-get download; no R). Tests
   # that need the text skip, saying so, when it cannot be had.
   if ! python3 scripts/worker/extract_corpus.py --no-bible >/dev/null; then
@@ -33,16 +62,29 @@ if [ -x scripts/fetch_model.sh ]; then
     python3 scripts/worker/extract_corpus.py --no-bible >/dev/null ||
       echo "WARNING: corpus extraction failed; the tests that read the novels will skip"
   fi
-fi
+}
+checks() { scripts/check_deps.sh && scripts/format.sh --check; }
+build() { cmake --preset "$1" >/dev/null && cmake --build --preset "$1" -j "$JOBS"; }
+run_tests() { ctest --preset "$1" -j "$JOBS"; }
+# build + ctest of one preset as two stages; the tests are skipped when the build failed.
+build_and_test() {
+  if stage "$1: build" build "$1"; then
+    stage "$1: ctest" run_tests "$1" || true
+  else
+    skip "$1: ctest" "build failed"
+  fi
+}
 
-step "layering and formatting"
-scripts/check_deps.sh
-scripts/format.sh --check
+stage "dependencies" scripts/install_deps.sh || exit 1
+if [ -x scripts/fetch_model.sh ]; then stage "model and text" fetch_assets || true; fi
+stage "layering + format" checks || true
+if want tidy; then stage "clang-tidy (changed)" scripts/tidy.sh || true; fi
+build_and_test default
+if want tsa; then stage "clang-tsa (compile)" scripts/tsa_check.sh || true; fi
+if want asan; then build_and_test asan; fi
+if want tsan; then build_and_test tsan; fi
 
-for preset in default "${extra[@]}"; do
-  step "configure + build ($preset)"
-  cmake --preset "$preset" >/dev/null
-  cmake --build --preset "$preset" -j "$JOBS"
-  step "test ($preset)"
-  ctest --preset "$preset" -j "$JOBS"
-done
+t=$((SECONDS - total_start))
+printf '\n==> summary (%dm%02ds)\n' $((t / 60)) $((t % 60))
+printf '%s\n' "${summary[@]}"
+exit "$failed"

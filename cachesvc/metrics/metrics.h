@@ -27,6 +27,8 @@ class Metrics {
   // Creates the metrics and, when `listen` is non-empty, serves them on http://listen/metrics
   // (port 0 picks a free port). UNAVAILABLE when the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& listen, KvStore* store);
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
   ~Metrics();
 
   // "host:port" actually bound, or "" when not serving.

@@ -24,6 +24,7 @@ class RpcScope {
         start_(std::chrono::steady_clock::now()) {}
   RpcScope(const RpcScope&) = delete;
   RpcScope& operator=(const RpcScope&) = delete;
+  ~RpcScope() = default;
 
   void AddReceived(int64_t bytes) { received_ += bytes; }
   void AddSent(int64_t bytes) { sent_ += bytes; }

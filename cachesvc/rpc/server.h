@@ -24,6 +24,8 @@ class KvCacheServer {
  public:
   // Builds the pools and starts listening. UNAVAILABLE if the address cannot be bound.
   static absl::StatusOr<std::unique_ptr<KvCacheServer>> Start(const ServerOptions& options);
+  KvCacheServer(const KvCacheServer&) = delete;
+  KvCacheServer& operator=(const KvCacheServer&) = delete;
   ~KvCacheServer();
 
   // "host:port" with the port actually bound (useful with port 0).

@@ -176,7 +176,7 @@ absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const Fe
         break;
       }
     }
-    const absl::Status status = FromGrpcStatus(reader->Finish());
+    absl::Status status = FromGrpcStatus(reader->Finish());
     if (!callback_status.ok()) return callback_status;
     if (!status.ok() && delivered) {
       // A stream that broke midway cannot be resumed transparently.
@@ -309,6 +309,8 @@ class GrpcAttendSession final : public AttendSession {
     impl.Prepare(&context_, call);
     stream_ = stub->AttendStream(&context_);
   }
+  GrpcAttendSession(const GrpcAttendSession&) = delete;
+  GrpcAttendSession& operator=(const GrpcAttendSession&) = delete;
 
   absl::StatusOr<AttendResult> Attend(const AttendRequest& request) override {
     if (done_) return absl::FailedPreconditionError("the attend session is closed; call Finish()");

@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -43,12 +44,18 @@ std::string Human(double bytes) {
   return absl::StrFormat("%.1f %s", bytes, kUnits[unit]);
 }
 
+// What the worker threads add up.
 struct Totals {
-  kvc::Mutex mu;
   int64_t bytes_in = 0, bytes_out = 0, tokens = 0;
   double append_seconds = 0, fetch_seconds = 0;
   std::vector<std::string> kept;
   std::string error;
+};
+
+// Totals shared by the worker threads; read once every worker has joined.
+struct SharedTotals {
+  kvc::Mutex mu;
+  Totals totals ABSL_GUARDED_BY(mu);
 };
 
 // Payload of one layer of one sequence: pseudo-random f16 of moderate magnitude.
@@ -100,13 +107,13 @@ int main(int argc, char** argv) {
       pool->name.c_str(), g.num_layers, g.num_kv_heads, g.head_dim, kvc::client::DTypeName(g.dtype),
       sequences, tokens, absl::GetFlag(FLAGS_threads));
 
-  Totals totals;
+  SharedTotals shared;
   std::atomic<int> next{0};
   auto worker = [&] {
     for (int s = next.fetch_add(1); s < sequences; s = next.fetch_add(1)) {
       auto fail = [&](const std::string& what, const absl::Status& status) {
-        kvc::MutexLock lock(&totals.mu);
-        if (totals.error.empty()) totals.error = what + ": " + status.ToString();
+        kvc::MutexLock lock(&shared.mu);
+        if (shared.totals.error.empty()) shared.totals.error = what + ": " + status.ToString();
       };
       auto seq = client.CreateSequence({pool->name, absl::GetFlag(FLAGS_tenant), "", {}});
       if (!seq.ok()) return fail("CreateSequence", seq.status());
@@ -159,14 +166,14 @@ int main(int argc, char** argv) {
       const int64_t bytes =
           2 * int64_t{tokens} * g.num_layers * static_cast<int64_t>(token_layer_bytes);
       {
-        kvc::MutexLock lock(&totals.mu);
-        totals.bytes_in += bytes;
-        totals.bytes_out += bytes;
-        totals.tokens += tokens;
-        totals.append_seconds += absl::ToDoubleSeconds(t1 - t0);
-        totals.fetch_seconds += absl::ToDoubleSeconds(t2 - t1);
-        if (static_cast<int>(totals.kept.size()) < keep) {
-          totals.kept.push_back(seq->sequence_id);
+        kvc::MutexLock lock(&shared.mu);
+        shared.totals.bytes_in += bytes;
+        shared.totals.bytes_out += bytes;
+        shared.totals.tokens += tokens;
+        shared.totals.append_seconds += absl::ToDoubleSeconds(t1 - t0);
+        shared.totals.fetch_seconds += absl::ToDoubleSeconds(t2 - t1);
+        if (static_cast<int>(shared.totals.kept.size()) < keep) {
+          shared.totals.kept.push_back(seq->sequence_id);
           continue;
         }
       }
@@ -179,6 +186,11 @@ int main(int argc, char** argv) {
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_threads)); ++i) threads.emplace_back(worker);
   for (auto& t : threads) t.join();
   const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+  Totals totals;
+  {
+    kvc::MutexLock lock(&shared.mu);
+    totals = std::move(shared.totals);
+  }
   if (!totals.error.empty()) {
     std::fprintf(stderr, "kvc-loadgen: FAILED: %s\n", totals.error.c_str());
     return 3;

@@ -57,7 +57,7 @@ TEST(OperabilityTest, MetricsReflectTraffic) {
   auto t = ::kvc::testing::StartTestServer(WithMetrics());
   ASSERT_FALSE(t.server->metrics_address().empty());
   KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo seq, t.client->CreateSequence({}));
-  const std::string k = MakeKv(1, 0, 0, 20, kHeads, kDim, kernels::DType::kF16, false);
+  const std::string k = MakeKv(1, 0, 0, 20, kHeads, kDim, kernels::DType::kF16, /*is_value=*/false);
   for (int l = 0; l < kLayers; ++l)
     KVC_ASSERT_OK(t.client->Append(Chunk(seq.sequence_id, l, 0, 20, k, k)));
   EXPECT_THAT(t.client->Append(Chunk(seq.sequence_id, 0, 5, 20, k, k)),
@@ -118,7 +118,7 @@ TEST(OperabilityTest, HealthFollowsDrainAndDrainRefusesNewSequences) {
   EXPECT_EQ(drained.sequences(), 1);
   EXPECT_EQ(check(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
   EXPECT_THAT(t.client->CreateSequence({}), StatusIs(Code::kUnavailable, "draining"));
-  const std::string k = MakeKv(1, 0, 0, 4, kHeads, kDim, kernels::DType::kF16, false);
+  const std::string k = MakeKv(1, 0, 0, 4, kHeads, kDim, kernels::DType::kF16, /*is_value=*/false);
   KVC_EXPECT_OK(t.client->Append(Chunk(seq.sequence_id, 0, 0, 4, k, k)));  // existing work goes on
 
   drain.set_resume(true);
@@ -163,7 +163,7 @@ TEST(OperabilityTest, ReflectionListsTheServices) {
 TEST(OperabilityTest, EvictFreesAndCountsEvictedTokens) {
   auto t = ::kvc::testing::StartTestServer(WithMetrics());
   KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo seq, t.client->CreateSequence({}));
-  const std::string k = MakeKv(1, 0, 0, 10, kHeads, kDim, kernels::DType::kF16, false);
+  const std::string k = MakeKv(1, 0, 0, 10, kHeads, kDim, kernels::DType::kF16, /*is_value=*/false);
   for (int l = 0; l < kLayers; ++l)
     KVC_ASSERT_OK(t.client->Append(Chunk(seq.sequence_id, l, 0, 10, k, k)));
   auto admin = kvcache::v1::AdminService::NewStub(
@@ -198,12 +198,13 @@ TEST(OperabilityTest, ShutdownDuringTrafficLosesNoAcknowledgedAppend) {
   std::vector<std::vector<int64_t>> acked(kWriters, std::vector<int64_t>(kLayers, 0));
   std::atomic<int> total_acked{0};
   std::vector<std::thread> writers;
+  writers.reserve(kWriters);
   for (int w = 0; w < kWriters; ++w) {
     writers.emplace_back([&, w] {
       for (int64_t pos = 0;; pos += kTokens) {
         for (int l = 0; l < kLayers; ++l) {
           const std::string k =
-              MakeKv(w, l, pos, kTokens, kHeads, kDim, kernels::DType::kF16, false);
+              MakeKv(w, l, pos, kTokens, kHeads, kDim, kernels::DType::kF16, /*is_value=*/false);
           if (!t.client->Append(Chunk(ids[static_cast<size_t>(w)], l, pos, kTokens, k, k)).ok())
             return;
           acked[static_cast<size_t>(w)][static_cast<size_t>(l)] = pos + kTokens;

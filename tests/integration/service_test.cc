@@ -27,8 +27,8 @@ struct Payload {
 };
 
 Payload MakePayload(int layer, int64_t start, int n, uint32_t seed = 7) {
-  return {MakeKv(seed, layer, start, n, kHeads, kDim, kernels::DType::kF16, false),
-          MakeKv(seed, layer, start, n, kHeads, kDim, kernels::DType::kF16, true)};
+  return {MakeKv(seed, layer, start, n, kHeads, kDim, kernels::DType::kF16, /*is_value=*/false),
+          MakeKv(seed, layer, start, n, kHeads, kDim, kernels::DType::kF16, /*is_value=*/true)};
 }
 
 AppendChunk Chunk(const std::string& id, int layer, int64_t start, int n, const Payload& p) {
@@ -297,6 +297,7 @@ TEST_F(ServiceTest, AdminCallsDescribePoolsAndSequences) {
 TEST_F(ServiceTest, ManyClientsAtOnce) {
   constexpr int kThreads = 6;
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   std::vector<absl::Status> results(kThreads);
   for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&, i] {
@@ -316,8 +317,8 @@ TEST_F(ServiceTest, ManyClientsAtOnce) {
         return;
       }
       for (const auto& h : kv->heads) {
-        if (h.keys !=
-            MakeHeadKv(1000 + i, h.layer, h.kv_head, 0, 50, kDim, kernels::DType::kF16, false)) {
+        if (h.keys != MakeHeadKv(1000 + i, h.layer, h.kv_head, 0, 50, kDim, kernels::DType::kF16,
+                                 /*is_value=*/false)) {
           results[static_cast<size_t>(i)] = absl::InternalError("another client's data");
         }
       }

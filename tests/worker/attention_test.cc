@@ -82,9 +82,9 @@ TEST(AttentionTest, MergingDisjointKeySetsEqualsAttendingOverTheUnion) {
     HeadKvView first{all.positions.data(), all.keys.data(), all.values.data(), split};
     HeadKvView second{all.positions.data() + split, all.keys.data() + split * hd,
                       all.values.data() + split * hd, 40 - split};
-    AttendKvHead(g, h, all_v, q, qpos, absl::MakeSpan(whole), nullptr);
-    AttendKvHead(g, h, first, q, qpos, absl::MakeSpan(a), nullptr, absl::MakeSpan(lse_a));
-    AttendKvHead(g, h, second, q, qpos, absl::MakeSpan(b), nullptr, absl::MakeSpan(lse_b));
+    AttendKvHead(g, h, all_v, q, qpos, absl::MakeSpan(whole), /*pool=*/nullptr);
+    AttendKvHead(g, h, first, q, qpos, absl::MakeSpan(a), /*pool=*/nullptr, absl::MakeSpan(lse_a));
+    AttendKvHead(g, h, second, q, qpos, absl::MakeSpan(b), /*pool=*/nullptr, absl::MakeSpan(lse_b));
   }
   MergeAttention(g, absl::MakeSpan(a), absl::MakeSpan(lse_a), b, lse_b);
   for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(a[i], whole[i], 1e-5) << "i=" << i;

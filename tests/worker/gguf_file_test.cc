@@ -43,7 +43,7 @@ class GgufBuilder {
     for (const auto& s : v) Str(kv_, s);
     ++kv_count_;
   }
-  void Tensor(const std::string& name, std::vector<uint64_t> dims, uint32_t type,
+  void Tensor(const std::string& name, const std::vector<uint64_t>& dims, uint32_t type,
               const std::vector<uint8_t>& bytes) {
     Str(ti_, name);
     U32(ti_, static_cast<uint32_t>(dims.size()));
@@ -83,7 +83,7 @@ class GgufBuilder {
 };
 
 std::string WriteTemp(const std::vector<uint8_t>& bytes, const std::string& tag) {
-  const std::string path = ::testing::TempDir() + "gguf_test_" + tag + ".gguf";
+  std::string path = ::testing::TempDir() + "gguf_test_" + tag + ".gguf";
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(bytes.data()),
             static_cast<std::streamsize>(bytes.size()));

@@ -51,6 +51,7 @@ TEST_P(KvCacheConformanceTest, AttendMatchesReferenceOverAppendedTokens) {
   std::vector<float> all_k, all_v;
   for (int32_t chunk : {5, 1, 7}) {  // prefill-like, decode-like, prefill-like
     std::vector<int32_t> pos;
+    pos.reserve(static_cast<size_t>(chunk));
     for (int32_t i = 0; i < chunk; ++i) pos.push_back(static_cast<int32_t>(all_pos.size()) + i);
     const auto k = Random(Rows(pos.size())), v = Random(Rows(pos.size()));
     for (int32_t l = 0; l < kGeometry.num_layers; ++l) ASSERT_TRUE(kv->Append(l, pos, k, v).ok());

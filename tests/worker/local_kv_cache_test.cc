@@ -33,7 +33,7 @@ absl::Status AppendRange(LocalKvCache& kv, int32_t layer, int32_t begin, int32_t
 
 TEST(LocalKvCacheTest, RejectsBadLayerShapeAndOrder) {
   std::mt19937 rng(1);
-  LocalKvCache kv(kGeom, nullptr, nullptr);
+  LocalKvCache kv(kGeom, nullptr, /*pool=*/nullptr);
   EXPECT_EQ(AppendRange(kv, 2, 0, 4, rng).code(), absl::StatusCode::kInvalidArgument);
   const std::vector<int32_t> pos = {0, 1};
   EXPECT_EQ(kv.Append(0, pos, Random(3, rng), Random(3, rng)).code(),
@@ -45,7 +45,7 @@ TEST(LocalKvCacheTest, RejectsBadLayerShapeAndOrder) {
 
 TEST(LocalKvCacheTest, HeadsMayKeepDifferentTokens) {
   std::mt19937 rng(2);
-  LocalKvCache kv(kGeom, nullptr, nullptr);
+  LocalKvCache kv(kGeom, nullptr, /*pool=*/nullptr);
   for (int32_t l = 0; l < kGeom.num_layers; ++l) ASSERT_TRUE(AppendRange(kv, l, 0, 10, rng).ok());
   const std::vector<int64_t> keep0 = {0, 3, 9}, keep1 = {1, 2, 4, 5};
   ASSERT_TRUE(kv.Retain(0, 0, keep0).ok());
@@ -73,7 +73,7 @@ TEST(LocalKvCacheTest, HeadsMayKeepDifferentTokens) {
 
 TEST(LocalKvCacheTest, SinkWindowPolicyKeepsSinksAndRecentTokens) {
   std::mt19937 rng(3);
-  LocalKvCache kv(kGeom, MakeLocalSinkWindowPolicy(2, 3), nullptr);
+  LocalKvCache kv(kGeom, MakeLocalSinkWindowPolicy(2, 3), /*pool=*/nullptr);
   for (int32_t l = 0; l < kGeom.num_layers; ++l) ASSERT_TRUE(AppendRange(kv, l, 0, 10, rng).ok());
   ASSERT_TRUE(kv.CommitStep(10).ok());
   auto layer = kv.Fetch(1);

@@ -29,7 +29,7 @@ TEST(PasskeyTest, NeedleLandsAtDepthAndLengthIsClose) {
     ASSERT_NE(at, std::string::npos);
     const double rel = static_cast<double>(at) / static_cast<double>(p.context.size());
     EXPECT_NEAR(rel, depth, 0.1) << "depth " << depth;
-    const int64_t n = static_cast<int64_t>(tok.Encode(p.context, false).size());
+    const int64_t n = static_cast<int64_t>(tok.Encode(p.context, /*parse_special=*/false).size());
     EXPECT_NEAR(static_cast<double>(n), 1000.0, 60.0);
     EXPECT_EQ(p.answer, " 48151");
   }

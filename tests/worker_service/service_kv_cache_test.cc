@@ -140,6 +140,11 @@ class QueryRecorder : public KvCache {
   int64_t StoredTokenSlots() const override { return inner_->StoredTokenSlots(); }
   std::string Describe() const override { return "recorder"; }
 
+  // The recorded queries and their positions, per layer.
+  const std::vector<std::vector<float>>& queries() const { return q_; }
+  const std::vector<std::vector<int32_t>>& positions() const { return p_; }
+
+ private:
   KvCache* inner_;
   size_t window_;
   std::vector<std::vector<float>> q_;
@@ -175,7 +180,8 @@ TEST(ServiceKvCacheTest, LoadingAPrefilledPromptEqualsPrefillingThroughTheServic
     Drive(recorder, 100, 32, 0);
     KVC_ASSERT_OK_AND_ASSIGN(auto loaded, ServiceKvCache::Create(t.client.get(), "", Geometry(),
                                                                  policy, false, &threads));
-    ASSERT_THAT(loaded->LoadPrompt(local, 100, recorder.q_, recorder.p_, /*chunk_tokens=*/37),
+    ASSERT_THAT(loaded->LoadPrompt(local, 100, recorder.queries(), recorder.positions(),
+                                   /*chunk_tokens=*/37),
                 ::kvc::testing::IsOk());
     for (int l = 0; l < kLayers; ++l) {
       KVC_ASSERT_OK_AND_ASSIGN(LayerKv a, engine->Fetch(l));

@@ -45,7 +45,8 @@ absl::Status RunGenerate(int argc, char** argv) {
   if (!model.ok()) return model.status();
   const BpeTokenizer& tok = (*model)->tokenizer();
   const bool raw = flags->Has("raw");
-  const std::string text = raw ? prompt : ApplyChatTemplate({{"user", prompt}}, true);
+  const std::string text =
+      raw ? prompt : ApplyChatTemplate({{"user", prompt}}, /*add_generation_prompt=*/true);
   const std::vector<int32_t> ids = tok.Encode(text, /*parse_special=*/!raw);
 
   const std::string where = flags->Get("kv", "local");

@@ -52,8 +52,8 @@ absl::StatusOr<PasskeyPolicy> ServicePasskeyPolicy(const std::string& name,
   p.name = name;
   const ServicePolicy sp = *policy;
   p.load = [=](const PrefilledPrompt& prompt) -> absl::StatusOr<std::unique_ptr<KvCache>> {
-    auto store = ServiceKvCache::Create(client, pool, model->config().kv_geometry(), sp, false,
-                                        model->pool());
+    auto store = ServiceKvCache::Create(client, pool, model->config().kv_geometry(), sp,
+                                        /*always_fetch=*/false, model->pool());
     if (!store.ok()) return store.status();
     if (auto s = (*store)->LoadPrompt(*prompt.kv, prompt.prompt_tokens, prompt.window_queries,
                                       prompt.window_positions);

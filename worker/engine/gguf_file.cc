@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -212,7 +213,8 @@ int64_t GgufTensor::num_elements() const {
 absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+    return absl::NotFoundError(
+        absl::StrCat("cannot open ", path, ": ", std::generic_category().message(errno)));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0 || st.st_size < 24) {
@@ -224,7 +226,8 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
   void* map = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);  // the mapping keeps the file alive
   if (map == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("mmap ", path, ": ", std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("mmap ", path, ": ", std::generic_category().message(errno)));
   }
   file->map_ = map;
   if (auto s = file->Parse(); !s.ok()) {

@@ -45,7 +45,7 @@ class LlamaModel {
                                              AttentionPath path = AttentionPath::kStoreAttend);
 
  private:
-  LlamaModel(int num_threads) : pool_(num_threads) {}
+  explicit LlamaModel(int num_threads) : pool_(num_threads) {}
 
   std::unique_ptr<GgufFile> file_;
   ModelConfig config_;

@@ -8,7 +8,7 @@ namespace kvc::worker {
 namespace {
 
 absl::Status LoadTensor(const GgufFile& file, const std::string& name,
-                        std::vector<int64_t> expect_dims, std::vector<float>& out) {
+                        const std::vector<int64_t>& expect_dims, std::vector<float>& out) {
   const GgufTensor* t = file.FindTensor(name);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat("tensor ", name, " missing"));
   if (t->dims != expect_dims) {

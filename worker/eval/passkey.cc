@@ -109,15 +109,17 @@ PasskeyPrompt MakePasskeyPrompt(const BpeTokenizer& tok, const std::string& hays
                                 int64_t context_tokens, double depth, const std::string& passkey) {
   const std::string needle =
       absl::StrCat(" The pass key is ", passkey, ". Remember it. ", passkey, " is the pass key.");
-  const int64_t budget = context_tokens -
-                         static_cast<int64_t>(tok.Encode(kInstruction, false).size()) -
-                         static_cast<int64_t>(tok.Encode(needle, false).size());
+  const int64_t budget =
+      context_tokens -
+      static_cast<int64_t>(tok.Encode(kInstruction, /*parse_special=*/false).size()) -
+      static_cast<int64_t>(tok.Encode(needle, /*parse_special=*/false).size());
   // Take whole haystack characters until the budget is met (about 4 characters per token,
   // refined by measuring).
   size_t chars = static_cast<size_t>(std::max<int64_t>(budget, 0) * 4);
   chars = std::min(chars, haystack.size());
   for (int iter = 0; iter < 4; ++iter) {
-    const int64_t got = static_cast<int64_t>(tok.Encode(haystack.substr(0, chars), false).size());
+    const int64_t got =
+        static_cast<int64_t>(tok.Encode(haystack.substr(0, chars), /*parse_special=*/false).size());
     if (got == 0) break;
     chars = std::min(haystack.size(), static_cast<size_t>(static_cast<double>(chars) *
                                                           static_cast<double>(budget) / got));
@@ -162,6 +164,7 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
                                                      const std::vector<PolicySpec>& policies,
                                                      const PasskeyOptions& options) {
   std::vector<PasskeyPolicy> local;
+  local.reserve(policies.size());
   for (const PolicySpec& spec : policies) local.push_back(LocalPasskeyPolicy(spec));
   return RunPasskey(model, haystack, local, options);
 }
@@ -186,7 +189,7 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
         }
         const std::vector<int32_t> context = tok.Encode(p.context, options.chat);
         const std::vector<int32_t> question = tok.Encode(p.question, options.chat);
-        const std::vector<int32_t> answer = tok.Encode(p.answer, false);
+        const std::vector<int32_t> answer = tok.Encode(p.answer, /*parse_special=*/false);
         std::vector<int32_t> prompt = context;
         if (options.question_in_prompt)
           prompt.insert(prompt.end(), question.begin(), question.end());

@@ -38,6 +38,8 @@ class ServiceKvCache : public KvCache {
   static absl::StatusOr<std::unique_ptr<ServiceKvCache>> Create(
       client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
       const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads);
+  ServiceKvCache(const ServiceKvCache&) = delete;
+  ServiceKvCache& operator=(const ServiceKvCache&) = delete;
   ~ServiceKvCache() override;  // releases the sequence
 
   const KvGeometry& geometry() const override { return geometry_; }

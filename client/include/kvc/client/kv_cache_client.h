@@ -44,6 +44,8 @@ class KvCacheClient {
   // Creates the channel (connection is lazy: an unreachable target shows up as
   // UNAVAILABLE on the first call). INVALID_ARGUMENT for bad options.
   static absl::StatusOr<std::unique_ptr<KvCacheClient>> Connect(const ClientOptions& options);
+  KvCacheClient(const KvCacheClient&) = delete;
+  KvCacheClient& operator=(const KvCacheClient&) = delete;
   ~KvCacheClient();
 
   absl::StatusOr<SequenceInfo> CreateSequence(const CreateSequenceOptions& options,
