@@ -164,15 +164,16 @@ absl::Status FetchSequence(const std::shared_ptr<Sequence>& seq, const FetchPara
   for (const Range& r : plan.ranges) {
     FetchChunk chunk;
     {
-      kvc::ReaderMutexLock lock(&seq->mu());
-      if (seq->released() ||
-          seq->storage().generation(r.layer) != plan.generations[static_cast<size_t>(r.layer)]) {
+      const Sequence& reader = *seq;  // a reader lock: the const accessors
+      kvc::ReaderMutexLock lock(&reader.mu());
+      if (reader.released() ||
+          reader.storage().generation(r.layer) != plan.generations[static_cast<size_t>(r.layer)]) {
         return absl::AbortedError(absl::StrCat(
             "sequence ", Quoted(seq->id()),
             " was released or compressed (or its stored tokens moved) while this Fetch was "
             "streaming; fetch it again"));
       }
-      KVC_ASSIGN_OR_RETURN(const bool any, ReadRange(*seq, p, plan, r, dtype, &chunk));
+      KVC_ASSIGN_OR_RETURN(const bool any, ReadRange(reader, p, plan, r, dtype, &chunk));
       if (!any) continue;
     }
     int64_t& first = served[static_cast<size_t>(r.layer * seq->geometry().num_kv_heads + r.head)];
