@@ -45,6 +45,8 @@ class KvStore {
   // Creates the kernel backend and every pool; INVALID_ARGUMENT for bad options or
   // duplicate pool names.
   static absl::StatusOr<std::unique_ptr<KvStore>> Create(const KvStoreOptions& options);
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
   ~KvStore();
 
   absl::StatusOr<SequenceSnapshot> CreateSequence(const CreateSequenceParams& params);

@@ -98,6 +98,7 @@ absl::StatusOr<std::vector<std::vector<float>>> ScoreAcrossTiers(BlockPool* pool
   if (auto ks = pool->backend()->SnapKvScore(a, {}); !ks.ok())
     return KernelFailure(ks, "SnapKvScore");
   std::vector<std::vector<float>> out;
+  out.reserve(static_cast<size_t>(heads));
   for (int h = 0; h < heads; ++h) out.push_back(all.LaneScores(h));
   return out;
 }

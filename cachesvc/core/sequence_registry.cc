@@ -10,7 +10,7 @@ SequenceRegistry::Shard& SequenceRegistry::shard(const std::string& id) const {
   return shards_[absl::Hash<std::string>{}(id) % kShards];
 }
 
-absl::Status SequenceRegistry::Insert(std::shared_ptr<Sequence> sequence, int64_t max_size) {
+absl::Status SequenceRegistry::Insert(const std::shared_ptr<Sequence>& sequence, int64_t max_size) {
   Shard& s = shard(sequence->id());
   kvc::MutexLock lock(&s.mu);
   if (s.map.contains(sequence->id())) {
@@ -24,7 +24,7 @@ absl::Status SequenceRegistry::Insert(std::shared_ptr<Sequence> sequence, int64_
     return absl::ResourceExhaustedError(absl::StrCat("the server holds its maximum of ", max_size,
                                                      " sequences; release some first"));
   }
-  s.map.emplace(sequence->id(), std::move(sequence));
+  s.map.emplace(sequence->id(), sequence);
   return absl::OkStatus();
 }
 

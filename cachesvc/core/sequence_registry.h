@@ -24,7 +24,7 @@ namespace kvc::cachesvc {
 class SequenceRegistry {
  public:
   // ALREADY_EXISTS if the id is taken; RESOURCE_EXHAUSTED when `max_size` sequences exist.
-  absl::Status Insert(std::shared_ptr<Sequence> sequence, int64_t max_size);
+  absl::Status Insert(const std::shared_ptr<Sequence>& sequence, int64_t max_size);
   // NOT_FOUND (naming a prefix of the id) if absent.
   absl::StatusOr<std::shared_ptr<Sequence>> Find(const std::string& id) const;
   // Removes the entry if present; returns whether it was.

@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
     return Since(t0);
   };
   std::vector<double> idle;
+  idle.reserve(200);
   for (int i = 0; i < (quick ? 20 : 200); ++i) idle.push_back(attend());
 
   std::vector<std::vector<uint16_t>> window;

@@ -55,34 +55,35 @@ class Fixture {
  public:
   explicit Fixture(Geometry g = {}, CompressionSpec policy = {},
                    int64_t capacity = int64_t{64} << 20)
-      : g_(g) {
-    auto store = KvStore::Create(Options(g, capacity));
-    EXPECT_TRUE(store.ok()) << store.status();
-    store_ = std::move(*store);
+      : geom(g) {
+    auto created = KvStore::Create(Options(g, capacity));
+    EXPECT_TRUE(created.ok()) << created.status();
+    store = std::move(*created);
     CreateSequenceParams p;
     p.policy = policy;
-    auto seq = store_->CreateSequence(p);
+    auto seq = store->CreateSequence(p);
     EXPECT_TRUE(seq.ok()) << seq.status();
-    if (seq.ok()) id_ = seq->id;
+    if (seq.ok()) id = seq->id;
   }
 
   // Appends n tokens to every layer; keys/values per layer remembered for references.
   absl::Status AppendAll(int64_t start, int64_t n,
                          const std::vector<float>* keys_override = nullptr) {
-    for (int l = 0; l < g_.layers; ++l) {
-      std::vector<float> k = keys_override ? *keys_override
-                                           : Gaussian(static_cast<size_t>(n * g_.heads * g_.dim),
-                                                      1000 * l + static_cast<uint32_t>(start));
+    for (int l = 0; l < geom.layers; ++l) {
+      std::vector<float> k = keys_override
+                                 ? *keys_override
+                                 : Gaussian(static_cast<size_t>(n * geom.heads * geom.dim),
+                                            1000 * l + static_cast<uint32_t>(start));
       std::vector<float> v = Gaussian(k.size(), 7777 + 1000 * l + static_cast<uint32_t>(start));
       AppendParams a;
-      a.sequence_id = id_;
+      a.sequence_id = id;
       a.layer = l;
       a.start_position = start;
       a.num_tokens = n;
       a.dtype = DType::kF32;
       a.keys = Bytes(k);
       a.values = Bytes(v);
-      auto r = store_->Append(a);
+      auto r = store->Append(a);
       if (!r.ok()) return r.status();
     }
     return absl::OkStatus();
@@ -92,11 +93,11 @@ class Fixture {
   absl::Status AttendSteps(const std::vector<float>& queries, int32_t position, int steps) {
     for (int step = 0; step < steps; ++step) {
       AttendParams a;
-      a.sequence_id = id_;
+      a.sequence_id = id;
       a.dtype = DType::kF32;
       a.queries = Bytes(queries);
       a.positions = {position};
-      auto r = store_->Attend(a);
+      auto r = store->Attend(a);
       if (!r.ok()) return r.status();
     }
     return absl::OkStatus();
@@ -106,13 +107,13 @@ class Fixture {
   std::map<std::pair<int, int>, std::set<int32_t>> Positions() {
     std::map<std::pair<int, int>, std::set<int32_t>> out;
     FetchParams f;
-    f.sequence_id = id_;
+    f.sequence_id = id;
     EXPECT_THAT(
-        store_->Fetch(f,
-                      [&](FetchChunk& c) {
-                        out[{c.layer, c.kv_head}].insert(c.positions.begin(), c.positions.end());
-                        return true;
-                      }),
+        store->Fetch(f,
+                     [&](FetchChunk& c) {
+                       out[{c.layer, c.kv_head}].insert(c.positions.begin(), c.positions.end());
+                       return true;
+                     }),
         ::kvc::testing::IsOk());
     return out;
   }
@@ -125,27 +126,27 @@ class Fixture {
   Head Fetched(int layer, int head) {
     Head out;
     FetchParams f;
-    f.sequence_id = id_;
+    f.sequence_id = id;
     f.layers = {layer};
     f.dtype = DType::kF32;
-    EXPECT_THAT(store_->Fetch(f,
-                              [&](FetchChunk& c) {
-                                if (c.kv_head != head) return true;
-                                const float* k = reinterpret_cast<const float*>(c.keys.data());
-                                const float* v = reinterpret_cast<const float*>(c.values.data());
-                                out.k.insert(out.k.end(), k, k + c.keys.size() / 4);
-                                out.v.insert(out.v.end(), v, v + c.values.size() / 4);
-                                out.pos.insert(out.pos.end(), c.positions.begin(),
-                                               c.positions.end());
-                                return true;
-                              }),
+    EXPECT_THAT(store->Fetch(f,
+                             [&](FetchChunk& c) {
+                               if (c.kv_head != head) return true;
+                               const float* k = reinterpret_cast<const float*>(c.keys.data());
+                               const float* v = reinterpret_cast<const float*>(c.values.data());
+                               out.k.insert(out.k.end(), k, k + c.keys.size() / 4);
+                               out.v.insert(out.v.end(), v, v + c.values.size() / 4);
+                               out.pos.insert(out.pos.end(), c.positions.begin(),
+                                              c.positions.end());
+                               return true;
+                             }),
                 ::kvc::testing::IsOk());
     return out;
   }
 
-  Geometry g_;
-  std::unique_ptr<KvStore> store_;
-  std::string id_;
+  Geometry geom;
+  std::unique_ptr<KvStore> store;
+  std::string id;
 };
 
 inline CompressionSpec Streaming(int sinks, int window) {

@@ -22,20 +22,20 @@ TEST(CompressionTest, StreamingLlmCompressKeepsExactlySinksAndWindow) {
   Fixture f;
   KVC_ASSERT_OK(f.AppendAll(0, 300));
   CompressParams p;
-  p.sequence_id = f.id_;
+  p.sequence_id = f.id;
   p.spec = Streaming(4, 100);
-  KVC_ASSERT_OK_AND_ASSIGN(CompressResult r, f.store_->Compress(p));
+  KVC_ASSERT_OK_AND_ASSIGN(CompressResult r, f.store->Compress(p));
   std::set<int32_t> expected;
   for (int i = 0; i < 4; ++i) expected.insert(i);
   for (int i = 200; i < 300; ++i) expected.insert(i);
   for (const auto& [lh, positions] : f.Positions()) EXPECT_EQ(positions, expected);
-  EXPECT_EQ(r.layers[0].token_heads_before, 300 * f.g_.heads);
-  EXPECT_EQ(r.layers[0].token_heads_after, 104 * f.g_.heads);
+  EXPECT_EQ(r.layers[0].token_heads_before, 300 * f.geom.heads);
+  EXPECT_EQ(r.layers[0].token_heads_after, 104 * f.geom.heads);
   EXPECT_LT(r.bytes_after, r.bytes_before);
   // Logical length still counts every appended token.
-  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store_->GetSequence(f.id_));
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store->GetSequence(f.id));
   EXPECT_EQ(s.visible_tokens, 300);
-  EXPECT_EQ(s.stored_token_heads, 104 * f.g_.heads * f.g_.layers);
+  EXPECT_EQ(s.stored_token_heads, 104 * f.geom.heads * f.geom.layers);
 }
 
 TEST(CompressionTest, AutomaticStreamingLlmRunsAMillionTokensInConstantMemory) {
@@ -50,18 +50,18 @@ TEST(CompressionTest, AutomaticStreamingLlmRunsAMillionTokensInConstantMemory) {
   int64_t peak = 0, after_first = 0;
   for (int64_t start = 0; start < kTotal; start += kChunk) {
     KVC_ASSERT_OK(f.AppendAll(start, kChunk, &keys));
-    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store_->GetPoolStats("c"));
+    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->GetPoolStats("c"));
     if (start == 0) after_first = stats.used_bytes;
     peak = std::max(peak, stats.used_bytes);
   }
   EXPECT_EQ(peak, after_first);  // not one byte more after a million tokens
-  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store_->GetSequence(f.id_));
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store->GetSequence(f.id));
   EXPECT_EQ(s.visible_tokens, kTotal);
   EXPECT_LE(s.stored_token_heads, 4 + 252 + g.block);
   const auto positions = f.Positions().at({0, 0});
   for (int32_t p = 0; p < 4; ++p) EXPECT_TRUE(positions.count(p)) << p;
   for (int32_t p = kTotal - 252; p < kTotal; ++p) ASSERT_TRUE(positions.count(p)) << p;
-  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store_->GetPoolStats("c"));
+  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->GetPoolStats("c"));
   ASSERT_GE(stats.evicted_token_heads.size(), 2u);
   EXPECT_EQ(stats.evicted_token_heads[1].first, "streaming_llm");
   EXPECT_EQ(stats.evicted_token_heads[1].second, kTotal - s.stored_token_heads);
@@ -93,7 +93,7 @@ TEST(CompressionTest, SnapKvKeepsTheNeedleAtEveryBudgetAboveTheWindow) {
     KVC_ASSERT_OK(f.AppendAll(0, kTokens, &keys));
     const std::vector<float> q = QueriesAlong(needle, kWindow, g.qheads, 40.0f);
     CompressParams p;
-    p.sequence_id = f.id_;
+    p.sequence_id = f.id;
     p.spec.eviction = Eviction::kSnapKv;
     p.spec.window = kWindow;
     p.spec.budget = budget;
@@ -106,7 +106,7 @@ TEST(CompressionTest, SnapKvKeepsTheNeedleAtEveryBudgetAboveTheWindow) {
       for (int t = 0; t < kWindow; ++t) lq.positions.push_back(kTokens - kWindow + t);
       p.queries.push_back(lq);
     }
-    KVC_ASSERT_OK(f.store_->Compress(p));
+    KVC_ASSERT_OK(f.store->Compress(p));
     for (const auto& [lh, positions] : f.Positions()) {
       EXPECT_EQ(positions.size(), static_cast<size_t>(budget));
       EXPECT_TRUE(positions.count(kNeedle)) << "layer " << lh.first << " head " << lh.second;
@@ -122,22 +122,22 @@ TEST_P(AttendAfterCompressTest, AttendEqualsDenseAttentionOverWhatIsKept) {
   Fixture f(g);
   KVC_ASSERT_OK(f.AppendAll(0, 200));
   CompressParams p;
-  p.sequence_id = f.id_;
+  p.sequence_id = f.id;
   p.spec = Streaming(4, 60);
   p.spec.storage = GetParam();
   p.spec.storage_set = true;
-  KVC_ASSERT_OK(f.store_->Compress(p));
-  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store_->GetSequence(f.id_));
+  KVC_ASSERT_OK(f.store->Compress(p));
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store->GetSequence(f.id));
   EXPECT_EQ(s.storage, GetParam());
   const std::vector<float> q = Gaussian(g.qheads * g.dim, 99);
   for (int l = 0; l < g.layers; ++l) {
     AttendParams a;
-    a.sequence_id = f.id_;
+    a.sequence_id = f.id;
     a.layer = l;
     a.dtype = DType::kF32;
     a.queries = Bytes(q);
     a.positions = {200};
-    KVC_ASSERT_OK_AND_ASSIGN(AttendResult r, f.store_->Attend(a));
+    KVC_ASSERT_OK_AND_ASSIGN(AttendResult r, f.store->Attend(a));
     const float* out = reinterpret_cast<const float*>(r.output.data());
     const int group = g.qheads / g.heads;
     for (int qh = 0; qh < g.qheads; ++qh) {
@@ -177,14 +177,14 @@ TEST(CompressionTest, H2oKeepsTheHeavyHittersAttendAccumulated) {
       for (int e = 0; e < g.dim; ++e) keys[(t * g.heads + h) * g.dim + e] = dir[e];
   KVC_ASSERT_OK(f.AppendAll(0, kTokens, &keys));
   CompressParams p;
-  p.sequence_id = f.id_;
+  p.sequence_id = f.id;
   p.spec.eviction = Eviction::kH2o;
   p.spec.heavy = 3;
   p.spec.recent = 5;
-  EXPECT_THAT(f.store_->Compress(p), StatusIs(Code::kFailedPrecondition, "no"));
+  EXPECT_THAT(f.store->Compress(p), StatusIs(Code::kFailedPrecondition, "no"));
   const std::vector<float> q = QueriesAlong(dir, 1, g.qheads, 30.0f);
   KVC_ASSERT_OK(f.AttendSteps(q, kTokens - 1, 3));
-  KVC_ASSERT_OK(f.store_->Compress(p));
+  KVC_ASSERT_OK(f.store->Compress(p));
   std::set<int32_t> expected = heavy;
   for (int t = kTokens - 5; t < kTokens; ++t) expected.insert(t);
   for (const auto& [lh, positions] : f.Positions()) EXPECT_EQ(positions, expected);
@@ -197,10 +197,10 @@ TEST(CompressionTest, RefusedSpecsLeaveTheSequenceUnchanged) {
   const auto before = f.Fetched(1, 1);
   auto compress = [&](CompressionSpec spec, std::vector<LayerQueries> queries = {}) {
     CompressParams p;
-    p.sequence_id = f.id_;
+    p.sequence_id = f.id;
     p.spec = spec;
     p.queries = std::move(queries);
-    return f.store_->Compress(p).status();
+    return f.store->Compress(p).status();
   };
   CompressionSpec snap;
   snap.eviction = Eviction::kSnapKv;
@@ -238,9 +238,9 @@ TEST(CompressionTest, RefusedSpecsLeaveTheSequenceUnchanged) {
   Fixture narrow(Geometry{2, 2, 4, 32, 16});
   KVC_ASSERT_OK(narrow.AppendAll(0, 5));
   CompressParams p;
-  p.sequence_id = narrow.id_;
+  p.sequence_id = narrow.id;
   p.spec = fmt;
-  EXPECT_THAT(narrow.store_->Compress(p),
+  EXPECT_THAT(narrow.store->Compress(p),
               StatusIs(Code::kInvalidArgument, "cannot store head_dim 32"));
 
   const auto after = f.Fetched(1, 1);
@@ -259,13 +259,13 @@ TEST(CompressionTest, CompressThatDoesNotFitIsRefusedWhole) {
   KVC_ASSERT_OK(f.AppendAll(0, 64));  // 4 blocks per head x 2 heads = all 8 blocks
   const auto before = f.Fetched(0, 0);
   CompressParams p;
-  p.sequence_id = f.id_;
+  p.sequence_id = f.id;
   p.spec.storage = StorageFormat::kF16;
   p.spec.storage_set = true;
-  EXPECT_THAT(f.store_->Compress(p), StatusIs(Code::kResourceExhausted));
+  EXPECT_THAT(f.store->Compress(p), StatusIs(Code::kResourceExhausted));
   const auto after = f.Fetched(0, 0);
   EXPECT_EQ(before.k, after.k);
-  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store_->GetSequence(f.id_));
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store->GetSequence(f.id));
   EXPECT_EQ(s.storage, StorageFormat::kF32);
 }
 
@@ -394,10 +394,10 @@ TEST(CompressionTest, StreamingLlmRerotationGivesInCachePositionsWithExactKeys) 
 TEST(CompressionTest, RerotationNeedsThePoolsRope) {
   Fixture f;  // no RoPE parameters in this pool
   CompressParams p;
-  p.sequence_id = f.id_;
+  p.sequence_id = f.id;
   p.spec = Streaming(4, 10);
   p.spec.rerotate_keys = true;
-  EXPECT_THAT(f.store_->Compress(p), StatusIs(Code::kFailedPrecondition, "geometry.rope"));
+  EXPECT_THAT(f.store->Compress(p), StatusIs(Code::kFailedPrecondition, "geometry.rope"));
 }
 
 }  // namespace

@@ -57,8 +57,8 @@ std::string CheckSnapshot(const std::vector<FetchChunk>& chunks) {
                                v.data(), DType::kF32, kDim);
       for (int e = 0; e < kDim; ++e) {
         // INT8 keeps every element within half a step of absmax / 127 (< 0.07 here).
-        const float want_k = KvValue(kSeed, c.layer, c.kv_head, pos, e, false);
-        const float want_v = KvValue(kSeed, c.layer, c.kv_head, pos, e, true);
+        const float want_k = KvValue(kSeed, c.layer, c.kv_head, pos, e, /*is_value=*/false);
+        const float want_v = KvValue(kSeed, c.layer, c.kv_head, pos, e, /*is_value=*/true);
         if (std::fabs(k[e] - want_k) > 0.07f || std::fabs(v[e] - want_v) > 0.07f) {
           return "layer " + std::to_string(c.layer) + " head " + std::to_string(c.kv_head) +
                  " position " + std::to_string(pos) + " carries another token's data";
@@ -101,14 +101,18 @@ TEST_P(ConcurrentFetchTest, EveryFetchReturnsAStateThatExisted) {
         a.layer = l;
         a.start_position = pos;
         a.num_tokens = 1;
-        const std::string k = MakeKv(kSeed, l, pos, 1, kHeads, kDim, DType::kF16, false);
-        const std::string v = MakeKv(kSeed, l, pos, 1, kHeads, kDim, DType::kF16, true);
+        const std::string k =
+            MakeKv(kSeed, l, pos, 1, kHeads, kDim, DType::kF16, /*is_value=*/false);
+        const std::string v =
+            MakeKv(kSeed, l, pos, 1, kHeads, kDim, DType::kF16, /*is_value=*/true);
         a.keys = k;
         a.values = v;
         KVC_EXPECT_OK(store->Append(a));
       }
-      // Let the reader in between appends, as a decode loop would.
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      // Let the reader in between appends, as a decode loop would, and now and then long
+      // enough for a whole Fetch (a Fetch overlapping an aging append may end ABORTED; under
+      // a sanitizer's slowdown it otherwise might never finish one).
+      std::this_thread::sleep_for(std::chrono::microseconds(pos % 64 == 63 ? 5000 : 20));
     }
     done = true;
   });

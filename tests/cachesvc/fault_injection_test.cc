@@ -171,8 +171,8 @@ using Op = std::function<absl::Status(Store&)>;
 
 absl::Status AppendAll(Store& s, int64_t start, int n) {
   for (int l = 0; l < kLayers; ++l) {
-    const std::string k = MakeKv(3, l, start, n, kHeads, kDim, DType::kF16, false);
-    const std::string v = MakeKv(3, l, start, n, kHeads, kDim, DType::kF16, true);
+    const std::string k = MakeKv(3, l, start, n, kHeads, kDim, DType::kF16, /*is_value=*/false);
+    const std::string v = MakeKv(3, l, start, n, kHeads, kDim, DType::kF16, /*is_value=*/true);
     AppendParams a;
     a.sequence_id = s.id;
     a.layer = l;
@@ -188,8 +188,8 @@ absl::Status AppendAll(Store& s, int64_t start, int n) {
 
 Op AppendOne(int64_t start, int n, int layer) {
   return [=](Store& s) -> absl::Status {
-    const std::string k = MakeKv(3, layer, start, n, kHeads, kDim, DType::kF16, false);
-    const std::string v = MakeKv(3, layer, start, n, kHeads, kDim, DType::kF16, true);
+    const std::string k = MakeKv(3, layer, start, n, kHeads, kDim, DType::kF16, /*is_value=*/false);
+    const std::string v = MakeKv(3, layer, start, n, kHeads, kDim, DType::kF16, /*is_value=*/true);
     AppendParams a;
     a.sequence_id = s.id;
     a.layer = layer;

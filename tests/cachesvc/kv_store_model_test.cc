@@ -136,8 +136,10 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
       const bool misorder = uniform(0, 19) == 0;
       const int64_t start = misorder ? have + uniform(1, 5) : have;
       const uint32_t data_seed = it == model.sequences.end() ? 0 : it->second.seed;
-      const std::string k = MakeKv(data_seed, layer, start, n, kHeads, kDim, DType::kF16, false);
-      const std::string v = MakeKv(data_seed, layer, start, n, kHeads, kDim, DType::kF16, true);
+      const std::string k =
+          MakeKv(data_seed, layer, start, n, kHeads, kDim, DType::kF16, /*is_value=*/false);
+      const std::string v =
+          MakeKv(data_seed, layer, start, n, kHeads, kDim, DType::kF16, /*is_value=*/true);
       AppendParams a;
       a.sequence_id = id;
       a.layer = layer;
@@ -186,9 +188,9 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
               << "position " << pos << " is not stored";
           EXPECT_LT(pos, it->second.visible());
           EXPECT_EQ(c.keys.substr(i * row, row),
-                    MakeHeadKv(s, c.layer, c.kv_head, pos, 1, kDim, dt, false));
+                    MakeHeadKv(s, c.layer, c.kv_head, pos, 1, kDim, dt, /*is_value=*/false));
           EXPECT_EQ(c.values.substr(i * row, row),
-                    MakeHeadKv(s, c.layer, c.kv_head, pos, 1, kDim, dt, true));
+                    MakeHeadKv(s, c.layer, c.kv_head, pos, 1, kDim, dt, /*is_value=*/true));
         }
         got[std::make_pair(c.layer, c.kv_head)] += c.num_tokens;
         return true;
@@ -254,13 +256,14 @@ TEST_P(KvStoreModelTest, RandomOperationsMatchTheModel) {
           std::vector<double> logits, acc(kDim, 0.0);
           std::vector<std::string> vals;
           for (int32_t pos : it->second.stored[layer]) {
-            const std::string k =
-                MakeHeadKv(it->second.seed, layer, h, pos, 1, kDim, DType::kF16, false);
+            const std::string k = MakeHeadKv(it->second.seed, layer, h, pos, 1, kDim, DType::kF16,
+                                             /*is_value=*/false);
             double dot = 0;
             for (int e = 0; e < kDim; ++e)
               dot += double{q[h * kDim + e]} * F16(k, static_cast<size_t>(e));
             logits.push_back(dot / std::sqrt(double{kDim}));
-            vals.push_back(MakeHeadKv(it->second.seed, layer, h, pos, 1, kDim, DType::kF16, true));
+            vals.push_back(MakeHeadKv(it->second.seed, layer, h, pos, 1, kDim, DType::kF16,
+                                      /*is_value=*/true));
           }
           if (logits.empty()) continue;  // nothing stored: zeros
           const double mx = *std::max_element(logits.begin(), logits.end());

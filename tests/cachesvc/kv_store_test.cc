@@ -38,8 +38,8 @@ struct Payload {
 };
 
 Payload MakePayload(int layer, int64_t start, int n, DType dtype = DType::kF16, uint32_t seed = 1) {
-  return {MakeKv(seed, layer, start, n, kHeads, kDim, dtype, false),
-          MakeKv(seed, layer, start, n, kHeads, kDim, dtype, true)};
+  return {MakeKv(seed, layer, start, n, kHeads, kDim, dtype, /*is_value=*/false),
+          MakeKv(seed, layer, start, n, kHeads, kDim, dtype, /*is_value=*/true)};
 }
 
 AppendParams Params(const std::string& id, int layer, int64_t start, int n, const Payload& p) {
@@ -95,8 +95,10 @@ TEST_F(KvStoreTest, FetchReturnsExactlyWhatWasAppended) {
   ASSERT_EQ(chunks.size(), static_cast<size_t>(kLayers * kHeads));
   for (const FetchChunk& c : chunks) {
     EXPECT_EQ(c.num_tokens, 33);
-    EXPECT_EQ(c.keys, MakeHeadKv(1, c.layer, c.kv_head, 0, 33, kDim, DType::kF16, false));
-    EXPECT_EQ(c.values, MakeHeadKv(1, c.layer, c.kv_head, 0, 33, kDim, DType::kF16, true));
+    EXPECT_EQ(c.keys,
+              MakeHeadKv(1, c.layer, c.kv_head, 0, 33, kDim, DType::kF16, /*is_value=*/false));
+    EXPECT_EQ(c.values,
+              MakeHeadKv(1, c.layer, c.kv_head, 0, 33, kDim, DType::kF16, /*is_value=*/true));
     for (int i = 0; i < 33; ++i) EXPECT_EQ(c.positions[static_cast<size_t>(i)], i);
   }
   EXPECT_TRUE(chunks.back().last);
@@ -125,7 +127,8 @@ TEST_F(KvStoreTest, ConvertsDtypesOnWriteAndRead) {
   params.dtype = DType::kBF16;
   for (const FetchChunk& c : FetchAll(params)) {
     EXPECT_EQ(c.dtype, DType::kBF16);
-    EXPECT_EQ(c.keys, MakeHeadKv(1, c.layer, c.kv_head, 0, 5, kDim, DType::kBF16, false));
+    EXPECT_EQ(c.keys,
+              MakeHeadKv(1, c.layer, c.kv_head, 0, 5, kDim, DType::kBF16, /*is_value=*/false));
   }
 }
 
@@ -138,7 +141,7 @@ TEST_F(KvStoreTest, StoredFormatReturnsRawRecords) {
   ASSERT_EQ(chunks.size(), 2u);
   EXPECT_EQ(chunks[0].record_bytes, kDim * 2);
   EXPECT_EQ(chunks[0].storage, StorageFormat::kF16);
-  EXPECT_EQ(chunks[0].keys, MakeHeadKv(1, 1, 0, 0, 3, kDim, DType::kF16, false));
+  EXPECT_EQ(chunks[0].keys, MakeHeadKv(1, 1, 0, 0, 3, kDim, DType::kF16, /*is_value=*/false));
 }
 
 TEST_F(KvStoreTest, ChunksStayBelowTheRequestedSize) {
@@ -240,6 +243,7 @@ TEST_F(KvStoreTest, FetchAbortsWhenReleasedMidStream) {
 TEST_F(KvStoreTest, ConcurrentSequencesDoNotInterfere) {
   constexpr int kThreads = 4;
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   std::vector<absl::Status> results(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -261,7 +265,7 @@ TEST_F(KvStoreTest, ConcurrentSequencesDoNotInterfere) {
         f.sequence_id = seq->id;
         absl::Status st = store_->Fetch(f, [&](FetchChunk& c) {
           if (c.keys != MakeHeadKv(100 + t, c.layer, c.kv_head, 0, (step + 1) * 7, kDim,
-                                   DType::kF16, false)) {
+                                   DType::kF16, /*is_value=*/false)) {
             results[static_cast<size_t>(t)] = absl::InternalError("wrong data");
           }
           return true;

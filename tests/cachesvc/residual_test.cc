@@ -41,13 +41,14 @@ Appended Original(const Fixture& f, const std::vector<int64_t>& sizes, int layer
   int64_t start = 0;
   for (int64_t n : sizes) {
     if (position < start + n) {
-      const size_t count = static_cast<size_t>(n * f.g_.heads * f.g_.dim);
+      const size_t count = static_cast<size_t>(n * f.geom.heads * f.geom.dim);
       const std::vector<float> k = Gaussian(count, 1000 * layer + static_cast<uint32_t>(start));
       const std::vector<float> v =
           Gaussian(count, 7777 + 1000 * layer + static_cast<uint32_t>(start));
-      const size_t at = static_cast<size_t>(((position - start) * f.g_.heads + head) * f.g_.dim);
-      return {std::vector<float>(k.begin() + at, k.begin() + at + f.g_.dim),
-              std::vector<float>(v.begin() + at, v.begin() + at + f.g_.dim)};
+      const size_t at =
+          static_cast<size_t>(((position - start) * f.geom.heads + head) * f.geom.dim);
+      return {std::vector<float>(k.begin() + at, k.begin() + at + f.geom.dim),
+              std::vector<float>(v.begin() + at, v.begin() + at + f.geom.dim)};
     }
     start += n;
   }
@@ -59,7 +60,7 @@ Appended Original(const Fixture& f, const std::vector<int64_t>& sizes, int layer
 std::map<int32_t, Appended> ByPosition(Fixture& f, int layer, int head) {
   const Fixture::Head h = f.Fetched(layer, head);
   std::map<int32_t, Appended> out;
-  const size_t d = static_cast<size_t>(f.g_.dim);
+  const size_t d = static_cast<size_t>(f.geom.dim);
   for (size_t i = 0; i < h.pos.size(); ++i) {
     out[h.pos[i]] = {std::vector<float>(h.k.begin() + i * d, h.k.begin() + (i + 1) * d),
                      std::vector<float>(h.v.begin() + i * d, h.v.begin() + (i + 1) * d)};
@@ -73,8 +74,8 @@ TEST(ResidualTest, NewestTokensStayRawAndTheRestIsStoredLikeWithoutAResidual) {
   Fixture without(Geometry{}, LowBit(StorageFormat::kInt4G32, 0));
   const int64_t total = AppendChunks(with, sizes);
   AppendChunks(without, sizes);
-  for (int l = 0; l < with.g_.layers; ++l) {
-    for (int h = 0; h < with.g_.heads; ++h) {
+  for (int l = 0; l < with.geom.layers; ++l) {
+    for (int h = 0; h < with.geom.heads; ++h) {
       SCOPED_TRACE(::testing::Message() << "layer " << l << " head " << h);
       const auto got = ByPosition(with, l, h);
       const auto quantized = ByPosition(without, l, h);
@@ -94,29 +95,29 @@ TEST(ResidualTest, NewestTokensStayRawAndTheRestIsStoredLikeWithoutAResidual) {
       EXPECT_EQ(differs, 20);  // INT4 would have changed every residual token
     }
   }
-  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, with.store_->GetSequence(with.id_));
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, with.store->GetSequence(with.id));
   EXPECT_EQ(s.visible_tokens, total);
-  EXPECT_EQ(s.stored_token_heads, total * with.g_.heads * with.g_.layers);
+  EXPECT_EQ(s.stored_token_heads, total * with.geom.heads * with.geom.layers);
   ASSERT_EQ(s.bytes_by_format.size(), 2u);
   EXPECT_EQ(s.bytes_by_format[0].format, StorageFormat::kInt4G32);
   EXPECT_EQ(s.bytes_by_format[1].format, StorageFormat::kF32);
   // 20 raw tokens per lane = 2 blocks of 16; 95 INT4 tokens = 6 blocks.
-  EXPECT_EQ(s.bytes_by_format[1].blocks, 2 * with.g_.heads * with.g_.layers);
-  EXPECT_EQ(s.bytes_by_format[0].blocks, 6 * with.g_.heads * with.g_.layers);
+  EXPECT_EQ(s.bytes_by_format[1].blocks, 2 * with.geom.heads * with.geom.layers);
+  EXPECT_EQ(s.bytes_by_format[0].blocks, 6 * with.geom.heads * with.geom.layers);
   EXPECT_EQ(s.bytes, s.bytes_by_format[0].bytes + s.bytes_by_format[1].bytes);
 
   // A stored-format Fetch says which chunks are raw.
   FetchParams fp;
-  fp.sequence_id = with.id_;
+  fp.sequence_id = with.id;
   fp.format = FetchFormat::kStored;
   std::map<StorageFormat, int64_t> tokens_by_format;
-  KVC_ASSERT_OK(with.store_->Fetch(fp, [&](FetchChunk& c) {
+  KVC_ASSERT_OK(with.store->Fetch(fp, [&](FetchChunk& c) {
     tokens_by_format[c.storage] += c.num_tokens;
     EXPECT_EQ(c.keys.size(), static_cast<size_t>(c.num_tokens) * c.record_bytes);
     return true;
   }));
-  EXPECT_EQ(tokens_by_format[StorageFormat::kF32], 20 * with.g_.heads * with.g_.layers);
-  EXPECT_EQ(tokens_by_format[StorageFormat::kInt4G32], 95 * with.g_.heads * with.g_.layers);
+  EXPECT_EQ(tokens_by_format[StorageFormat::kF32], 20 * with.geom.heads * with.geom.layers);
+  EXPECT_EQ(tokens_by_format[StorageFormat::kInt4G32], 95 * with.geom.heads * with.geom.layers);
 }
 
 class ResidualAttendTest : public ::testing::TestWithParam<StorageFormat> {};
@@ -129,13 +130,13 @@ TEST_P(ResidualAttendTest, AttendIsAttentionOverBothParts) {
   const int group = g.qheads / g.heads;
   for (int l = 0; l < g.layers; ++l) {
     AttendParams a;
-    a.sequence_id = f.id_;
+    a.sequence_id = f.id;
     a.layer = l;
     a.dtype = DType::kF32;
     a.queries = Bytes(q);
     a.positions = {static_cast<int32_t>(total)};
     a.want_weights = true;
-    KVC_ASSERT_OK_AND_ASSIGN(AttendResult r, f.store_->Attend(a));
+    KVC_ASSERT_OK_AND_ASSIGN(AttendResult r, f.store->Attend(a));
     ASSERT_EQ(r.max_stored, total);
     const float* out = reinterpret_cast<const float*>(r.output.data());
     for (int qh = 0; qh < g.qheads; ++qh) {
@@ -175,7 +176,7 @@ TEST(ResidualTest, SnapKvScoresBothPartsAndKeepsTheResidualRaw) {
   KVC_ASSERT_OK(f.AppendAll(0, kTokens, &keys));
   const std::vector<float> q = QueriesAlong(needle, kWindow, g.qheads, 40.0f);
   CompressParams p;
-  p.sequence_id = f.id_;
+  p.sequence_id = f.id;
   p.spec.eviction = Eviction::kSnapKv;
   p.spec.window = kWindow;
   p.spec.budget = kWindow + 1;
@@ -188,7 +189,7 @@ TEST(ResidualTest, SnapKvScoresBothPartsAndKeepsTheResidualRaw) {
     for (int t = 0; t < kWindow; ++t) lq.positions.push_back(kTokens - kWindow + t);
     p.queries.push_back(lq);
   }
-  KVC_ASSERT_OK_AND_ASSIGN(CompressResult r, f.store_->Compress(p));
+  KVC_ASSERT_OK_AND_ASSIGN(CompressResult r, f.store->Compress(p));
   EXPECT_EQ(r.layers[0].token_heads_after, (kWindow + 1) * g.heads);
   std::set<int32_t> expected = {kNeedle};
   for (int t = kTokens - kWindow; t < kTokens; ++t) expected.insert(t);
@@ -200,7 +201,7 @@ TEST(ResidualTest, SnapKvScoresBothPartsAndKeepsTheResidualRaw) {
                                   keys.begin() + (t * g.heads + 2) * g.dim);
     EXPECT_EQ(stored.at(t).k, want) << t;
   }
-  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot snap, f.store_->GetSequence(f.id_));
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot snap, f.store->GetSequence(f.id));
   ASSERT_EQ(snap.bytes_by_format.size(), 2u);
   EXPECT_EQ(snap.bytes_by_format[0].format, StorageFormat::kInt8);  // the needle's block
 }
@@ -210,9 +211,9 @@ TEST(ResidualTest, CompressSetsTheResidualOnASequenceStillRaw) {
   Fixture f(g);
   KVC_ASSERT_OK(f.AppendAll(0, 100));
   CompressParams p;
-  p.sequence_id = f.id_;
+  p.sequence_id = f.id;
   p.spec = LowBit(StorageFormat::kInt4G32, 16);
-  KVC_ASSERT_OK(f.store_->Compress(p));
+  KVC_ASSERT_OK(f.store->Compress(p));
   KVC_ASSERT_OK(f.AppendAll(100, 10));
   const std::vector<int64_t> sizes = {100, 10};
   const auto stored = ByPosition(f, 0, 1);
@@ -226,18 +227,18 @@ TEST(ResidualTest, CompressSetsTheResidualOnASequenceStillRaw) {
   EXPECT_EQ(exact, 16);
   // The residual is set once; a quantized sequence cannot get one.
   p.spec = LowBit(StorageFormat::kInt4G32, 8);
-  EXPECT_THAT(f.store_->Compress(p), StatusIs(Code::kFailedPrecondition, "cannot change it"));
+  EXPECT_THAT(f.store->Compress(p), StatusIs(Code::kFailedPrecondition, "cannot change it"));
   Fixture quantized(g, LowBit(StorageFormat::kInt8, 0));
   KVC_ASSERT_OK(quantized.AppendAll(0, 40));
-  p.sequence_id = quantized.id_;
+  p.sequence_id = quantized.id;
   p.spec = LowBit(StorageFormat::kInt4G32, 8);
-  EXPECT_THAT(quantized.store_->Compress(p),
+  EXPECT_THAT(quantized.store->Compress(p),
               StatusIs(Code::kFailedPrecondition, "are stored in int8"));
   // Nor one converted back to the raw format: its values went through int8 once.
   p.spec = LowBit(StorageFormat::kF32, 0);
-  KVC_ASSERT_OK(quantized.store_->Compress(p).status());
+  KVC_ASSERT_OK(quantized.store->Compress(p).status());
   p.spec = LowBit(StorageFormat::kInt4G32, 8);
-  EXPECT_THAT(quantized.store_->Compress(p),
+  EXPECT_THAT(quantized.store->Compress(p),
               StatusIs(Code::kFailedPrecondition, "lossy format before"));
 }
 
@@ -249,11 +250,11 @@ TEST(ResidualTest, CompressRefusesAResidualTheAutomaticPolicyWouldEvict) {
   Fixture f(Geometry{}, h2o);
   KVC_ASSERT_OK(f.AppendAll(0, 40));
   CompressParams p;
-  p.sequence_id = f.id_;
+  p.sequence_id = f.id;
   p.spec = LowBit(StorageFormat::kInt4G32, 19);  // the policy keeps only the newest 10
-  EXPECT_THAT(f.store_->Compress(p), StatusIs(Code::kInvalidArgument, "use at most 10"));
+  EXPECT_THAT(f.store->Compress(p), StatusIs(Code::kInvalidArgument, "use at most 10"));
   p.spec = LowBit(StorageFormat::kInt4G32, 10);
-  KVC_EXPECT_OK(f.store_->Compress(p).status());
+  KVC_EXPECT_OK(f.store->Compress(p).status());
 }
 
 TEST(ResidualTest, StreamingLlmWithAResidualRunsInConstantMemoryAndReturnsEveryBlock) {
@@ -272,7 +273,7 @@ TEST(ResidualTest, StreamingLlmWithAResidualRunsInConstantMemoryAndReturnsEveryB
     sizes.push_back(13);
     KVC_ASSERT_OK(f.AppendAll(at, 13));
     at += 13;
-    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store_->GetPoolStats("c"));
+    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->GetPoolStats("c"));
     if (i >= 10) (i < 45 ? early : late) = std::max(i < 45 ? early : late, stats.used_bytes);
   }
   EXPECT_LE(late, early);
@@ -284,8 +285,8 @@ TEST(ResidualTest, StreamingLlmWithAResidualRunsInConstantMemoryAndReturnsEveryB
     const bool raw = stored.at(static_cast<int32_t>(p)).k == Original(f, sizes, 0, 0, p).k;
     EXPECT_EQ(raw, p >= at - 16) << "position " << p;
   }
-  KVC_ASSERT_OK(f.store_->Release(f.id_));
-  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store_->GetPoolStats("c"));
+  KVC_ASSERT_OK(f.store->Release(f.id));
+  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->GetPoolStats("c"));
   EXPECT_EQ(stats.used_bytes, 0);
 }
 
@@ -330,10 +331,10 @@ TEST(ResidualTest, AResidualThatEvictionWouldCutIsRefused) {
   Fixture f(g, LowBit(StorageFormat::kInt8, 20));
   KVC_ASSERT_OK(f.AppendAll(0, 50));
   CompressParams p;
-  p.sequence_id = f.id_;
+  p.sequence_id = f.id;
   p.spec = Streaming(4, 10);
-  EXPECT_THAT(f.store_->Compress(p), StatusIs(Code::kInvalidArgument, "newest 20 tokens raw"));
-  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store_->GetSequence(f.id_));
+  EXPECT_THAT(f.store->Compress(p), StatusIs(Code::kInvalidArgument, "newest 20 tokens raw"));
+  KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store->GetSequence(f.id));
   EXPECT_EQ(s.stored_token_heads, 50 * g.heads * g.layers);
 }
 

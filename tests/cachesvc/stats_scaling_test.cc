@@ -33,7 +33,8 @@ void AddSequences(KvStore& store, int n, int tokens) {
     auto seq = store.CreateSequence({});
     ASSERT_TRUE(seq.ok()) << seq.status();
     for (int l = 0; l < 2; ++l) {
-      const std::string k = ::kvc::testing::MakeKv(1, l, 0, tokens, 2, 64, DType::kF16, false);
+      const std::string k =
+          ::kvc::testing::MakeKv(1, l, 0, tokens, 2, 64, DType::kF16, /*is_value=*/false);
       AppendParams a;
       a.sequence_id = seq->id;
       a.layer = l;
@@ -84,7 +85,8 @@ TEST(StatsScalingTest, StatsDoNotWaitForASequenceBusyCompressing) {
   ASSERT_TRUE(seq.ok());
   constexpr int kTokens = 16384;
   for (int l = 0; l < 2; ++l) {
-    const std::string k = ::kvc::testing::MakeKv(2, l, 0, kTokens, 2, 64, DType::kF16, false);
+    const std::string k =
+        ::kvc::testing::MakeKv(2, l, 0, kTokens, 2, 64, DType::kF16, /*is_value=*/false);
     AppendParams a;
     a.sequence_id = seq->id;
     a.layer = l;

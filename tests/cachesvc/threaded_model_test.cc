@@ -243,8 +243,10 @@ void World::Recreate(ModelSequence& s, std::mt19937& rng) {
 
 bool World::Append(ModelSequence& s, std::mt19937& rng, int layer, int n) {
   const int64_t start = s.now.layer_tokens[static_cast<size_t>(layer)];
-  const std::string k = MakeKv(kSeed, layer, start, n, kHeads, kDim, DType::kF16, false);
-  const std::string v = MakeKv(kSeed, layer, start, n, kHeads, kDim, DType::kF16, true);
+  const std::string k =
+      MakeKv(kSeed, layer, start, n, kHeads, kDim, DType::kF16, /*is_value=*/false);
+  const std::string v =
+      MakeKv(kSeed, layer, start, n, kHeads, kDim, DType::kF16, /*is_value=*/true);
   AppendParams a;
   a.sequence_id = s.id;
   a.layer = layer;
@@ -489,12 +491,12 @@ bool World::Attend(ModelSequence& s, std::mt19937& rng) {
     std::vector<double> logits, acc(kDim, 0.0);
     std::vector<std::vector<float>> vals;
     for (const auto& [pos, chain] : lane) {
-      const std::vector<float> k = Expected(layer, h, pos, chain, false);
+      const std::vector<float> k = Expected(layer, h, pos, chain, /*value=*/false);
       double dot = 0;
       for (int e = 0; e < kDim; ++e)
         dot += double{q[static_cast<size_t>(qh * kDim + e)]} * k[static_cast<size_t>(e)];
       logits.push_back(dot / std::sqrt(double{kDim}));
-      vals.push_back(Expected(layer, h, pos, chain, true));
+      vals.push_back(Expected(layer, h, pos, chain, /*value=*/true));
     }
     if (!logits.empty()) {
       const double mx = *std::max_element(logits.begin(), logits.end());
@@ -622,10 +624,12 @@ std::string Mismatch(const std::vector<FetchChunk>& chunks, const Version& v, bo
         const size_t rb = static_cast<size_t>(c.record_bytes);
         if (c.storage != it->second.back()) return "stored format" + where;
         if (c.keys.compare(i * rb, rb,
-                           ExpectedRecord(c.layer, c.kv_head, pos, it->second, false)) != 0)
+                           ExpectedRecord(c.layer, c.kv_head, pos, it->second, /*value=*/false)) !=
+            0)
           return "stored key record" + where;
         if (c.values.compare(i * rb, rb,
-                             ExpectedRecord(c.layer, c.kv_head, pos, it->second, true)) != 0)
+                             ExpectedRecord(c.layer, c.kv_head, pos, it->second, /*value=*/true)) !=
+            0)
           return "stored value record" + where;
         continue;
       }

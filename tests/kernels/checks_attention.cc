@@ -39,11 +39,12 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
       lanes.max_tokens += c.pad;
       const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
       const std::vector<float> init = MakeScores(lanes, rng);
-      const int32_t L = lanes.num_lanes();
+      const int32_t num_lanes = lanes.num_lanes();
       const std::vector<uint8_t> q = ToDType(
-          RandomRows(static_cast<int64_t>(L) * c.group, c.d, DataKind::kGaussian, rng), c.dtype);
-      const size_t out_bytes = static_cast<size_t>(L) * c.group * c.d * DTypeSize(c.dtype);
-      const size_t nw = static_cast<size_t>(L) * c.group * lanes.max_tokens;
+          RandomRows(static_cast<int64_t>(num_lanes) * c.group, c.d, DataKind::kGaussian, rng),
+          c.dtype);
+      const size_t out_bytes = static_cast<size_t>(num_lanes) * c.group * c.d * DTypeSize(c.dtype);
+      const size_t nw = static_cast<size_t>(num_lanes) * c.group * lanes.max_tokens;
       std::vector<float> out[2], weights[2], scores[2], lse[2];
       KernelBackend* backends[2] = {ctx.reference, ctx.backend};
       for (int i = 0; i < 2; ++i) {
@@ -58,12 +59,12 @@ KVC_BACKEND_CHECK(DecodeAttentionMatchesReference) {
         a.out = s.Alloc(out_bytes);
         a.weights = c.weights ? static_cast<float*>(s.Alloc(nw * 4)) : nullptr;
         a.scores = c.weights ? s.Upload(init) : nullptr;
-        a.lse = static_cast<float*>(s.Alloc(static_cast<size_t>(L) * c.group * 4));
+        a.lse = static_cast<float*>(s.Alloc(static_cast<size_t>(num_lanes) * c.group * 4));
         if (!ctx.ExpectOk(backends[i]->DecodeAttention(a, StreamHandle{}), "DecodeAttention"))
           return;
         out[i] = DecodeDense(s.DownloadBytes(a.out, out_bytes), c.dtype);
         if (c.weights) weights[i] = s.Download(a.weights, nw);
-        lse[i] = s.Download(a.lse, static_cast<size_t>(L) * c.group);
+        lse[i] = s.Download(a.lse, static_cast<size_t>(num_lanes) * c.group);
         if (c.weights) scores[i] = s.Download(a.scores, init.size());
       }
       const std::string what = Str("decode ", ShapeName(l), " G", c.group, " ", DTypeName(c.dtype));
@@ -93,25 +94,25 @@ KVC_SPEC_CHECK(DecodeAttentionIsSoftmaxAttention) {
   if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create"))
     return;
   std::mt19937 rng(32);
-  const int d = 64, G = 2;
+  const int d = 64, group = 2;
   const BlockLayout l = MakeBlockLayout(StorageFormat::kF32, d, 16);
   const LaneSpec lanes = MakeLanes(l, {45}, 0, rng);
   std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
-  const std::vector<float> q = RandomRows(G, d, DataKind::kGaussian, rng);
-  std::vector<float> out(G * d), w(G * 45), scores(45, 0.5f);
+  const std::vector<float> q = RandomRows(group, d, DataKind::kGaussian, rng);
+  std::vector<float> out(group * d), w(group * 45), scores(45, 0.5f);
   DecodeAttentionArgs a;
   a.arena = PagedArena{arena.data(), l, lanes.num_blocks};
   a.lanes = LaneTable{1, lanes.offsets.data(), lanes.ids.data(), lanes.tokens.data(), 45};
-  a.group_size = G;
+  a.group_size = group;
   a.dtype = DType::kF32;
   a.queries = q.data();
   a.out = out.data();
   a.weights = w.data();
   a.scores = scores.data();
-  std::vector<float> lse(G);
+  std::vector<float> lse(group);
   a.lse = lse.data();
   ctx.ExpectOk(ref->DecodeAttention(a, StreamHandle{}), "DecodeAttention");
-  for (int g = 0; g < G; ++g) {
+  for (int g = 0; g < group; ++g) {
     std::vector<double> logit(45);
     double m = -1e300;
     for (int t = 0; t < 45; ++t) {
@@ -133,7 +134,7 @@ KVC_SPEC_CHECK(DecodeAttentionIsSoftmaxAttention) {
       ctx.Expect(std::fabs(w[g * 45 + t] - logit[t] / sum) < 1e-6,
                  "weights are softmax probabilities");
     }
-    if (g == G - 1) {
+    if (g == group - 1) {
       for (int t = 0; t < 45; ++t) {
         const float mean = (w[t] + w[45 + t]) / 2;
         ctx.Expect(std::fabs(scores[t] - (0.5f + mean)) < 1e-6f,
@@ -153,21 +154,21 @@ KVC_SPEC_CHECK(DecodeAttentionMergesByLse) {
   if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create"))
     return;
   std::mt19937 rng(33);
-  const int d = 64, G = 3, n = 45, split = 32;
+  const int d = 64, group = 3, n = 45, split = 32;
   const BlockLayout l = MakeBlockLayout(StorageFormat::kF32, d, 16);
   const LaneSpec lanes = MakeLanes(l, {n}, 0, rng);
   std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
-  const std::vector<float> q = RandomRows(G, d, DataKind::kGaussian, rng);
+  const std::vector<float> q = RandomRows(group, d, DataKind::kGaussian, rng);
   const PagedArena pa{arena.data(), l, lanes.num_blocks};
   auto attend = [&](const int32_t* ids, int32_t tokens, std::vector<float>* out,
                     std::vector<float>* lse) {
-    out->assign(G * d, 0.0f);
-    lse->assign(G, 0.0f);
+    out->assign(group * d, 0.0f);
+    lse->assign(group, 0.0f);
     const int32_t offsets[2] = {0, (tokens + 15) / 16};
     DecodeAttentionArgs a;
     a.arena = pa;
     a.lanes = LaneTable{1, offsets, ids, &tokens, tokens};
-    a.group_size = G;
+    a.group_size = group;
     a.dtype = DType::kF32;
     a.queries = q.data();
     a.out = out->data();
@@ -178,8 +179,8 @@ KVC_SPEC_CHECK(DecodeAttentionMergesByLse) {
   attend(lanes.ids.data(), n, &whole, &whole_lse);
   attend(lanes.ids.data(), split, &o1, &l1);
   attend(lanes.ids.data() + split / 16, n - split, &o2, &l2);
-  std::vector<float> merged(G * d);
-  for (int g = 0; g < G; ++g) {
+  std::vector<float> merged(group * d);
+  for (int g = 0; g < group; ++g) {
     const float m = std::max(l1[g], l2[g]);
     const float total = m + std::log(std::exp(l1[g] - m) + std::exp(l2[g] - m));
     ctx.Expect(std::fabs(total - whole_lse[g]) < 1e-5,

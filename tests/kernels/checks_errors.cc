@@ -60,7 +60,7 @@ KVC_BACKEND_CHECK(ErrorsWriteNothing) {
   Session& s = fx.s;
   const BlockLayout& l = fx.layout;
   const int32_t n = static_cast<int32_t>(fx.blocks.size());
-  const int32_t L = fx.lanes.num_lanes(), T = fx.lanes.max_tokens;
+  const int32_t num_lanes = fx.lanes.num_lanes(), stride = fx.lanes.max_tokens;
   const std::vector<uint8_t> rows =
       ToDType(RandomRows(n, l.head_dim, DataKind::kGaussian, rng), DType::kF16);
 
@@ -144,7 +144,7 @@ KVC_BACKEND_CHECK(ErrorsWriteNothing) {
   // Scores: SnapKV with an even pool kernel, AccumulateScores with group 0, Select with a
   // negative budget or (host) a lane longer than max_tokens; decode with a group of 65.
   {
-    const std::vector<int32_t> pos = MakePositions(fx.lanes, false, rng);
+    const std::vector<int32_t> pos = MakePositions(fx.lanes, /*shuffle=*/false, rng);
     const std::vector<float> init = MakeScores(fx.lanes, rng);
     float* scores = s.Upload(init);
     SnapKvScoreArgs sk;
@@ -152,38 +152,38 @@ KVC_BACKEND_CHECK(ErrorsWriteNothing) {
     sk.lanes = fx.dl.table;
     sk.window = 4;
     sk.queries = s.Upload(rows);
-    sk.query_positions = s.Upload(std::vector<int32_t>(L * 4, 1000));
+    sk.query_positions = s.Upload(std::vector<int32_t>(num_lanes * 4, 1000));
     sk.key_positions = s.Upload(pos);
     sk.pool_kernel = 4;
     sk.scores = scores;
     AccumulateScoresArgs acc;
-    acc.num_lanes = L;
+    acc.num_lanes = num_lanes;
     acc.num_tokens = fx.dl.table.num_tokens;
-    acc.max_tokens = T;
+    acc.max_tokens = stride;
     acc.group_size = 0;
-    acc.weights = s.Upload(std::vector<float>(static_cast<size_t>(L) * T, 1.0f));
+    acc.weights = s.Upload(std::vector<float>(static_cast<size_t>(num_lanes) * stride, 1.0f));
     acc.scores = scores;
     SelectArgs sel;
-    sel.num_lanes = L;
+    sel.num_lanes = num_lanes;
     sel.num_tokens = fx.dl.table.num_tokens;
-    sel.max_tokens = T;
+    sel.max_tokens = stride;
     sel.positions = sk.key_positions;
     sel.scores = scores;
     sel.budget = -1;
-    sel.keep = s.Upload(std::vector<uint8_t>(static_cast<size_t>(L) * T, 9));
+    sel.keep = s.Upload(std::vector<uint8_t>(static_cast<size_t>(num_lanes) * stride, 9));
     DecodeAttentionArgs da;
     da.arena = fx.dl.arena;
     da.lanes = fx.dl.table;
     da.group_size = 65;
     da.queries = sk.queries;
-    da.out = s.Alloc(static_cast<size_t>(L) * 65 * l.head_dim * 2);
-    da.weights = static_cast<float*>(s.Alloc(static_cast<size_t>(L) * 65 * T * 4));
+    da.out = s.Alloc(static_cast<size_t>(num_lanes) * 65 * l.head_dim * 2);
+    da.weights = static_cast<float*>(s.Alloc(static_cast<size_t>(num_lanes) * 65 * stride * 4));
     da.scores = scores;
     Watch watch(ctx, s);
     watch.Add(scores, init.size() * 4);
-    watch.Add(sel.keep, static_cast<size_t>(L) * T);
-    watch.Add(da.out, static_cast<size_t>(L) * 65 * l.head_dim * 2);
-    watch.Add(da.weights, static_cast<size_t>(L) * 65 * T * 4);
+    watch.Add(sel.keep, static_cast<size_t>(num_lanes) * stride);
+    watch.Add(da.out, static_cast<size_t>(num_lanes) * 65 * l.head_dim * 2);
+    watch.Add(da.weights, static_cast<size_t>(num_lanes) * 65 * stride * 4);
     watch.ExpectRejected("snapkv with an even pool kernel", ctx.backend->SnapKvScore(sk, {}));
     watch.ExpectRejected("accumulate with group 0", ctx.backend->AccumulateScores(acc, {}));
     watch.ExpectRejected("select with a negative budget", ctx.backend->Select(sel, {}));

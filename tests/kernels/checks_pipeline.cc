@@ -27,22 +27,24 @@ FreshLanes MakeFresh(const BlockLayout& l, const std::vector<int32_t>& kept, std
 
 KVC_BACKEND_CHECK(SnapKvPipelineMatchesGatheredReference) {
   std::mt19937 rng(41);
-  const int G = 2, window = 8, budget = 20, d = 64;
+  const int group = 2, window = 8, budget = 20, d = 64;
   for (StorageFormat f : {StorageFormat::kF16, StorageFormat::kInt4G32, StorageFormat::kNvfp4}) {
     const BlockLayout l = MakeBlockLayout(f, d, 16);
     const LaneSpec lanes = MakeLanes(l, {100, 29, 17}, 0, rng);
     const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
-    const std::vector<int32_t> positions = MakePositions(lanes, false, rng);
-    const int32_t L = lanes.num_lanes();
+    const std::vector<int32_t> positions = MakePositions(lanes, /*shuffle=*/false, rng);
+    const int32_t num_lanes = lanes.num_lanes();
     const std::vector<uint8_t> qw = ToDType(
-        RandomRows(static_cast<int64_t>(L) * G * window, d, DataKind::kGaussian, rng), DType::kF32);
+        RandomRows(static_cast<int64_t>(num_lanes) * group * window, d, DataKind::kGaussian, rng),
+        DType::kF32);
     const std::vector<uint8_t> qd =
-        ToDType(RandomRows(static_cast<int64_t>(L) * G, d, DataKind::kGaussian, rng), DType::kF32);
+        ToDType(RandomRows(static_cast<int64_t>(num_lanes) * group, d, DataKind::kGaussian, rng),
+                DType::kF32);
     std::vector<int32_t> qpos;
-    for (int32_t lane = 0; lane < L; ++lane) {
+    for (int32_t lane = 0; lane < num_lanes; ++lane) {
       for (int w = 0; w < window; ++w) qpos.push_back(lanes.tokens[lane] - window + w);
     }
-    const size_t keep_n = static_cast<size_t>(L) * lanes.max_tokens;
+    const size_t keep_n = static_cast<size_t>(num_lanes) * lanes.max_tokens;
 
     // Backend under test: score and select in its own memory.
     std::vector<float> scores;
@@ -53,7 +55,7 @@ KVC_BACKEND_CHECK(SnapKvPipelineMatchesGatheredReference) {
       SnapKvScoreArgs sk;
       sk.arena = dl.arena;
       sk.lanes = dl.table;
-      sk.group_size = G;
+      sk.group_size = group;
       sk.window = window;
       sk.query_dtype = DType::kF32;
       sk.queries = s.Upload(qw);
@@ -64,7 +66,7 @@ KVC_BACKEND_CHECK(SnapKvPipelineMatchesGatheredReference) {
       sk.scores = static_cast<float*>(s.Alloc(keep_n * 4));
       if (!ctx.ExpectOk(ctx.backend->SnapKvScore(sk, StreamHandle{}), "SnapKvScore")) return;
       SelectArgs sel;
-      sel.num_lanes = L;
+      sel.num_lanes = num_lanes;
       sel.num_tokens = dl.table.num_tokens;
       sel.max_tokens = lanes.max_tokens;
       sel.positions = sk.key_positions;
@@ -87,8 +89,8 @@ KVC_BACKEND_CHECK(SnapKvPipelineMatchesGatheredReference) {
 
     // The kept tokens in original order (reference side) and reversed (backend side).
     std::vector<int32_t> kept_tokens;
-    std::vector<std::vector<int32_t>> kept(L);
-    for (int32_t lane = 0; lane < L; ++lane) {
+    std::vector<std::vector<int32_t>> kept(num_lanes);
+    for (int32_t lane = 0; lane < num_lanes; ++lane) {
       const int32_t n = lanes.tokens[lane];
       for (int32_t t = 0; t < n; ++t) {
         if (keep[static_cast<size_t>(lane) * lanes.max_tokens + t]) kept[lane].push_back(t);
@@ -103,8 +105,8 @@ KVC_BACKEND_CHECK(SnapKvPipelineMatchesGatheredReference) {
       kept_tokens.push_back(static_cast<int32_t>(kept[lane].size()));
     }
     const FreshLanes fresh = MakeFresh(l, kept_tokens, rng);
-    std::vector<float> want_out(static_cast<size_t>(L) * G * d), got_out = want_out;
-    const size_t fresh_n = static_cast<size_t>(L) * fresh.spec.max_tokens;
+    std::vector<float> want_out(static_cast<size_t>(num_lanes) * group * d), got_out = want_out;
+    const size_t fresh_n = static_cast<size_t>(num_lanes) * fresh.spec.max_tokens;
     std::vector<float> want_scores(fresh_n, 0.0f), got_scores(fresh_n, 0.0f);
     for (int side = 0; side < 2; ++side) {  // 0: reference, original order; 1: backend, reversed
       KernelBackend& b = side == 0 ? *ctx.reference : *ctx.backend;
@@ -112,7 +114,7 @@ KVC_BACKEND_CHECK(SnapKvPipelineMatchesGatheredReference) {
       std::vector<int32_t> sb, ss, db, ds;
       std::vector<float> fresh_scores(fresh_n, 0.0f);
       size_t row = 0;
-      for (int32_t lane = 0; lane < L; ++lane) {
+      for (int32_t lane = 0; lane < num_lanes; ++lane) {
         const int32_t k = kept_tokens[lane];
         for (int32_t j = 0; j < k; ++j, ++row) {
           const int32_t t = side == 0 ? kept[lane][j] : kept[lane][k - 1 - j];
@@ -138,17 +140,17 @@ KVC_BACKEND_CHECK(SnapKvPipelineMatchesGatheredReference) {
       DecodeAttentionArgs da;
       da.arena = g.dst;
       da.lanes = fl.table;
-      da.group_size = G;
+      da.group_size = group;
       da.dtype = DType::kF32;
       da.queries = fs.Upload(qd);
-      da.out = fs.Alloc(static_cast<size_t>(L) * G * d * 4);
+      da.out = fs.Alloc(static_cast<size_t>(num_lanes) * group * d * 4);
       da.scores = fs.Upload(fresh_scores);
       if (!ctx.ExpectOk(b.DecodeAttention(da, StreamHandle{}), "DecodeAttention")) return;
-      (side == 0 ? want_out : got_out) =
-          fs.Download(static_cast<const float*>(da.out), static_cast<size_t>(L) * G * d);
+      (side == 0 ? want_out : got_out) = fs.Download(static_cast<const float*>(da.out),
+                                                     static_cast<size_t>(num_lanes) * group * d);
       std::vector<float> out_scores = fs.Download(da.scores, fresh_n);
       if (side == 1) {  // back to original order for the comparison
-        for (int32_t lane = 0; lane < L; ++lane) {
+        for (int32_t lane = 0; lane < num_lanes; ++lane) {
           float* row_scores = &out_scores[static_cast<size_t>(lane) * fresh.spec.max_tokens];
           std::reverse(row_scores, row_scores + kept_tokens[lane]);
         }

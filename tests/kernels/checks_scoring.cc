@@ -49,12 +49,12 @@ KVC_BACKEND_CHECK(SnapKvMatchesReference) {
     const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
     const std::vector<int32_t> kpos = MakePositions(lanes, c.shuffle, rng);
     const std::vector<float> init = MakeScores(lanes, rng);
-    const int32_t L = lanes.num_lanes();
-    const std::vector<float> q =
-        RandomRows(static_cast<int64_t>(L) * c.group * c.window, c.d, DataKind::kGaussian, rng);
+    const int32_t num_lanes = lanes.num_lanes();
+    const std::vector<float> q = RandomRows(static_cast<int64_t>(num_lanes) * c.group * c.window,
+                                            c.d, DataKind::kGaussian, rng);
     const std::vector<uint8_t> qb = ToDType(q, DType::kBF16);
     std::vector<int32_t> qpos;
-    for (int32_t lane = 0; lane < L; ++lane) {
+    for (int32_t lane = 0; lane < num_lanes; ++lane) {
       for (int w = 0; w < c.window; ++w) qpos.push_back(lanes.tokens[lane] - c.window + w);
     }
     std::vector<float> scores[2];
@@ -96,8 +96,8 @@ KVC_BACKEND_CHECK(AccumulateScoresMatchesReference) {
   for (int pad : {0, 7}) {
     LaneSpec lanes = MakeLanes(l, {1, 90, 17, 0, 600}, 0, rng);
     lanes.max_tokens += pad;
-    const int G = 3;
-    std::vector<float> w(static_cast<size_t>(lanes.num_lanes()) * G * lanes.max_tokens);
+    const int group = 3;
+    std::vector<float> w(static_cast<size_t>(lanes.num_lanes()) * group * lanes.max_tokens);
     std::uniform_real_distribution<float> uni(0, 1);
     for (float& x : w) x = uni(rng);
     const std::vector<float> init = MakeScores(lanes, rng);
@@ -109,7 +109,7 @@ KVC_BACKEND_CHECK(AccumulateScoresMatchesReference) {
       a.num_lanes = lanes.num_lanes();
       a.num_tokens = s.Upload(lanes.tokens);
       a.max_tokens = lanes.max_tokens;
-      a.group_size = G;
+      a.group_size = group;
       a.weights = s.Upload(w);
       a.scores = s.Upload(init);
       if (!ctx.ExpectOk(backends[i]->AccumulateScores(a, StreamHandle{}), "AccumulateScores"))
@@ -139,7 +139,7 @@ KVC_BACKEND_CHECK(SelectMatchesReference) {
     const BlockLayout l = MakeBlockLayout(StorageFormat::kF16, 64, 16);
     LaneSpec lanes = MakeLanes(l, {1, 30, 64, 257, 2000, 0}, 0, rng);
     lanes.max_tokens += 3;
-    const std::vector<int32_t> pos = MakePositions(lanes, true, rng);
+    const std::vector<int32_t> pos = MakePositions(lanes, /*shuffle=*/true, rng);
     std::vector<float> scores = MakeScores(lanes, rng);
     if (c.ties) {
       for (size_t i = 0; i < scores.size(); ++i)

@@ -123,6 +123,7 @@ TEST_F(CpuConcurrencyTest, ConcurrentOpsEqualSerialResults) {
   constexpr int kThreads = 4, kRounds = 6;
   std::vector<int> mismatches(kThreads, 0);
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&, i] {
       for (int r = 0; r < kRounds; ++r) {

@@ -227,6 +227,7 @@ std::string ShapeName(const BlockLayout& l) {
 
 std::vector<StorageFormat> AllFormats() {
   std::vector<StorageFormat> f;
+  f.reserve(kNumStorageFormats);
   for (int i = 0; i < kNumStorageFormats; ++i) f.push_back(static_cast<StorageFormat>(i));
   return f;
 }

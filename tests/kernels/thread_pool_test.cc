@@ -38,6 +38,7 @@ TEST(ThreadPoolTest, ConcurrentCallersCoverEveryIndexOnce) {
   constexpr int kCallers = 6, kCallsEach = 40;
   std::atomic<int> bad_chunks{0};
   std::vector<std::thread> callers;
+  callers.reserve(kCallers);
   std::vector<int> failures(kCallers, 0);
   for (int c = 0; c < kCallers; ++c) {
     callers.emplace_back([&, c] {

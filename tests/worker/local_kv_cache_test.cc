@@ -86,7 +86,7 @@ TEST(LocalKvCacheTest, ReRotationMovesSinkKeysExactly) {
   std::mt19937 rng(4);
   KvGeometry g = kGeom;
   g.rope_theta = 100000.0f;
-  LocalKvCache kv(g, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), nullptr);
+  LocalKvCache kv(g, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), /*pool=*/nullptr);
   std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, 7};
   const size_t n = pos.size() * g.num_kv_heads * g.head_dim;
   const std::vector<float> raw = Random(n, rng), values = Random(n, rng);
@@ -103,7 +103,8 @@ TEST(LocalKvCacheTest, ReRotationMovesSinkKeysExactly) {
   ApplyRope(expect.data(), at5, 1, g.head_dim, g.rope_theta);
   for (int32_t d = 0; d < g.head_dim; ++d) EXPECT_NEAR(layer->heads[1].keys[d], expect[d], 1e-5);
   // Without rope_theta the cache cannot move keys.
-  LocalKvCache no_theta(kGeom, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true), nullptr);
+  LocalKvCache no_theta(kGeom, MakeLocalSinkWindowPolicy(1, 2, /*close_gaps=*/true),
+                        /*pool=*/nullptr);
   for (int32_t l = 0; l < g.num_layers; ++l)
     ASSERT_TRUE(no_theta.Append(l, pos, keys, values).ok());
   EXPECT_EQ(no_theta.CommitStep(8).code(), absl::StatusCode::kFailedPrecondition);

@@ -15,6 +15,8 @@ namespace {
 class Buffers {
  public:
   explicit Buffers(KernelBackend& b) : b_(b) {}
+  Buffers(const Buffers&) = delete;
+  Buffers& operator=(const Buffers&) = delete;
   ~Buffers() {
     for (void* p : ptrs_) b_.Free(p);
   }
@@ -85,8 +87,9 @@ Paged MakePaged(Buffers& buf, StorageFormat f, const Geometry& g, KernelStatus* 
       p.slots.push_back(t % 16);
     }
   }
-  p.arena = PagedArena{buf.Upload(nullptr, static_cast<size_t>(num_blocks) * l.block_bytes, st), l,
-                       num_blocks};
+  p.arena =
+      PagedArena{buf.Upload(/*src=*/nullptr, static_cast<size_t>(num_blocks) * l.block_bytes, st),
+                 l, num_blocks};
   p.table = LaneTable{g.lanes, buf.Upload(offsets, st), buf.Upload(ids, st), buf.Upload(tokens, st),
                       g.tokens};
   const size_t rows = p.blocks.size();
@@ -117,8 +120,9 @@ class WriteRun : public BenchRun {
     std::iota(block_of.begin(), block_of.end(), 0);
     std::shuffle(block_of.begin(), block_of.end(), rng);
     for (int r = 0; r < rows; ++r) blocks[r] = block_of[r / 16], slots[r] = r % 16;
-    args_.arena = PagedArena{
-        buf_.Upload(nullptr, static_cast<size_t>(rows / 16) * l.block_bytes, st), l, rows / 16};
+    args_.arena =
+        PagedArena{buf_.Upload(/*src=*/nullptr, static_cast<size_t>(rows / 16) * l.block_bytes, st),
+                   l, rows / 16};
     args_.num_rows = rows;
     args_.dtype = DType::kF16;
     args_.keys = buf_.Upload(RandomHalf(static_cast<size_t>(rows) * g.d, rng), st);
@@ -145,8 +149,8 @@ class ReadRun : public BenchRun {
     args_.arena = p.arena;
     args_.num_rows = static_cast<int32_t>(rows);
     args_.dtype = DType::kF16;
-    args_.keys = buf_.Upload(nullptr, rows * g.d * 2, st);
-    args_.values = buf_.Upload(nullptr, rows * g.d * 2, st);
+    args_.keys = buf_.Upload(/*src=*/nullptr, rows * g.d * 2, st);
+    args_.values = buf_.Upload(/*src=*/nullptr, rows * g.d * 2, st);
     args_.src_blocks = buf_.Upload(p.blocks, st);
     args_.src_slots = buf_.Upload(p.slots, st);
     bytes_ = static_cast<double>(rows) * (2.0 * g.d * 2 + 2.0 * p.arena.layout.record_bytes);
@@ -169,8 +173,8 @@ class ReadRecordsRun : public BenchRun {
     const size_t rows = p.blocks.size(), rec = p.arena.layout.record_bytes;
     args_.arena = p.arena;
     args_.num_rows = static_cast<int32_t>(rows);
-    args_.keys = buf_.Upload(nullptr, rows * rec, st);
-    args_.values = buf_.Upload(nullptr, rows * rec, st);
+    args_.keys = buf_.Upload(/*src=*/nullptr, rows * rec, st);
+    args_.values = buf_.Upload(/*src=*/nullptr, rows * rec, st);
     args_.src_blocks = buf_.Upload(p.blocks, st);
     args_.src_slots = buf_.Upload(p.slots, st);
     bytes_ = static_cast<double>(rows) * 2.0 * (2.0 * rec);
@@ -198,7 +202,7 @@ class GatherRun : public BenchRun {
     const int32_t dst_num = static_cast<int32_t>((rows + 15) / 16);
     args_.src = p.arena;
     args_.dst = PagedArena{
-        buf_.Upload(nullptr, static_cast<size_t>(dst_num) * p.arena.layout.block_bytes, st),
+        buf_.Upload(/*src=*/nullptr, static_cast<size_t>(dst_num) * p.arena.layout.block_bytes, st),
         p.arena.layout, dst_num};
     args_.num_rows = static_cast<int32_t>(rows);
     args_.src_blocks = buf_.Upload(p.blocks, st);
@@ -231,8 +235,8 @@ class AccumulateRun : public BenchRun {
     args_.max_tokens = g.tokens;
     args_.group_size = g.group;
     args_.weights = buf_.Upload(w, st);
-    args_.scores =
-        static_cast<float*>(buf_.Upload(nullptr, static_cast<size_t>(g.lanes) * g.tokens * 4, st));
+    args_.scores = static_cast<float*>(
+        buf_.Upload(/*src=*/nullptr, static_cast<size_t>(g.lanes) * g.tokens * 4, st));
     bytes_ = static_cast<double>(w.size()) * 4 + 2.0 * g.lanes * g.tokens * 4;
   }
   KernelStatus Run() override { return buf_.backend().AccumulateScores(args_, StreamHandle{}); }
@@ -265,7 +269,7 @@ class SnapKvRun : public BenchRun {
         buf_.Upload(RandomHalf(static_cast<size_t>(g.lanes) * g.group * window * g.d, rng), st);
     args_.query_positions = buf_.Upload(qpos, st);
     args_.key_positions = buf_.Upload(kpos, st);
-    args_.scores = static_cast<float*>(buf_.Upload(nullptr, kpos.size() * 4, st));
+    args_.scores = static_cast<float*>(buf_.Upload(/*src=*/nullptr, kpos.size() * 4, st));
     args_.pool_kernel = 7;
     args_.pool = PoolKind::kMax;
     bytes_ = static_cast<double>(g.lanes) * g.tokens * p.arena.layout.record_bytes;
@@ -294,7 +298,7 @@ class DecodeRun : public BenchRun {
     args_.group_size = g.group;
     args_.dtype = DType::kF16;
     args_.queries = buf_.Upload(RandomHalf(static_cast<size_t>(g.lanes) * g.group * g.d, rng), st);
-    args_.out = buf_.Upload(nullptr, static_cast<size_t>(g.lanes) * g.group * g.d * 2, st);
+    args_.out = buf_.Upload(/*src=*/nullptr, static_cast<size_t>(g.lanes) * g.group * g.d * 2, st);
     bytes_ = static_cast<double>(g.lanes) * g.tokens * 2.0 * p.arena.layout.record_bytes;
   }
   KernelStatus Run() override { return buf_.backend().DecodeAttention(args_, StreamHandle{}); }
@@ -312,8 +316,8 @@ class CopyRun : public BenchRun {
   CopyRun(KernelBackend& b, double bytes, int threads, KernelStatus* st)
       : buf_(b), threads_(threads) {
     n_ = static_cast<size_t>(bytes / 2);
-    src_ = buf_.Upload(nullptr, n_, st);
-    dst_ = buf_.Upload(nullptr, n_, st);
+    src_ = buf_.Upload(/*src=*/nullptr, n_, st);
+    dst_ = buf_.Upload(/*src=*/nullptr, n_, st);
     if (st->ok()) *st = b.Memset(src_, 1, n_, StreamHandle{});
   }
   KernelStatus Run() override {
