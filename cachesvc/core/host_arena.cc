@@ -16,8 +16,8 @@ absl::StatusOr<HostArena> HostArena::Create(size_t bytes) {
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot map ", bytes, " bytes of host memory for the pool: ",
-        std::generic_category().message(errno)));
+        "cannot map ", bytes,
+        " bytes of host memory for the pool: ", std::generic_category().message(errno)));
   }
   return HostArena(static_cast<uint8_t*>(p), bytes);
 }
