@@ -186,7 +186,7 @@ absl::StatusOr<AttendResult> AttendLocked(Sequence& seq, const AttendParams& p, 
       int64_t{g.num_query_heads} * g.head_dim * static_cast<int64_t>(kernels::DTypeSize(dtype));
   KVC_RETURN_IF_ERROR(CheckResponseSize(p, g, row_bytes, max_stored, max_response_bytes));
   for (int t = 0; t < static_cast<int>(st.tiers().size()); ++t) {
-    Part part{t, BuildTierLanes(st, layer, t), {}};
+    Part part{t, BuildTierLanes(st, layer, t, /*with_positions=*/false), {}};
     if (part.lanes.max_tokens == 0) continue;  // an empty tier weighs nothing
     part.arena = seq.pool()->arena(st.tiers()[static_cast<size_t>(t)].format);
     parts.push_back(std::move(part));

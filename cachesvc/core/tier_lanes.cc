@@ -19,7 +19,7 @@ std::vector<float> TierLanes::LaneScores(int lane) const {
   return std::vector<float>(begin, begin + num_tokens[static_cast<size_t>(lane)]);
 }
 
-TierLanes BuildTierLanes(const SequenceStorage& storage, int layer, int tier) {
+TierLanes BuildTierLanes(const SequenceStorage& storage, int layer, int tier, bool with_positions) {
   TierLanes t;
   const int heads = storage.num_kv_heads();
   t.block_offsets.push_back(0);
@@ -31,11 +31,13 @@ TierLanes BuildTierLanes(const SequenceStorage& storage, int layer, int tier) {
     t.max_tokens = std::max(t.max_tokens, static_cast<int32_t>(s.size()));
   }
   const size_t stride = static_cast<size_t>(t.max_tokens);
-  t.positions.assign(static_cast<size_t>(heads) * stride, 0);
-  t.scores.assign(t.positions.size(), 0.0f);
+  if (with_positions) t.positions.assign(static_cast<size_t>(heads) * stride, 0);
+  t.scores.assign(static_cast<size_t>(heads) * stride, 0.0f);
   for (int h = 0; h < heads; ++h) {
     const Segment& s = storage.lane(layer, h)[static_cast<size_t>(tier)];
-    std::copy(s.positions.begin(), s.positions.end(), t.positions.begin() + h * stride);
+    if (with_positions) {
+      std::copy(s.positions.begin(), s.positions.end(), t.positions.begin() + h * stride);
+    }
     std::copy(s.scores.begin(), s.scores.end(), t.scores.begin() + h * stride);
   }
   return t;

@@ -25,6 +25,8 @@ struct TierLanes {
   std::vector<float> LaneScores(int lane) const;
 };
 
-TierLanes BuildTierLanes(const SequenceStorage& storage, int layer, int tier);
+// `with_positions`: also pack positions (decode attention needs only the scores).
+TierLanes BuildTierLanes(const SequenceStorage& storage, int layer, int tier,
+                         bool with_positions = true);
 
 }  // namespace kvc::cachesvc

@@ -37,12 +37,31 @@ void ThreadPool::Unlist(Job* job) {
   num_active_.store(static_cast<int>(active_.size()), std::memory_order_relaxed);
 }
 
+// The job with the fewest chunks left (ties: round robin). A short op that arrives while a
+// long one runs (one decode step's attention beside a Compress) is helped first, so its
+// latency stays near what it would be alone, and the long op loses only a short op's worth.
+ThreadPool::Job* ThreadPool::PickJob() {
+  const size_t k = active_.size();
+  const size_t start = next_job_++ % k;
+  Job* best = nullptr;
+  int64_t best_left = 0;
+  for (size_t i = 0; i < k; ++i) {
+    Job* job = active_[(start + i) % k];
+    const int64_t left = (job->n - job->next.load(std::memory_order_relaxed)) / job->grain;
+    if (best == nullptr || left < best_left) {
+      best = job;
+      best_left = left;
+    }
+  }
+  return best;
+}
+
 void ThreadPool::WorkerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     wake_.wait(lock, [&] { return stop_ || !active_.empty(); });
     if (stop_) return;
-    Job* job = active_[next_job_++ % active_.size()];
+    Job* job = PickJob();
     ++job->helpers;
     lock.unlock();
     // Alone with this job, keep taking its chunks without the lock (one caller: the same

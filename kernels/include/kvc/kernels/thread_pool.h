@@ -4,11 +4,11 @@
 // Concurrency model: every ParallelFor call is a job (a range cut into chunks of `grain`
 // items) in a list of active jobs. The calling thread always works through its own job's
 // chunks itself, so a call makes progress even when every worker is busy with somebody
-// else's long job; idle workers help the active jobs, taking one chunk at a time from them
-// in turn (round-robin), so a short call next to a long one gets help as soon as any worker
-// finishes a chunk. There is no call-wide lock: a long op no longer stalls other callers'
-// short ops. A caller never runs another job's chunks, so a ParallelFor may be nested inside
-// fn (the inner call runs on its caller's thread plus whichever workers are idle).
+// else's long job; idle workers help the active jobs one chunk at a time, each time taking
+// the job with the fewest chunks left (ties in turn), so a short call next to a long one gets
+// the workers as soon as they finish a chunk. There is no call-wide lock: a long op no longer
+// stalls other callers' short ops. A caller never runs another job's chunks, so a ParallelFor may
+// be nested inside fn (the inner call runs on its caller's thread plus whichever workers are idle).
 #pragma once
 
 #include <atomic>
@@ -44,13 +44,14 @@ class ThreadPool {
   struct Job;
 
   void WorkerLoop();
+  Job* PickJob();         // requires mu_ and a non-empty active_
   void Unlist(Job* job);  // requires mu_
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable wake_;    // workers: a job was listed, or stop_
   std::vector<Job*> active_;        // guarded by mu_: jobs that may still have chunks to hand out
-  size_t next_job_ = 0;             // guarded by mu_: round-robin cursor over active_
+  size_t next_job_ = 0;             // guarded by mu_: where PickJob starts (breaks ties)
   std::atomic<int> num_active_{0};  // active_.size(), read without mu_ as a hint
   bool stop_ = false;               // guarded by mu_
 };
