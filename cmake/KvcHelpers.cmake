@@ -56,6 +56,16 @@ function(kvc_expose target)
   else()
     set(scope PUBLIC)
   endif()
+  # clang-tidy and clang-format look for their configuration next to a header's path as
+  # included, here in the build tree: without these, clang-tidy would check the headers with
+  # its defaults (no naming rules) instead of the repository's .clang-tidy.
+  foreach(config .clang-tidy .clang-format)
+    set(link ${CMAKE_BINARY_DIR}/include/${config})
+    if(EXISTS ${KVC_SOURCE_ROOT}/${config} AND NOT IS_SYMLINK ${link})
+      file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/include)
+      file(CREATE_LINK ${KVC_SOURCE_ROOT}/${config} ${link} SYMBOLIC)
+    endif()
+  endforeach()
   get_property(made GLOBAL PROPERTY "KVC_EXPOSE_ROOT_${root}" SET)
   if(NOT made)  # the first call for this root in this configure run
     file(REMOVE_RECURSE ${root})  # what an earlier run made (removes links, never follows them)
