@@ -23,6 +23,10 @@ check "cachesvc/core must not include gRPC, protobuf or Prometheus" \
 check "CUDA and NCCL headers belong in kernels/cuda only" \
   "${inc}(cuda_runtime|cuda|nccl)[._a-z]*\.h" common proto cachesvc client worker
 check "client/ and worker/ must not include cachesvc/" "${inc}cachesvc/" client worker
+# Each target's include root holds only what it may see (kvc_expose, cmake/KvcHelpers.cmake);
+# a relative path would step around it.
+check "project includes are full paths, never relative with \"../\"" \
+  "${inc}([^>\"]*/)?\.\./" common proto cachesvc client worker kernels tests
 # worker/ shares the kernels' thread pool and RoPE helpers, through their public headers only.
 check "worker/ may use kernels/ only through its public headers (kvc/kernels/*)" \
   "${inc}kernels/" worker

@@ -157,7 +157,9 @@ printf '%s\0' "${targets[@]}" | xargs -0 -n 1 -P "$JOBS" bash -c '
 # One line per finding (a header included by many files reports once). Unless --all, only
 # findings in the files being checked count -- a changed file must not fail on what an
 # unchanged header it includes already had -- but a compile error anywhere always does (the
-# analysis of that file is incomplete).
+# analysis of that file is incomplete). A header is reported by the path it was included
+# through, a symlink in the build tree's include roots (cmake/KvcHelpers.cmake, kvc_expose):
+# realpath turns that back into its path in the repository.
 printf '%s\n' "${checked[@]}" >"$out/checked"
 cat "$out"/*.log | python3 -c 'import os, re, sys
 mode, checked = sys.argv[1], set(open(sys.argv[2]).read().split())
@@ -165,7 +167,7 @@ for line in sys.stdin:
     m = re.match(r"([^ :]+):[0-9]+:[0-9]+: (warning|error): ", line)
     if not m:
         continue
-    path = os.path.relpath(os.path.normpath(m.group(1)))
+    path = os.path.relpath(os.path.realpath(m.group(1)))
     if mode == "all" or path in checked or line.rstrip().endswith("[clang-diagnostic-error]"):
         print(path + line[len(m.group(1)):], end="")' "$mode" "$out/checked" |
   sort -u >"$out/findings"
