@@ -10,6 +10,8 @@ PACKAGES=(
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang-format python3 python3-pip
 )
+# Token hashing (libcrypto) and the TLS tests' certificates (openssl CLI).
+PACKAGES+=(libssl-dev openssl)
 # Static checks of the test command: the clang-tsa preset (clang 14 thread-safety analysis,
 # scripts/tsa_check.sh) and clang-tidy (scripts/tidy.sh).
 PACKAGES+=(clang-14 clang-tidy-14)

@@ -19,6 +19,7 @@
 #include "cachesvc/core/pool_usage.h"
 #include "cachesvc/core/requests.h"
 #include "cachesvc/core/sequence_registry.h"
+#include "cachesvc/core/tenant_quota.h"
 #include "cachesvc/core/types.h"
 
 namespace kvc::cachesvc {
@@ -37,6 +38,8 @@ struct KvStoreOptions {
   // Largest response one call may build (Attend output and weights); the server sets it
   // from its message limit.
   int64_t max_response_bytes = int64_t{16} << 20;
+  // Per-tenant limits; the core enforces max_bytes_per_pool and max_sequences.
+  std::vector<TenantQuota> quotas;
   StoreHooks hooks;
 };
 

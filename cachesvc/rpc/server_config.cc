@@ -47,7 +47,107 @@ class ErrorCollector : public google::protobuf::io::ErrorCollector {
   std::string errors_;
 };
 
+absl::Status CheckInterval(const char* what, int32_t seconds) {
+  if (seconds < 0 || seconds > 86400) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config ", what, " is ", seconds, "; expected 1 .. 86400 (0 = default)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTls(const kvcache::v1::TlsConfig& tls, TlsOptions* out) {
+  out->cert_file = tls.cert_file();
+  out->key_file = tls.key_file();
+  out->client_ca_file = tls.client_ca_file();
+  out->require_client_cert = tls.require_client_cert();
+  KVC_RETURN_IF_ERROR(CheckInterval("tls.reload_interval_seconds", tls.reload_interval_seconds()));
+  if (tls.reload_interval_seconds() > 0)
+    out->reload_interval_seconds = tls.reload_interval_seconds();
+  if (out->cert_file.empty() != out->key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "config tls needs both cert_file and key_file (the certificate and its private key)");
+  }
+  if (out->cert_file.empty() && (!out->client_ca_file.empty() || out->require_client_cert)) {
+    return absl::InvalidArgumentError(
+        "config tls.client_ca_file / require_client_cert need tls.cert_file and key_file");
+  }
+  if (out->require_client_cert && out->client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "config tls.require_client_cert needs tls.client_ca_file (the CAs to verify them with)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseAuth(const kvcache::v1::AuthConfig& auth, const TlsOptions& tls,
+                       AuthOptions* out) {
+  out->tokens_file = auth.tokens_file();
+  KVC_RETURN_IF_ERROR(
+      CheckInterval("auth.reload_interval_seconds", auth.reload_interval_seconds()));
+  if (auth.reload_interval_seconds() > 0) {
+    out->reload_interval_seconds = auth.reload_interval_seconds();
+  }
+  for (const auto& id : auth.client_identities()) {
+    if (id.san().empty()) {
+      return absl::InvalidArgumentError("config auth.client_identities entry has an empty san");
+    }
+    if (!IsValidTenantName(id.tenant())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config auth.client_identities san '", id.san().substr(0, 64), "' has tenant '",
+          id.tenant().substr(0, 64), "'; use 1-64 characters from [A-Za-z0-9._-]"));
+    }
+    for (const auto& other : out->client_identities) {
+      if (other.san == id.san()) {
+        return absl::InvalidArgumentError(absl::StrCat("config auth.client_identities lists san '",
+                                                       id.san().substr(0, 64), "' twice"));
+      }
+    }
+    out->client_identities.push_back(
+        {id.san(), id.tenant(),
+         id.role() == kvcache::v1::ROLE_ADMIN ? Role::kAdmin : Role::kTenant});
+  }
+  if (!out->client_identities.empty() && tls.client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "config auth.client_identities need tls.client_ca_file: client certificates are only "
+        "trusted once verified");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseQuotas(const kvcache::v1::ServerConfig& config, std::vector<TenantQuota>* out) {
+  for (const auto& q : config.quotas()) {
+    if (q.tenant() != "*" && !IsValidTenantName(q.tenant())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config quotas entry has tenant '", q.tenant().substr(0, 64),
+                       "'; use \"*\" or 1-64 characters from [A-Za-z0-9._-]"));
+    }
+    if (q.max_bytes_per_pool() < 0 || q.max_sequences() < 0 || q.max_streams() < 0 ||
+        q.max_compute_calls() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("config quotas for tenant '", q.tenant(),
+                                                     "' has a negative limit (0 = unlimited)"));
+    }
+    for (const TenantQuota& other : *out) {
+      if (other.tenant == q.tenant()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config quotas lists tenant '", q.tenant(), "' twice"));
+      }
+    }
+    out->push_back({q.tenant(), q.max_bytes_per_pool(), q.max_sequences(), q.max_streams(),
+                    q.max_compute_calls()});
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool IsValidTenantName(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
 
 absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
   kvcache::v1::ServerConfig config;
@@ -76,6 +176,10 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
     KVC_ASSIGN_OR_RETURN(PoolOptions p, FromProto(pool));
     options.store.pools.push_back(p);
   }
+  KVC_RETURN_IF_ERROR(ParseTls(config.tls(), &options.tls));
+  KVC_RETURN_IF_ERROR(ParseAuth(config.auth(), options.tls, &options.auth));
+  KVC_RETURN_IF_ERROR(ParseQuotas(config, &options.store.quotas));
+  options.insecure = config.insecure();
   return options;
 }
 

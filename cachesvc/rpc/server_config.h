@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/rpc/security_options.h"
 
 namespace kvc::cachesvc {
 
@@ -15,6 +16,10 @@ struct ServerOptions {
   std::string metrics_listen;  // "" = no /metrics endpoint (metrics are still kept)
   KvStoreOptions store;
   int64_t max_message_bytes = int64_t{16} << 20;
+  TlsOptions tls;
+  AuthOptions auth;
+  // Listening beyond loopback without TLS or without authentication is refused unless set.
+  bool insecure = false;
 };
 
 // One host pool named "default", shaped like the reference model (SmolLM2-135M: 30 layers,
