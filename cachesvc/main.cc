@@ -65,12 +65,13 @@ int main(int argc, char** argv) {
   }
   if (options.metrics_listen == "off") options.metrics_listen.clear();
 
-  // Block the stop signals before gRPC starts its threads, so only sigwait sees them.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Block the signals before gRPC starts its threads, so only sigwait sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto server = KvCacheServer::Start(options);
   if (!server.ok()) return Fail(std::string(server.status().message()));
@@ -89,7 +90,16 @@ int main(int argc, char** argv) {
   KVC_LOG(INFO) << "kvcached listening on " << (*server)->address();
 
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  // SIGHUP re-reads the tokens file (TLS files are re-read on their own interval).
+  while (sigwait(&signals, &signal_number) == 0 && signal_number == SIGHUP) {
+    const absl::Status reloaded = (*server)->ReloadCredentials();
+    if (reloaded.ok()) {
+      KVC_LOG(INFO) << "SIGHUP: credentials reloaded";
+    } else {
+      KVC_LOG(ERROR) << "SIGHUP: credentials not reloaded; the previous ones stay in force: "
+                     << reloaded.message();
+    }
+  }
   const int grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
   KVC_LOG(INFO) << "received signal " << signal_number << "; shutting down (grace " << grace
                 << " s)";

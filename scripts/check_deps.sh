@@ -32,7 +32,7 @@ check "worker/ may use kernels/ only through its public headers (kvc/kernels/*)"
   "${inc}kernels/" worker
 check "public client headers must not expose generated protobuf or gRPC types" \
   "${inc}(grpc|grpcpp|google/protobuf)/|${inc}[^>\"]*\.pb\.h" client/include
-check "common/ is a leaf (Abseil and the standard library only)" \
+check "common/ is a leaf (Abseil, libcrypto and the standard library only)" \
   "${inc}(grpc|grpcpp|google/protobuf|prometheus|kvc|cachesvc|client|proto)/" common
 # Bookkeeping apart from bytes: the core reaches pool memory only through kernel ops, so
 # the same code serves a device pool. Only the host pool itself maps its arenas.

@@ -82,7 +82,7 @@ absl::StatusOr<AppendResult> AppendLocked(Sequence& seq, const AppendParams& p, 
   if (EvictionDue(seq, rule, layer, p.num_tokens)) {
     KVC_ASSIGN_OR_RETURN(selection, SelectLayer(seq.pool()->backend(), st, layer, rule, positions));
   }
-  Transaction tx(seq.pool(), &st);
+  Transaction tx(seq.pool(), &st, seq.charge());
   tx.SetIncoming(
       IncomingRows{dtype, p.keys.data(), p.values.data(), int64_t{g.num_kv_heads} * g.head_dim});
   int64_t evicted = 0;

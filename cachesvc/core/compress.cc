@@ -205,7 +205,7 @@ absl::StatusOr<CompressResult> CompressLocked(Sequence& seq, const CompressParam
   CompressResult result;
   result.layers = Footprint(seq);
   const EvictionRule rule = ResolveEviction(spec);
-  Transaction tx(seq.pool(), &st);
+  Transaction tx(seq.pool(), &st, seq.charge());
   int64_t evicted = 0;
   for (int l = 0; l < g.num_layers; ++l) {
     std::vector<std::vector<float>> scores;  // per lane, tiers in order

@@ -77,14 +77,6 @@ absl::StatusOr<BlockPool*> KvStore::FindPool(const std::string& name) const {
       "pool ", Quoted(name), " not found; this server has: ", absl::StrJoin(names, ", ")));
 }
 
-PoolUsage* KvStore::UsageOf(const BlockPool* pool) const {
-  for (size_t i = 0; i < pools_.size(); ++i) {
-    if (pools_[i].get() == pool) return usage_[i].get();
-  }
-  KVC_CHECK(false) << "a pool this store does not own";
-  return nullptr;
-}
-
 std::string KvStore::NewSequenceId() {
   // A salted counter through a 64-bit mixer: unique per process, unguessable enough to
   // avoid accidental collisions between clients, and cheap.
@@ -116,22 +108,31 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
   }
   KVC_RETURN_IF_ERROR(ValidateSpec(params.policy, pool->options().geometry, /*automatic=*/true));
   std::string id = params.client_sequence_id.empty() ? NewSequenceId() : params.client_sequence_id;
-  PoolUsage* usage = UsageOf(pool);
-  auto sequence = std::make_shared<Sequence>(std::move(id), params.tenant, pool, usage,
-                                             params.policy, NowUnixMs());
-  KVC_RETURN_IF_ERROR(registry_.Insert(sequence, options_.max_sequences));
+  int pool_index = 0;
+  while (pools_[static_cast<size_t>(pool_index)].get() != pool) ++pool_index;
+  PoolUsage* usage = usage_[static_cast<size_t>(pool_index)].get();
+  std::shared_ptr<TenantAccount> account = accounts_.Get(params.tenant);
+  KVC_RETURN_IF_ERROR(account->AddSequence());
+  auto sequence =
+      std::make_shared<Sequence>(std::move(id), params.scope, params.tenant, pool, pool_index,
+                                 usage, std::move(account), params.policy, NowUnixMs());
+  if (absl::Status inserted = registry_.Insert(sequence, options_.max_sequences); !inserted.ok()) {
+    sequence->account()->RemoveSequence();
+    return inserted;
+  }
   usage->sequences.fetch_add(1, std::memory_order_relaxed);
   kvc::ReaderMutexLock lock(&sequence->mu());
   return SnapshotLocked(*sequence);
 }
 
-absl::StatusOr<std::shared_ptr<Sequence>> KvStore::FindLive(const std::string& id) const {
+absl::StatusOr<std::shared_ptr<Sequence>> KvStore::FindLive(const std::string& scope,
+                                                            const std::string& id) const {
   if (id.empty()) return absl::InvalidArgumentError("sequence_id is empty");
-  return registry_.Find(id);
+  return registry_.Find(scope, id);
 }
 
 absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.sequence_id));
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
   // Everything about the request itself is checked before any lock or allocation.
   KVC_ASSIGN_OR_RETURN(const DType dtype,
                        ValidateAppend(p, seq->pool()->options(), options_.max_tokens_per_append));
@@ -144,12 +145,12 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
 }
 
 absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.sequence_id));
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
   return FetchSequence(seq, p, sink, &fetched_bytes_);
 }
 
 absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.sequence_id));
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
   KVC_ASSIGN_OR_RETURN(const std::vector<const LayerQueries*> queries,
                        ValidateCompress(p, seq->geometry()));
   kvc::WriterMutexLock lock(&seq->mu());
@@ -158,7 +159,7 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
 }
 
 absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.sequence_id));
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
   KVC_ASSIGN_OR_RETURN(const DType dtype, ValidateAttend(p, seq->pool()->options()));
   // A writer lock: the step's weights are added to the stored tokens' scores.
   kvc::WriterMutexLock lock(&seq->mu());
@@ -166,24 +167,28 @@ absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {
   return AttendLocked(*seq, p, dtype, options_.max_response_bytes);
 }
 
-absl::StatusOr<SequenceSnapshot> KvStore::GetSequence(const std::string& sequence_id) const {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(sequence_id));
+absl::StatusOr<SequenceSnapshot> KvStore::GetSequence(const std::string& sequence_id,
+                                                      const std::string& scope) const {
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(scope, sequence_id));
   kvc::ReaderMutexLock lock(&seq->mu());
   if (seq->released()) return Released(sequence_id);
   return SnapshotLocked(*seq);
 }
 
-absl::StatusOr<ReleaseResult> KvStore::Release(const std::string& sequence_id) {
-  return ReleaseInternal(sequence_id, /*evicted=*/false);
+absl::StatusOr<ReleaseResult> KvStore::Release(const std::string& sequence_id,
+                                                const std::string& scope) {
+  return ReleaseInternal(scope, sequence_id, /*evicted=*/false);
 }
 
-absl::StatusOr<ReleaseResult> KvStore::Evict(const std::string& sequence_id) {
-  return ReleaseInternal(sequence_id, /*evicted=*/true);
+absl::StatusOr<ReleaseResult> KvStore::Evict(const std::string& sequence_id,
+                                              const std::string& scope) {
+  return ReleaseInternal(scope, sequence_id, /*evicted=*/true);
 }
 
-absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& sequence_id,
+absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& scope,
+                                                       const std::string& sequence_id,
                                                        bool evicted) {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(sequence_id));
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(scope, sequence_id));
   ReleaseResult result;
   {
     kvc::WriterMutexLock lock(&seq->mu());
@@ -202,8 +207,10 @@ absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& sequen
     seq->set_released();
     seq->SyncUsage(/*gone=*/true);
     usage->sequences.fetch_sub(1, std::memory_order_relaxed);
+    seq->account()->Add(seq->pool_index(), -result.freed_bytes);
+    seq->account()->RemoveSequence();
   }
-  registry_.Erase(sequence_id);
+  registry_.Erase(scope, sequence_id);
   return result;
 }
 

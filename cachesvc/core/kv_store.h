@@ -19,6 +19,7 @@
 #include "cachesvc/core/pool_usage.h"
 #include "cachesvc/core/requests.h"
 #include "cachesvc/core/sequence_registry.h"
+#include "cachesvc/core/tenant_account.h"
 #include "cachesvc/core/tenant_quota.h"
 #include "cachesvc/core/types.h"
 
@@ -62,10 +63,14 @@ class KvStore {
   // Attention of `n` query tokens of one layer over every token stored for that layer.
   // Accumulates H2O scores.
   absl::StatusOr<AttendResult> Attend(const AttendParams& params);
-  absl::StatusOr<SequenceSnapshot> GetSequence(const std::string& sequence_id) const;
-  absl::StatusOr<ReleaseResult> Release(const std::string& sequence_id);
+  // `scope`: as in requests.h.
+  absl::StatusOr<SequenceSnapshot> GetSequence(const std::string& sequence_id,
+                                               const std::string& scope = "") const;
+  absl::StatusOr<ReleaseResult> Release(const std::string& sequence_id,
+                                        const std::string& scope = "");
   // An operator's eviction: Release, counted as evicted tokens (policy "operator").
-  absl::StatusOr<ReleaseResult> Evict(const std::string& sequence_id);
+  absl::StatusOr<ReleaseResult> Evict(const std::string& sequence_id,
+                                      const std::string& scope = "");
 
   // While draining, CreateSequence answers UNAVAILABLE; everything else keeps working so
   // in-flight work can finish before shutdown.
@@ -77,22 +82,33 @@ class KvStore {
   // Empty pool name = every pool summed. NOT_FOUND for an unknown pool.
   absl::StatusOr<PoolStatsSnapshot> GetPoolStats(const std::string& pool) const;
   absl::StatusOr<SequenceList> ListSequences(const ListSequencesParams& params) const;
+  // One tenant's use of one pool (empty = every pool summed) and its quota; NOT_FOUND for
+  // an unknown pool. A tenant that holds nothing gets zeros.
+  absl::StatusOr<PoolStatsSnapshot> TenantPoolStats(const std::string& tenant,
+                                                    const std::string& pool) const;
+  // Every tenant that holds a sequence, with what it holds; reads atomics only.
+  std::vector<TenantUsageSnapshot> TenantUsage() const;
+  const std::vector<TenantQuota>& quotas() const { return options_.quotas; }
 
   // The pool named `name` (empty = default), or NOT_FOUND listing the pools.
   absl::StatusOr<BlockPool*> FindPool(const std::string& name) const;
 
  private:
-  explicit KvStore(const KvStoreOptions& options) : options_(options) {}
-  absl::StatusOr<std::shared_ptr<Sequence>> FindLive(const std::string& id) const;
-  absl::StatusOr<ReleaseResult> ReleaseInternal(const std::string& id, bool evicted);
+  explicit KvStore(const KvStoreOptions& options)
+      : options_(options),
+        accounts_(options.quotas, static_cast<int>(options.pools.size())) {}
+  absl::StatusOr<std::shared_ptr<Sequence>> FindLive(const std::string& scope,
+                                                     const std::string& id) const;
+  absl::StatusOr<ReleaseResult> ReleaseInternal(const std::string& scope, const std::string& id,
+                                                bool evicted);
   std::string NewSequenceId();
-  PoolUsage* UsageOf(const BlockPool* pool) const;
 
   const KvStoreOptions options_;
   std::unique_ptr<kernels::KernelBackend> backend_;
   std::vector<std::unique_ptr<BlockPool>> pools_;
   std::vector<std::unique_ptr<PoolUsage>> usage_;  // [pool]
   SequenceRegistry registry_;
+  TenantAccounts accounts_;
   std::atomic<int64_t> appended_bytes_{0};
   std::atomic<int64_t> fetched_bytes_{0};
   std::atomic<bool> draining_{false};

@@ -89,6 +89,55 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
   return stats;
 }
 
+absl::StatusOr<PoolStatsSnapshot> KvStore::TenantPoolStats(const std::string& tenant,
+                                                          const std::string& pool_name) const {
+  const BlockPool* only = nullptr;
+  if (!pool_name.empty()) {
+    KVC_ASSIGN_OR_RETURN(only, FindPool(pool_name));
+  }
+  const std::shared_ptr<TenantAccount> account = accounts_.Find(tenant);
+  const TenantQuota quota = QuotaFor(options_.quotas, tenant);
+  PoolStatsSnapshot stats;
+  stats.pool = pool_name;
+  stats.tenant = tenant;
+  stats.quota_bytes = quota.max_bytes_per_pool;
+  stats.quota_sequences = quota.max_sequences;
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    if (only != nullptr && pools_[i].get() != only) continue;
+    stats.capacity_bytes += pools_[i]->capacity_bytes();
+    if (account != nullptr) stats.used_bytes += account->bytes(static_cast<int>(i));
+  }
+  if (account != nullptr) {
+    // Sequences are counted per tenant, not per pool: a pool's share is counted by a visit.
+    if (only == nullptr) {
+      stats.sequences = account->sequences();
+    } else {
+      for (const auto& seq : registry_.All()) {
+        if (seq->pool() == only && seq->tenant() == tenant) ++stats.sequences;
+      }
+    }
+  }
+  return stats;
+}
+
+std::vector<TenantUsageSnapshot> KvStore::TenantUsage() const {
+  std::vector<TenantUsageSnapshot> out;
+  for (const auto& account : accounts_.All()) {
+    TenantUsageSnapshot t;
+    t.tenant = account->tenant();
+    t.quota = account->quota();
+    t.sequences = account->sequences();
+    for (size_t i = 0; i < pools_.size(); ++i) {
+      t.pool_bytes.push_back(account->bytes(static_cast<int>(i)));
+    }
+    out.push_back(std::move(t));
+  }
+  std::sort(out.begin(), out.end(), [](const TenantUsageSnapshot& a, const TenantUsageSnapshot& b) {
+    return a.tenant < b.tenant;
+  });
+  return out;
+}
+
 absl::StatusOr<SequenceList> KvStore::ListSequences(const ListSequencesParams& p) const {
   const BlockPool* only = nullptr;
   if (!p.pool.empty()) {
@@ -102,6 +151,7 @@ absl::StatusOr<SequenceList> KvStore::ListSequences(const ListSequencesParams& p
   SequenceList list;
   for (const auto& seq : registry_.All()) {
     if (only != nullptr && seq->pool() != only) continue;
+    if (p.scope && seq->scope() != *p.scope) continue;
     if (!p.tenant.empty() && seq->tenant() != p.tenant) continue;
     kvc::ReaderMutexLock lock(&seq->mu());
     if (seq->released()) continue;

@@ -10,18 +10,25 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "cachesvc/core/tenant_quota.h"
 #include "cachesvc/core/types.h"
 
 namespace kvc::cachesvc {
 
+// `scope` in the params below: the namespace of sequence ids the call acts in — the
+// authenticated tenant, or "" without authentication. A sequence of another scope is
+// NOT_FOUND, exactly as an id never created.
+
 struct CreateSequenceParams {
+  std::string scope;
   std::string pool;                // empty = default pool
-  std::string tenant;              // <= 128 bytes
+  std::string tenant;              // <= 128 bytes; the account charged (quotas)
   std::string client_sequence_id;  // empty = the service picks one
   CompressionSpec policy;
 };
 
 struct AppendParams {
+  std::string scope;
   std::string sequence_id;
   int64_t layer = 0;
   int64_t start_position = 0;
@@ -40,6 +47,7 @@ struct AppendResult {
 enum class FetchFormat : uint8_t { kDense, kStored };
 
 struct FetchParams {
+  std::string scope;
   std::string sequence_id;
   std::vector<int64_t> layers;  // empty = all
   FetchFormat format = FetchFormat::kDense;
@@ -79,6 +87,7 @@ struct LayerQueries {
 };
 
 struct CompressParams {
+  std::string scope;
   std::string sequence_id;
   CompressionSpec spec;
   std::vector<LayerQueries> queries;  // SnapKV / H2O: one entry for every layer
@@ -100,6 +109,7 @@ struct CompressResult {
 };
 
 struct AttendParams {
+  std::string scope;
   std::string sequence_id;
   int64_t layer = 0;
   std::optional<DType> dtype;      // of queries and output
@@ -124,9 +134,18 @@ struct ReleaseResult {
 };
 
 struct ListSequencesParams {
+  std::optional<std::string> scope;  // unset = every scope
   std::string pool;
   std::string tenant;
   int64_t limit = 0;  // 0 = 1000
+};
+
+// One tenant's holdings and limits (TenantUsage: every tenant that holds something).
+struct TenantUsageSnapshot {
+  std::string tenant;
+  int64_t sequences = 0;
+  std::vector<int64_t> pool_bytes;  // [pool], in the order of ListPools
+  TenantQuota quota;
 };
 
 struct SequenceList {

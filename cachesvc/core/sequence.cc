@@ -9,12 +9,16 @@ std::vector<Tier> InitialTiers(const PoolGeometry& geometry, const CompressionSp
   return tiers;
 }
 
-Sequence::Sequence(std::string id, std::string tenant, BlockPool* pool, PoolUsage* usage,
+Sequence::Sequence(std::string id, std::string scope, std::string tenant, BlockPool* pool,
+                   int pool_index, PoolUsage* usage, std::shared_ptr<TenantAccount> account,
                    CompressionSpec policy, int64_t created_unix_ms)
     : id_(std::move(id)),
+      scope_(std::move(scope)),
       tenant_(std::move(tenant)),
       pool_(pool),
+      pool_index_(pool_index),
       usage_(usage),
+      account_(std::move(account)),
       policy_(policy),
       created_unix_ms_(created_unix_ms),
       storage_(pool->options().geometry.num_layers, pool->options().geometry.num_kv_heads,

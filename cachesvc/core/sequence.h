@@ -12,6 +12,7 @@
 #include "cachesvc/core/block_pool.h"
 #include "cachesvc/core/pool_usage.h"
 #include "cachesvc/core/sequence_storage.h"
+#include "cachesvc/core/tenant_account.h"
 #include "cachesvc/core/types.h"
 #include "common/mutex.h"
 
@@ -23,12 +24,20 @@ std::vector<Tier> InitialTiers(const PoolGeometry& geometry, const CompressionSp
 
 class Sequence {
  public:
-  Sequence(std::string id, std::string tenant, BlockPool* pool, PoolUsage* usage,
-           CompressionSpec policy, int64_t created_unix_ms);
+  // `scope` is the namespace the id lives in (the authenticated tenant; "" without
+  // authentication); `account` the tenant's (charged for the sequence's blocks), in which
+  // the pool has index `pool_index`.
+  Sequence(std::string id, std::string scope, std::string tenant, BlockPool* pool, int pool_index,
+           PoolUsage* usage, std::shared_ptr<TenantAccount> account, CompressionSpec policy,
+           int64_t created_unix_ms);
 
   const std::string& id() const { return id_; }
+  const std::string& scope() const { return scope_; }
   const std::string& tenant() const { return tenant_; }
   BlockPool* pool() const { return pool_; }
+  int pool_index() const { return pool_index_; }
+  TenantAccount* account() const { return account_.get(); }
+  TenantCharge charge() const { return {account_.get(), pool_index_, &pool_->options().name}; }
   const PoolGeometry& geometry() const { return pool_->options().geometry; }
   PoolUsage* usage() const { return usage_; }
   const CompressionSpec& policy() const { return policy_; }
@@ -66,9 +75,12 @@ class Sequence {
 
  private:
   const std::string id_;
+  const std::string scope_;
   const std::string tenant_;
   BlockPool* const pool_;
+  const int pool_index_;
   PoolUsage* const usage_;
+  const std::shared_ptr<TenantAccount> account_;
   const CompressionSpec policy_;
   const int64_t created_unix_ms_;
 

@@ -6,14 +6,15 @@
 
 namespace kvc::cachesvc {
 
-SequenceRegistry::Shard& SequenceRegistry::shard(const std::string& id) const {
-  return shards_[absl::Hash<std::string>{}(id) % kShards];
+SequenceRegistry::Shard& SequenceRegistry::shard(const Key& key) const {
+  return shards_[absl::Hash<Key>{}(key) % kShards];
 }
 
 absl::Status SequenceRegistry::Insert(const std::shared_ptr<Sequence>& sequence, int64_t max_size) {
-  Shard& s = shard(sequence->id());
+  Key key(sequence->scope(), sequence->id());
+  Shard& s = shard(key);
   kvc::MutexLock lock(&s.mu);
-  if (s.map.contains(sequence->id())) {
+  if (s.map.contains(key)) {
     return absl::AlreadyExistsError(absl::StrCat("sequence ", Quoted(sequence->id()),
                                                  " already exists; choose another "
                                                  "client_sequence_id or Release the old one"));
@@ -24,14 +25,16 @@ absl::Status SequenceRegistry::Insert(const std::shared_ptr<Sequence>& sequence,
     return absl::ResourceExhaustedError(absl::StrCat("the server holds its maximum of ", max_size,
                                                      " sequences; release some first"));
   }
-  s.map.emplace(sequence->id(), sequence);
+  s.map.emplace(std::move(key), sequence);
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<Sequence>> SequenceRegistry::Find(const std::string& id) const {
-  Shard& s = shard(id);
+absl::StatusOr<std::shared_ptr<Sequence>> SequenceRegistry::Find(const std::string& scope,
+                                                                 const std::string& id) const {
+  const Key key(scope, id);
+  Shard& s = shard(key);
   kvc::MutexLock lock(&s.mu);
-  auto it = s.map.find(id);
+  auto it = s.map.find(key);
   if (it == s.map.end()) {
     return absl::NotFoundError(
         absl::StrCat("sequence ", Quoted(id), " not found: it was released or never created"));
@@ -39,10 +42,11 @@ absl::StatusOr<std::shared_ptr<Sequence>> SequenceRegistry::Find(const std::stri
   return it->second;
 }
 
-bool SequenceRegistry::Erase(const std::string& id) {
-  Shard& s = shard(id);
+bool SequenceRegistry::Erase(const std::string& scope, const std::string& id) {
+  const Key key(scope, id);
+  Shard& s = shard(key);
   kvc::MutexLock lock(&s.mu);
-  if (s.map.erase(id) == 0) return false;
+  if (s.map.erase(key) == 0) return false;
   size_.fetch_sub(1, std::memory_order_relaxed);
   return true;
 }
@@ -51,7 +55,7 @@ std::vector<std::shared_ptr<Sequence>> SequenceRegistry::All() const {
   std::vector<std::shared_ptr<Sequence>> all;
   for (auto& s : shards_) {
     kvc::MutexLock lock(&s.mu);
-    for (const auto& [id, seq] : s.map) all.push_back(seq);
+    for (const auto& [key, seq] : s.map) all.push_back(seq);
   }
   return all;
 }

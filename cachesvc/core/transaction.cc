@@ -55,6 +55,28 @@ BlockId Transaction::Resolve(const Lane& lane, size_t segment, const BlockRef& r
   return 0;
 }
 
+Transaction::~Transaction() {
+  if (reserved_ != 0) charge_.account->Add(charge_.pool, -reserved_);
+}
+
+int64_t Transaction::NetBytes() const {
+  int64_t net = 0;
+  auto bytes_of = [&](StorageFormat format) {
+    return static_cast<int64_t>(pool_->layout(format).block_bytes);
+  };
+  for (const Lane& l : lanes_) {
+    const std::vector<Segment>& old = storage_->lane(l.lane);
+    for (size_t j = 0; j < l.plan.freed.size(); ++j) {
+      net -= static_cast<int64_t>(l.plan.freed[j].size()) * bytes_of(old[j].format);
+    }
+    for (const SegmentPlan& sp : l.plan.segments) {
+      net += (sp.fresh_blocks - static_cast<int64_t>(sp.transient.size())) *
+             bytes_of(sp.tier.format);
+    }
+  }
+  return net;
+}
+
 absl::Status Transaction::Execute() {
   KVC_CHECK(!executed_) << "a transaction executes once";
   std::array<int64_t, kFormats> need{};
@@ -62,6 +84,15 @@ absl::Status Transaction::Execute() {
     for (const SegmentPlan& sp : l.plan.segments) {
       l.fresh_base.push_back(need[static_cast<size_t>(sp.tier.format)]);
       need[static_cast<size_t>(sp.tier.format)] += sp.fresh_blocks;
+    }
+  }
+  if (charge_.account != nullptr) {
+    // The quota counts what the sequence holds after the commit: a Compress that converts
+    // f16 blocks to INT4 needs both for a moment but leaves the tenant with less.
+    net_bytes_ = NetBytes();
+    if (net_bytes_ > 0) {
+      KVC_RETURN_IF_ERROR(charge_.account->Reserve(charge_.pool, *charge_.pool_name, net_bytes_));
+      reserved_ = net_bytes_;
     }
   }
   leases_.reserve(kFormats);
@@ -258,6 +289,10 @@ void Transaction::Commit() {
     }
   }
   for (PageLease& lease : leases_) lease.Commit();
+  if (charge_.account != nullptr) {
+    if (net_bytes_ < 0) charge_.account->Add(charge_.pool, net_bytes_);
+    reserved_ = 0;  // a positive change was reserved in Execute and is now held
+  }
   for (size_t f = 0; f < kFormats; ++f) {
     if (!freed[f].empty()) pool_->Free(static_cast<StorageFormat>(f), freed[f]);
   }

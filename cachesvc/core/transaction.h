@@ -16,6 +16,7 @@
 #include "cachesvc/core/lane_plan.h"
 #include "cachesvc/core/page_lease.h"
 #include "cachesvc/core/sequence_storage.h"
+#include "cachesvc/core/tenant_account.h"
 
 namespace kvc::cachesvc {
 
@@ -30,7 +31,13 @@ struct IncomingRows {
 
 class Transaction {
  public:
-  Transaction(BlockPool* pool, SequenceStorage* storage) : pool_(pool), storage_(storage) {}
+  // `charge`: the tenant account that pays for the blocks (none = nobody's).
+  Transaction(BlockPool* pool, SequenceStorage* storage, TenantCharge charge = {})
+      : pool_(pool), storage_(storage), charge_(charge) {}
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+  // Returns an unused quota reservation (the blocks themselves go back through the leases).
+  ~Transaction();
 
   void SetIncoming(const IncomingRows& rows) { incoming_ = rows; }
   // Adds the plan of lane `lane` of the storage; its incoming rows start `lane_offset`
@@ -39,7 +46,8 @@ class Transaction {
   // The tier list to publish with the lanes (a Compress that converts or adds a residual).
   void SetTiers(std::vector<Tier> tiers) { tiers_ = std::move(tiers); }
 
-  // Allocates and writes. RESOURCE_EXHAUSTED when the pool cannot hold the fresh blocks,
+  // Allocates and writes. RESOURCE_EXHAUSTED when the pool cannot hold the fresh blocks or
+  // the tenant's quota would be passed once the mutation's freed blocks are returned,
   // INTERNAL when a kernel op fails; either way nothing changed.
   absl::Status Execute();
   // Publishes; requires a successful Execute().
@@ -59,8 +67,14 @@ class Transaction {
   absl::Status RunWrites();
   absl::Status RunRotations();
 
+  // Bytes the plans allocate minus those they free: the tenant's change at commit.
+  int64_t NetBytes() const;
+
   BlockPool* pool_;
   SequenceStorage* storage_;
+  TenantCharge charge_;
+  int64_t reserved_ = 0;  // quota reserved in Execute, settled in Commit
+  int64_t net_bytes_ = 0;
   IncomingRows incoming_;
   std::vector<Lane> lanes_;
   std::optional<std::vector<Tier>> tiers_;

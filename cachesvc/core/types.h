@@ -121,6 +121,11 @@ struct PoolStatsSnapshot {
   int64_t fetched_bytes_total = 0;
   // Token-heads evicted since start, by what evicted them ("operator", later policies).
   std::vector<std::pair<std::string, int64_t>> evicted_token_heads;
+  // Set for one tenant's statistics (TenantPoolStats): used_bytes and sequences are the
+  // tenant's, quota_* its limits; the pool-wide counters stay empty.
+  std::string tenant;
+  int64_t quota_bytes = 0;
+  int64_t quota_sequences = 0;
 };
 
 }  // namespace kvc::cachesvc

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <exception>
+#include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -43,7 +46,8 @@ void AddSample(prometheus::MetricFamily* family,
 // Reads every pool's usage from the store when Prometheus scrapes.
 class Metrics::PoolCollector : public prometheus::Collectable {
  public:
-  explicit PoolCollector(KvStore* store) : store_(store) {}
+  PoolCollector(KvStore* store, bool name_all_tenants)
+      : store_(store), name_all_tenants_(name_all_tenants) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     auto capacity = GaugeFamily("kvc_pool_capacity_bytes", "Block memory configured per pool.");
@@ -94,18 +98,74 @@ class Metrics::PoolCollector : public prometheus::Collectable {
         AddSample(&evicted, {{"pool", name}, {"policy", policy}}, static_cast<double>(n));
       }
     }
-    return {capacity, used, free, blocks, sequences, visible, stored, ratio, evicted};
+    std::vector<prometheus::MetricFamily> families{capacity, used,  free,  blocks, sequences,
+                                                   visible,  stored, ratio, evicted};
+    CollectTenants(&families);
+    return families;
   }
 
  private:
+  std::string TenantLabel(const std::string& tenant) const {
+    if (name_all_tenants_) return tenant;
+    for (const TenantQuota& q : store_->quotas()) {
+      if (q.tenant == tenant) return tenant;
+    }
+    return "_other";
+  }
+
+  void CollectTenants(std::vector<prometheus::MetricFamily>* families) const {
+    auto sequences = GaugeFamily("kvc_tenant_sequences", "Live sequences, by tenant.");
+    auto bytes = GaugeFamily("kvc_tenant_used_bytes", "Block bytes a tenant holds, by pool.");
+    auto quota_bytes = GaugeFamily("kvc_tenant_quota_bytes",
+                                   "A tenant's max_bytes_per_pool (0 = unlimited).");
+    auto quota_sequences = GaugeFamily("kvc_tenant_quota_sequences",
+                                       "A tenant's max_sequences (0 = unlimited).");
+    const std::vector<PoolSnapshot> pools = store_->ListPools();
+    // Summed by label: several unnamed tenants share "_other".
+    std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> by_label;
+    std::map<std::string, TenantQuota> quotas;
+    for (const TenantUsageSnapshot& t : store_->TenantUsage()) {
+      const std::string label = TenantLabel(t.tenant);
+      auto& [seqs, pool_bytes] = by_label[label];
+      pool_bytes.resize(pools.size());
+      seqs += t.sequences;
+      for (size_t i = 0; i < pools.size() && i < t.pool_bytes.size(); ++i) {
+        pool_bytes[i] += t.pool_bytes[i];
+      }
+      if (label != "_other") quotas[label] = t.quota;
+    }
+    // Tenants with a quota entry are shown even while they hold nothing.
+    for (const TenantQuota& q : store_->quotas()) {
+      if (q.tenant == "*") continue;
+      by_label[q.tenant].second.resize(pools.size());
+      quotas[q.tenant] = q;
+    }
+    for (const auto& [label, usage] : by_label) {
+      AddSample(&sequences, {{"tenant", label}}, static_cast<double>(usage.first));
+      for (size_t i = 0; i < pools.size(); ++i) {
+        AddSample(&bytes, {{"tenant", label}, {"pool", pools[i].options.name}},
+                  static_cast<double>(usage.second[i]));
+      }
+    }
+    for (const auto& [label, q] : quotas) {
+      AddSample(&quota_bytes, {{"tenant", label}}, static_cast<double>(q.max_bytes_per_pool));
+      AddSample(&quota_sequences, {{"tenant", label}}, static_cast<double>(q.max_sequences));
+    }
+    families->push_back(std::move(sequences));
+    families->push_back(std::move(bytes));
+    families->push_back(std::move(quota_bytes));
+    families->push_back(std::move(quota_sequences));
+  }
+
   KvStore* store_;
+  bool name_all_tenants_;
 };
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& listen,
-                                                         KvStore* store) {
+                                                         KvStore* store, bool name_all_tenants) {
   std::unique_ptr<Metrics> m(new Metrics());
   m->registry_ = std::make_shared<prometheus::Registry>();
-  m->pools_ = std::make_shared<PoolCollector>(store);
+  m->pools_ = std::make_shared<PoolCollector>(store, name_all_tenants);
   m->requests_ = &prometheus::BuildCounter()
                       .Name("kvc_rpc_requests_total")
                       .Help("RPCs finished, by service, method and gRPC status code.")
@@ -127,6 +187,15 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
                       .Help("1 while kvcached is draining before shutdown.")
                       .Register(*m->registry_)
                       .Add({});
+  m->auth_failures_ = &prometheus::BuildCounter()
+                           .Name("kvc_auth_failures_total")
+                           .Help("Calls refused for missing or invalid credentials.")
+                           .Register(*m->registry_)
+                           .Add({});
+  m->quota_refusals_ = &prometheus::BuildCounter()
+                            .Name("kvc_tenant_call_limit_refusals_total")
+                            .Help("Calls refused by a tenant's max_streams / max_compute_calls.")
+                            .Register(*m->registry_);
   prometheus::BuildGauge()
       .Name("kvc_build_info")
       .Help("Build information; always 1.")
@@ -171,6 +240,12 @@ void Metrics::RecordRpc(const char* service, const char* method, const char* cod
     received_->Add({{"method", method}}).Increment(static_cast<double>(received_bytes));
   }
   if (sent_bytes > 0) sent_->Add({{"method", method}}).Increment(static_cast<double>(sent_bytes));
+}
+
+void Metrics::RecordAuthFailure() { auth_failures_->Increment(); }
+
+void Metrics::RecordQuotaRefusal(const std::string& tenant, const char* limit) {
+  quota_refusals_->Add({{"tenant", tenant}, {"limit", limit}}).Increment();
 }
 
 void Metrics::SetDraining(bool draining) { draining_->Set(draining ? 1 : 0); }

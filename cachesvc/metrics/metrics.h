@@ -26,7 +26,12 @@ class Metrics {
  public:
   // Creates the metrics and, when `listen` is non-empty, serves them on http://listen/metrics
   // (port 0 picks a free port). UNAVAILABLE when the address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& listen, KvStore* store);
+  // Per-tenant series carry the tenant's name when `name_all_tenants` (tenants come from
+  // configured credentials, a bounded set) or the tenant has a quota entry; other tenants
+  // (free-text labels without authentication) are summed as tenant="_other", so a client
+  // cannot grow the label set without bound.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& listen, KvStore* store,
+                                                         bool name_all_tenants = false);
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
   ~Metrics();
@@ -39,6 +44,10 @@ class Metrics {
   void RecordRpc(const char* service, const char* method, const char* code_name, double seconds,
                  int64_t received_bytes, int64_t sent_bytes);
   void SetDraining(bool draining);
+  // A call refused for missing or invalid credentials.
+  void RecordAuthFailure();
+  // A call refused by an authenticated tenant's call limit ("streams", "compute_calls").
+  void RecordQuotaRefusal(const std::string& tenant, const char* limit);
 
   // The text exposition, as a scrape would return it (for tests and debugging).
   std::string Serialize() const;
@@ -55,6 +64,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* received_ = nullptr;
   prometheus::Family<prometheus::Counter>* sent_ = nullptr;
   prometheus::Gauge* draining_ = nullptr;
+  prometheus::Counter* auth_failures_ = nullptr;
+  prometheus::Family<prometheus::Counter>* quota_refusals_ = nullptr;
   std::string address_;
 };
 

@@ -1,5 +1,9 @@
 #include "cachesvc/rpc/admin_service.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "cachesvc/rpc/handler_macros.h"
 #include "cachesvc/rpc/proto_convert.h"
 #include "cachesvc/rpc/rpc_scope.h"
 #include "proto/rpc_status.h"
@@ -9,56 +13,125 @@ namespace kvc::cachesvc {
 namespace pb = ::kvcache::v1;
 constexpr char kService[] = "AdminService";
 
-grpc::Status AdminServiceImpl::ListPools(grpc::ServerContext*, const pb::ListPoolsRequest*,
+grpc::Status AdminServiceImpl::ListPools(grpc::ServerContext* context,
+                                         const pb::ListPoolsRequest*,
                                          pb::ListPoolsResponse* response) {
   RpcScope scope(metrics_, kService, "ListPools");
-  for (const PoolSnapshot& pool : store_->ListPools()) ToProto(pool, response->add_pools());
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  // Pool shapes and sizes are configuration, not any tenant's data; every tenant needs them.
+  for (PoolSnapshot& pool : store_->ListPools()) {
+    if (!caller.admin()) pool.used_bytes = pool.sequences = pool.free_blocks = 0;
+    ToProto(pool, response->add_pools());
+  }
   return scope.Finish(grpc::Status::OK);
 }
 
-grpc::Status AdminServiceImpl::GetPoolStats(grpc::ServerContext*,
+grpc::Status AdminServiceImpl::GetPoolStats(grpc::ServerContext* context,
                                             const pb::GetPoolStatsRequest* request,
                                             pb::PoolStats* response) {
   RpcScope scope(metrics_, kService, "GetPoolStats");
-  auto stats = store_->GetPoolStats(request->pool());
-  if (!stats.ok()) return scope.Finish(ToGrpcStatus(stats.status()));
-  ToProto(*stats, response);
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  // A tenant sees its own use and limits, not the pool's: other tenants' activity is theirs.
+  KVC_ASSIGN_OR_FINISH(const PoolStatsSnapshot stats,
+                       caller.admin() ? store_->GetPoolStats(request->pool())
+                                      : store_->TenantPoolStats(caller.tenant, request->pool()));
+  ToProto(stats, response);
   return scope.Finish(grpc::Status::OK);
 }
 
-grpc::Status AdminServiceImpl::ListSequences(grpc::ServerContext*,
+grpc::Status AdminServiceImpl::ListSequences(grpc::ServerContext* context,
                                              const pb::ListSequencesRequest* request,
                                              pb::ListSequencesResponse* response) {
   RpcScope scope(metrics_, kService, "ListSequences");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
   ListSequencesParams params;
   params.pool = request->pool();
   params.tenant = request->tenant();
   params.limit = request->limit();
-  auto list = store_->ListSequences(params);
-  if (!list.ok()) return scope.Finish(ToGrpcStatus(list.status()));
-  for (const SequenceSnapshot& s : list->sequences) ToProto(s, response->add_sequences());
-  response->set_total(list->total);
+  if (caller.authenticated && caller.role != Role::kAdmin) {
+    KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, request->tenant(),
+                                                         "ListSequences"));
+  }
+  KVC_ASSIGN_OR_FINISH(const SequenceList list, store_->ListSequences(params));
+  for (const SequenceSnapshot& s : list.sequences) ToProto(s, response->add_sequences());
+  response->set_total(list.total);
   return scope.Finish(grpc::Status::OK);
 }
 
-grpc::Status AdminServiceImpl::EvictSequence(grpc::ServerContext*,
+grpc::Status AdminServiceImpl::EvictSequence(grpc::ServerContext* context,
                                              const pb::EvictSequenceRequest* request,
                                              pb::EvictSequenceResponse* response) {
   RpcScope scope(metrics_, kService, "EvictSequence");
-  auto evicted = store_->Evict(request->sequence_id());
-  if (!evicted.ok()) return scope.Finish(ToGrpcStatus(evicted.status()));
-  response->set_freed_blocks(evicted->freed_blocks);
-  response->set_freed_bytes(evicted->freed_bytes);
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  const std::string tenant = request->tenant().empty() ? caller.tenant : request->tenant();
+  KVC_FINISH_IF_ERROR(access_->RequireAdmin(
+      caller, "EvictSequence",
+      absl::StrCat("'", request->sequence_id().substr(0, 64), "' of tenant '",
+                   tenant.substr(0, 64), "'")));
+  const std::string tenant_scope = caller.authenticated ? tenant : "";
+  KVC_ASSIGN_OR_FINISH(const ReleaseResult evicted,
+                       store_->Evict(request->sequence_id(), tenant_scope));
+  response->set_freed_blocks(evicted.freed_blocks);
+  response->set_freed_bytes(evicted.freed_bytes);
   return scope.Finish(grpc::Status::OK);
 }
 
-grpc::Status AdminServiceImpl::Drain(grpc::ServerContext*, const pb::DrainRequest* request,
+grpc::Status AdminServiceImpl::Drain(grpc::ServerContext* context,
+                                     const pb::DrainRequest* request,
                                      pb::DrainResponse* response) {
   RpcScope scope(metrics_, kService, "Drain");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_FINISH_IF_ERROR(
+      access_->RequireAdmin(caller, request->resume() ? "Drain (resume)" : "Drain", ""));
   set_draining_(!request->resume());
   response->set_draining(store_->draining());
   auto stats = store_->GetPoolStats("");
   if (stats.ok()) response->set_sequences(stats->sequences);
+  return scope.Finish(grpc::Status::OK);
+}
+
+grpc::Status AdminServiceImpl::ListTenants(grpc::ServerContext* context,
+                                           const pb::ListTenantsRequest*,
+                                           pb::ListTenantsResponse* response) {
+  RpcScope scope(metrics_, kService, "ListTenants");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  std::vector<TenantUsageSnapshot> tenants = store_->TenantUsage();
+  // Tenants with a quota entry of their own are listed while they hold nothing, too.
+  for (const TenantQuota& q : store_->quotas()) {
+    if (q.tenant == "*") continue;
+    bool listed = false;
+    for (const auto& t : tenants) listed = listed || t.tenant == q.tenant;
+    if (!listed) tenants.push_back({q.tenant, 0, {}, q});
+  }
+  std::sort(tenants.begin(), tenants.end(),
+            [](const auto& a, const auto& b) { return a.tenant < b.tenant; });
+  const std::vector<PoolSnapshot> pools = store_->ListPools();
+  for (const TenantUsageSnapshot& t : tenants) {
+    if (!caller.admin() && t.tenant != caller.tenant) continue;
+    pb::TenantUsage* out = response->add_tenants();
+    out->set_tenant(t.tenant);
+    out->set_sequences(t.sequences);
+    for (size_t i = 0; i < pools.size(); ++i) {
+      (*out->mutable_pool_bytes())[pools[i].options.name] =
+          i < t.pool_bytes.size() ? t.pool_bytes[i] : 0;
+    }
+    out->set_open_streams(access_->InFlight(t.tenant, CallKind::kStream));
+    out->set_compute_calls(access_->InFlight(t.tenant, CallKind::kCompute));
+    out->set_quota_bytes_per_pool(t.quota.max_bytes_per_pool);
+    out->set_quota_sequences(t.quota.max_sequences);
+    out->set_quota_streams(t.quota.max_streams);
+    out->set_quota_compute_calls(t.quota.max_compute_calls);
+  }
+  if (!caller.admin() && response->tenants_size() == 0) {
+    // A tenant that holds nothing still learns its limits.
+    const TenantQuota q = QuotaFor(store_->quotas(), caller.tenant);
+    pb::TenantUsage* out = response->add_tenants();
+    out->set_tenant(caller.tenant);
+    out->set_quota_bytes_per_pool(q.max_bytes_per_pool);
+    out->set_quota_sequences(q.max_sequences);
+    out->set_quota_streams(q.max_streams);
+    out->set_quota_compute_calls(q.max_compute_calls);
+  }
   return scope.Finish(grpc::Status::OK);
 }
 

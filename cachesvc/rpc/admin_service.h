@@ -5,6 +5,7 @@
 
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
+#include "cachesvc/rpc/access_control.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 
 namespace kvc::cachesvc {
@@ -13,8 +14,12 @@ class AdminServiceImpl final : public kvcache::v1::AdminService::Service {
  public:
   // `metrics` may be null. `set_draining` switches the whole server (store, health,
   // metrics) into or out of draining.
-  AdminServiceImpl(KvStore* store, Metrics* metrics, std::function<void(bool)> set_draining)
-      : store_(store), metrics_(metrics), set_draining_(std::move(set_draining)) {}
+  AdminServiceImpl(KvStore* store, Metrics* metrics, const AccessControl* access,
+                   std::function<void(bool)> set_draining)
+      : store_(store),
+        metrics_(metrics),
+        access_(access),
+        set_draining_(std::move(set_draining)) {}
 
   grpc::Status ListPools(grpc::ServerContext* context, const kvcache::v1::ListPoolsRequest* request,
                          kvcache::v1::ListPoolsResponse* response) override;
@@ -29,10 +34,14 @@ class AdminServiceImpl final : public kvcache::v1::AdminService::Service {
                              kvcache::v1::EvictSequenceResponse* response) override;
   grpc::Status Drain(grpc::ServerContext* context, const kvcache::v1::DrainRequest* request,
                      kvcache::v1::DrainResponse* response) override;
+  grpc::Status ListTenants(grpc::ServerContext* context,
+                           const kvcache::v1::ListTenantsRequest* request,
+                           kvcache::v1::ListTenantsResponse* response) override;
 
  private:
   KvStore* store_;
   Metrics* metrics_;
+  const AccessControl* access_;
   std::function<void(bool)> set_draining_;
 };
 

@@ -1,6 +1,7 @@
 #include "cachesvc/rpc/kv_cache_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/rpc/handler_macros.h"
 #include "cachesvc/rpc/proto_convert.h"
 #include "cachesvc/rpc/rpc_scope.h"
 #include "common/status_macros.h"
@@ -11,40 +12,54 @@ namespace kvc::cachesvc {
 namespace pb = ::kvcache::v1;
 constexpr char kService[] = "KvCacheService";
 
-grpc::Status KvCacheServiceImpl::CreateSequence(grpc::ServerContext*,
+grpc::Status KvCacheServiceImpl::CreateSequence(grpc::ServerContext* context,
                                                 const pb::CreateSequenceRequest* request,
                                                 pb::SequenceInfo* response) {
   RpcScope scope(metrics_, kService, "CreateSequence");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
   CreateSequenceParams params;
+  if (caller.authenticated) {
+    // The tenant is the credential's; a request naming another one is a mistake to report.
+    if (!request->tenant().empty() && request->tenant() != caller.tenant) {
+      return scope.Finish(ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+          "the request's tenant '", request->tenant().substr(0, 64),
+          "' is not the caller's ('", caller.tenant, "'); leave tenant empty"))));
+    }
+    params.scope = caller.tenant;
+    params.tenant = caller.tenant;
+  } else {
+    params.tenant = request->tenant();
+  }
   params.pool = request->pool();
-  params.tenant = request->tenant();
   params.client_sequence_id = request->client_sequence_id();
-  auto policy = FromProto(request->policy());
-  if (!policy.ok()) return scope.Finish(ToGrpcStatus(policy.status()));
-  params.policy = *policy;
-  auto created = store_->CreateSequence(params);
-  if (!created.ok()) return scope.Finish(ToGrpcStatus(created.status()));
-  ToProto(*created, response);
+  KVC_ASSIGN_OR_FINISH(params.policy, FromProto(request->policy()));
+  KVC_ASSIGN_OR_FINISH(const SequenceSnapshot created, store_->CreateSequence(params));
+  ToProto(created, response);
   return scope.Finish(grpc::Status::OK);
 }
 
-grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext*, const pb::AppendRequest* request,
+grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext* context,
+                                        const pb::AppendRequest* request,
                                         pb::AppendResponse* response) {
   RpcScope scope(metrics_, kService, "Append");
-  auto params = FromProto(*request);
-  if (!params.ok()) return scope.Finish(ToGrpcStatus(params.status()));
-  auto result = store_->Append(*params);
-  if (!result.ok()) return scope.Finish(ToGrpcStatus(result.status()));
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(AppendParams params, FromProto(*request));
+  KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "Append"));
+  KVC_ASSIGN_OR_FINISH(const AppendResult result, store_->Append(params));
   scope.AddReceived(static_cast<int64_t>(request->keys().size() + request->values().size()));
-  response->set_layer_tokens(result->layer_tokens);
-  response->set_visible_tokens(result->visible_tokens);
+  response->set_layer_tokens(result.layer_tokens);
+  response->set_visible_tokens(result.visible_tokens);
   return scope.Finish(grpc::Status::OK);
 }
 
-grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext*,
+grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext* context,
                                               grpc::ServerReader<pb::AppendRequest>* reader,
                                               pb::AppendStreamResponse* response) {
   RpcScope scope(metrics_, kService, "AppendStream");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kStream));
+  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope,
+                       access_->ScopeFor(caller, "", "AppendStream"));
   pb::AppendRequest request;
   int64_t messages = 0;
   int64_t tokens = 0;
@@ -53,6 +68,7 @@ grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext*,
     absl::Status status;
     auto params = FromProto(request);
     if (params.ok()) {
+      params->scope = tenant_scope;
       auto result = store_->Append(*params);
       if (result.ok()) {
         ++messages;
@@ -82,10 +98,12 @@ grpc::Status KvCacheServiceImpl::Fetch(grpc::ServerContext* context,
                                        const pb::FetchRequest* request,
                                        grpc::ServerWriter<pb::FetchChunk>* writer) {
   RpcScope scope(metrics_, kService, "Fetch");
-  auto params = FromProto(*request);
-  if (!params.ok()) return scope.Finish(ToGrpcStatus(params.status()));
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kStream));
+  KVC_ASSIGN_OR_FINISH(FetchParams params, FromProto(*request));
+  KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, request->tenant(), "Fetch"));
   pb::FetchChunk message;
-  const absl::Status status = store_->Fetch(*params, [&](FetchChunk& chunk) {
+  const absl::Status status = store_->Fetch(params, [&](FetchChunk& chunk) {
     if (context->IsCancelled()) return false;
     scope.AddSent(static_cast<int64_t>(chunk.keys.size() + chunk.values.size()));
     message.Clear();
@@ -95,68 +113,87 @@ grpc::Status KvCacheServiceImpl::Fetch(grpc::ServerContext* context,
   return scope.Finish(ToGrpcStatus(status));
 }
 
-grpc::Status KvCacheServiceImpl::GetSequence(grpc::ServerContext*,
+grpc::Status KvCacheServiceImpl::GetSequence(grpc::ServerContext* context,
                                              const pb::GetSequenceRequest* request,
                                              pb::SequenceInfo* response) {
   RpcScope scope(metrics_, kService, "GetSequence");
-  auto snapshot = store_->GetSequence(request->sequence_id());
-  if (!snapshot.ok()) return scope.Finish(ToGrpcStatus(snapshot.status()));
-  ToProto(*snapshot, response);
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope,
+                       access_->ScopeFor(caller, request->tenant(), "GetSequence"));
+  KVC_ASSIGN_OR_FINISH(const SequenceSnapshot snapshot,
+                       store_->GetSequence(request->sequence_id(), tenant_scope));
+  ToProto(snapshot, response);
   return scope.Finish(grpc::Status::OK);
 }
 
-grpc::Status KvCacheServiceImpl::Release(grpc::ServerContext*, const pb::ReleaseRequest* request,
+grpc::Status KvCacheServiceImpl::Release(grpc::ServerContext* context,
+                                         const pb::ReleaseRequest* request,
                                          pb::ReleaseResponse* response) {
   RpcScope scope(metrics_, kService, "Release");
-  auto released = store_->Release(request->sequence_id());
-  if (!released.ok()) return scope.Finish(ToGrpcStatus(released.status()));
-  response->set_freed_blocks(released->freed_blocks);
-  response->set_freed_bytes(released->freed_bytes);
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope, access_->ScopeFor(caller, "", "Release"));
+  KVC_ASSIGN_OR_FINISH(const ReleaseResult released,
+                       store_->Release(request->sequence_id(), tenant_scope));
+  response->set_freed_blocks(released.freed_blocks);
+  response->set_freed_bytes(released.freed_bytes);
   return scope.Finish(grpc::Status::OK);
 }
 
-grpc::Status KvCacheServiceImpl::Compress(grpc::ServerContext*, const pb::CompressRequest* request,
+grpc::Status KvCacheServiceImpl::Compress(grpc::ServerContext* context,
+                                          const pb::CompressRequest* request,
                                           pb::CompressResponse* response) {
   RpcScope scope(metrics_, kService, "Compress");
-  auto params = FromProto(*request);
-  if (!params.ok()) return scope.Finish(ToGrpcStatus(params.status()));
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kCompute));
+  KVC_ASSIGN_OR_FINISH(CompressParams params, FromProto(*request));
+  KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "Compress"));
   for (const auto& q : request->queries())
     scope.AddReceived(static_cast<int64_t>(q.queries().size()));
-  auto result = store_->Compress(*params);
-  if (!result.ok()) return scope.Finish(ToGrpcStatus(result.status()));
-  ToProto(*result, response);
-  auto snapshot = store_->GetSequence(request->sequence_id());
+  KVC_ASSIGN_OR_FINISH(const CompressResult result, store_->Compress(params));
+  ToProto(result, response);
+  auto snapshot = store_->GetSequence(request->sequence_id(), params.scope);
   if (snapshot.ok()) ToProto(*snapshot, response->mutable_sequence());
   return scope.Finish(grpc::Status::OK);
 }
 
-absl::Status KvCacheServiceImpl::AttendOne(const pb::AttendRequest& request,
+absl::Status KvCacheServiceImpl::AttendOne(const std::string& tenant_scope,
+                                           const pb::AttendRequest& request,
                                            pb::AttendResponse* response) {
   KVC_ASSIGN_OR_RETURN(AttendParams params, FromProto(request));
+  params.scope = tenant_scope;
   KVC_ASSIGN_OR_RETURN(AttendResult result, store_->Attend(params));
   ToProto(result, request.layer(), response);
   return absl::OkStatus();
 }
 
-grpc::Status KvCacheServiceImpl::Attend(grpc::ServerContext*, const pb::AttendRequest* request,
+grpc::Status KvCacheServiceImpl::Attend(grpc::ServerContext* context,
+                                        const pb::AttendRequest* request,
                                         pb::AttendResponse* response) {
   RpcScope scope(metrics_, kService, "Attend");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kCompute));
+  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope, access_->ScopeFor(caller, "", "Attend"));
   scope.AddReceived(static_cast<int64_t>(request->queries().size()));
-  const absl::Status status = AttendOne(*request, response);
+  const absl::Status status = AttendOne(tenant_scope, *request, response);
   scope.AddSent(static_cast<int64_t>(response->output().size()));
   return scope.Finish(ToGrpcStatus(status));
 }
 
 grpc::Status KvCacheServiceImpl::AttendStream(
-    grpc::ServerContext*, grpc::ServerReaderWriter<pb::AttendResponse, pb::AttendRequest>* stream) {
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<pb::AttendResponse, pb::AttendRequest>* stream) {
   RpcScope scope(metrics_, kService, "AttendStream");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kStream));
+  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope,
+                       access_->ScopeFor(caller, "", "AttendStream"));
   pb::AttendRequest request;
   pb::AttendResponse response;
   int64_t answered = 0;
   while (stream->Read(&request)) {
     response.Clear();
     scope.AddReceived(static_cast<int64_t>(request.queries().size()));
-    const absl::Status status = AttendOne(request, &response);
+    const absl::Status status = AttendOne(tenant_scope, request, &response);
     if (!status.ok()) {
       return scope.Finish(ToGrpcStatus(absl::Status(
           status.code(), absl::StrCat("AttendStream request ", answered, " (layer ",

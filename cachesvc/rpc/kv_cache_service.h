@@ -4,6 +4,7 @@
 
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
+#include "cachesvc/rpc/access_control.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 
 namespace kvc::cachesvc {
@@ -11,7 +12,8 @@ namespace kvc::cachesvc {
 class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
  public:
   // `metrics` may be null.
-  KvCacheServiceImpl(KvStore* store, Metrics* metrics) : store_(store), metrics_(metrics) {}
+  KvCacheServiceImpl(KvStore* store, Metrics* metrics, const AccessControl* access)
+      : store_(store), metrics_(metrics), access_(access) {}
 
   grpc::Status CreateSequence(grpc::ServerContext* context,
                               const kvcache::v1::CreateSequenceRequest* request,
@@ -37,11 +39,12 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
                                                      kvcache::v1::AttendRequest>* stream) override;
 
  private:
-  absl::Status AttendOne(const kvcache::v1::AttendRequest& request,
+  absl::Status AttendOne(const std::string& scope, const kvcache::v1::AttendRequest& request,
                          kvcache::v1::AttendResponse* response);
 
   KvStore* store_;
   Metrics* metrics_;
+  const AccessControl* access_;
 };
 
 }  // namespace kvc::cachesvc

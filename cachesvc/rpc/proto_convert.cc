@@ -234,6 +234,9 @@ void ToProto(const PoolStatsSnapshot& s, pb::PoolStats* out) {
   for (const auto& [policy, n] : s.evicted_token_heads) {
     (*out->mutable_evicted_token_heads())[policy] = n;
   }
+  out->set_tenant(s.tenant);
+  out->set_quota_bytes(s.quota_bytes);
+  out->set_quota_sequences(s.quota_sequences);
 }
 
 absl::StatusOr<AppendParams> FromProto(const pb::AppendRequest& r) {

@@ -5,8 +5,10 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/rpc/access_control.h"
 #include "cachesvc/rpc/admin_service.h"
 #include "cachesvc/rpc/kv_cache_service.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace kvc::cachesvc {
@@ -26,19 +28,31 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes is ", options.max_message_bytes, "; expected 64 KiB .. 1 GiB"));
   }
+  KVC_RETURN_IF_ERROR(CheckExposure(options));
+  if (options.insecure && !IsLoopback(options.listen)) {
+    KVC_LOG(WARNING) << "INSECURE: listening on '" << options.listen
+                     << "' without TLS or authentication because the config sets insecure: "
+                     << "true; anyone who reaches the port can read and change every "
+                     << "tenant's KV";
+  }
   std::unique_ptr<KvCacheServer> server(new KvCacheServer());
+  KVC_ASSIGN_OR_RETURN(server->auth_, Authenticator::Create(options.auth));
+  server->limits_ = std::make_unique<CallLimits>(options.store.quotas);
   // A response must fit one message; leave room for the fields around the payload.
   KvStoreOptions store_options = options.store;
   store_options.max_response_bytes = options.max_message_bytes - (int64_t{16} << 10);
   KVC_ASSIGN_OR_RETURN(server->store_, KvStore::Create(store_options));
-  KVC_ASSIGN_OR_RETURN(server->metrics_,
-                       Metrics::Create(options.metrics_listen, server->store_.get()));
-  server->kv_service_ =
-      std::make_unique<KvCacheServiceImpl>(server->store_.get(), server->metrics_.get());
+  KVC_ASSIGN_OR_RETURN(server->metrics_, Metrics::Create(options.metrics_listen,
+                                                         server->store_.get(),
+                                                         /*name_all_tenants=*/options.auth.enabled()));
+  server->access_ = std::make_unique<AccessControl>(server->auth_.get(), server->limits_.get(),
+                                                    server->metrics_.get());
+  server->kv_service_ = std::make_unique<KvCacheServiceImpl>(
+      server->store_.get(), server->metrics_.get(), server->access_.get());
   KvCacheServer* self = server.get();
-  server->admin_service_ =
-      std::make_unique<AdminServiceImpl>(server->store_.get(), server->metrics_.get(),
-                                         [self](bool draining) { self->SetDraining(draining); });
+  server->admin_service_ = std::make_unique<AdminServiceImpl>(
+      server->store_.get(), server->metrics_.get(), server->access_.get(),
+      [self](bool draining) { self->SetDraining(draining); });
 
   // grpc.health.v1 (Kubernetes gRPC probes) and server reflection (grpcurl and friends).
   grpc::EnableDefaultHealthCheckService(true);
@@ -78,6 +92,8 @@ void KvCacheServer::Shutdown(absl::Duration deadline) {
   SetDraining(true);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + deadline));
 }
+
+absl::Status KvCacheServer::ReloadCredentials() { return auth_->Reload(); }
 
 void KvCacheServer::Wait() {
   if (server_ != nullptr) server_->Wait();

@@ -19,10 +19,15 @@ namespace kvc::cachesvc {
 
 class KvCacheServiceImpl;
 class AdminServiceImpl;
+class AccessControl;
+class Authenticator;
+class CallLimits;
 
 class KvCacheServer {
  public:
-  // Builds the pools and starts listening. UNAVAILABLE if the address cannot be bound.
+  // Builds the pools and starts listening. UNAVAILABLE if the address cannot be bound;
+  // FAILED_PRECONDITION for a non-loopback address without TLS and authentication (unless
+  // options.insecure); the tokens file's NOT_FOUND / INVALID_ARGUMENT.
   static absl::StatusOr<std::unique_ptr<KvCacheServer>> Start(const ServerOptions& options);
   KvCacheServer(const KvCacheServer&) = delete;
   KvCacheServer& operator=(const KvCacheServer&) = delete;
@@ -43,6 +48,10 @@ class KvCacheServer {
   // Drains, stops accepting calls, lets in-flight calls finish until `deadline`, then
   // cancels them.
   void Shutdown(absl::Duration deadline);
+  // Re-reads the tokens file now (SIGHUP); on error the previous tokens stay in force.
+  absl::Status ReloadCredentials();
+  Authenticator* authenticator() const { return auth_.get(); }
+
   // Blocks until the server has shut down.
   void Wait();
 
@@ -51,6 +60,9 @@ class KvCacheServer {
 
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<CallLimits> limits_;
+  std::unique_ptr<AccessControl> access_;
   std::unique_ptr<KvCacheServiceImpl> kv_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> server_;

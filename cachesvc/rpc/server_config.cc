@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -181,6 +182,37 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
   KVC_RETURN_IF_ERROR(ParseQuotas(config, &options.store.quotas));
   options.insecure = config.insecure();
   return options;
+}
+
+// Whether only this machine can reach `listen` ("unix:" sockets, 127.0.0.0/8, ::1,
+// localhost). Anything else — 0.0.0.0, a pod IP, a hostname — is reachable from the network.
+bool IsLoopback(const std::string& listen) {
+  if (absl::StartsWith(listen, "unix:")) return true;
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+}
+
+// A non-loopback listener needs TLS (tokens and KV cross the network) and authentication
+// (anyone on the network could call), unless the operator opted out in so many words.
+absl::Status CheckExposure(const ServerOptions& options) {
+  if (IsLoopback(options.listen)) return absl::OkStatus();
+  std::string missing;
+  if (!options.tls.enabled()) missing = "TLS (tls { cert_file key_file })";
+  if (!options.auth.enabled()) {
+    if (!missing.empty()) missing += " and ";
+    missing += "authentication (auth { tokens_file } or client_identities)";
+  }
+  if (missing.empty()) return absl::OkStatus();
+  if (!options.insecure) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to listen on '", options.listen, "' without ", missing,
+        ": anyone who reaches the port could read and change every tenant's KV. Configure "
+        "them, listen on 127.0.0.1, or set `insecure: true` in the config to accept the risk"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ServerOptions> LoadServerConfig(const std::string& path) {

@@ -31,6 +31,13 @@ ServerOptions DefaultServerOptions();
 absl::StatusOr<ServerOptions> LoadServerConfig(const std::string& path);
 absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text);
 
+// Whether only this machine can reach `listen` ("unix:" sockets, 127.0.0.0/8, ::1,
+// localhost).
+bool IsLoopback(const std::string& listen);
+// FAILED_PRECONDITION for a non-loopback listen address without TLS or without
+// authentication, unless options.insecure: KvCacheServer::Start refuses such a config.
+absl::Status CheckExposure(const ServerOptions& options);
+
 // "1073741824", "512MiB", "2GiB", "64KiB", "1.5GiB" -> bytes. INVALID_ARGUMENT otherwise.
 absl::StatusOr<int64_t> ParseByteSize(const std::string& text);
 

@@ -117,6 +117,8 @@ Store MakeStore(const CompressionSpec& policy) {
   pool.capacity_bytes = int64_t{8} << 20;
   KvStoreOptions o;
   o.pools.push_back(pool);
+  // A quota that never binds, so every mutation also reserves and settles tenant bytes.
+  o.quotas = {{"*", int64_t{1} << 40, 0, 0, 0}};
   o.hooks.wrap_backend = [&s](std::unique_ptr<kernels::KernelBackend> inner) {
     auto b = std::make_unique<FaultyBackend>(std::move(inner));
     s.backend = b.get();
@@ -164,6 +166,12 @@ std::string Observe(Store& s) {
   for (int64_t n : info->layer_tokens) out += absl::StrCat("|", n);
   for (int64_t n : info->stored_tokens) out += absl::StrCat("/", n);
   out += absl::StrCat("#", s.pool->used_bytes(), "#", kernels::StorageFormatName(info->storage));
+  // The tenant is charged exactly the pool bytes, before and after every failure.
+  const std::vector<TenantUsageSnapshot> tenants = s.store->TenantUsage();
+  EXPECT_EQ(tenants.size(), 1u);
+  if (!tenants.empty()) {
+    EXPECT_EQ(tenants[0].pool_bytes.at(0), s.pool->used_bytes()) << "tenant account drifted";
+  }
   return out;
 }
 

@@ -1,5 +1,8 @@
 #include "cachesvc/rpc/server_config.h"
 
+#include <algorithm>
+#include <filesystem>
+
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
@@ -70,6 +73,80 @@ TEST(ServerConfigTest, ShippedSampleConfigLoads) {
   ASSERT_EQ(o.store.pools.size(), 2u);
   EXPECT_EQ(o.store.pools[1].geometry.dtype, DType::kBF16);
   KVC_EXPECT_OK(KvStore::Create(o.store).status());
+}
+
+// Every config shipped under deploy/ parses, passes the exposure rule kvcached applies at
+// startup (no plaintext or unauthenticated non-loopback listener without `insecure`), and
+// builds its pools: config the server would refuse must not ship. (The TLS and tokens
+// files they name are mounted at run time, so only their presence in the config is checked.)
+TEST(ServerConfigTest, EveryShippedConfigWouldStart) {
+  int checked = 0;
+  for (const auto& entry :
+       std::filesystem::recursive_directory_iterator(KVC_SOURCE_DIR "/deploy")) {
+    if (entry.path().extension() != ".textproto") continue;
+    SCOPED_TRACE(entry.path().string());
+    ++checked;
+    KVC_ASSERT_OK_AND_ASSIGN(ServerOptions o, LoadServerConfig(entry.path().string()));
+    KVC_EXPECT_OK(CheckExposure(o));
+    EXPECT_FALSE(o.insecure) << "a shipped config must not opt out of security";
+    if (!IsLoopback(o.listen)) {
+      EXPECT_TRUE(o.tls.enabled() && o.auth.enabled()) << o.listen;
+    }
+    for (PoolOptions& pool : o.store.pools) {
+      pool.capacity_bytes = std::min<int64_t>(pool.capacity_bytes, int64_t{64} << 20);
+      pool.device = "cpu";  // device pools are checked where they exist (GPU issue)
+    }
+    KVC_EXPECT_OK(KvStore::Create(o.store).status());
+  }
+  EXPECT_GE(checked, 3);
+}
+
+TEST(ServerConfigTest, ParsesSecurityAndRefusesInconsistentSettings) {
+  KVC_ASSERT_OK_AND_ASSIGN(ServerOptions o, ParseServerConfig(R"pb(
+    listen: "0.0.0.0:50051"
+    pools { name: "p" capacity_bytes: 1048576
+            geometry { num_layers: 1 num_kv_heads: 1 num_query_heads: 1 head_dim: 64 } }
+    tls { cert_file: "/c" key_file: "/k" client_ca_file: "/ca" require_client_cert: true }
+    auth { tokens_file: "/t" client_identities { san: "spiffe://x/a" tenant: "a" role: ROLE_ADMIN } }
+    quotas { tenant: "a" max_bytes_per_pool: 1024 max_sequences: 2 }
+    quotas { tenant: "*" max_streams: 4 }
+  )pb"));
+  EXPECT_TRUE(o.tls.enabled());
+  EXPECT_TRUE(o.tls.require_client_cert);
+  EXPECT_EQ(o.tls.reload_interval_seconds, 60);
+  ASSERT_EQ(o.auth.client_identities.size(), 1u);
+  EXPECT_EQ(o.auth.client_identities[0].role, Role::kAdmin);
+  ASSERT_EQ(o.store.quotas.size(), 2u);
+  EXPECT_EQ(QuotaFor(o.store.quotas, "a").max_sequences, 2);
+  EXPECT_EQ(QuotaFor(o.store.quotas, "zz").max_streams, 4);
+  KVC_EXPECT_OK(CheckExposure(o));
+
+  const std::string pool =
+      R"pb(pools { name: "p" capacity_bytes: 1048576
+                   geometry { num_layers: 1 num_kv_heads: 1 num_query_heads: 1 head_dim: 64 } })pb";
+  for (const char* bad : {
+           R"pb(tls { cert_file: "/c" })pb",
+           R"pb(tls { client_ca_file: "/ca" })pb",
+           R"pb(tls { cert_file: "/c" key_file: "/k" require_client_cert: true })pb",
+           R"pb(auth { client_identities { san: "x" tenant: "a" } })pb",
+           R"pb(tls { cert_file: "/c" key_file: "/k" client_ca_file: "/ca" }
+                auth { client_identities { san: "x" tenant: "a/b" } })pb",
+           R"pb(quotas { tenant: "a" max_sequences: -1 })pb",
+           R"pb(quotas { tenant: "a" } quotas { tenant: "a" })pb",
+           R"pb(auth { tokens_file: "/t" reload_interval_seconds: 100000 })pb",
+       }) {
+    EXPECT_EQ(ParseServerConfig(pool + bad).status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  KVC_ASSERT_OK_AND_ASSIGN(ServerOptions open, ParseServerConfig(pool + R"pb(listen: "0.0.0.0:1")pb"));
+  EXPECT_EQ(CheckExposure(open).code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* local : {"127.0.0.1:1", "localhost:1", "[::1]:1", "unix:/tmp/k.sock"}) {
+    open.listen = local;
+    KVC_EXPECT_OK(CheckExposure(open)) << local;
+  }
+  open.listen = "10.0.0.5:1";
+  open.insecure = true;
+  KVC_EXPECT_OK(CheckExposure(open));
 }
 
 }  // namespace

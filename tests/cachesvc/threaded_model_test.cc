@@ -195,7 +195,10 @@ void World::Restructure(ModelSequence& s, Version& v) {
 
 void World::Recreate(ModelSequence& s, std::mt19937& rng) {
   CreateSequenceParams p;
-  p.client_sequence_id = "t" + std::to_string(next_id_.fetch_add(1));
+  const int serial = next_id_.fetch_add(1);
+  p.client_sequence_id = "t" + std::to_string(serial);
+  // Three tenants share the slots, so their accounts must sum to the pool's use.
+  p.tenant = "tenant" + std::to_string(serial % 3);
   CompressionSpec& policy = p.policy;
   const int storage = Uniform(rng, -1, 7);
   if (storage >= 0) {
@@ -734,9 +737,22 @@ void World::CheckAccounting() {
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->used_blocks, want) << "blocks in use differ from the model's count";
   EXPECT_EQ(stats->sequences, kSlots);
+  // Tenant accounts (quotas) are charged exactly what the sequences hold.
+  int64_t tenant_bytes = 0;
+  int64_t tenant_sequences = 0;
+  for (const TenantUsageSnapshot& t : store_->TenantUsage()) {
+    tenant_bytes += t.pool_bytes.at(0);
+    tenant_sequences += t.sequences;
+  }
+  EXPECT_EQ(tenant_bytes, stats->used_bytes) << "tenant accounts differ from the pool";
+  EXPECT_EQ(tenant_sequences, kSlots);
   for (const auto& s : slots_) KVC_EXPECT_OK(store_->Release(s->id).status());
   stats = store_->GetPoolStats("t");
   EXPECT_EQ(stats->used_blocks, 0) << "blocks leaked";
+  for (const TenantUsageSnapshot& t : store_->TenantUsage()) {
+    EXPECT_EQ(t.pool_bytes.at(0), 0) << t.tenant << " is still charged";
+    EXPECT_EQ(t.sequences, 0) << t.tenant;
+  }
 }
 
 TEST(ThreadedModelTest, EveryFetchSeesAStateThatExisted) {

@@ -1,0 +1,56 @@
+#include "cachesvc/rpc/access_control.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace kvc::cachesvc {
+
+std::string Describe(const Caller& caller) {
+  if (!caller.authenticated) return "an unauthenticated caller";
+  return absl::StrCat(caller.role == Role::kAdmin ? "admin" : "tenant", " '", caller.tenant,
+                      "' (", caller.credential, ")");
+}
+
+absl::StatusOr<Caller> AccessControl::Authenticate(const grpc::ServerContext& context) const {
+  auto caller = auth_->Authenticate(context);
+  if (!caller.ok() && metrics_ != nullptr) metrics_->RecordAuthFailure();
+  return caller;
+}
+
+absl::StatusOr<std::string> AccessControl::ScopeFor(const Caller& caller,
+                                                    const std::string& requested,
+                                                    const char* what) const {
+  if (!caller.authenticated) return std::string();
+  if (requested.empty() || requested == caller.tenant) return caller.tenant;
+  if (caller.role != Role::kAdmin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the request names tenant '", requested.substr(0, 64), "' but the caller is tenant '",
+        caller.tenant, "'; only an admin may act on another tenant's sequences (leave tenant "
+        "empty for your own)"));
+  }
+  KVC_LOG(INFO) << "audit: " << Describe(caller) << " " << what << " of tenant '"
+                << requested.substr(0, 64) << "'";
+  return requested;
+}
+
+absl::Status AccessControl::RequireAdmin(const Caller& caller, const char* what,
+                                         const std::string& detail) const {
+  if (caller.admin()) {
+    KVC_LOG(INFO) << "audit: " << Describe(caller) << " " << what << " " << detail;
+    return absl::OkStatus();
+  }
+  KVC_LOG(WARNING) << "audit: refused " << what << " " << detail << " to " << Describe(caller);
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, " needs the admin role; the caller is tenant '", caller.tenant, "'"));
+}
+
+absl::StatusOr<CallLimits::Slot> AccessControl::Enter(const Caller& caller, CallKind kind) const {
+  auto slot = limits_->Acquire(caller.authenticated ? caller.tenant : "", kind);
+  if (!slot.ok() && metrics_ != nullptr) {
+    metrics_->RecordQuotaRefusal(caller.tenant,
+                                 kind == CallKind::kStream ? "streams" : "compute_calls");
+  }
+  return slot;
+}
+
+}  // namespace kvc::cachesvc

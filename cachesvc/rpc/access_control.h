@@ -1,0 +1,51 @@
+// AccessControl: the checks every handler makes before it touches the store — who calls
+// (Authenticator), which tenant's id space the call acts in, whether the role allows it, and
+// the tenant's call limits. Admin actions are written to the log as audit lines naming the
+// caller (tenant and credential kind, never a token).
+#pragma once
+
+#include <grpcpp/server_context.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cachesvc/metrics/metrics.h"
+#include "cachesvc/rpc/authenticator.h"
+#include "cachesvc/rpc/call_limits.h"
+
+namespace kvc::cachesvc {
+
+class AccessControl {
+ public:
+  // `metrics` may be null.
+  AccessControl(Authenticator* auth, CallLimits* limits, Metrics* metrics)
+      : auth_(auth), limits_(limits), metrics_(metrics) {}
+
+  bool enabled() const { return auth_->enabled(); }
+  // UNAUTHENTICATED without a valid credential (authentication on).
+  absl::StatusOr<Caller> Authenticate(const grpc::ServerContext& context) const;
+  // The id space a call acts in: the caller's tenant, or `requested` (a request's tenant
+  // field) for an admin (audited as `what`). PERMISSION_DENIED when a non-admin names
+  // another tenant. Without authentication: "" (one shared id space, as before).
+  absl::StatusOr<std::string> ScopeFor(const Caller& caller, const std::string& requested,
+                                       const char* what) const;
+  // PERMISSION_DENIED unless the caller is an admin (or authentication is off); audits the
+  // action (`what`, with `detail`) either way.
+  absl::Status RequireAdmin(const Caller& caller, const char* what,
+                            const std::string& detail) const;
+  // A call slot of the caller's tenant (TenantQuota.max_streams / max_compute_calls).
+  absl::StatusOr<CallLimits::Slot> Enter(const Caller& caller, CallKind kind) const;
+  int InFlight(const std::string& tenant, CallKind kind) const {
+    return limits_->InFlight(tenant, kind);
+  }
+
+ private:
+  Authenticator* auth_;
+  CallLimits* limits_;
+  Metrics* metrics_;
+};
+
+// "tenant 'a' (token)" for audit lines.
+std::string Describe(const Caller& caller);
+
+}  // namespace kvc::cachesvc
