@@ -6,7 +6,8 @@
 For each Dockerfile: multi-stage; every COPY source (from the build context) exists; the
 presets and targets it builds exist in CMakePresets.json / CMakeLists.txt and the binaries it
 installs are where those presets put them; the final stage runs as a numeric non-root user and
-EXPOSEs 50051 and 9464; ENTRYPOINT is kvcached. For apt-get install lines in a Debian 12 stage,
+EXPOSEs 50051 and 9464; ENTRYPOINT is kvcached; the final stage runs RUN steps through
+/bin/bash (the readiness probe's shell). For apt-get install lines in a Debian 12 stage,
 every package must be known to this Debian 12 machine's apt-cache (skipped without apt-cache;
 NVIDIA's cuda-* packages are not in Debian and are not checked).
 """
@@ -91,6 +92,11 @@ for name in ("Dockerfile", "Dockerfile.gpu"):
     for port in ("50051", "9464"):
         if port not in exposed:
             problem(where, f"final stage does not EXPOSE {port}")
+    # The StatefulSet's readiness probe is `/bin/bash -c ...` (bash's /dev/tcp, grep): a final
+    # stage whose RUN steps go through /bin/bash proves at build time that the image has it.
+    shells = [rest for w, rest in final_ins if w == "SHELL"]
+    if not shells or json.loads(shells[-1])[0] != "/bin/bash" or not any(w == "RUN" for w, _ in final_ins):
+        problem(where, "final stage must RUN through SHELL [\"/bin/bash\", ...] (the readiness probe needs bash)")
     ep = [rest for w, rest in final_ins if w == "ENTRYPOINT"]
     if not ep or json.loads(ep[-1])[0] != "/usr/local/bin/kvcached":
         problem(where, "ENTRYPOINT must be /usr/local/bin/kvcached (exec form)")

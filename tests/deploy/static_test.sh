@@ -4,9 +4,12 @@
 #  2. `kubectl kustomize` of the base and every overlay (skipped with a message where kubectl is
 #     absent -- it is not in Debian -- and the base's YAML files are validated directly instead);
 #  3. offline schema validation of the rendered manifests (kubernetes-validate, strict) plus a
-#     ServiceMonitor check, cross-object consistency and the pool config parsed against
-#     proto/kvcache/v1/config.proto (validate_manifests.py); and a self-test that it rejects a
-#     broken manifest;
+#     ServiceMonitor check, cross-object consistency, the pool config parsed against
+#     proto/kvcache/v1/config.proto, and security: TLS + auth on a non-loopback listen, the
+#     Secrets make-secrets.sh writes mounted read-only where the config names them, probes that
+#     work with TLS, the NetworkPolicy (validate_manifests.py); every shipped textproto and each
+#     image's baked config on its own; and a self-test that the validator rejects broken
+#     manifests;
 #  4. promtool check rules + promtool test rules for deploy/prometheus/alerts*.yaml;
 #  5. the Grafana dashboard: JSON structure, metric names, and every query as a recording rule
 #     through `promtool check rules`;
@@ -21,6 +24,7 @@ need() { command -v "$1" >/dev/null || fail "$1 not found: run scripts/install_d
 need yamllint yamllint
 need promtool prometheus
 need protoc protobuf-compiler
+need openssl openssl  # deploy/k8s/make-secrets.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -50,27 +54,51 @@ venv=$("$here/make_venv.sh")
 mkdir -p "$tmp/pb"
 protoc -I proto --python_out="$tmp/pb" proto/kvcache/v1/config.proto proto/kvcache/v1/types.proto
 validate() { "$venv/bin/python" "$here/validate_manifests.py" --pb-dir "$tmp/pb" --k8s-version 1.32.0 "$@"; }
-validate "${kustomize_args[@]}" "${renders[@]}"
-# The validator must reject what it claims to: a string replica count, an unknown field,
-# and a probe on the wrong port.
-if [ ${#renders[@]} -gt 0 ]; then src=${renders[0]}; else src=deploy/k8s/base/statefulset.yaml; fi
+# The Secrets as make-secrets.sh writes them (throwaway keys in $tmp): their manifests are
+# validated too, and the mounts are checked against their real keys.
+deploy/k8s/make-secrets.sh "$tmp/secrets" >/dev/null
+textprotos=()
+while IFS= read -r f; do textprotos+=(--textproto "$f"); done < <(find deploy -name '*.textproto' | sort)
+validate --secrets-dir "$tmp/secrets" "${textprotos[@]}" \
+  --dockerfile deploy/docker/Dockerfile --dockerfile deploy/docker/Dockerfile.gpu \
+  "${kustomize_args[@]}" "${renders[@]}"
+# The validator must reject what it claims to: a string replica count, an unknown field, a
+# readiness probe on the wrong port, a kubelet gRPC probe (no TLS), a credential Secret mounted
+# writable, a tokens file where nothing is mounted, TLS dropped from a non-loopback listen, the
+# NetworkPolicy opened to unlabelled client pods or to a port kvcached does not have.
+if [ ${#renders[@]} -gt 0 ]; then src=${renders[0]}; else src=deploy/k8s/base; fi
 for breakage in 's/^  replicas: .*/  replicas: "two"/' 's/^  serviceName: kvcached/  serviceName: kvcached\n  servicename: typo/' \
-                's/^\( *\)port: 50051$/\1port: 50052/'; do
+                's|/dev/tcp/127.0.0.1/9464|/dev/tcp/127.0.0.1/9465|' \
+                '/livenessProbe:/,/periodSeconds:/{s/httpGet:/grpc:/;/path: \/metrics/d;s/port: metrics/port: 50051/}' \
+                '\|mountPath: /var/run/secrets/kvcached/tls|,/readOnly:/s/readOnly: true/readOnly: false/' \
+                's|/var/run/secrets/kvcached/auth/tokens|/var/run/secrets/kvcached/tokens|' \
+                's|^\( *\)cert_file:|\1# cert_file:|' 's|kvcache.io/client: "true"|team: any|' \
+                '/^kind: NetworkPolicy/,/^---/s/port: metrics/port: 9999/'; do
   if [ ${#renders[@]} -gt 0 ]; then
     changed="$tmp/broken.yaml"
     sed "$breakage" "$src" >"$changed"
     broken=("$changed")
   else
-    cp -r deploy/k8s/base "$tmp/broken-base"
-    changed="$tmp/broken-base/statefulset.yaml"
-    sed -i "$breakage" "$changed"
-    broken=(--kustomize-dir "$tmp/broken-base")
+    changed="$tmp/broken-base"
+    cp -r deploy/k8s/base "$changed"
+    sed -i "$breakage" "$changed"/*.yaml "$changed"/*.textproto
+    broken=(--kustomize-dir "$changed")
   fi
-  cmp -s "$src" "$changed" && fail "self-test: '$breakage' changed nothing"
-  if validate "${broken[@]}" >/dev/null 2>&1; then fail "validator accepted a manifest broken by '$breakage'"; fi
+  diff -rq "$src" "$changed" >/dev/null && fail "self-test: '$breakage' changed nothing"
+  if validate --secrets-dir "$tmp/secrets" "${broken[@]}" >"$tmp/broken.log" 2>&1; then
+    fail "validator accepted a manifest broken by '$breakage'"
+  fi
+  echo "  rejected '$breakage': $(grep -m1 FAIL "$tmp/broken.log")"
   rm -rf "$tmp/broken-base"
 done
 echo "validator rejects broken manifests: ok"
+# And a shipped config that the server would refuse: plaintext on every address, or insecure.
+printf 'listen: "0.0.0.0:50051"\npools { name: "p" capacity_bytes: 1 }\n' >"$tmp/plain.textproto"
+printf 'insecure: true\npools { name: "p" capacity_bytes: 1 }\n' >"$tmp/insecure.textproto"
+for f in plain insecure; do
+  if validate --textproto "$tmp/$f.textproto" >/dev/null 2>&1; then fail "validator accepted $f.textproto"; fi
+done
+echo "validator rejects plaintext and insecure configs: ok"
 
 echo "== promtool: alert rules"
 promtool check rules deploy/prometheus/alerts.yaml

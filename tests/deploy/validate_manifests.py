@@ -17,7 +17,19 @@ Checks, per rendering:
     probe port, terminationGracePeriodSeconds > --shutdown_grace_seconds, host pools fit the
     memory limit, CUDA pools come with nvidia.com/gpu;
   * the ConfigMap's config parses as kvcache.v1.ServerConfig (protoc-generated Python from
-    proto/kvcache/v1/config.proto, in --pb-dir).
+    proto/kvcache/v1/config.proto, in --pb-dir);
+  * security: a non-loopback gRPC listen (the --listen flag, else the config's) has TLS and a
+    credential source and no `insecure`; every file the config's tls/auth names is a key of a
+    Secret volume mounted read-only, without subPath, at the file's directory; no env var takes
+    those Secrets; the probes do not use the kubelet's gRPC probe (no TLS) but the plaintext
+    metrics port; the NetworkPolicy selects the kvcached pods and lets only kvcache client pods
+    reach the gRPC port and only Prometheus in the monitoring namespace the metrics port.
+  validate_manifests.py ... --secrets-dir DIR
+      Also validates the Secret manifests make-secrets.sh wrote to DIR (*.secret.yaml) and
+      checks the mounted keys against them instead of the expected key names.
+  validate_manifests.py --pb-dir DIR --textproto deploy/x.textproto --dockerfile deploy/docker/D
+      Every shipped config file on its own (listen, tls, auth, insecure), and an image's baked
+      config with the Dockerfile CMD's --listen applied.
 Needs PyYAML, kubernetes-validate and protobuf (tests/deploy/make_venv.sh).
 """
 import argparse
@@ -118,7 +130,7 @@ def port_of(hostport):
     return int(hostport.rsplit(":", 1)[1])
 
 
-def check_rendering(where, docs, version, pb, rendered):
+def check_rendering(where, docs, version, pb, rendered, secrets):
     by_kind = {}
     for d in docs:
         by_kind.setdefault(d.get("kind"), []).append(d)
@@ -133,7 +145,7 @@ def check_rendering(where, docs, version, pb, rendered):
         except kubernetes_validate.ValidationError as e:
             path = "/".join(str(p) for p in e.path)
             problem(f"{where} {name}", f"schema: {path}: {e.message}")
-    for kind in ("StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceMonitor"):
+    for kind in ("StatefulSet", "Service", "ConfigMap", "PodDisruptionBudget", "ServiceMonitor", "NetworkPolicy"):
         if len(by_kind.get(kind, [])) != 1:
             problem(where, f"expected exactly one {kind}, found {len(by_kind.get(kind, []))}")
     if problems:
@@ -166,10 +178,8 @@ def check_rendering(where, docs, version, pb, rendered):
         v = flag(args, fl)
         if v is None or port not in cports or port_of(v) != cports[port]:
             problem(where, f"--{fl}={v} does not match container port '{port}' {cports.get(port)}")
-    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-        p = c.get(probe)
-        if not p or p.get("grpc", {}).get("port") != cports.get("grpc"):
-            problem(where, f"{probe} must be a gRPC probe on the grpc port")
+    check_probes(where, c, cports, args)
+    check_network_policy(where, by_kind["NetworkPolicy"][0], pod_labels, cports)
     grace = flag(args, "shutdown_grace_seconds")
     tgps = pod["spec"].get("terminationGracePeriodSeconds", 30)
     if grace is None or not int(grace) < tgps:
@@ -191,15 +201,159 @@ def check_rendering(where, docs, version, pb, rendered):
     key = cfg and os.path.basename(cfg)
     if not vol or vol.get("configMap", {}).get("name") != cm["metadata"]["name"] or key not in cm.get("data", {}):
         return problem(where, f"--config={cfg} is not a key of the mounted ConfigMap {cm['metadata']['name']}")
-    check_config(where, cm["data"][key], res, c["image"], pb)
+    config = check_config(where, cm["data"][key], res, c["image"], pb)
+    if config is not None:
+        check_security(where, config, flag(args, "listen"))
+        check_secret_mounts(where, config, pod, c, secrets)
+
+
+def check_probes(where, c, cports, args):
+    """Probes that work while the gRPC port serves TLS: the kubelet's `grpc:` probe dials
+    plaintext, so startup and liveness are httpGet /metrics on the metrics port and readiness is
+    an exec probe that reads kvc_draining from it over loopback."""
+    metrics = cports.get("metrics")
+    ml = flag(args, "metrics_listen") or ""
+    if ml.rsplit(":", 1)[0] in ("127.0.0.1", "localhost", "[::1]"):
+        problem(where, f"--metrics_listen={ml} is loopback: the kubelet's httpGet probes dial the pod IP")
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        p = c.get(probe)
+        if not p:
+            problem(where, f"no {probe}")
+        elif "grpc" in p:
+            problem(where, f"{probe} is a kubelet gRPC probe, which cannot do TLS")
+    for probe in ("livenessProbe", "startupProbe"):
+        get = (c.get(probe) or {}).get("httpGet", {})
+        if get.get("port") not in ("metrics", metrics) or get.get("path") != "/metrics" or get.get("scheme", "HTTP") != "HTTP":
+            problem(where, f"{probe} must be httpGet /metrics on the metrics port (plaintext)")
+    cmd = " ".join((c.get("readinessProbe") or {}).get("exec", {}).get("command", []))
+    if f"/dev/tcp/127.0.0.1/{metrics}" not in cmd or "^kvc_draining 0$" not in cmd or not cmd.startswith("/bin/bash -c"):
+        problem(where, "readinessProbe must be the bash exec probe reading kvc_draining from "
+                f"127.0.0.1:{metrics} (the metrics port)")
+
+
+def check_network_policy(where, np, pod_labels, cports):
+    spec = np["spec"]
+    where = f"{where} NetworkPolicy/{np['metadata']['name']}"
+    if not subset(spec.get("podSelector", {}).get("matchLabels"), pod_labels):
+        problem(where, "podSelector does not select the kvcached pods")
+    if "Ingress" not in spec.get("policyTypes", []):
+        problem(where, "policyTypes must include Ingress")
+    allowed = {}
+    for i, rule in enumerate(spec.get("ingress", [])):
+        peers, ports = rule.get("from"), rule.get("ports")
+        # An empty or missing `from` or `ports` means every source or every port.
+        if not peers or not ports:
+            problem(where, f"ingress[{i}] needs both `from` and `ports` (empty = everything)")
+            continue
+        for port in ports:
+            name = next((n for n, num in cports.items() if port.get("port") in (n, num)), None)
+            if name is None:
+                problem(where, f"ingress[{i}] port {port.get('port')} is not a kvcached container port")
+                continue
+            allowed[name] = True
+            for j, peer in enumerate(peers):
+                pod_sel = peer.get("podSelector", {}).get("matchLabels", {})
+                ns_sel = peer.get("namespaceSelector")
+                if "ipBlock" in peer:
+                    problem(where, f"ingress[{i}].from[{j}]: no ipBlock peers")
+                if name == "grpc" and pod_sel.get("kvcache.io/client") != "true":
+                    problem(where, f"ingress[{i}].from[{j}]: the grpc port is for pods labelled kvcache.io/client=true")
+                if name == "metrics" and (not pod_sel or not (ns_sel or {}).get("matchLabels")):
+                    problem(where, f"ingress[{i}].from[{j}]: the metrics port is for the scraper's pods "
+                                   "in the monitoring namespace (podSelector and namespaceSelector)")
+                if name not in ("grpc", "metrics"):
+                    problem(where, f"ingress[{i}]: port {name} should not be reachable")
+    for name in ("grpc", "metrics"):
+        if name not in allowed:
+            problem(where, f"no ingress rule for the {name} port: it would be unreachable")
+
+
+def loopback(hostport):
+    host = hostport.rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.") or hostport.startswith("unix:")
+
+
+def check_security(where, config, listen_flag):
+    """What kvcached will refuse (issue #16): a non-loopback listen without TLS or without a
+    credential source, unless `insecure: true` -- which nothing shipped may set."""
+    listen = listen_flag or config.listen or "127.0.0.1:50051"
+    if config.insecure:
+        problem(where, "config sets `insecure: true`: shipped configs must not")
+    tls = config.tls if config.HasField("tls") else None
+    auth = config.auth if config.HasField("auth") else None
+    if not loopback(listen):
+        if tls is None or not tls.cert_file or not tls.key_file:
+            problem(where, f"listens on {listen} (not loopback) without tls {{ cert_file key_file }}")
+        if auth is None or not (auth.tokens_file or auth.client_identities):
+            problem(where, f"listens on {listen} (not loopback) without auth (tokens_file or client_identities)")
+    if tls is not None:
+        if tls.require_client_cert and not tls.client_ca_file:
+            problem(where, "tls.require_client_cert without tls.client_ca_file")
+        if tls.reload_interval_seconds and not 1 <= tls.reload_interval_seconds <= 86400:
+            problem(where, f"tls.reload_interval_seconds {tls.reload_interval_seconds} not in 1..86400")
+    if auth is not None and auth.reload_interval_seconds and not 1 <= auth.reload_interval_seconds <= 86400:
+        problem(where, f"auth.reload_interval_seconds {auth.reload_interval_seconds} not in 1..86400")
+    if auth is not None and auth.client_identities and (tls is None or not tls.client_ca_file):
+        problem(where, "auth.client_identities need tls.client_ca_file (client certificates are not verified)")
+    return listen
+
+
+# The keys make-secrets.sh puts in each Secret (used when no --secrets-dir is given).
+EXPECTED_SECRET_KEYS = {"kvcached-tls": {"tls.crt", "tls.key", "ca.crt"}, "kvcached-tokens": {"tokens"}}
+
+
+def check_secret_mounts(where, config, pod, c, secrets):
+    files = []
+    if config.HasField("tls"):
+        files += [("tls." + f, getattr(config.tls, f)) for f in ("cert_file", "key_file", "client_ca_file")]
+    if config.HasField("auth"):
+        files.append(("auth.tokens_file", config.auth.tokens_file))
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+    used = set()
+    for field, path in files:
+        if not path:
+            continue
+        d, key = os.path.dirname(path), os.path.basename(path)
+        mount = next((m for m in c.get("volumeMounts", []) if m["mountPath"].rstrip("/") == d), None)
+        vol = mount and volumes.get(mount["name"], {}).get("secret")
+        if not vol:
+            problem(where, f"{field} {path}: no Secret volume is mounted at {d}")
+            continue
+        name = vol.get("secretName")
+        used.add(name)
+        if not mount.get("readOnly"):
+            problem(where, f"{field}: the Secret volume at {d} must be mounted readOnly")
+        if mount.get("subPath") or mount.get("subPathExpr"):
+            problem(where, f"{field}: a subPath mount of {name} would never see a rotated Secret")
+        keys = secrets.get(name, EXPECTED_SECRET_KEYS.get(name, set()))
+        if "items" in vol:
+            paths = {i["path"]: i["key"] for i in vol["items"]}
+            if key not in paths or paths[key] not in keys:
+                problem(where, f"{field} {path}: {key} is not an item of Secret {name}")
+        elif key not in keys:
+            problem(where, f"{field} {path}: Secret {name} has no key {key} (keys {sorted(keys)})")
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {}).get("secretKeyRef", {}).get("name")
+        if ref in used:
+            problem(where, f"env {e['name']} takes Secret {ref}: credentials are mounted, not in env")
+    for e in c.get("envFrom", []):
+        if e.get("secretRef", {}).get("name") in used:
+            problem(where, f"envFrom takes Secret {e['secretRef']['name']}: credentials are mounted, not in env")
+
+
+def parse_config(where, text, pb):
+    from google.protobuf import text_format
+    try:
+        return text_format.Parse(text, pb.ServerConfig())
+    except text_format.ParseError as e:
+        problem(where, f"config is not a valid kvcache.v1.ServerConfig: {e}")
+        return None
 
 
 def check_config(where, text, res, image, pb):
-    from google.protobuf import text_format
-    try:
-        config = text_format.Parse(text, pb.ServerConfig())
-    except text_format.ParseError as e:
-        return problem(where, f"ConfigMap config is not a valid kvcache.v1.ServerConfig: {e}")
+    config = parse_config(where, text, pb)
+    if config is None:
+        return None
     if not config.pools:
         return problem(where, "config has no pools")
     names = [p.name for p in config.pools]
@@ -218,6 +372,59 @@ def check_config(where, text, res, image, pb):
     if gpus and not cuda:
         problem(where, "nvidia.com/gpu requested but no pool is on cuda")
     print(f"{where}: config ok: pools {names} (host {host / 2**30:.1f} GiB, cuda {cuda})")
+    return config
+
+
+def check_textproto(path, pb, listen_flag=None, where=None):
+    where = where or path
+    with open(path) as f:
+        config = parse_config(where, f.read(), pb)
+    if config is None:
+        return
+    before = len(problems)
+    listen = check_security(where, config, listen_flag)
+    if len(problems) == before:
+        mode = "loopback, plaintext allowed" if loopback(listen) else "TLS + auth"
+        print(f"{where}: listen {listen}: {mode}")
+
+
+def check_dockerfile(path, pb, root):
+    """The image's baked config with the CMD's --listen applied: what `docker run` starts."""
+    import json
+    text = re.sub(r"\\\n", " ", open(path).read())
+    m = re.search(r"install -D -m \d+ (\S+\.textproto) /out/etc/kvcached/config\.textproto", text)
+    cmd = re.findall(r"^CMD (\[.*\])$", text, re.M)
+    if not m or not cmd:
+        return problem(path, "no baked /etc/kvcached/config.textproto or no exec-form CMD")
+    args = json.loads(cmd[-1])
+    if flag(args, "config") != "/etc/kvcached/config.textproto":
+        problem(path, f"CMD --config={flag(args, 'config')} is not the baked config")
+    check_textproto(os.path.join(root, m.group(1)), pb, flag(args, "listen"),
+                    where=f"{path} (CMD with {m.group(1)})")
+
+
+def load_secrets(d, version):
+    """{name: keys} of the Secret manifests in d, each validated against the schema."""
+    out = {}
+    for f in sorted(os.listdir(d)):
+        if not f.endswith(".secret.yaml"):
+            continue
+        for doc in load_docs(os.path.join(d, f)):
+            where = f"{f} Secret/{doc.get('metadata', {}).get('name')}"
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                problem(where, f"schema: {'/'.join(str(p) for p in e.path)}: {e.message}")
+            if doc.get("kind") != "Secret" or not doc.get("data"):
+                problem(where, "not a Secret with data")
+                continue
+            if doc["metadata"]["name"] == "kvcached-tls" and doc.get("type") != "kubernetes.io/tls":
+                problem(where, "kvcached-tls must be of type kubernetes.io/tls")
+            out[doc["metadata"]["name"]] = set(doc["data"])
+    for name in EXPECTED_SECRET_KEYS:
+        if name not in out:
+            problem(d, f"no manifest for Secret {name}")
+    return out
 
 
 def main():
@@ -225,6 +432,9 @@ def main():
     ap.add_argument("--pb-dir", required=True, help="where protoc wrote kvcache/v1/config_pb2.py")
     ap.add_argument("--k8s-version", default="1.32.0")
     ap.add_argument("--kustomize-dir")
+    ap.add_argument("--secrets-dir", help="make-secrets.sh output: validate and use its Secret manifests")
+    ap.add_argument("--textproto", action="append", default=[], help="a shipped config file to check")
+    ap.add_argument("--dockerfile", action="append", default=[], help="a Dockerfile whose baked config to check")
     ap.add_argument("files", nargs="*")
     a = ap.parse_args()
     sys.path.insert(0, a.pb_dir)
@@ -232,11 +442,19 @@ def main():
     renderings = [(f, load_docs(f), True) for f in a.files]
     if a.kustomize_dir:
         renderings.append((a.kustomize_dir, kustomize_dir_docs(a.kustomize_dir), False))
-    if not renderings:
+    if not renderings and not a.textproto and not a.dockerfile:
         ap.error("nothing to validate")
+    secrets = load_secrets(a.secrets_dir, a.k8s_version) if a.secrets_dir else {}
+    if a.secrets_dir and not problems:
+        print(f"{a.secrets_dir}: Secret manifests valid: " + ", ".join(f"{n} {sorted(k)}" for n, k in secrets.items()))
+    for path in a.textproto:
+        check_textproto(path, pb)
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    for path in a.dockerfile:
+        check_dockerfile(path, pb, root)
     for where, docs, rendered in renderings:
         before = len(problems)
-        check_rendering(where, docs, a.k8s_version, pb, rendered)
+        check_rendering(where, docs, a.k8s_version, pb, rendered, secrets)
         if len(problems) == before:
             kinds = ", ".join(f'{d["kind"]}/{d["metadata"]["name"]}' for d in docs)
             print(f"{where}: valid against Kubernetes {a.k8s_version} (strict) + ServiceMonitor check: {kinds}")
