@@ -176,12 +176,12 @@ absl::StatusOr<SequenceSnapshot> KvStore::GetSequence(const std::string& sequenc
 }
 
 absl::StatusOr<ReleaseResult> KvStore::Release(const std::string& sequence_id,
-                                                const std::string& scope) {
+                                               const std::string& scope) {
   return ReleaseInternal(scope, sequence_id, /*evicted=*/false);
 }
 
 absl::StatusOr<ReleaseResult> KvStore::Evict(const std::string& sequence_id,
-                                              const std::string& scope) {
+                                             const std::string& scope) {
   return ReleaseInternal(scope, sequence_id, /*evicted=*/true);
 }
 

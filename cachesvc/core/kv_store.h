@@ -95,8 +95,7 @@ class KvStore {
 
  private:
   explicit KvStore(const KvStoreOptions& options)
-      : options_(options),
-        accounts_(options.quotas, static_cast<int>(options.pools.size())) {}
+      : options_(options), accounts_(options.quotas, static_cast<int>(options.pools.size())) {}
   absl::StatusOr<std::shared_ptr<Sequence>> FindLive(const std::string& scope,
                                                      const std::string& id) const;
   absl::StatusOr<ReleaseResult> ReleaseInternal(const std::string& scope, const std::string& id,

@@ -90,7 +90,7 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
 }
 
 absl::StatusOr<PoolStatsSnapshot> KvStore::TenantPoolStats(const std::string& tenant,
-                                                          const std::string& pool_name) const {
+                                                           const std::string& pool_name) const {
   const BlockPool* only = nullptr;
   if (!pool_name.empty()) {
     KVC_ASSIGN_OR_RETURN(only, FindPool(pool_name));

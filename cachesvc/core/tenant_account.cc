@@ -12,10 +12,9 @@ absl::Status TenantAccount::AddSequence() {
   int64_t now = sequences_.load(std::memory_order_relaxed);
   do {
     if (quota_.max_sequences > 0 && now >= quota_.max_sequences) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("tenant ", Quoted(tenant()), " has ", now,
-                       " live sequences, its quota (max_sequences ", quota_.max_sequences,
-                       "); release one first"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant ", Quoted(tenant()), " has ", now, " live sequences, its quota (max_sequences ",
+          quota_.max_sequences, "); release one first"));
     }
   } while (!sequences_.compare_exchange_weak(now, now + 1, std::memory_order_relaxed));
   return absl::OkStatus();

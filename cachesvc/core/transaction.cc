@@ -70,8 +70,8 @@ int64_t Transaction::NetBytes() const {
       net -= static_cast<int64_t>(l.plan.freed[j].size()) * bytes_of(old[j].format);
     }
     for (const SegmentPlan& sp : l.plan.segments) {
-      net += (sp.fresh_blocks - static_cast<int64_t>(sp.transient.size())) *
-             bytes_of(sp.tier.format);
+      net +=
+          (sp.fresh_blocks - static_cast<int64_t>(sp.transient.size())) * bytes_of(sp.tier.format);
     }
   }
   return net;

@@ -98,7 +98,7 @@ class Metrics::PoolCollector : public prometheus::Collectable {
         AddSample(&evicted, {{"pool", name}, {"policy", policy}}, static_cast<double>(n));
       }
     }
-    std::vector<prometheus::MetricFamily> families{capacity, used,  free,  blocks, sequences,
+    std::vector<prometheus::MetricFamily> families{capacity, used,   free,  blocks, sequences,
                                                    visible,  stored, ratio, evicted};
     CollectTenants(&families);
     return families;
@@ -116,10 +116,10 @@ class Metrics::PoolCollector : public prometheus::Collectable {
   void CollectTenants(std::vector<prometheus::MetricFamily>* families) const {
     auto sequences = GaugeFamily("kvc_tenant_sequences", "Live sequences, by tenant.");
     auto bytes = GaugeFamily("kvc_tenant_used_bytes", "Block bytes a tenant holds, by pool.");
-    auto quota_bytes = GaugeFamily("kvc_tenant_quota_bytes",
-                                   "A tenant's max_bytes_per_pool (0 = unlimited).");
-    auto quota_sequences = GaugeFamily("kvc_tenant_quota_sequences",
-                                       "A tenant's max_sequences (0 = unlimited).");
+    auto quota_bytes =
+        GaugeFamily("kvc_tenant_quota_bytes", "A tenant's max_bytes_per_pool (0 = unlimited).");
+    auto quota_sequences =
+        GaugeFamily("kvc_tenant_quota_sequences", "A tenant's max_sequences (0 = unlimited).");
     const std::vector<PoolSnapshot> pools = store_->ListPools();
     // Summed by label: several unnamed tenants share "_other".
     std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> by_label;
@@ -161,8 +161,8 @@ class Metrics::PoolCollector : public prometheus::Collectable {
   bool name_all_tenants_;
 };
 
-absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& listen,
-                                                         KvStore* store, bool name_all_tenants) {
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& listen, KvStore* store,
+                                                         bool name_all_tenants) {
   std::unique_ptr<Metrics> m(new Metrics());
   m->registry_ = std::make_shared<prometheus::Registry>();
   m->pools_ = std::make_shared<PoolCollector>(store, name_all_tenants);

@@ -7,8 +7,8 @@ namespace kvc::cachesvc {
 
 std::string Describe(const Caller& caller) {
   if (!caller.authenticated) return "an unauthenticated caller";
-  return absl::StrCat(caller.role == Role::kAdmin ? "admin" : "tenant", " '", caller.tenant,
-                      "' (", caller.credential, ")");
+  return absl::StrCat(caller.role == Role::kAdmin ? "admin" : "tenant", " '", caller.tenant, "' (",
+                      caller.credential, ")");
 }
 
 absl::StatusOr<Caller> AccessControl::Authenticate(const grpc::ServerContext& context) const {
@@ -23,10 +23,11 @@ absl::StatusOr<std::string> AccessControl::ScopeFor(const Caller& caller,
   if (!caller.authenticated) return std::string();
   if (requested.empty() || requested == caller.tenant) return caller.tenant;
   if (caller.role != Role::kAdmin) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the request names tenant '", requested.substr(0, 64), "' but the caller is tenant '",
-        caller.tenant, "'; only an admin may act on another tenant's sequences (leave tenant "
-        "empty for your own)"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("the request names tenant '", requested.substr(0, 64),
+                     "' but the caller is tenant '", caller.tenant,
+                     "'; only an admin may act on another tenant's sequences (leave tenant "
+                     "empty for your own)"));
   }
   KVC_LOG(INFO) << "audit: " << Describe(caller) << " " << what << " of tenant '"
                 << requested.substr(0, 64) << "'";
@@ -40,8 +41,8 @@ absl::Status AccessControl::RequireAdmin(const Caller& caller, const char* what,
     return absl::OkStatus();
   }
   KVC_LOG(WARNING) << "audit: refused " << what << " " << detail << " to " << Describe(caller);
-  return absl::PermissionDeniedError(absl::StrCat(
-      what, " needs the admin role; the caller is tenant '", caller.tenant, "'"));
+  return absl::PermissionDeniedError(
+      absl::StrCat(what, " needs the admin role; the caller is tenant '", caller.tenant, "'"));
 }
 
 absl::StatusOr<CallLimits::Slot> AccessControl::Enter(const Caller& caller, CallKind kind) const {

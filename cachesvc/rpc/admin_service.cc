@@ -13,8 +13,7 @@ namespace kvc::cachesvc {
 namespace pb = ::kvcache::v1;
 constexpr char kService[] = "AdminService";
 
-grpc::Status AdminServiceImpl::ListPools(grpc::ServerContext* context,
-                                         const pb::ListPoolsRequest*,
+grpc::Status AdminServiceImpl::ListPools(grpc::ServerContext* context, const pb::ListPoolsRequest*,
                                          pb::ListPoolsResponse* response) {
   RpcScope scope(metrics_, kService, "ListPools");
   KVC_AUTHENTICATE_OR_FINISH(caller);
@@ -49,8 +48,8 @@ grpc::Status AdminServiceImpl::ListSequences(grpc::ServerContext* context,
   params.tenant = request->tenant();
   params.limit = request->limit();
   if (caller.authenticated && caller.role != Role::kAdmin) {
-    KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, request->tenant(),
-                                                         "ListSequences"));
+    KVC_ASSIGN_OR_FINISH(params.scope,
+                         access_->ScopeFor(caller, request->tenant(), "ListSequences"));
   }
   KVC_ASSIGN_OR_FINISH(const SequenceList list, store_->ListSequences(params));
   for (const SequenceSnapshot& s : list.sequences) ToProto(s, response->add_sequences());
@@ -64,10 +63,10 @@ grpc::Status AdminServiceImpl::EvictSequence(grpc::ServerContext* context,
   RpcScope scope(metrics_, kService, "EvictSequence");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   const std::string tenant = request->tenant().empty() ? caller.tenant : request->tenant();
-  KVC_FINISH_IF_ERROR(access_->RequireAdmin(
-      caller, "EvictSequence",
-      absl::StrCat("'", request->sequence_id().substr(0, 64), "' of tenant '",
-                   tenant.substr(0, 64), "'")));
+  KVC_FINISH_IF_ERROR(
+      access_->RequireAdmin(caller, "EvictSequence",
+                            absl::StrCat("'", request->sequence_id().substr(0, 64), "' of tenant '",
+                                         tenant.substr(0, 64), "'")));
   const std::string tenant_scope = caller.authenticated ? tenant : "";
   KVC_ASSIGN_OR_FINISH(const ReleaseResult evicted,
                        store_->Evict(request->sequence_id(), tenant_scope));
@@ -76,8 +75,7 @@ grpc::Status AdminServiceImpl::EvictSequence(grpc::ServerContext* context,
   return scope.Finish(grpc::Status::OK);
 }
 
-grpc::Status AdminServiceImpl::Drain(grpc::ServerContext* context,
-                                     const pb::DrainRequest* request,
+grpc::Status AdminServiceImpl::Drain(grpc::ServerContext* context, const pb::DrainRequest* request,
                                      pb::DrainResponse* response) {
   RpcScope scope(metrics_, kService, "Drain");
   KVC_AUTHENTICATE_OR_FINISH(caller);

@@ -16,10 +16,7 @@ class AdminServiceImpl final : public kvcache::v1::AdminService::Service {
   // metrics) into or out of draining.
   AdminServiceImpl(KvStore* store, Metrics* metrics, const AccessControl* access,
                    std::function<void(bool)> set_draining)
-      : store_(store),
-        metrics_(metrics),
-        access_(access),
-        set_draining_(std::move(set_draining)) {}
+      : store_(store), metrics_(metrics), access_(access), set_draining_(std::move(set_draining)) {}
 
   grpc::Status ListPools(grpc::ServerContext* context, const kvcache::v1::ListPoolsRequest* request,
                          kvcache::v1::ListPoolsResponse* response) override;

@@ -28,8 +28,7 @@ int64_t NowMs() {
 std::string FileStamp(const std::string& path) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) return "";
-  return absl::StrCat(st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".",
-                      st.st_mtim.tv_nsec);
+  return absl::StrCat(st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
 }
 
 }  // namespace
@@ -183,7 +182,8 @@ absl::StatusOr<Caller> Authenticator::FromCertificate(const grpc::ServerContext&
   for (const grpc::string_ref& san : auth->FindPropertyValues("x509_subject_alternative_name")) {
     const std::string name(san.data(), san.size());
     for (const ClientIdentityOption& id : options_.client_identities) {
-      if (id.san == name) return Caller{true, id.tenant, id.role, absl::StrCat("certificate SAN '", name, "'")};
+      if (id.san == name)
+        return Caller{true, id.tenant, id.role, absl::StrCat("certificate SAN '", name, "'")};
     }
   }
   return absl::UnauthenticatedError(
@@ -199,8 +199,7 @@ absl::StatusOr<Caller> Authenticator::Authenticate(const grpc::ServerContext& co
   if (it != metadata.end()) {
     absl::string_view value(it->second.data(), it->second.size());
     if (!absl::ConsumePrefix(&value, "Bearer ") || value.empty()) {
-      caller = absl::UnauthenticatedError(
-          "the authorization metadata is not 'Bearer <token>'");
+      caller = absl::UnauthenticatedError("the authorization metadata is not 'Bearer <token>'");
     } else {
       caller = FromToken(std::string(value));
     }

@@ -21,9 +21,9 @@ grpc::Status KvCacheServiceImpl::CreateSequence(grpc::ServerContext* context,
   if (caller.authenticated) {
     // The tenant is the credential's; a request naming another one is a mistake to report.
     if (!request->tenant().empty() && request->tenant() != caller.tenant) {
-      return scope.Finish(ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-          "the request's tenant '", request->tenant().substr(0, 64),
-          "' is not the caller's ('", caller.tenant, "'); leave tenant empty"))));
+      return scope.Finish(ToGrpcStatus(absl::PermissionDeniedError(
+          absl::StrCat("the request's tenant '", request->tenant().substr(0, 64),
+                       "' is not the caller's ('", caller.tenant, "'); leave tenant empty"))));
     }
     params.scope = caller.tenant;
     params.tenant = caller.tenant;

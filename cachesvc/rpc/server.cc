@@ -42,9 +42,9 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   KvStoreOptions store_options = options.store;
   store_options.max_response_bytes = options.max_message_bytes - (int64_t{16} << 10);
   KVC_ASSIGN_OR_RETURN(server->store_, KvStore::Create(store_options));
-  KVC_ASSIGN_OR_RETURN(server->metrics_, Metrics::Create(options.metrics_listen,
-                                                         server->store_.get(),
-                                                         /*name_all_tenants=*/options.auth.enabled()));
+  KVC_ASSIGN_OR_RETURN(server->metrics_,
+                       Metrics::Create(options.metrics_listen, server->store_.get(),
+                                       /*name_all_tenants=*/options.auth.enabled()));
   server->access_ = std::make_unique<AccessControl>(server->auth_.get(), server->limits_.get(),
                                                     server->metrics_.get());
   server->kv_service_ = std::make_unique<KvCacheServiceImpl>(

@@ -102,15 +102,22 @@ TEST(ServerConfigTest, EveryShippedConfigWouldStart) {
 }
 
 TEST(ServerConfigTest, ParsesSecurityAndRefusesInconsistentSettings) {
-  KVC_ASSERT_OK_AND_ASSIGN(ServerOptions o, ParseServerConfig(R"pb(
-    listen: "0.0.0.0:50051"
-    pools { name: "p" capacity_bytes: 1048576
-            geometry { num_layers: 1 num_kv_heads: 1 num_query_heads: 1 head_dim: 64 } }
-    tls { cert_file: "/c" key_file: "/k" client_ca_file: "/ca" require_client_cert: true }
-    auth { tokens_file: "/t" client_identities { san: "spiffe://x/a" tenant: "a" role: ROLE_ADMIN } }
-    quotas { tenant: "a" max_bytes_per_pool: 1024 max_sequences: 2 }
-    quotas { tenant: "*" max_streams: 4 }
-  )pb"));
+  KVC_ASSERT_OK_AND_ASSIGN(
+      ServerOptions o, ParseServerConfig(R"pb(
+        listen: "0.0.0.0:50051"
+        pools {
+          name: "p"
+          capacity_bytes: 1048576
+          geometry { num_layers: 1 num_kv_heads: 1 num_query_heads: 1 head_dim: 64 }
+        }
+        tls { cert_file: "/c" key_file: "/k" client_ca_file: "/ca" require_client_cert: true }
+        auth {
+          tokens_file: "/t"
+          client_identities { san: "spiffe://x/a" tenant: "a" role: ROLE_ADMIN }
+        }
+        quotas { tenant: "a" max_bytes_per_pool: 1024 max_sequences: 2 }
+        quotas { tenant: "*" max_streams: 4 }
+      )pb"));
   EXPECT_TRUE(o.tls.enabled());
   EXPECT_TRUE(o.tls.require_client_cert);
   EXPECT_EQ(o.tls.reload_interval_seconds, 60);
@@ -122,8 +129,11 @@ TEST(ServerConfigTest, ParsesSecurityAndRefusesInconsistentSettings) {
   KVC_EXPECT_OK(CheckExposure(o));
 
   const std::string pool =
-      R"pb(pools { name: "p" capacity_bytes: 1048576
-                   geometry { num_layers: 1 num_kv_heads: 1 num_query_heads: 1 head_dim: 64 } })pb";
+      R"pb(pools {
+             name: "p"
+             capacity_bytes: 1048576
+             geometry { num_layers: 1 num_kv_heads: 1 num_query_heads: 1 head_dim: 64 }
+           })pb";
   for (const char* bad : {
            R"pb(tls { cert_file: "/c" })pb",
            R"pb(tls { client_ca_file: "/ca" })pb",
@@ -132,13 +142,15 @@ TEST(ServerConfigTest, ParsesSecurityAndRefusesInconsistentSettings) {
            R"pb(tls { cert_file: "/c" key_file: "/k" client_ca_file: "/ca" }
                 auth { client_identities { san: "x" tenant: "a/b" } })pb",
            R"pb(quotas { tenant: "a" max_sequences: -1 })pb",
-           R"pb(quotas { tenant: "a" } quotas { tenant: "a" })pb",
+           R"pb(quotas { tenant: "a" }
+                quotas { tenant: "a" })pb",
            R"pb(auth { tokens_file: "/t" reload_interval_seconds: 100000 })pb",
        }) {
     EXPECT_EQ(ParseServerConfig(pool + bad).status().code(), absl::StatusCode::kInvalidArgument)
         << bad;
   }
-  KVC_ASSERT_OK_AND_ASSIGN(ServerOptions open, ParseServerConfig(pool + R"pb(listen: "0.0.0.0:1")pb"));
+  KVC_ASSERT_OK_AND_ASSIGN(ServerOptions open,
+                           ParseServerConfig(pool + R"pb(listen: "0.0.0.0:1")pb"));
   EXPECT_EQ(CheckExposure(open).code(), absl::StatusCode::kFailedPrecondition);
   for (const char* local : {"127.0.0.1:1", "localhost:1", "[::1]:1", "unix:/tmp/k.sock"}) {
     open.listen = local;

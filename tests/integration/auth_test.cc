@@ -212,8 +212,7 @@ class AuthTest : public ::testing::Test {
       pb::EvictSequenceRequest evict;
       evict.set_sequence_id(id);
       pb::EvictSequenceResponse evicted;
-      out.emplace_back("EvictSequence",
-                       admin_->EvictSequence(Ctx(token).get(), evict, &evicted));
+      out.emplace_back("EvictSequence", admin_->EvictSequence(Ctx(token).get(), evict, &evicted));
       pb::DrainRequest drain;
       drain.set_resume(true);
       pb::DrainResponse drained;
@@ -283,8 +282,8 @@ TEST_F(AuthTest, AnotherTenantsSequenceIsIndistinguishableFromAMissingOne) {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << rpc;
       continue;
     }
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << rpc << ": "
-                                                                 << status.error_message();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND)
+        << rpc << ": " << status.error_message();
     EXPECT_EQ(status.error_code(), on_missing[i].second.error_code()) << rpc;
     EXPECT_EQ(absl::StrReplaceAll(status.error_message(), {{"'doc'", "'ID'"}}),
               absl::StrReplaceAll(on_missing[i].second.error_message(), {{"'nope'", "'ID'"}}))
@@ -361,8 +360,7 @@ TEST_F(AuthTest, AdminReadsAndEvictsAnyTenantsSequencesAndTenantsSeeOnlyTheirOwn
     }
     return out;
   };
-  EXPECT_THAT(tenants(kTokenA),
-              ::testing::ElementsAre(absl::StrCat("a:2:", a_stats.used_bytes())));
+  EXPECT_THAT(tenants(kTokenA), ::testing::ElementsAre(absl::StrCat("a:2:", a_stats.used_bytes())));
   EXPECT_THAT(tenants(kTokenAdmin),
               ::testing::ElementsAre(absl::StrCat("a:2:", a_stats.used_bytes()),
                                      absl::StrCat("b:1:", b_stats.used_bytes())));
@@ -434,11 +432,11 @@ TEST_F(AuthTest, TokensFileReloadsUnderTrafficWithoutRestart) {
   WriteAtomically(tokens_file_, "a tenant nothex\n");
   EXPECT_FALSE(server_->ReloadCredentials().ok());
   EXPECT_TRUE(works(new_token));
+  stop = true;
+  traffic.join();
   // Revoke the old token (the SIGHUP path): refused at once.
   WriteAtomically(tokens_file_, TokenLine("a", "tenant", new_token));
   ASSERT_TRUE(server_->ReloadCredentials().ok());
-  stop = true;
-  traffic.join();
   EXPECT_FALSE(works(kTokenA));
   EXPECT_TRUE(works(new_token));
   EXPECT_GT(ok_calls.load(), 10);
@@ -449,9 +447,7 @@ class QuotaTest : public AuthTest {
  protected:
   // 16 tokens on every layer of the small pool = 8 blocks of 2 KiB (f16).
   static constexpr int64_t kChunkBytes = 8 * 2048;
-  void SetUp() override {
-    Start({{"a", 4 * kChunkBytes, 3, 2, 0}, {"*", 0, 0, 0, 0}});
-  }
+  void SetUp() override { Start({{"a", 4 * kChunkBytes, 3, 2, 0}, {"*", 0, 0, 0, 0}}); }
 };
 
 TEST_F(QuotaTest, BytesPerPoolStopAtTheQuotaWithNothingHalfWrittenAndReleaseGivesThemBack) {
@@ -580,9 +576,9 @@ TEST(TokensFileTest, ParsesLinesAndNamesTheBadOne) {
   EXPECT_EQ((*ok)[0].tenant, "a");
   const std::string hash = TokenHashHex(salt, "t");
   const std::string hex_salt = ToHex(salt);
-  for (const std::string& bad :
-       {"a tenant " + hex_salt, "a root " + hex_salt + " " + hash, "a/b tenant " + hex_salt + " " + hash,
-        "a tenant zz " + hash, "a tenant " + hex_salt + " abcd", "a tenant 00 " + hash}) {
+  for (const std::string& bad : {"a tenant " + hex_salt, "a root " + hex_salt + " " + hash,
+                                 "a/b tenant " + hex_salt + " " + hash, "a tenant zz " + hash,
+                                 "a tenant " + hex_salt + " abcd", "a tenant 00 " + hash}) {
     auto parsed = ParseTokensFile("# ok\n" + bad + "\n");
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("line 2")) << bad;
@@ -641,8 +637,7 @@ TEST(UnauthenticatedTest, WithoutAuthTenantLabelsAreFreeTextAndSummedInMetrics) 
   }
   client::CreateSequenceOptions again;
   again.tenant = "named";
-  EXPECT_EQ(t.client->CreateSequence(again).status().code(),
-            absl::StatusCode::kResourceExhausted)
+  EXPECT_EQ(t.client->CreateSequence(again).status().code(), absl::StatusCode::kResourceExhausted)
       << "memory quotas apply to tenant labels without authentication too";
   const std::string metrics = testing::HttpGet(t.server->metrics_address(), "/metrics");
   EXPECT_THAT(metrics, HasSubstr("kvc_tenant_sequences{tenant=\"_other\"} 2"));
