@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cachesvc/rpc/admin_service.h"
 #include "cachesvc/rpc/kv_cache_service.h"
+#include "cachesvc/rpc/tls_credentials.h"
 #include "common/status_macros.h"
 
 namespace kvc::cachesvc {
@@ -26,6 +27,9 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes is ", options.max_message_bytes, "; expected 64 KiB .. 1 GiB"));
   }
+  // Before the pools: a bad certificate or key fails startup at once, naming the file.
+  KVC_ASSIGN_OR_RETURN(const std::shared_ptr<grpc::ServerCredentials> credentials,
+                       MakeServerCredentials(options.tls));
   std::unique_ptr<KvCacheServer> server(new KvCacheServer());
   // A response must fit one message; leave room for the fields around the payload.
   KvStoreOptions store_options = options.store;
@@ -45,7 +49,7 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen, credentials, &server->port_);
   // Without this, gRPC sets SO_REUSEPORT and a second kvcached on the same port would
   // silently share its traffic instead of failing to start.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
