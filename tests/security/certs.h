@@ -14,7 +14,7 @@ namespace kvc::testing {
 
 // The directory holding the certificates; aborts the binary if they cannot be made.
 inline const std::string& CertDir() {
-  static const std::string* const dir = [] {
+  static const std::string* const kDir = [] {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/kvc-certs-XXXXXX");
     if (mkdtemp(pattern.data()) == nullptr) {
@@ -30,7 +30,7 @@ inline const std::string& CertDir() {
     std::atexit([] { (void)std::system(("rm -rf " + made).c_str()); });
     return &made;
   }();
-  return *dir;
+  return *kDir;
 }
 
 inline std::string CertFile(const std::string& name) { return CertDir() + "/" + name; }

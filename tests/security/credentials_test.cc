@@ -130,7 +130,7 @@ ShellRun Shell(const std::string& command) {
 }
 
 std::string WriteFile(const std::string& name, const std::string& contents) {
-  const std::string path = CertFile(name);
+  std::string path = CertFile(name);
   std::ofstream(path) << contents;
   return path;
 }

@@ -140,8 +140,8 @@ TEST(TlsTest, TlsClientCannotUseAPlaintextPort) {
 }
 
 TEST(MutualTlsTest, RequiredClientCertificate) {
-  auto server =
-      Start(TlsServer(CertFile("server.pem"), CertFile("server.key"), CertFile("ca.pem"), true));
+  auto server = Start(TlsServer(CertFile("server.pem"), CertFile("server.key"), CertFile("ca.pem"),
+                                /*require_client_cert=*/true));
   KVC_EXPECT_OK(RoundTrip(*Connect(server->address(), {"ca.pem", "client-a.pem", "client-a.key"})));
   KVC_EXPECT_OK(RoundTrip(*Connect(server->address(), {"ca.pem", "client-b.pem", "client-b.key"})));
   {
