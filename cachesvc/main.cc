@@ -87,7 +87,23 @@ int main(int argc, char** argv) {
   if (!(*server)->metrics_address().empty()) {
     KVC_LOG(INFO) << "metrics on http://" << (*server)->metrics_address() << "/metrics";
   }
-  KVC_LOG(INFO) << "kvcached listening on " << (*server)->address();
+  KVC_LOG(INFO) << "kvcached listening on " << (*server)->address() << " ("
+                << (options.tls.enabled()
+                        ? (options.tls.client_ca_file.empty() ? "TLS" : "TLS, client certificates")
+                        : "plaintext")
+                << "; authentication "
+                << (options.auth.enabled()
+                        ? absl::StrCat(options.auth.tokens_file.empty() ? "" : "tokens file",
+                                       options.auth.tokens_file.empty() ||
+                                               options.auth.client_identities.empty()
+                                           ? ""
+                                           : " + ",
+                                       options.auth.client_identities.empty()
+                                           ? ""
+                                           : absl::StrCat(options.auth.client_identities.size(),
+                                                          " certificate identities"))
+                        : std::string("off"))
+                << ")";
 
   int signal_number = 0;
   // SIGHUP re-reads the tokens file (TLS files are re-read on their own interval).

@@ -8,6 +8,7 @@
 #include "cachesvc/rpc/access_control.h"
 #include "cachesvc/rpc/admin_service.h"
 #include "cachesvc/rpc/kv_cache_service.h"
+#include "cachesvc/rpc/tls_credentials.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -35,6 +36,9 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
                      << "true; anyone who reaches the port can read and change every "
                      << "tenant's KV";
   }
+  // Before the pools: a bad certificate or key fails startup at once, naming the file.
+  KVC_ASSIGN_OR_RETURN(const std::shared_ptr<grpc::ServerCredentials> credentials,
+                       MakeServerCredentials(options.tls));
   std::unique_ptr<KvCacheServer> server(new KvCacheServer());
   KVC_ASSIGN_OR_RETURN(server->auth_, Authenticator::Create(options.auth));
   server->limits_ = std::make_unique<CallLimits>(options.store.quotas);
@@ -59,7 +63,7 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen, credentials, &server->port_);
   // Without this, gRPC sets SO_REUSEPORT and a second kvcached on the same port would
   // silently share its traffic instead of failing to start.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

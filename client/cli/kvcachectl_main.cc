@@ -6,8 +6,11 @@
 //   kvcachectl [--target=host:port] [--json] sequence show ID
 //   kvcachectl [--target=host:port] evict ID
 //   kvcachectl [--target=host:port] drain [--resume]
+//   kvcachectl hash-token --tenant=T [--role=tenant|admin] [--generate] < token
 //
 // Human tables by default; --json prints the kvcache.v1 response as JSON for scripts.
+// TLS and the bearer token: --tls_ca, --tls_cert, --tls_key, --tls_server_name, --token_file
+// (or $KVC_TOKEN); see client/cli/security_flags.h.
 // Exit codes: 0 ok, 1 usage error, 2 target unreachable, 3 the server refused the call.
 #include <grpcpp/grpcpp.h>
 
@@ -15,14 +18,19 @@
 #include <climits>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/channel/channel.h"
+#include "client/cli/hash_token.h"
+#include "client/cli/security_flags.h"
 #include "client/cli/table.h"
 #include "google/protobuf/util/json_util.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
@@ -31,12 +39,15 @@
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "kvcached address (host:port or unix:/path)");
 ABSL_FLAG(bool, json, false, "print JSON instead of a table");
 ABSL_FLAG(std::string, pool, "", "only this pool (sequences, stats)");
-ABSL_FLAG(std::string, tenant, "", "only this tenant (sequences)");
+ABSL_FLAG(std::string, tenant, "", "only this tenant (sequences); the token's tenant (hash-token)");
 ABSL_FLAG(int32_t, limit, 0, "at most this many sequences (0 = server default, 1000)");
 ABSL_FLAG(int32_t, timeout_ms, 5000, "deadline of the call");
 ABSL_FLAG(std::string, sort, "created",
           "sequences: order by created | tokens | bytes | id (largest first for tokens, bytes)");
 ABSL_FLAG(bool, resume, false, "drain: accept new sequences again");
+ABSL_FLAG(std::string, role, "tenant", "hash-token: the token's role, tenant or admin");
+ABSL_FLAG(bool, generate, false,
+          "hash-token: make a random 32-byte token and print it (hex) instead of reading stdin");
 
 namespace {
 
@@ -53,7 +64,11 @@ constexpr char kUsage[] =
     "  sequence show ID                        one sequence: lengths per layer, bytes\n"
     "  evict ID                                free a sequence (counted as evicted)\n"
     "  drain [--resume]                        stop (or resume) accepting new sequences\n"
-    "sequences also takes --sort=created|tokens|bytes|id";
+    "  hash-token --tenant=T [--role=tenant|admin] [--generate]   tokens-file line for the\n"
+    "                                          token on stdin (or a new one: 'token: <hex>')\n"
+    "sequences also takes --sort=created|tokens|bytes|id\n"
+    "TLS: --tls_ca=FILE [--tls_cert=FILE --tls_key=FILE] [--tls_server_name=NAME]; bearer token:\n"
+    "--token_file=FILE or $KVC_TOKEN";
 
 std::string Json(const google::protobuf::Message& message) {
   std::string out;
@@ -86,12 +101,41 @@ std::string FormatName(pb::StorageFormat format) {
   return name;
 }
 
+// Prints the tokens-file line for a token read from stdin, or for a new one (then printed
+// first as "token: <hex>"). The token is never a flag: it would show in ps.
+int HashToken() {
+  std::string token;
+  if (absl::GetFlag(FLAGS_generate)) {
+    auto generated = kvc::cli::GenerateToken();
+    if (!generated.ok()) {
+      std::fprintf(stderr, "kvcachectl: %s\n", std::string(generated.status().message()).c_str());
+      return 1;
+    }
+    token = *std::move(generated);
+  } else {
+    std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
+    token = std::string(absl::StripAsciiWhitespace(input));
+  }
+  auto line =
+      kvc::cli::TokensFileLine(absl::GetFlag(FLAGS_tenant), absl::GetFlag(FLAGS_role), token);
+  if (!line.ok()) {
+    std::fprintf(stderr, "kvcachectl hash-token: %s\n",
+                 std::string(line.status().message()).c_str());
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_generate)) std::cout << "token: " << token << "\n";
+  std::cout << *line << "\n";
+  return 0;
+}
+
 int Report(const grpc::Status& status, const std::string& target) {
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     std::fprintf(stderr,
                  "kvcachectl: cannot reach kvcached at %s: %s\n"
-                 "  is kvcached running there? set the address with --target=host:port\n",
+                 "  is kvcached running there? set the address with --target=host:port\n"
+                 "  (TLS: does it serve TLS, and does its certificate chain to --tls_ca and name\n"
+                 "  the target or --tls_server_name?)\n",
                  target.c_str(), status.error_message().c_str());
     return 2;
   }
@@ -207,6 +251,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string command = args[1];
+  if (command == "hash-token") {
+    if (args.size() != 2) {
+      std::fprintf(stderr, "kvcachectl: hash-token takes no arguments\nusage: %s\n", kUsage);
+      return 1;
+    }
+    return HashToken();
+  }
   const size_t expected_args = command == "sequence" ? 4 : (command == "evict" ? 3 : 2);
   if (args.size() != expected_args || (command == "sequence" && std::string(args[2]) != "show")) {
     std::fprintf(stderr, "kvcachectl: wrong arguments for '%s'\nusage: %s\n", command.c_str(),
@@ -215,11 +266,22 @@ int main(int argc, char** argv) {
   }
   const std::string target = absl::GetFlag(FLAGS_target);
   const bool json = absl::GetFlag(FLAGS_json);
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  kvc::client::ClientOptions options;
+  options.target = target;
+  absl::Status options_status = kvc::cli::ApplySecurityFlags(&options);
+  auto channel_or = options_status.ok()
+                        ? kvc::client::internal::CreateChannel(options)
+                        : absl::StatusOr<std::shared_ptr<grpc::Channel>>(std::move(options_status));
+  if (!channel_or.ok()) {
+    std::fprintf(stderr, "kvcachectl: %s\n", std::string(channel_or.status().message()).c_str());
+    return 1;
+  }
+  const std::shared_ptr<grpc::Channel> channel = *std::move(channel_or);
   auto stub = pb::AdminService::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::milliseconds(absl::GetFlag(FLAGS_timeout_ms)));
+  kvc::client::internal::AddCallCredentials(options, &context);
 
   if (command == "pools") {
     pb::ListPoolsResponse response;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/channel/channel.h"
 #include "client/src/convert.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
@@ -28,6 +29,7 @@ struct KvCacheClient::Impl {
     const absl::Duration deadline =
         call.deadline > absl::ZeroDuration() ? call.deadline : options.default_deadline;
     context->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    internal::AddCallCredentials(options, context);
   }
 
   // Runs `attempt` (which must build a fresh ClientContext each time) and retries it on
@@ -56,13 +58,11 @@ absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(
   if (options.default_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("default_deadline must be positive");
   }
+  auto channel = internal::CreateChannel(options);
+  if (!channel.ok()) return channel.status();
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-  args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
-  impl->channel =
-      grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
+  impl->channel = *std::move(channel);
   impl->kv = pb::KvCacheService::NewStub(impl->channel);
   impl->admin = pb::AdminService::NewStub(impl->channel);
   return std::unique_ptr<KvCacheClient>(new KvCacheClient(std::move(impl)));

@@ -3,6 +3,7 @@
 // fetch them back, check every byte, report throughput and pool usage, release.
 //
 //   kvc-loadgen --target=127.0.0.1:50051 --sequences=8 --tokens=4096
+//   kvc-loadgen --target=kvc.example:50051 --tls_ca=ca.pem --token_file=token  (TLS + token)
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/cli/security_flags.h"
 #include "common/mutex.h"
 #include "kvc/client/kv_cache_client.h"
 
@@ -77,6 +79,10 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   kvc::client::ClientOptions options;
   options.target = absl::GetFlag(FLAGS_target);
+  if (absl::Status status = kvc::cli::ApplySecurityFlags(&options); !status.ok()) {
+    std::fprintf(stderr, "kvc-loadgen: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
   auto client_or = KvCacheClient::Connect(options);
   if (!client_or.ok()) {
     std::fprintf(stderr, "kvc-loadgen: %s\n", client_or.status().ToString().c_str());

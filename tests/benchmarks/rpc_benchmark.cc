@@ -1,12 +1,15 @@
 // rpc_benchmark: Append and Fetch throughput of kvcached on loopback against two baselines
 // measured in the same run — raw gRPC byte streaming with the same message size, and
-// memcpy of the same bytes — so the ratios hold on a noisy machine.
+// memcpy of the same bytes — so the ratios hold on a noisy machine. With --tls (default) it
+// also runs a second kvcached serving TLS (certificates from tests/security/make_certs.sh
+// in a temporary directory) and reports Append and Fetch over TLS against plaintext.
 //
-//   rpc_benchmark [--total_mib=256] [--chunk_kib=1024] [--rounds=5] [--json=FILE]
+//   rpc_benchmark [--total_mib=256] [--chunk_kib=1024] [--rounds=5] [--tls] [--json=FILE]
 //
 // Each round runs every measurement once, in turn; the report gives the median over
 // rounds. Not a test: it asserts nothing about speed.
 #include <grpcpp/grpcpp.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +21,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cachesvc/rpc/server.h"
 #include "kvc/client/kv_cache_client.h"
@@ -27,6 +31,8 @@ ABSL_FLAG(int32_t, total_mib, 256, "payload per measurement (keys + values)");
 ABSL_FLAG(int32_t, chunk_kib, 1024, "payload per message (keys + values)");
 ABSL_FLAG(int32_t, rounds, 5, "rounds; the median is reported");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
+ABSL_FLAG(bool, tls, true, "also measure Append and Fetch over TLS (needs openssl on PATH)");
+ABSL_FLAG(std::string, make_certs, KVC_MAKE_CERTS_SCRIPT, "the script that makes the TLS certs");
 
 namespace {
 
@@ -61,6 +67,71 @@ class RawBytesService final : public rb::RawBytes::Service {
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// A fresh directory holding make_certs.sh's certificates, or "" (reported) on failure.
+std::string MakeCerts() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/kvc-bench-certs-XXXXXX");
+  if (mkdtemp(dir.data()) == nullptr) return "";
+  const std::string command = absl::StrCat(absl::GetFlag(FLAGS_make_certs), " ", dir);
+  if (std::system(command.c_str()) != 0) {
+    std::fprintf(stderr, "rpc_benchmark: '%s' failed; run with --notls\n", command.c_str());
+    return "";
+  }
+  return dir;
+}
+
+// One AppendStream of `messages` chunks into a new sequence, then one Fetch of all of it;
+// appends the seconds each took. False (reported) on any failure.
+bool AppendThenFetch(kvc::client::KvCacheClient& client, int64_t messages, int tokens_per_message,
+                     const std::string& keys, const std::string& values, int64_t bytes,
+                     std::vector<double>* append_seconds, std::vector<double>* fetch_seconds) {
+  auto seq = client.CreateSequence({"bench", "", "", {}});
+  if (!seq.ok()) {
+    std::fprintf(stderr, "create failed: %s\n", seq.status().ToString().c_str());
+    return false;
+  }
+  const auto t0 = Clock::now();
+  auto stream = client.StartAppendStream();
+  for (int64_t i = 0; i < messages; ++i) {
+    kvc::client::AppendChunk c;
+    c.sequence_id = seq->sequence_id;
+    c.layer = 0;
+    c.start_position = i * tokens_per_message;
+    c.num_tokens = tokens_per_message;
+    c.dtype = kvc::client::DType::kF16;
+    c.keys = keys.data();
+    c.values = values.data();
+    c.bytes = keys.size();
+    (void)stream->Write(c);
+  }
+  auto done = stream->Finish();
+  append_seconds->push_back(Seconds(t0, Clock::now()));
+  if (!done.ok()) {
+    std::fprintf(stderr, "append failed: %s\n", done.status().ToString().c_str());
+    return false;
+  }
+  // Dense fetch, same message size.
+  kvc::client::FetchOptions fetch;
+  fetch.max_chunk_bytes = static_cast<int64_t>(keys.size() + values.size());
+  int64_t got = 0;
+  const auto t1 = Clock::now();
+  const absl::Status st =
+      client.FetchChunks(seq->sequence_id, fetch,
+                         [&](kvc::client::FetchedChunk& c) {
+                           got += static_cast<int64_t>(c.keys.size() + c.values.size());
+                           return absl::OkStatus();
+                         },
+                         {});
+  fetch_seconds->push_back(Seconds(t1, Clock::now()));
+  if (!st.ok() || got != bytes) {
+    std::fprintf(stderr, "fetch failed: %s (%lld bytes)\n", st.ToString().c_str(),
+                 static_cast<long long>(got));
+    return false;
+  }
+  (void)client.Release(seq->sequence_id);
+  return true;
 }
 
 }  // namespace
@@ -100,6 +171,34 @@ int main(int argc, char** argv) {
   client_options.max_message_bytes = options.max_message_bytes;
   auto client = kvc::client::KvCacheClient::Connect(client_options);
 
+  // The same kvcached over TLS (server certificate only, as most deployments start).
+  const bool tls = absl::GetFlag(FLAGS_tls);
+  std::unique_ptr<kvc::cachesvc::KvCacheServer> tls_server;
+  std::unique_ptr<kvc::client::KvCacheClient> tls_client;
+  std::string certs;
+  if (tls) {
+    certs = MakeCerts();
+    if (certs.empty()) return 1;
+    kvc::cachesvc::ServerOptions tls_options = options;
+    tls_options.tls.cert_file = certs + "/server.pem";
+    tls_options.tls.key_file = certs + "/server.key";
+    auto started = kvc::cachesvc::KvCacheServer::Start(tls_options);
+    if (!started.ok()) {
+      std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    tls_server = *std::move(started);
+    kvc::client::ClientOptions tls_client_options = client_options;
+    tls_client_options.target = tls_server->address();
+    tls_client_options.tls.ca_file = certs + "/ca.pem";
+    auto connected = kvc::client::KvCacheClient::Connect(tls_client_options);
+    if (!connected.ok()) {
+      std::fprintf(stderr, "%s\n", connected.status().ToString().c_str());
+      return 1;
+    }
+    tls_client = *std::move(connected);
+  }
+
   RawBytesService raw_service;
   grpc::ServerBuilder builder;
   int raw_port = 0;
@@ -118,6 +217,7 @@ int main(int argc, char** argv) {
   std::vector<char> src(static_cast<size_t>(bytes), 1), dst(static_cast<size_t>(bytes), 0);
 
   std::vector<double> t_raw_up, t_raw_down, t_append, t_fetch, t_memcpy;
+  std::vector<double> t_tls_append, t_tls_fetch;
   for (int r = 0; r < rounds; ++r) {
     {  // raw upload
       rb::Blob blob;
@@ -141,47 +241,13 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    {  // kvcache append
-      auto seq = (*client)->CreateSequence({"bench", "", "", {}});
-      const auto t0 = Clock::now();
-      auto stream = (*client)->StartAppendStream();
-      for (int64_t i = 0; i < messages; ++i) {
-        kvc::client::AppendChunk c;
-        c.sequence_id = seq->sequence_id;
-        c.layer = 0;
-        c.start_position = i * tokens_per_message;
-        c.num_tokens = tokens_per_message;
-        c.dtype = kvc::client::DType::kF16;
-        c.keys = keys.data();
-        c.values = values.data();
-        c.bytes = keys.size();
-        (void)stream->Write(c);
-      }
-      auto done = stream->Finish();
-      t_append.push_back(Seconds(t0, Clock::now()));
-      if (!done.ok()) {
-        std::fprintf(stderr, "append failed: %s\n", done.status().ToString().c_str());
-        return 1;
-      }
-      // kvcache fetch (dense, same message size)
-      kvc::client::FetchOptions fetch;
-      fetch.max_chunk_bytes = payload_per_message;
-      int64_t got = 0;
-      const auto t1 = Clock::now();
-      const absl::Status st =
-          (*client)->FetchChunks(seq->sequence_id, fetch,
-                                 [&](kvc::client::FetchedChunk& c) {
-                                   got += static_cast<int64_t>(c.keys.size() + c.values.size());
-                                   return absl::OkStatus();
-                                 },
-                                 {});
-      t_fetch.push_back(Seconds(t1, Clock::now()));
-      if (!st.ok() || got != bytes) {
-        std::fprintf(stderr, "fetch failed: %s (%lld bytes)\n", st.ToString().c_str(),
-                     static_cast<long long>(got));
-        return 1;
-      }
-      (void)(*client)->Release(seq->sequence_id);
+    if (!AppendThenFetch(**client, messages, tokens_per_message, keys, values, bytes, &t_append,
+                         &t_fetch)) {
+      return 1;
+    }
+    if (tls && !AppendThenFetch(*tls_client, messages, tokens_per_message, keys, values, bytes,
+                                &t_tls_append, &t_tls_fetch)) {
+      return 1;
     }
     {  // raw download
       rb::DownloadRequest req;
@@ -224,16 +290,30 @@ int main(int argc, char** argv) {
               raw_down / memcpy_gbs);
   std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache Fetch (dense f16)", fetch, fetch / raw_down,
               fetch / memcpy_gbs);
+  double tls_append = 0, tls_fetch = 0;
+  if (tls) {
+    tls_append = gb / Median(t_tls_append);
+    tls_fetch = gb / Median(t_tls_fetch);
+    std::printf("%-34s %10s %14s\n", "over TLS (server certificate)", "GB/s", "vs plaintext");
+    std::printf("%-34s %10.3f %14.3f\n", "kvcache AppendStream, TLS", tls_append,
+                tls_append / append);
+    std::printf("%-34s %10.3f %14.3f\n", "kvcache Fetch (dense f16), TLS", tls_fetch,
+                tls_fetch / fetch);
+  }
   const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << absl::StrFormat(
         "{\"bytes\": %lld, \"message_bytes\": %lld, \"rounds\": %d, \"memcpy_gbps\": %.4f, "
         "\"raw_upload_gbps\": %.4f, \"append_gbps\": %.4f, \"append_vs_raw\": %.4f, "
-        "\"raw_download_gbps\": %.4f, \"fetch_gbps\": %.4f, \"fetch_vs_raw\": %.4f}\n",
+        "\"raw_download_gbps\": %.4f, \"fetch_gbps\": %.4f, \"fetch_vs_raw\": %.4f, "
+        "\"tls_append_gbps\": %.4f, \"tls_append_vs_plaintext\": %.4f, "
+        "\"tls_fetch_gbps\": %.4f, \"tls_fetch_vs_plaintext\": %.4f}\n",
         static_cast<long long>(bytes), static_cast<long long>(payload_per_message), rounds,
-        memcpy_gbs, raw_up, append, append / raw_up, raw_down, fetch, fetch / raw_down);
+        memcpy_gbs, raw_up, append, append / raw_up, raw_down, fetch, fetch / raw_down, tls_append,
+        tls ? tls_append / append : 0.0, tls_fetch, tls ? tls_fetch / fetch : 0.0);
   }
   raw_server->Shutdown();
+  if (!certs.empty()) (void)std::system(absl::StrCat("rm -rf ", certs).c_str());
   return 0;
 }

@@ -23,8 +23,21 @@
 
 namespace kvc::client {
 
+// TLS to kvcached; plaintext while ca_file is empty. The files are read once, by Connect.
+struct ClientTlsOptions {
+  std::string ca_file;    // PEM CAs that kvcached's certificate must chain to; set = TLS
+  std::string cert_file;  // PEM certificate chain of this client, for mTLS (with key_file)
+  std::string key_file;   // its unencrypted PEM private key
+  // The name kvcached's certificate must carry when it is not the target's host (a target
+  // reached through a tunnel, an IP with a DNS-only certificate). Empty = the target's host.
+  std::string server_name;
+};
+
 struct ClientOptions {
   std::string target = "127.0.0.1:50051";  // any gRPC target: host:port, unix:/path, dns:///
+  ClientTlsOptions tls;
+  // Sent as "authorization: Bearer <token>" on every call when set. Printable ASCII.
+  std::string bearer_token;
   absl::Duration default_deadline = absl::Seconds(30);
   int max_attempts = 4;  // for retried calls; 1 disables retries
   absl::Duration initial_backoff = absl::Milliseconds(50);
@@ -41,8 +54,9 @@ class AttendSession;
 
 class KvCacheClient {
  public:
-  // Creates the channel (connection is lazy: an unreachable target shows up as
-  // UNAVAILABLE on the first call). INVALID_ARGUMENT for bad options.
+  // Creates the channel (connection is lazy: an unreachable target, or a failed TLS
+  // handshake, shows up as UNAVAILABLE on the first call). INVALID_ARGUMENT for bad options
+  // or an unreadable TLS file (the message names it).
   static absl::StatusOr<std::unique_ptr<KvCacheClient>> Connect(const ClientOptions& options);
   KvCacheClient(const KvCacheClient&) = delete;
   KvCacheClient& operator=(const KvCacheClient&) = delete;
