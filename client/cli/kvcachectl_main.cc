@@ -25,9 +25,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "client/channel/channel.h"
 #include "client/cli/hash_token.h"
 #include "client/cli/security_flags.h"
@@ -39,7 +41,9 @@
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "kvcached address (host:port or unix:/path)");
 ABSL_FLAG(bool, json, false, "print JSON instead of a table");
 ABSL_FLAG(std::string, pool, "", "only this pool (sequences, stats)");
-ABSL_FLAG(std::string, tenant, "", "only this tenant (sequences); the token's tenant (hash-token)");
+ABSL_FLAG(std::string, tenant, "",
+          "only this tenant (sequences); the tenant whose sequence it is (sequence show, evict: "
+          "an admin acting on another tenant's); the token's tenant (hash-token)");
 ABSL_FLAG(int32_t, limit, 0, "at most this many sequences (0 = server default, 1000)");
 ABSL_FLAG(int32_t, timeout_ms, 5000, "deadline of the call");
 ABSL_FLAG(std::string, sort, "created",
@@ -61,8 +65,9 @@ constexpr char kUsage[] =
     "  pools                                   pools, geometry and usage\n"
     "  sequences [--pool=P] [--tenant=T] [--limit=N]   live sequences\n"
     "  stats [--pool=P]                        usage summed over pools (or one pool)\n"
-    "  sequence show ID                        one sequence: lengths per layer, bytes\n"
-    "  evict ID                                free a sequence (counted as evicted)\n"
+    "  sequence show ID [--tenant=T]           one sequence: lengths per layer, bytes\n"
+    "  evict ID [--tenant=T]                   free a sequence (counted as evicted; admin)\n"
+    "  tenants                                 what each tenant holds, its open calls, quotas\n"
     "  drain [--resume]                        stop (or resume) accepting new sequences\n"
     "  hash-token --tenant=T [--role=tenant|admin] [--generate]   tokens-file line for the\n"
     "                                          token on stdin (or a new one: 'token: <hex>')\n"
@@ -139,8 +144,9 @@ int Report(const grpc::Status& status, const std::string& target) {
                  target.c_str(), status.error_message().c_str());
     return 2;
   }
+  // gRPC and Abseil number their codes alike; the name is what a person can look up.
   std::fprintf(stderr, "kvcachectl: %s: %s\n",
-               absl::StrCat("code ", static_cast<int>(status.error_code())).c_str(),
+               absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())).c_str(),
                status.error_message().c_str());
   return 3;
 }
@@ -218,9 +224,39 @@ void PrintSequence(const pb::SequenceInfo& s) {
   std::cout << table.Render();
 }
 
+// A quota as shown: "unlimited" for 0.
+std::string Limit(int64_t value, bool bytes) {
+  if (value == 0) return "unlimited";
+  return bytes ? FormatBytes(value) : absl::StrCat(value);
+}
+
+void PrintTenants(const pb::ListTenantsResponse& r) {
+  Table table({"TENANT", "SEQUENCES", "BYTES", "STREAMS", "COMPUTE", "QUOTA BYTES/POOL",
+               "QUOTA SEQS", "QUOTA STREAMS", "QUOTA COMPUTE"});
+  for (const auto& t : r.tenants()) {
+    std::vector<std::string> pools;
+    for (const auto& [pool, bytes] : t.pool_bytes()) {
+      if (bytes > 0) pools.push_back(absl::StrCat(pool, ":", FormatBytes(bytes)));
+    }
+    std::sort(pools.begin(), pools.end());
+    table.AddRow({t.tenant().empty() ? "(none)" : t.tenant(), absl::StrCat(t.sequences()),
+                  pools.empty() ? "0" : absl::StrJoin(pools, " "), absl::StrCat(t.open_streams()),
+                  absl::StrCat(t.compute_calls()), Limit(t.quota_bytes_per_pool(), true),
+                  Limit(t.quota_sequences(), false), Limit(t.quota_streams(), false),
+                  Limit(t.quota_compute_calls(), false)});
+  }
+  std::cout << table.Render();
+}
+
 void PrintStats(const pb::PoolStats& s) {
   Table table({"FIELD", "VALUE"});
   table.AddRow({"pool", s.pool().empty() ? "(all)" : s.pool()});
+  if (!s.tenant().empty()) {
+    // A tenant's own view (authentication on, not an admin): its use and limits only.
+    table.AddRow({"tenant", s.tenant()});
+    table.AddRow({"quota bytes per pool", Limit(s.quota_bytes(), true)});
+    table.AddRow({"quota sequences", Limit(s.quota_sequences(), false)});
+  }
   table.AddRow({"capacity", FormatBytes(s.capacity_bytes())});
   table.AddRow({"used", absl::StrFormat("%s (%.1f%%)", FormatBytes(s.used_bytes()),
                                         s.capacity_bytes() > 0
@@ -329,6 +365,7 @@ int main(int argc, char** argv) {
     auto kv = pb::KvCacheService::NewStub(channel);
     pb::GetSequenceRequest request;
     request.set_sequence_id(args[3]);
+    request.set_tenant(absl::GetFlag(FLAGS_tenant));
     pb::SequenceInfo response;
     const grpc::Status status = kv->GetSequence(&context, request, &response);
     if (!status.ok()) return Report(status, target);
@@ -341,6 +378,7 @@ int main(int argc, char** argv) {
   if (command == "evict") {
     pb::EvictSequenceRequest request;
     request.set_sequence_id(args[2]);
+    request.set_tenant(absl::GetFlag(FLAGS_tenant));
     pb::EvictSequenceResponse response;
     const grpc::Status status = stub->EvictSequence(&context, request, &response);
     if (!status.ok()) return Report(status, target);
@@ -349,6 +387,16 @@ int main(int argc, char** argv) {
     else
       std::cout << "evicted " << args[2] << ": freed " << response.freed_blocks() << " blocks ("
                 << FormatBytes(response.freed_bytes()) << ")\n";
+    return 0;
+  }
+  if (command == "tenants") {
+    pb::ListTenantsResponse response;
+    const grpc::Status status = stub->ListTenants(&context, pb::ListTenantsRequest(), &response);
+    if (!status.ok()) return Report(status, target);
+    if (json)
+      std::cout << Json(response);
+    else
+      PrintTenants(response);
     return 0;
   }
   if (command == "drain") {

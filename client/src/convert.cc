@@ -127,6 +127,9 @@ PoolStats FromProto(const pb::PoolStats& in) {
   s.bytes_by_format = FromProto(in.bytes_by_format());
   s.appended_bytes_total = in.appended_bytes_total();
   s.fetched_bytes_total = in.fetched_bytes_total();
+  s.tenant = in.tenant();
+  s.quota_bytes = in.quota_bytes();
+  s.quota_sequences = in.quota_sequences();
   return s;
 }
 

@@ -401,4 +401,30 @@ absl::StatusOr<SequenceList> KvCacheClient::ListSequences(const ListSequencesOpt
   return list;
 }
 
+absl::StatusOr<std::vector<TenantUsage>> KvCacheClient::ListTenants(const CallOptions& call) {
+  pb::ListTenantsResponse response;
+  const absl::Status status = impl_->Retry([&] {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    return FromGrpcStatus(impl_->admin->ListTenants(&context, pb::ListTenantsRequest(), &response));
+  });
+  if (!status.ok()) return status;
+  std::vector<TenantUsage> out;
+  for (const auto& t : response.tenants()) {
+    TenantUsage u;
+    u.tenant = t.tenant();
+    u.sequences = t.sequences();
+    for (const auto& [pool, bytes] : t.pool_bytes()) u.pool_bytes.emplace_back(pool, bytes);
+    std::sort(u.pool_bytes.begin(), u.pool_bytes.end());
+    u.open_streams = t.open_streams();
+    u.compute_calls = t.compute_calls();
+    u.quota_bytes_per_pool = t.quota_bytes_per_pool();
+    u.quota_sequences = t.quota_sequences();
+    u.quota_streams = t.quota_streams();
+    u.quota_compute_calls = t.quota_compute_calls();
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
 }  // namespace kvc::client

@@ -96,6 +96,8 @@ class KvCacheClient {
   absl::StatusOr<PoolStats> GetPoolStats(const std::string& pool, const CallOptions& call = {});
   absl::StatusOr<SequenceList> ListSequences(const ListSequencesOptions& options,
                                              const CallOptions& call = {});
+  // Every tenant's holdings and quotas (an admin, or authentication off), else the caller's.
+  absl::StatusOr<std::vector<TenantUsage>> ListTenants(const CallOptions& call = {});
 
   const ClientOptions& options() const;
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -96,6 +97,24 @@ struct PoolStats {
   std::vector<FormatBytes> bytes_by_format;
   int64_t appended_bytes_total = 0;
   int64_t fetched_bytes_total = 0;
+  // Set when these are one tenant's statistics (a non-admin caller with authentication on):
+  // used_bytes and sequences are the tenant's, quota_* its limits (0 = unlimited).
+  std::string tenant;
+  int64_t quota_bytes = 0;
+  int64_t quota_sequences = 0;
+};
+
+// What one tenant holds and may hold (AdminService.ListTenants).
+struct TenantUsage {
+  std::string tenant;
+  int64_t sequences = 0;
+  std::vector<std::pair<std::string, int64_t>> pool_bytes;  // (pool, bytes), by pool name
+  int32_t open_streams = 0;
+  int32_t compute_calls = 0;
+  int64_t quota_bytes_per_pool = 0;  // 0 = unlimited
+  int64_t quota_sequences = 0;
+  int32_t quota_streams = 0;
+  int32_t quota_compute_calls = 0;
 };
 
 // One eviction rule x one storage format x an optional raw recent residual
