@@ -443,6 +443,45 @@ TEST_F(AuthTest, TokensFileReloadsUnderTrafficWithoutRestart) {
   EXPECT_EQ(failed_calls.load(), 0) << "calls with a valid token failed during the reloads";
 }
 
+// A Kubernetes Secret volume: `tokens` -> `..data/tokens`, `..data` -> a timestamped
+// directory; an update writes a new directory and renames a new `..data` link over the old
+// one, so the file at `tokens` changes without ever being written or renamed itself.
+TEST(SecretVolumeTest, TokensFileReloadsWhenTheKubeletSwapsTheDataSymlink) {
+  TempDir dir;
+  namespace fs = std::filesystem;
+  auto publish = [&](const std::string& version, const std::string& text) {
+    fs::create_directory(dir.path() + "/" + version);
+    std::ofstream(dir.path() + "/" + version + "/tokens") << text;
+    fs::create_directory_symlink(version, dir.path() + "/..data_tmp");
+    fs::rename(dir.path() + "/..data_tmp", dir.path() + "/..data");
+  };
+  publish("..v1", TokenLine("a", "tenant", kTokenA));
+  fs::create_symlink("..data/tokens", dir.path() + "/tokens");
+  ServerOptions options = testing::SmallServerOptions();
+  options.auth.tokens_file = dir.path() + "/tokens";
+  options.auth.reload_interval_seconds = 1;
+  auto server = KvCacheServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto admin = pb::AdminService::NewStub(channel);
+  auto works = [&](const std::string& token) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + token);
+    pb::ListPoolsResponse pools;
+    return admin->ListPools(&ctx, {}, &pools).ok();
+  };
+  ASSERT_TRUE(works(kTokenA));
+  ASSERT_FALSE(works(kTokenB));
+  publish("..v2", TokenLine("b", "tenant", kTokenB));  // a's token revoked, b's issued
+  bool swapped = false;
+  for (int i = 0; i < 100 && !swapped; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    swapped = works(kTokenB);
+  }
+  EXPECT_TRUE(swapped) << "the watcher did not follow the symlink swap";
+  EXPECT_FALSE(works(kTokenA));
+}
+
 class QuotaTest : public AuthTest {
  protected:
   // 16 tokens on every layer of the small pool = 8 blocks of 2 KiB (f16).
