@@ -28,6 +28,7 @@ class TenantAccount {
   TenantAccount(TenantQuota quota, int num_pools);
   TenantAccount(const TenantAccount&) = delete;
   TenantAccount& operator=(const TenantAccount&) = delete;
+  ~TenantAccount() = default;
 
   const std::string& tenant() const { return quota_.tenant; }
   const TenantQuota& quota() const { return quota_; }

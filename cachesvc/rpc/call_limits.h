@@ -30,6 +30,7 @@ class CallLimits {
     Slot(Slot&& other) noexcept : count_(other.count_) { other.count_ = nullptr; }
     Slot& operator=(Slot&&) = delete;
     Slot(const Slot&) = delete;
+    Slot& operator=(const Slot&) = delete;
     ~Slot() {
       if (count_ != nullptr) count_->fetch_sub(1);
     }

@@ -225,10 +225,8 @@ void PrintSequence(const pb::SequenceInfo& s) {
 }
 
 // A quota as shown: "unlimited" for 0.
-std::string Limit(int64_t value, bool bytes) {
-  if (value == 0) return "unlimited";
-  return bytes ? FormatBytes(value) : absl::StrCat(value);
-}
+std::string Limit(int64_t value) { return value == 0 ? "unlimited" : absl::StrCat(value); }
+std::string ByteLimit(int64_t value) { return value == 0 ? "unlimited" : FormatBytes(value); }
 
 void PrintTenants(const pb::ListTenantsResponse& r) {
   Table table({"TENANT", "SEQUENCES", "BYTES", "STREAMS", "COMPUTE", "QUOTA BYTES/POOL",
@@ -241,9 +239,9 @@ void PrintTenants(const pb::ListTenantsResponse& r) {
     std::sort(pools.begin(), pools.end());
     table.AddRow({t.tenant().empty() ? "(none)" : t.tenant(), absl::StrCat(t.sequences()),
                   pools.empty() ? "0" : absl::StrJoin(pools, " "), absl::StrCat(t.open_streams()),
-                  absl::StrCat(t.compute_calls()), Limit(t.quota_bytes_per_pool(), true),
-                  Limit(t.quota_sequences(), false), Limit(t.quota_streams(), false),
-                  Limit(t.quota_compute_calls(), false)});
+                  absl::StrCat(t.compute_calls()), ByteLimit(t.quota_bytes_per_pool()),
+                  Limit(t.quota_sequences()), Limit(t.quota_streams()),
+                  Limit(t.quota_compute_calls())});
   }
   std::cout << table.Render();
 }
@@ -254,8 +252,8 @@ void PrintStats(const pb::PoolStats& s) {
   if (!s.tenant().empty()) {
     // A tenant's own view (authentication on, not an admin): its use and limits only.
     table.AddRow({"tenant", s.tenant()});
-    table.AddRow({"quota bytes per pool", Limit(s.quota_bytes(), true)});
-    table.AddRow({"quota sequences", Limit(s.quota_sequences(), false)});
+    table.AddRow({"quota bytes per pool", ByteLimit(s.quota_bytes())});
+    table.AddRow({"quota sequences", Limit(s.quota_sequences())});
   }
   table.AddRow({"capacity", FormatBytes(s.capacity_bytes())});
   table.AddRow({"used", absl::StrFormat("%s (%.1f%%)", FormatBytes(s.used_bytes()),

@@ -47,6 +47,8 @@ class TempDir {
     char tmpl[] = "/tmp/kvc-auth-XXXXXX";
     path_ = mkdtemp(tmpl);
   }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
   ~TempDir() { std::filesystem::remove_all(path_); }
   const std::string& path() const { return path_; }
 
@@ -109,8 +111,10 @@ class AuthTest : public ::testing::Test {
     r.set_layer(layer);
     r.set_start_position(start);
     r.set_num_tokens(n);
-    r.set_keys(testing::MakeKv(seed, layer, start, n, 2, 32, kernels::DType::kF16, false));
-    r.set_values(testing::MakeKv(seed, layer, start, n, 2, 32, kernels::DType::kF16, true));
+    r.set_keys(testing::MakeKv(seed, layer, start, n, 2, 32, kernels::DType::kF16,
+                               /*is_value=*/false));
+    r.set_values(testing::MakeKv(seed, layer, start, n, 2, 32, kernels::DType::kF16,
+                                 /*is_value=*/true));
     return r;
   }
 
@@ -615,9 +619,10 @@ TEST(TokensFileTest, ParsesLinesAndNamesTheBadOne) {
   EXPECT_EQ((*ok)[0].tenant, "a");
   const std::string hash = TokenHashHex(salt, "t");
   const std::string hex_salt = ToHex(salt);
-  for (const std::string& bad : {"a tenant " + hex_salt, "a root " + hex_salt + " " + hash,
-                                 "a/b tenant " + hex_salt + " " + hash, "a tenant zz " + hash,
-                                 "a tenant " + hex_salt + " abcd", "a tenant 00 " + hash}) {
+  for (const std::string& bad :
+       {absl::StrCat("a tenant ", hex_salt), absl::StrCat("a root ", hex_salt, " ", hash),
+        absl::StrCat("a/b tenant ", hex_salt, " ", hash), absl::StrCat("a tenant zz ", hash),
+        absl::StrCat("a tenant ", hex_salt, " abcd"), absl::StrCat("a tenant 00 ", hash)}) {
     auto parsed = ParseTokensFile("# ok\n" + bad + "\n");
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("line 2")) << bad;
