@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "common/token_hash.h"
 #include "tests/security/certs.h"
 #include "tests/testing/kv_data.h"
 #include "tests/testing/status_matchers.h"
@@ -277,6 +278,57 @@ TEST(TlsClientOptionsTest, UnreadableOrInconsistentFilesAreInvalidArgument) {
   options.tls = {};
   options.bearer_token = "two words";
   EXPECT_THAT(KvCacheClient::Connect(options), StatusIs(Code::kInvalidArgument, "bearer_token"));
+}
+
+// mTLS client certificates as credentials: a verified certificate whose SAN is listed in
+// auth.client_identities is that tenant; a verified but unlisted one, or none, is refused
+// unless a bearer token comes with the call.
+TEST(CertificateIdentityTest, AListedSanIsItsTenantAndOthersAreUnauthenticated) {
+  cachesvc::ServerOptions options =
+      TlsServer(CertFile("server.pem"), CertFile("server.key"), CertFile("ca.pem"));
+  options.auth.client_identities.push_back(
+      {"spiffe://kvcache/tenant-a", "team-a", cachesvc::Role::kTenant});
+  const std::string tokens = ::kvc::testing::CertDir() + "/identity-tokens";
+  const std::string admin_token = "admin-token-for-the-identity-test";
+  const std::string salt = *RandomBytes(16);
+  std::FILE* f = std::fopen(tokens.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fprintf(f, "ops admin %s %s\n", ToHex(salt).c_str(),
+               TokenHashHex(salt, admin_token).c_str());
+  std::fclose(f);
+  options.auth.tokens_file = tokens;
+  auto server = Start(options);
+  ASSERT_NE(server, nullptr);
+
+  auto a = Connect(server->address(), {"ca.pem", "client-a.pem", "client-a.key"});
+  client::CreateSequenceOptions create;
+  create.client_sequence_id = "doc";
+  auto created = a->CreateSequence(create);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->tenant, "team-a");
+  KVC_EXPECT_OK(RoundTrip(*a));
+
+  // client-b's certificate verifies but its SAN (DNS tenant-b.example) is not listed.
+  auto b = Connect(server->address(), {"ca.pem", "client-b.pem", "client-b.key"});
+  EXPECT_THAT(b->CreateSequence({}), StatusIs(Code::kUnauthenticated, "subject alternative"));
+  auto anonymous = Connect(server->address(), {"ca.pem"});
+  EXPECT_THAT(anonymous->GetSequence("doc"), StatusIs(Code::kUnauthenticated, "no credentials"));
+
+  // A token decides when one is sent, also over a certificate: here, the admin's.
+  ClientOptions admin_options;
+  admin_options.target = server->address();
+  admin_options.tls.ca_file = CertFile("ca.pem");
+  admin_options.tls.cert_file = CertFile("client-b.pem");
+  admin_options.tls.key_file = CertFile("client-b.key");
+  admin_options.bearer_token = admin_token;
+  auto admin = KvCacheClient::Connect(admin_options);
+  ASSERT_TRUE(admin.ok());
+  auto listed = (*admin)->ListSequences({});
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->sequences.size(), 1u);
+  EXPECT_EQ(listed->sequences[0].tenant, "team-a");
+  EXPECT_THAT((*admin)->GetSequence("doc"), StatusIs(Code::kNotFound))
+      << "the admin's own id space has no 'doc'";
 }
 
 }  // namespace
