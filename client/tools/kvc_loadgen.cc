@@ -29,7 +29,9 @@ ABSL_FLAG(int32_t, tokens, 4096, "prompt tokens per sequence");
 ABSL_FLAG(int32_t, chunk_tokens, 512, "tokens per Append message");
 ABSL_FLAG(int32_t, threads, 2, "concurrent client threads");
 ABSL_FLAG(int32_t, keep, 0, "leave this many sequences in the pool (for kvcachectl)");
-ABSL_FLAG(std::string, tenant, "loadgen", "tenant label of the sequences");
+ABSL_FLAG(std::string, tenant, "",
+          "tenant label of the sequences; default 'loadgen' without credentials (with a token "
+          "or client certificate the server takes the tenant from them)");
 
 namespace {
 
@@ -106,6 +108,10 @@ int main(int argc, char** argv) {
   const int chunk = std::max(1, absl::GetFlag(FLAGS_chunk_tokens));
   const int sequences = absl::GetFlag(FLAGS_sequences);
   const int keep = std::min(absl::GetFlag(FLAGS_keep), sequences);
+  std::string tenant = absl::GetFlag(FLAGS_tenant);
+  if (tenant.empty() && options.bearer_token.empty() && options.tls.cert_file.empty()) {
+    tenant = "loadgen";
+  }
   const size_t token_layer_bytes = static_cast<size_t>(g.num_kv_heads) * g.head_dim * dtype_bytes;
   std::printf(
       "kvc-loadgen: pool '%s' (%d layers x %d kv heads x head_dim %d, %s), %d sequences x "
@@ -121,7 +127,7 @@ int main(int argc, char** argv) {
         kvc::MutexLock lock(&shared.mu);
         if (shared.totals.error.empty()) shared.totals.error = what + ": " + status.ToString();
       };
-      auto seq = client.CreateSequence({pool->name, absl::GetFlag(FLAGS_tenant), "", {}});
+      auto seq = client.CreateSequence({pool->name, tenant, "", {}});
       if (!seq.ok()) return fail("CreateSequence", seq.status());
       std::vector<std::string> keys(static_cast<size_t>(g.num_layers));
       std::vector<std::string> values(static_cast<size_t>(g.num_layers));

@@ -1,6 +1,8 @@
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -56,6 +58,24 @@ absl::StatusOr<std::unique_ptr<client::KvCacheClient>> ConnectToKvcached(const F
   client::ClientOptions options;
   options.target = KvcachedTarget(flags);
   options.default_deadline = absl::Minutes(5);
+  options.tls.ca_file = flags.Get("tls-ca", "");
+  options.tls.cert_file = flags.Get("tls-cert", "");
+  options.tls.key_file = flags.Get("tls-key", "");
+  options.tls.server_name = flags.Get("tls-server-name", "");
+  // The bearer token from a file or $KVC_TOKEN, never a flag value (`ps` shows those).
+  const std::string token_file = flags.Get("token-file", "");
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    std::stringstream token;
+    token << in.rdbuf();
+    options.bearer_token = std::string(absl::StripAsciiWhitespace(token.str()));
+    if (!in || options.bearer_token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--token-file '", token_file, "' cannot be read or is empty"));
+    }
+  } else if (const char* env = std::getenv("KVC_TOKEN")) {
+    options.bearer_token = std::string(absl::StripAsciiWhitespace(env));
+  }
   return client::KvCacheClient::Connect(options);
 }
 #endif

@@ -27,11 +27,13 @@
 namespace kvc::worker {
 
 absl::Status RunGenerate(int argc, char** argv) {
-  auto flags = Flags::Parse(argc, argv, 2,
-                            {"model", "threads", "prompt", "prompt-file", "question", "raw",
-                             "max-new-tokens", "temperature", "top-k", "top-p", "seed", "policy",
-                             "attention", "chunk", "kv", "target", "pool", "storage"},
-                            {"raw"});
+  auto flags = Flags::Parse(
+      argc, argv, 2,
+      {"model",          "threads",     "prompt",  "prompt-file",     "question",  "raw",
+       "max-new-tokens", "temperature", "top-k",   "top-p",           "seed",      "policy",
+       "attention",      "chunk",       "kv",      "target",          "pool",      "storage",
+       "tls-ca",         "tls-cert",    "tls-key", "tls-server-name", "token-file"},
+      {"raw"});
   if (!flags.ok()) return flags.status();
   std::string prompt = flags->Get("prompt", "");
   if (flags->Has("prompt-file")) {

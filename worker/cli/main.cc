@@ -46,7 +46,10 @@ int Main(int argc, char** argv) {
            "             [--policies full,window=512,streaming=4+508]  (local)\n"
            "             [--kv kvcached --target HOST:PORT --pool NAME\n"
            "              --policies full,full:fp8,snapkv=1024:int4,h2o=H+R,streaming=S+W]\n"
-           "  tokenize   --text TEXT | --text-file FILE [--special]\n";
+           "  tokenize   --text TEXT | --text-file FILE [--special]\n"
+           "  with --kv kvcached: [--tls-ca FILE [--tls-cert F --tls-key F] [--tls-server-name "
+           "N]]\n"
+           "             [--token-file FILE]  (or $KVC_TOKEN)\n";
     return 2;
   }
   if (!s.ok()) {

@@ -81,9 +81,11 @@ absl::StatusOr<PasskeyPolicy> ServicePasskeyPolicy(const std::string& name,
 
 absl::Status RunPasskey(int argc, char** argv) {
   auto flags = Flags::Parse(
-      argc, argv, 2,
-      {"model", "threads", "haystack-file", "lengths", "depths", "policies", "chunk", "seed",
-       "json", "chat", "kv", "target", "pool", "keys", "question-in-prompt", "label"},
+      argc, argv, 2, {"model",     "threads", "haystack-file", "lengths", "depths",
+                      "policies",  "chunk",   "seed",          "json",    "chat",
+                      "kv",        "target",  "pool",          "keys",    "question-in-prompt",
+                      "label",     "tls-ca",  "tls-cert",      "tls-key", "tls-server-name",
+                      "token-file"},
       {"chat", "question-in-prompt"});
   if (!flags.ok()) return flags.status();
   const std::string haystack_path =

@@ -28,7 +28,8 @@ absl::Status RunPerplexity(int argc, char** argv) {
   auto flags =
       Flags::Parse(argc, argv, 2,
                    {"model", "threads", "text-file", "max-tokens", "skip-tokens", "policies",
-                    "chunk", "segment", "json", "kv", "target", "pool", "storage"},
+                    "chunk", "segment", "json", "kv", "target", "pool", "storage", "tls-ca",
+                    "tls-cert", "tls-key", "tls-server-name", "token-file"},
                    {});
   if (!flags.ok()) return flags.status();
   auto text = ReadFile(flags->Get("text-file", ""));

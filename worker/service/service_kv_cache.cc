@@ -33,7 +33,12 @@ absl::StatusOr<std::unique_ptr<ServiceKvCache>> ServiceKvCache::Create(
       new ServiceKvCache(client, geometry, policy, always_fetch, pool_threads));
   client::CreateSequenceOptions options;
   options.pool = info->name;
-  options.tenant = "kvc-worker";
+  // A label for unauthenticated servers; with credentials the server takes the tenant from
+  // them and refuses a request naming another.
+  const client::ClientOptions& connection = client->options();
+  if (connection.bearer_token.empty() && connection.tls.cert_file.empty()) {
+    options.tenant = "kvc-worker";
+  }
   options.policy = policy.automatic;
   auto seq = client->CreateSequence(options);
   if (!seq.ok()) return seq.status();
