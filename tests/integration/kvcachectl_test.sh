@@ -12,8 +12,8 @@ start_kvcached "$KVCACHED" --capacity=256MiB
 
 out=$("$CTL" --target="$KVC_TARGET" pools)
 echo "$out"
-echo "$out" | grep -q '^POOL ' || fail "pools: no header"
-echo "$out" | grep -Eq '^default +cpu +30 +3 +9 +64 +f16' || fail "pools: default pool row"
+grep -q '^POOL ' <<<"$out" || fail "pools: no header"
+grep -Eq '^default +cpu +30 +3 +9 +64 +f16' <<<"$out" || fail "pools: default pool row"
 
 out=$("$CTL" --target="$KVC_TARGET" sequences)
 echo "$out"
@@ -34,8 +34,8 @@ PY
 
 out=$("$CTL" --target="$KVC_TARGET" stats)
 echo "$out"
-echo "$out" | grep -Eq '^sequences +2$' || fail "stats: sequences"
-echo "$out" | grep -Eq '^visible tokens +200$' || fail "stats: visible tokens"
+grep -Eq '^sequences +2$' <<<"$out" || fail "stats: sequences"
+grep -Eq '^visible tokens +200$' <<<"$out" || fail "stats: visible tokens"
 python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["sequences"])==2 and int(d["used_bytes"])>0, d' \
   <<<"$("$CTL" --target="$KVC_TARGET" --json stats)" || fail "stats --json"
 
@@ -55,9 +55,9 @@ fi
 grep -q "not one of created, tokens, bytes, id" "${TMPDIR:-/tmp}/kvcachectl_sort.$$.err" || fail "--sort error message"
 out=$("$CTL" --target="$KVC_TARGET" sequence show "$first")
 echo "$out"
-echo "$out" | grep -Eq "^layer tokens +100 in each of 30 layers$" || fail "sequence show"
+grep -Eq "^layer tokens +100 in each of 30 layers$" <<<"$out" || fail "sequence show"
 out=$("$CTL" --target="$KVC_TARGET" evict "$first")
-echo "$out" | grep -q "evicted $first: freed 630 blocks" || fail "evict: $out"
+grep -q "evicted $first: freed 630 blocks" <<<"$out" || fail "evict: $out"
 set +e
 "$CTL" --target="$KVC_TARGET" sequence show "$first" 2>err.txt; rc=$?
 set -e

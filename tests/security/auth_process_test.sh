@@ -46,7 +46,7 @@ ctl() { "$CTL" --target="$KVC_TARGET" "$@"; }
 
 # Without a token: refused (exit 3 = the server refused), with UNAUTHENTICATED.
 if out=$(ctl pools 2>&1); then fail "pools without a token succeeded"; fi
-echo "$out" | grep -q UNAUTHENTICATED || fail "no UNAUTHENTICATED: $out"
+grep -q UNAUTHENTICATED <<<"$out" || fail "no UNAUTHENTICATED: $out"
 
 "$LOADGEN" --target="$KVC_TARGET" --token_file="$dir/a.token" --sequences=2 --tokens=64 \
   --keep=2 >/dev/null || fail "loadgen as team-a"
@@ -63,18 +63,18 @@ KVC_TOKEN=$(cat "$dir/b.token") "$LOADGEN" --target="$KVC_TARGET" --sequences=1 
   'import json,sys; print(len(json.load(sys.stdin)["sequences"]))')" = 3 ] || fail "admin listing"
 out=$(ctl --token_file="$dir/b.token" stats)
 echo "$out"
-echo "$out" | grep -Eq '^tenant +team-b$' || fail "team-b's stats are not scoped"
-echo "$out" | grep -Eq '^quota sequences +1$' || fail "team-b's quota"
+grep -Eq '^tenant +team-b$' <<<"$out" || fail "team-b's stats are not scoped"
+grep -Eq '^quota sequences +1$' <<<"$out" || fail "team-b's quota"
 out=$(ctl --token_file="$dir/admin.token" tenants)
 echo "$out"
-echo "$out" | grep -Eq '^team-a +2 ' || fail "tenants: team-a"
-echo "$out" | grep -Eq '^team-b +1 .* 1 +unlimited +unlimited$' || fail "tenants: team-b"
+grep -Eq '^team-a +2 ' <<<"$out" || fail "tenants: team-a"
+grep -Eq '^team-b +1 .* 1 +unlimited +unlimited$' <<<"$out" || fail "tenants: team-b"
 [ "$(ctl --token_file="$dir/a.token" tenants | grep -c team-)" = 1 ] || fail "team-a sees others"
 
 # team-b's quota of one sequence: the next is refused and names the limit.
 if out=$(KVC_TOKEN=$(cat "$dir/b.token") "$LOADGEN" --target="$KVC_TARGET" --sequences=1 \
     --tokens=16 2>&1); then fail "team-b passed its max_sequences"; fi
-echo "$out" | grep -q "max_sequences 1" || fail "quota refusal: $out"
+grep -q "max_sequences 1" <<<"$out" || fail "quota refusal: $out"
 
 # Admin-only commands, and an admin acting on a tenant's sequence by naming the tenant.
 id=$(ctl --token_file="$dir/a.token" --json sequences | python3 -c \
@@ -86,7 +86,7 @@ fi
 if out=$(ctl --token_file="$dir/b.token" sequence show "$id" 2>&1); then
   fail "team-b read team-a's sequence by id"
 fi
-echo "$out" | grep -q NOT_FOUND || fail "team-a's sequence is not NOT_FOUND to team-b: $out"
+grep -q NOT_FOUND <<<"$out" || fail "team-a's sequence is not NOT_FOUND to team-b: $out"
 ctl --token_file="$dir/admin.token" --tenant=team-a sequence show "$id" >/dev/null \
   || fail "admin cannot read team-a's sequence"
 ctl --token_file="$dir/admin.token" --tenant=team-a evict "$id" | grep -q "evicted $id" \
@@ -108,7 +108,7 @@ for _ in $(seq 1 50); do
 done
 grep -q "SIGHUP: credentials reloaded" "$KVC_LOG" || fail "SIGHUP did not reload"
 if out=$(ctl --token_file="$dir/a.token" pools 2>&1); then fail "revoked token still works"; fi
-echo "$out" | grep -q UNAUTHENTICATED || fail "revoked token: $out"
+grep -q UNAUTHENTICATED <<<"$out" || fail "revoked token: $out"
 ctl --token_file="$dir/b.token" pools >/dev/null || fail "team-b lost access on reload"
 kill -0 "$KVC_PID" || fail "kvcached exited on SIGHUP"
 
