@@ -33,7 +33,7 @@ out="$tmp/out"
 
 echo "== first run"
 "$make" --namespace kvc-test --tenant team-a "$out" >/dev/null
-"$make" --help | grep -q -- '--renew-certs' || fail "--help"
+grep -q -- '--renew-certs' <<<"$("$make" --help)" || fail "--help"
 if "$make" --tenant 'bad name' "$tmp/bad" 2>/dev/null; then fail "accepted an invalid tenant name"; fi
 
 echo "== certificates"
