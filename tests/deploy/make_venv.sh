@@ -10,6 +10,12 @@ venv=${1:-$repo/.cache/venv-deploy}
 # protobuf 4.21.x is the Python runtime of protoc 3.21 (Debian 12's), which generates config_pb2.
 requirements="kubernetes-validate==1.37.0 protobuf==4.21.12 PyYAML==6.0.2"
 stamp="$venv/.kvc-requirements"
+# ctest runs the deploy tests in parallel and each may call this: one makes the venv while the
+# others wait on the lock, then find it made (without it, one would delete the venv another
+# is filling).
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$requirements" ]; then
   echo "$venv"
   exit 0
@@ -18,7 +24,6 @@ fi
 python=/usr/bin/python3
 [ -x "$python" ] || python=python3
 rm -rf "$venv"
-mkdir -p "$(dirname "$venv")"
 "$python" -m venv "$venv" >&2
 # shellcheck disable=SC2086
 "$venv/bin/pip" install --quiet --disable-pip-version-check $requirements >&2
