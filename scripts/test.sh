@@ -6,6 +6,8 @@
 #   checks      layering (check_deps.sh) and formatting (format.sh --check)
 #   tidy        clang-tidy on the C++ files changed by the last commit (scripts/tidy.sh)
 #   default     Release build (CUDA kernels too where nvcc exists) + every test with ctest
+#   python      the Python client (client/python) pip-installed into a fresh venv under
+#               build/python-venv, and pytest tests/python against build/cachesvc/kvcached
 #   clang-tsa   clang 14 thread-safety analysis, compile only (scripts/tsa_check.sh)
 #   asan        ASan + UBSan build + every test
 #   tsan        ThreadSanitizer build + every test
@@ -14,7 +16,7 @@
 # status is 1 if any stage failed. About 42 minutes on 2 cores from a clean tree (README.md).
 #
 #   scripts/test.sh                  all of the above (CI)
-#   scripts/test.sh --quick          checks + default only, for local iterations
+#   scripts/test.sh --quick          checks + default + python, for local iterations
 #   scripts/test.sh --quick --tsan   ... plus the named stages (--tidy --tsa --asan --tsan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,11 +77,27 @@ build_and_test() {
   fi
 }
 
+# The Python client against the default build's kvcached, from a fresh venv each run (a stale
+# one could hide a packaging bug; pip's cache keeps it quick). No kvcached is a failure.
+python_client() {
+  local venv=build/python-venv
+  if [ ! -x build/cachesvc/kvcached ]; then
+    echo "python: no build/cachesvc/kvcached to test against (did the default build fail?)" >&2
+    return 1
+  fi
+  rm -rf "$venv"
+  python3 -m venv "$venv" &&
+    "$venv/bin/pip" install --quiet ./client/python pytest &&
+    KVCACHED=build/cachesvc/kvcached "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+      tests/python
+}
+
 stage "dependencies" scripts/install_deps.sh || exit 1
 if [ -x scripts/fetch_model.sh ]; then stage "model and text" fetch_assets || true; fi
 stage "layering + format" checks || true
 if want tidy; then stage "clang-tidy (changed)" scripts/tidy.sh || true; fi
 build_and_test default
+stage "python" python_client || true
 if want tsa; then stage "clang-tsa (compile)" scripts/tsa_check.sh || true; fi
 if want asan; then build_and_test asan; fi
 if want tsan; then build_and_test tsan; fi

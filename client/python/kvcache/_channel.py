@@ -1,0 +1,82 @@
+"""Channel options shared by Client and AsyncClient: TLS, bearer token, retry settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import List, Optional, Tuple, Union
+
+import grpc
+
+from kvcache.errors import InvalidArgument
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    target: str
+    timeout: float
+    max_attempts: int
+    initial_backoff: float
+    max_backoff: float
+    metadata: Tuple[Tuple[str, str], ...]
+    credentials: Optional[grpc.ChannelCredentials]
+    options: List[Tuple[str, object]]
+
+
+def _read(path: Optional[PathLike], what: str) -> Optional[bytes]:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidArgument(f"cannot read {what} {os.fspath(path)!r}: {e.strerror}") from None
+
+
+def make_settings(target: str, *, timeout: float, max_attempts: int, initial_backoff: float,
+                  max_backoff: float, tls_ca: Optional[PathLike], tls_cert: Optional[PathLike],
+                  tls_key: Optional[PathLike], tls_server_name: Optional[str],
+                  token: Optional[str], max_message_bytes: int) -> Settings:
+    """Validates the options as the C++ client's Connect does (InvalidArgument if bad)."""
+    if not target:
+        raise InvalidArgument("target is empty")
+    if max_attempts < 1:
+        raise InvalidArgument(f"max_attempts is {max_attempts}; expected >= 1")
+    if timeout <= 0:
+        raise InvalidArgument(f"timeout is {timeout}; expected > 0 seconds")
+    if (tls_cert is None) != (tls_key is None):
+        raise InvalidArgument("tls_cert and tls_key go together (mTLS)")
+    if (tls_cert is not None or tls_server_name is not None) and tls_ca is None:
+        raise InvalidArgument("tls_cert, tls_key and tls_server_name need tls_ca (TLS is on "
+                              "when tls_ca is set)")
+    metadata: Tuple[Tuple[str, str], ...] = ()
+    if token is not None:
+        if not token or not all(0x21 <= ord(c) <= 0x7E for c in token):
+            raise InvalidArgument("token must be non-empty printable ASCII without spaces")
+        metadata = (("authorization", f"Bearer {token}"),)
+    options: List[Tuple[str, object]] = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", -1),  # the server bounds what it sends
+    ]
+    credentials = None
+    if tls_ca is not None:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read(tls_ca, "tls_ca"), private_key=_read(tls_key, "tls_key"),
+            certificate_chain=_read(tls_cert, "tls_cert"))
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
+    return Settings(target=target, timeout=timeout, max_attempts=max_attempts,
+                    initial_backoff=initial_backoff, max_backoff=max_backoff, metadata=metadata,
+                    credentials=credentials, options=options)
+
+
+def sequence_id(seq: object) -> str:
+    """A sequence id from a str or anything with .sequence_id (SequenceInfo)."""
+    if isinstance(seq, str):
+        return seq
+    sid = getattr(seq, "sequence_id", None)
+    if isinstance(sid, str):
+        return sid
+    raise TypeError(f"expected a sequence id or a SequenceInfo, not {type(seq).__name__}")

@@ -1,0 +1,349 @@
+"""AsyncClient: the asyncio variant of kvcache.Client (grpc.aio), with the same methods,
+arguments, retry rules and exceptions; every call is a coroutine, fetch_chunks an async
+iterator, append_stream and attend_session async context managers.
+
+    async with kvcache.AsyncClient("127.0.0.1:50051") as client:
+        seq = await client.create_sequence()
+        await client.append(seq, 0, 0, k, v)
+        kv = await client.fetch(seq)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Sequence, TypeVar
+
+import grpc
+import grpc.aio
+import numpy as np
+
+from kvcache import _codec
+from kvcache._channel import PathLike, Settings, make_settings, sequence_id
+from kvcache._proto.kvcache.v1 import admin_service_pb2 as admin_pb
+from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
+from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
+from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
+from kvcache._proto.kvcache.v1 import types_pb2
+from kvcache.errors import Aborted, Cancelled, FailedPrecondition, from_rpc_error
+from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
+                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, ReleaseResult)
+
+T = TypeVar("T")
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+class AsyncClient:
+    """asyncio connection to kvcached; arguments as kvcache.Client (interceptors are
+    grpc.aio client interceptors). Create it inside a running event loop."""
+
+    def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float = 30.0,
+                 max_attempts: int = 4, initial_backoff: float = 0.05, max_backoff: float = 2.0,
+                 tls_ca: Optional[PathLike] = None, tls_cert: Optional[PathLike] = None,
+                 tls_key: Optional[PathLike] = None, tls_server_name: Optional[str] = None,
+                 token: Optional[str] = None, max_message_bytes: int = 16 << 20,
+                 interceptors: Sequence[Any] = ()):
+        self._s: Settings = make_settings(
+            target, timeout=timeout, max_attempts=max_attempts, initial_backoff=initial_backoff,
+            max_backoff=max_backoff, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+            tls_server_name=tls_server_name, token=token, max_message_bytes=max_message_bytes)
+        kwargs = {"options": self._s.options, "interceptors": list(interceptors) or None}
+        if self._s.credentials is not None:
+            self._channel = grpc.aio.secure_channel(target, self._s.credentials, **kwargs)
+        else:
+            self._channel = grpc.aio.insecure_channel(target, **kwargs)
+        self._kv = svc_grpc.KvCacheServiceStub(self._channel)
+        self._admin = admin_grpc.AdminServiceStub(self._channel)
+        self._append = self._channel.unary_unary(
+            _codec.KV_SERVICE + "Append", request_serializer=None,
+            response_deserializer=svc.AppendResponse.FromString)
+        self._append_stream = self._channel.stream_unary(
+            _codec.KV_SERVICE + "AppendStream", request_serializer=None,
+            response_deserializer=svc.AppendStreamResponse.FromString)
+
+    async def close(self) -> None:
+        """Closes the channel; calls in flight are cancelled."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _timeout(self, timeout: Optional[float]) -> float:
+        return self._s.timeout if timeout is None else timeout
+
+    async def _call(self, method: Callable[..., Awaitable[T]], request: Any,
+                    timeout: Optional[float], retry: bool) -> T:
+        attempts = self._s.max_attempts if retry else 1
+        backoff = self._s.initial_backoff
+        for attempt in range(attempts):
+            try:
+                return await method(request, timeout=self._timeout(timeout),
+                                    metadata=self._s.metadata)
+            except grpc.RpcError as e:
+                if e.code() != _UNAVAILABLE or attempt + 1 == attempts:
+                    raise from_rpc_error(e) from None
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._s.max_backoff)
+        raise AssertionError("unreachable")
+
+    async def create_sequence(self, *, pool: str = "", tenant: str = "", sequence_id: str = "",
+                              policy: Optional[CompressionSpec] = None,
+                              timeout: Optional[float] = None) -> types_pb2.SequenceInfo:
+        """See Client.create_sequence."""
+        request = svc.CreateSequenceRequest(pool=pool, tenant=tenant,
+                                            client_sequence_id=sequence_id)
+        if policy is not None:
+            request.policy.CopyFrom(policy.to_proto())
+        return await self._call(self._kv.CreateSequence, request, timeout, retry=False)
+
+    async def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
+                     values: np.ndarray, *, dtype: DTypeLike = None,
+                     timeout: Optional[float] = None) -> AppendResult:
+        """See Client.append."""
+        request = _codec.encode_append(sequence_id(seq), layer, start_position, keys, values,
+                                       dtype)
+        r = await self._call(self._append, request, timeout, retry=False)
+        return AppendResult(r.layer_tokens, r.visible_tokens)
+
+    def append_stream(self, *, timeout: Optional[float] = None) -> "AsyncAppendStream":
+        """``async with client.append_stream() as s: await s.append(...)``; s.result after."""
+        return AsyncAppendStream(self, timeout)
+
+    async def fetch_chunks(self, seq: Any, layers: Optional[Sequence[int]] = None,
+                           dtype: DTypeLike = None, *, stored: bool = False,
+                           include_unfinished: bool = False, max_chunk_bytes: int = 0,
+                           tenant: str = "",
+                           timeout: Optional[float] = None) -> AsyncIterator[FetchedChunk]:
+        """See Client.fetch_chunks; ``await it.aclose()`` cancels the call."""
+        request = _codec.fetch_request(sequence_id(seq), layers, dtype, stored,
+                                       include_unfinished, max_chunk_bytes, tenant)
+        backoff = self._s.initial_backoff
+        delivered = False
+        for attempt in range(self._s.max_attempts):
+            call = self._kv.Fetch(request, timeout=self._timeout(timeout),
+                                  metadata=self._s.metadata)
+            try:
+                async for message in call:
+                    delivered = True
+                    yield _codec.chunk_from_proto(message)
+                return
+            except grpc.RpcError as e:
+                if e.code() != _UNAVAILABLE or delivered or attempt + 1 == self._s.max_attempts:
+                    error = from_rpc_error(e)
+                    if delivered:
+                        error.message = f"Fetch broke after some chunks: {error.message}"
+                        error.args = (error.message,)
+                    raise error from None
+            finally:
+                call.cancel()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._s.max_backoff)
+
+    async def fetch(self, seq: Any, layers: Optional[Sequence[int]] = None,
+                    dtype: DTypeLike = None, *, include_unfinished: bool = False,
+                    tenant: str = "", timeout: Optional[float] = None) -> FetchResult:
+        """See Client.fetch."""
+        assembler = _codec.FetchAssembler()
+        async for chunk in self.fetch_chunks(seq, layers, dtype,
+                                             include_unfinished=include_unfinished,
+                                             tenant=tenant, timeout=timeout):
+            assembler.add(chunk)
+        return assembler.result()
+
+    async def get_sequence(self, seq: Any, *, tenant: str = "",
+                           timeout: Optional[float] = None) -> types_pb2.SequenceInfo:
+        """See Client.get_sequence."""
+        request = svc.GetSequenceRequest(sequence_id=sequence_id(seq), tenant=tenant)
+        return await self._call(self._kv.GetSequence, request, timeout, retry=True)
+
+    async def release(self, seq: Any, *, timeout: Optional[float] = None) -> ReleaseResult:
+        """See Client.release."""
+        r = await self._call(self._kv.Release, svc.ReleaseRequest(sequence_id=sequence_id(seq)),
+                             timeout, retry=False)
+        return ReleaseResult(r.freed_blocks, r.freed_bytes)
+
+    async def compress(self, seq: Any, spec: CompressionSpec,
+                       queries: Optional[Sequence[LayerQueries]] = None, *,
+                       timeout: Optional[float] = None) -> svc.CompressResponse:
+        """See Client.compress."""
+        request = svc.CompressRequest(sequence_id=sequence_id(seq), spec=spec.to_proto(),
+                                      queries=_codec.compress_queries(queries))
+        return await self._call(self._kv.Compress, request, timeout, retry=False)
+
+    async def attend(self, seq: Any, layer: int, queries: np.ndarray, positions: Sequence[int],
+                     *, dtype: DTypeLike = None, return_weights: bool = False,
+                     timeout: Optional[float] = None) -> AttendResult:
+        """See Client.attend."""
+        request = _codec.attend_request(sequence_id(seq), layer, queries, positions, dtype,
+                                        return_weights)
+        r = await self._call(self._kv.Attend, request, timeout, retry=False)
+        return _codec.attend_from_proto(r, queries.shape)
+
+    def attend_session(self, *, timeout: Optional[float] = None) -> "AsyncAttendSession":
+        """``async with client.attend_session() as s: await s.attend(...)``."""
+        return AsyncAttendSession(self, timeout)
+
+    async def list_pools(self, *, timeout: Optional[float] = None) -> List[types_pb2.PoolInfo]:
+        """See Client.list_pools."""
+        r = await self._call(self._admin.ListPools, admin_pb.ListPoolsRequest(), timeout,
+                             retry=True)
+        return list(r.pools)
+
+    async def pool_stats(self, pool: str = "", *,
+                         timeout: Optional[float] = None) -> admin_pb.PoolStats:
+        """See Client.pool_stats."""
+        return await self._call(self._admin.GetPoolStats,
+                                admin_pb.GetPoolStatsRequest(pool=pool), timeout, retry=True)
+
+    async def list_sequences(self, *, pool: str = "", tenant: str = "", limit: int = 0,
+                             timeout: Optional[float] = None
+                             ) -> admin_pb.ListSequencesResponse:
+        """See Client.list_sequences."""
+        request = admin_pb.ListSequencesRequest(pool=pool, tenant=tenant, limit=limit)
+        return await self._call(self._admin.ListSequences, request, timeout, retry=True)
+
+    async def list_tenants(self, *,
+                           timeout: Optional[float] = None) -> List[admin_pb.TenantUsage]:
+        """See Client.list_tenants."""
+        r = await self._call(self._admin.ListTenants, admin_pb.ListTenantsRequest(), timeout,
+                             retry=True)
+        return list(r.tenants)
+
+    async def evict(self, seq: Any, *, tenant: str = "",
+                    timeout: Optional[float] = None) -> admin_pb.EvictSequenceResponse:
+        """See Client.evict."""
+        request = admin_pb.EvictSequenceRequest(sequence_id=sequence_id(seq), tenant=tenant)
+        return await self._call(self._admin.EvictSequence, request, timeout, retry=False)
+
+    async def drain(self, resume: bool = False, *,
+                    timeout: Optional[float] = None) -> admin_pb.DrainResponse:
+        """See Client.drain."""
+        return await self._call(self._admin.Drain, admin_pb.DrainRequest(resume=resume),
+                                timeout, retry=True)
+
+
+class AsyncAppendStream:
+    """See kvcache.client.AppendStream; append() and finish() are coroutines."""
+
+    def __init__(self, client: AsyncClient, timeout: Optional[float]):
+        self._call = client._append_stream(timeout=client._timeout(timeout),
+                                           metadata=client._s.metadata)
+        self._closed = False
+        self.result: Optional[AppendStreamResult] = None
+
+    async def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
+                     values: np.ndarray, *, dtype: DTypeLike = None) -> None:
+        """Sends one Append (same arguments as Client.append)."""
+        if self._closed:
+            raise FailedPrecondition("the append stream is finished")
+        request = _codec.encode_append(sequence_id(seq), layer, start_position, keys, values,
+                                       dtype)
+        try:
+            await self._call.write(request)
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            await self.finish()  # raises the server's error
+            raise Aborted("the server closed the append stream") from None
+
+    async def finish(self) -> AppendStreamResult:
+        """Ends the stream; the totals, or the first rejected message's error."""
+        if self.result is not None:
+            return self.result
+        try:
+            if not self._closed:
+                self._closed = True
+                await self._call.done_writing()
+            r = await self._call
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        except asyncio.CancelledError:
+            raise Cancelled("the append stream was cancelled by the client") from None
+        self.result = AppendStreamResult(r.messages, r.tokens, r.visible_tokens)
+        return self.result
+
+    def cancel(self) -> None:
+        self._closed = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> "AsyncAppendStream":
+        return self
+
+    async def __aexit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is not None:
+            self.cancel()
+        else:
+            await self.finish()
+
+
+class AsyncAttendSession:
+    """See kvcache.client.AttendSession; attend() and close() are coroutines."""
+
+    def __init__(self, client: AsyncClient, timeout: Optional[float]):
+        self._call = client._kv.AttendStream(timeout=client._timeout(timeout),
+                                             metadata=client._s.metadata)
+        self._closed = False
+
+    async def _status_error(self) -> Exception:
+        code = await self._call.code()
+        if code == grpc.StatusCode.OK:
+            return Aborted("the server closed the attend stream")
+        details = await self._call.details()
+        return from_rpc_error(_Status(code, details))
+
+    async def attend(self, seq: Any, layer: int, queries: np.ndarray, positions: Sequence[int],
+                     *, dtype: DTypeLike = None, return_weights: bool = False) -> AttendResult:
+        """As Client.attend, on this stream."""
+        if self._closed:
+            raise FailedPrecondition("the attend session is closed")
+        request = _codec.attend_request(sequence_id(seq), layer, queries, positions, dtype,
+                                        return_weights)
+        try:
+            await self._call.write(request)
+            r = await self._call.read()
+        except grpc.RpcError as e:
+            self._closed = True
+            raise from_rpc_error(e) from None
+        except asyncio.InvalidStateError:
+            self._closed = True
+            raise await self._status_error() from None
+        if r is grpc.aio.EOF:
+            self._closed = True
+            raise await self._status_error()
+        return _codec.attend_from_proto(r, queries.shape)
+
+    async def close(self) -> None:
+        """Ends the stream; raises the server's final error, if any."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._call.done_writing()
+        code = await self._call.code()
+        if code != grpc.StatusCode.OK:
+            raise from_rpc_error(_Status(code, await self._call.details()))
+
+    def cancel(self) -> None:
+        self._closed = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> "AsyncAttendSession":
+        return self
+
+    async def __aexit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is not None:
+            self.cancel()
+        else:
+            await self.close()
+
+
+class _Status:
+    """A (code, details) pair shaped like grpc.RpcError for from_rpc_error."""
+
+    def __init__(self, code: grpc.StatusCode, details: Optional[str]):
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> Optional[str]:
+        return self._details

@@ -1,0 +1,394 @@
+"""Client: the synchronous Python API of kvcached (kvcache.v1 over gRPC).
+
+    with kvcache.Client("127.0.0.1:50051") as client:
+        seq = client.create_sequence(pool="default")
+        client.append(seq, layer=0, start_position=0, keys=k, values=v)
+        kv = client.fetch(seq)            # kv[(layer, kv_head)].keys: [n, head_dim]
+
+Every call has a deadline (`timeout`, seconds; per call `timeout=`). Failures raise the
+kvcache.errors exception named after the gRPC status code. Only idempotent reads
+(get_sequence, fetch before its first chunk, list_pools, pool_stats, list_sequences,
+list_tenants, drain) are retried, only on UNAVAILABLE, with exponential backoff: the same
+rules as the C++ client (client/src/kv_cache_client.cc). Thread-safe: share one Client.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar
+
+import grpc
+import numpy as np
+
+from kvcache import _codec
+from kvcache._channel import PathLike, Settings, make_settings, sequence_id
+from kvcache._proto.kvcache.v1 import admin_service_pb2 as admin_pb
+from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
+from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
+from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
+from kvcache._proto.kvcache.v1 import types_pb2
+from kvcache.errors import Aborted, Cancelled, FailedPrecondition, from_rpc_error
+from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
+                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, ReleaseResult)
+
+T = TypeVar("T")
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+
+class Client:
+    """A connection to kvcached. The channel connects lazily: an unreachable target (or a
+    failed TLS handshake) shows up as ``Unavailable`` on the first call."""
+
+    def __init__(self, target: str = "127.0.0.1:50051", *, timeout: float = 30.0,
+                 max_attempts: int = 4, initial_backoff: float = 0.05, max_backoff: float = 2.0,
+                 tls_ca: Optional[PathLike] = None, tls_cert: Optional[PathLike] = None,
+                 tls_key: Optional[PathLike] = None, tls_server_name: Optional[str] = None,
+                 token: Optional[str] = None, max_message_bytes: int = 16 << 20,
+                 interceptors: Sequence[Any] = ()):
+        """target: any gRPC target (host:port, unix:/path, dns:///...). timeout: default
+        deadline of each call in seconds. max_attempts: for retried reads (1 = no retries).
+        tls_ca: PEM CA file; set = TLS (tls_cert + tls_key for mTLS; tls_server_name when the
+        certificate does not name the target's host). token: bearer token sent as
+        ``authorization: Bearer <token>``. interceptors: grpc client interceptors.
+        Raises InvalidArgument for bad options or an unreadable TLS file."""
+        self._s: Settings = make_settings(
+            target, timeout=timeout, max_attempts=max_attempts, initial_backoff=initial_backoff,
+            max_backoff=max_backoff, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+            tls_server_name=tls_server_name, token=token, max_message_bytes=max_message_bytes)
+        if self._s.credentials is not None:
+            channel = grpc.secure_channel(target, self._s.credentials, options=self._s.options)
+        else:
+            channel = grpc.insecure_channel(target, options=self._s.options)
+        self._raw_channel = channel
+        if interceptors:
+            channel = grpc.intercept_channel(channel, *interceptors)
+        self._channel = channel
+        self._kv = svc_grpc.KvCacheServiceStub(channel)
+        self._admin = admin_grpc.AdminServiceStub(channel)
+        # Append requests arrive serialized by _codec.encode_append (one copy of the tensors).
+        self._append = channel.unary_unary(
+            _codec.KV_SERVICE + "Append", request_serializer=None,
+            response_deserializer=svc.AppendResponse.FromString)
+        self._append_stream = channel.stream_unary(
+            _codec.KV_SERVICE + "AppendStream", request_serializer=None,
+            response_deserializer=svc.AppendStreamResponse.FromString)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the channel; calls in flight are cancelled."""
+        self._raw_channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _timeout(self, timeout: Optional[float]) -> float:
+        return self._s.timeout if timeout is None else timeout
+
+    def _call(self, method: Callable[..., T], request: Any, timeout: Optional[float],
+              retry: bool) -> T:
+        attempts = self._s.max_attempts if retry else 1
+        backoff = self._s.initial_backoff
+        for attempt in range(attempts):
+            try:
+                return method(request, timeout=self._timeout(timeout), metadata=self._s.metadata)
+            except grpc.RpcError as e:
+                if e.code() != _UNAVAILABLE or attempt + 1 == attempts:
+                    raise from_rpc_error(e) from None
+            time.sleep(backoff)
+            backoff = min(backoff * 2, self._s.max_backoff)
+        raise AssertionError("unreachable")
+
+    # -- KvCacheService ---------------------------------------------------------------------
+
+    def create_sequence(self, *, pool: str = "", tenant: str = "", sequence_id: str = "",
+                        policy: Optional[CompressionSpec] = None,
+                        timeout: Optional[float] = None) -> types_pb2.SequenceInfo:
+        """Creates an empty sequence (pool "" = the server's first). Not retried (a retry
+        after a lost reply would create a second sequence). NotFound (pool), AlreadyExists,
+        InvalidArgument, ResourceExhausted, PermissionDenied (another tenant's name)."""
+        request = svc.CreateSequenceRequest(pool=pool, tenant=tenant,
+                                            client_sequence_id=sequence_id)
+        if policy is not None:
+            request.policy.CopyFrom(policy.to_proto())
+        return self._call(self._kv.CreateSequence, request, timeout, retry=False)
+
+    def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
+               values: np.ndarray, *, dtype: DTypeLike = None,
+               timeout: Optional[float] = None) -> AppendResult:
+        """Appends one layer's keys and values, [n, kv_heads, head_dim] float16/float32 (or
+        bf16 bits as uint16 with dtype='bf16'), at start_position = the tokens the layer
+        already has. All-or-nothing; not retried. The arrays are copied once, into the
+        message (plus once more if not C-contiguous). InvalidArgument (shape, dtype, layer),
+        FailedPrecondition (out of order), ResourceExhausted, NotFound."""
+        request = _codec.encode_append(sequence_id(seq), layer, start_position, keys, values,
+                                       dtype)
+        r = self._call(self._append, request, timeout, retry=False)
+        return AppendResult(r.layer_tokens, r.visible_tokens)
+
+    def append_stream(self, *, timeout: Optional[float] = None) -> "AppendStream":
+        """A client-streaming append for prefills; use as a context manager:
+
+            with client.append_stream() as stream:
+                for layer in range(num_layers):
+                    stream.append(seq, layer, 0, k[layer], v[layer])
+            stream.result.visible_tokens
+        """
+        return AppendStream(self, timeout)
+
+    def fetch_chunks(self, seq: Any, layers: Optional[Sequence[int]] = None,
+                     dtype: DTypeLike = None, *, stored: bool = False,
+                     include_unfinished: bool = False, max_chunk_bytes: int = 0,
+                     tenant: str = "", timeout: Optional[float] = None) -> Iterator[FetchedChunk]:
+        """Streams the sequence's tokens chunk by chunk (one (layer, kv head, token range)
+        each). Closing the iterator early (``.close()``, or leaving a for loop over it and
+        dropping it) cancels the call. Retried on UNAVAILABLE only before the first chunk.
+        stored=True returns records as stored (uint8 [n, record_bytes])."""
+        request = _codec.fetch_request(sequence_id(seq), layers, dtype, stored,
+                                       include_unfinished, max_chunk_bytes, tenant)
+        backoff = self._s.initial_backoff
+        delivered = False
+        for attempt in range(self._s.max_attempts):
+            call = self._kv.Fetch(request, timeout=self._timeout(timeout),
+                                  metadata=self._s.metadata)
+            try:
+                for message in call:
+                    delivered = True
+                    yield _codec.chunk_from_proto(message)
+                return
+            except grpc.RpcError as e:
+                if e.code() != _UNAVAILABLE or delivered or attempt + 1 == self._s.max_attempts:
+                    error = from_rpc_error(e)
+                    if delivered:
+                        error.message = f"Fetch broke after some chunks: {error.message}"
+                        error.args = (error.message,)
+                    raise error from None
+            finally:
+                call.cancel()  # a no-op once the stream has ended
+            time.sleep(backoff)
+            backoff = min(backoff * 2, self._s.max_backoff)
+
+    def fetch(self, seq: Any, layers: Optional[Sequence[int]] = None, dtype: DTypeLike = None,
+              *, include_unfinished: bool = False, tenant: str = "",
+              timeout: Optional[float] = None) -> FetchResult:
+        """Fetches the visible tokens, dense in `dtype` (None = pool's), assembled per
+        (layer, kv head): result[(layer, head)].keys / .values [n, head_dim], .positions."""
+        assembler = _codec.FetchAssembler()
+        for chunk in self.fetch_chunks(seq, layers, dtype, include_unfinished=include_unfinished,
+                                       tenant=tenant, timeout=timeout):
+            assembler.add(chunk)
+        return assembler.result()
+
+    def get_sequence(self, seq: Any, *, tenant: str = "",
+                     timeout: Optional[float] = None) -> types_pb2.SequenceInfo:
+        """The sequence's lengths, stored tokens and bytes. Retried. NotFound."""
+        request = svc.GetSequenceRequest(sequence_id=sequence_id(seq), tenant=tenant)
+        return self._call(self._kv.GetSequence, request, timeout, retry=True)
+
+    def release(self, seq: Any, *, timeout: Optional[float] = None) -> ReleaseResult:
+        """Frees every block of the sequence. Not retried. NotFound."""
+        r = self._call(self._kv.Release, svc.ReleaseRequest(sequence_id=sequence_id(seq)),
+                       timeout, retry=False)
+        return ReleaseResult(r.freed_blocks, r.freed_bytes)
+
+    def compress(self, seq: Any, spec: CompressionSpec,
+                 queries: Optional[Sequence[LayerQueries]] = None, *,
+                 timeout: Optional[float] = None) -> svc.CompressResponse:
+        """Evicts and/or converts what the sequence stores. SnapKV needs the last `window`
+        queries of every layer; H2O may take every prompt query. All-or-nothing; not retried.
+        InvalidArgument (spec, queries), FailedPrecondition (H2O without scores), ..."""
+        request = svc.CompressRequest(sequence_id=sequence_id(seq), spec=spec.to_proto(),
+                                      queries=_codec.compress_queries(queries))
+        return self._call(self._kv.Compress, request, timeout, retry=False)
+
+    def attend(self, seq: Any, layer: int, queries: np.ndarray, positions: Sequence[int], *,
+               dtype: DTypeLike = None, return_weights: bool = False,
+               timeout: Optional[float] = None) -> AttendResult:
+        """Decode attention of one layer's queries [n, num_query_heads, head_dim] over the
+        stored tokens. Not retried (it accumulates H2O scores). FailedPrecondition if a
+        position is before the layer's last token."""
+        request = _codec.attend_request(sequence_id(seq), layer, queries, positions, dtype,
+                                        return_weights)
+        r = self._call(self._kv.Attend, request, timeout, retry=False)
+        return _codec.attend_from_proto(r, queries.shape)
+
+    def attend_session(self, *, timeout: Optional[float] = None) -> "AttendSession":
+        """A bidirectional Attend stream for a decode loop; `timeout` covers the session."""
+        return AttendSession(self, timeout)
+
+    # -- AdminService -----------------------------------------------------------------------
+
+    def list_pools(self, *, timeout: Optional[float] = None) -> List[types_pb2.PoolInfo]:
+        """Every pool with its geometry and usage. Retried."""
+        r = self._call(self._admin.ListPools, admin_pb.ListPoolsRequest(), timeout, retry=True)
+        return list(r.pools)
+
+    def pool_stats(self, pool: str = "", *,
+                   timeout: Optional[float] = None) -> admin_pb.PoolStats:
+        """Statistics of one pool ("" = all summed). Retried. NotFound."""
+        return self._call(self._admin.GetPoolStats, admin_pb.GetPoolStatsRequest(pool=pool),
+                          timeout, retry=True)
+
+    def list_sequences(self, *, pool: str = "", tenant: str = "", limit: int = 0,
+                       timeout: Optional[float] = None) -> admin_pb.ListSequencesResponse:
+        """Sequences (.sequences, .total). Retried."""
+        request = admin_pb.ListSequencesRequest(pool=pool, tenant=tenant, limit=limit)
+        return self._call(self._admin.ListSequences, request, timeout, retry=True)
+
+    def list_tenants(self, *, timeout: Optional[float] = None) -> List[admin_pb.TenantUsage]:
+        """Each tenant's holdings, open calls and quotas. Retried."""
+        r = self._call(self._admin.ListTenants, admin_pb.ListTenantsRequest(), timeout,
+                       retry=True)
+        return list(r.tenants)
+
+    def evict(self, seq: Any, *, tenant: str = "",
+              timeout: Optional[float] = None) -> admin_pb.EvictSequenceResponse:
+        """Frees a sequence on an operator's behalf (admin). Not retried. NotFound."""
+        request = admin_pb.EvictSequenceRequest(sequence_id=sequence_id(seq), tenant=tenant)
+        return self._call(self._admin.EvictSequence, request, timeout, retry=False)
+
+    def drain(self, resume: bool = False, *,
+              timeout: Optional[float] = None) -> admin_pb.DrainResponse:
+        """Stops (resume=True: restarts) accepting new sequences (admin). Idempotent: retried."""
+        return self._call(self._admin.Drain, admin_pb.DrainRequest(resume=resume), timeout,
+                          retry=True)
+
+
+class AppendStream:
+    """One AppendStream call. append() queues a message (blocking while 4 are queued);
+    leaving the ``with`` block normally finishes the call and sets ``result``; leaving it
+    with an exception cancels the call. A message the server rejects ends the stream: the
+    next append() or finish() raises that error (its message says how many were applied)."""
+
+    _QUEUE = 4
+
+    def __init__(self, client: Client, timeout: Optional[float]):
+        self._queue: "queue.Queue[Optional[bytes]]" = queue.Queue(self._QUEUE)
+        self._future = client._append_stream.future(
+            self._requests(), timeout=client._timeout(timeout), metadata=client._s.metadata)
+        self._closed = False
+        self.result: Optional[AppendStreamResult] = None
+
+    def _requests(self) -> Iterator[bytes]:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            yield item
+
+    def _put(self, item: Optional[bytes]) -> None:
+        while True:
+            try:
+                self._queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                if self._future.done():
+                    return  # the call ended; finish() reports why
+
+    def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
+               values: np.ndarray, *, dtype: DTypeLike = None) -> None:
+        """Queues one Append (same arguments as Client.append)."""
+        if self._closed:
+            raise FailedPrecondition("the append stream is finished")
+        if self._future.done():
+            self.finish()  # raises the server's error
+            raise Aborted("the server closed the append stream")
+        self._put(_codec.encode_append(sequence_id(seq), layer, start_position, keys, values,
+                                       dtype))
+
+    def finish(self) -> AppendStreamResult:
+        """Ends the stream and returns the totals, or raises the first rejected message's
+        error."""
+        if self.result is not None:
+            return self.result
+        if not self._closed:
+            self._closed = True
+            self._put(None)
+        try:
+            r = self._future.result()
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        except grpc.FutureCancelledError:
+            raise Cancelled("the append stream was cancelled by the client") from None
+        self.result = AppendStreamResult(r.messages, r.tokens, r.visible_tokens)
+        return self.result
+
+    def cancel(self) -> None:
+        """Cancels the call; messages the server already applied stay applied."""
+        self._closed = True
+        self._future.cancel()
+
+    def __enter__(self) -> "AppendStream":
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is not None:
+            self.cancel()
+        else:
+            self.finish()
+
+
+class AttendSession:
+    """A bidirectional AttendStream: each attend() sends one request and waits for its
+    answer. ``with`` closes it (cancels it if the block raised). Not thread-safe."""
+
+    def __init__(self, client: Client, timeout: Optional[float]):
+        self._queue: "queue.Queue[Optional[svc.AttendRequest]]" = queue.Queue()
+        self._call = client._kv.AttendStream(self._requests(), timeout=client._timeout(timeout),
+                                             metadata=client._s.metadata)
+        self._closed = False
+
+    def _requests(self) -> Iterator[svc.AttendRequest]:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            yield item
+
+    def attend(self, seq: Any, layer: int, queries: np.ndarray, positions: Sequence[int], *,
+               dtype: DTypeLike = None, return_weights: bool = False) -> AttendResult:
+        """As Client.attend, on this stream."""
+        if self._closed:
+            raise FailedPrecondition("the attend session is closed")
+        self._queue.put(_codec.attend_request(sequence_id(seq), layer, queries, positions, dtype,
+                                              return_weights))
+        try:
+            r = next(self._call)
+        except StopIteration:
+            self._closed = True
+            raise Aborted("the server closed the attend stream") from None
+        except grpc.RpcError as e:
+            self._closed = True
+            raise from_rpc_error(e) from None
+        return _codec.attend_from_proto(r, queries.shape)
+
+    def close(self) -> None:
+        """Ends the stream; raises the server's final error, if any."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        try:
+            for _ in self._call:
+                pass
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def cancel(self) -> None:
+        """Cancels the stream at once."""
+        self._closed = True
+        self._call.cancel()
+        self._queue.put(None)
+
+    def __enter__(self) -> "AttendSession":
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is not None:
+            self.cancel()
+        else:
+            self.close()

@@ -1,0 +1,130 @@
+"""Fixtures: real kvcached processes on 127.0.0.1 port 0 (tests/testing/start_kvcached.sh in
+Python). The binary is $KVCACHED, else build/cachesvc/kvcached under the repository root; a
+missing binary fails the tests (it never skips them)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import re
+import secrets
+import subprocess
+import threading
+import time
+from typing import Iterator, List
+
+import numpy as np
+import pytest
+
+import kvcache
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+LISTENING = re.compile(r"kvcached listening on (127\.0\.0\.1:\d+)")
+
+# Small pools: 4 layers x 2 kv heads (4 query heads) x head_dim 32, one per dtype.
+GEOMETRY = "num_layers: 4 num_kv_heads: 2 num_query_heads: 4 head_dim: 32"
+LAYERS, KV_HEADS, Q_HEADS, HEAD_DIM = 4, 2, 4, 32
+POOLS = """
+pools { name: "f16" capacity_bytes: 33554432
+        geometry { %(g)s dtype: DTYPE_F16 rope { theta: 10000 } } }
+pools { name: "bf16" capacity_bytes: 16777216 geometry { %(g)s dtype: DTYPE_BF16 } }
+pools { name: "f32" capacity_bytes: 16777216 geometry { %(g)s dtype: DTYPE_F32 } }
+pools { name: "tiny" capacity_bytes: 65536 geometry { %(g)s dtype: DTYPE_F16 } }
+""" % {"g": GEOMETRY}
+
+
+def kvcached_binary() -> pathlib.Path:
+    path = pathlib.Path(os.environ.get("KVCACHED", REPO / "build" / "cachesvc" / "kvcached"))
+    if not path.is_absolute():
+        path = REPO / path
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"kvcached not found at {path}: build it (cmake --preset default) or set "
+                    "KVCACHED", pytrace=False)
+    return path
+
+
+class Server:
+    """A running kvcached; `target` is host:port, `log` what it wrote to stderr so far."""
+
+    def __init__(self, config: pathlib.Path):
+        self.proc = subprocess.Popen(
+            [str(kvcached_binary()), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+             f"--config={config}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: List[str] = []
+        found = threading.Event()
+        self.target = ""
+
+        def read() -> None:
+            for line in self.proc.stderr:  # type: ignore[union-attr]
+                self.lines.append(line)
+                m = LISTENING.search(line)
+                if m and not self.target:
+                    self.target = m.group(1)
+                    found.set()
+            found.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not found.wait(15) or not self.target:
+            self.stop()
+            raise RuntimeError("kvcached did not start:\n" + "".join(self.lines))
+
+    @property
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def start(tmp: pathlib.Path, extra_config: str = "") -> Server:
+    config = tmp / "kvcached.textproto"
+    config.write_text(POOLS + extra_config)
+    return Server(config)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start(tmp_path_factory.mktemp("kvcached"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture()
+def client(server: Server) -> Iterator[kvcache.Client]:
+    with kvcache.Client(server.target, timeout=20) as c:
+        yield c
+
+
+def token_line(tenant: str, role: str, token: str) -> str:
+    """A tokens-file line: tenant role salt-hex sha256(salt || token)-hex."""
+    salt = secrets.token_bytes(16)
+    return f"{tenant} {role} {salt.hex()} {hashlib.sha256(salt + token.encode()).hexdigest()}\n"
+
+
+@pytest.fixture(scope="module")
+def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("kvcached-auth")
+    tokens = tmp / "tokens"
+    tokens.write_text(token_line("alice", "tenant", "alice-token") +
+                      token_line("bob", "tenant", "bob-token") +
+                      token_line("ops", "admin", "ops-token"))
+    s = start(tmp, f'auth {{ tokens_file: "{tokens}" }}\n')
+    yield s
+    s.stop()
+
+
+def random_kv(n: int, dtype: np.dtype = np.float16, seed: int = 0) -> np.ndarray:
+    """[n, kv_heads, head_dim] N(0, 1) values in `dtype`."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, KV_HEADS, HEAD_DIM)).astype(dtype)
+
+
+def wait_until(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
