@@ -20,12 +20,15 @@ struct Part {
   kernels::PagedArena arena;
 };
 
+// An upper bound on the encoded response, checked before any attention is computed.
+// weight_positions are varints: a position < 2^31 takes at most 5 bytes, a -1 pad 10.
 absl::Status CheckResponseSize(const AttendParams& p, const PoolGeometry& g, int64_t row_bytes,
-                               int64_t max_stored, int64_t limit) {
+                               int64_t max_stored, int64_t total_stored, int64_t limit) {
   const int64_t n = static_cast<int64_t>(p.positions.size());
   const int64_t output = n * row_bytes;
+  const int64_t pads = int64_t{g.num_kv_heads} * max_stored - total_stored;
   const int64_t weights =
-      p.want_weights ? (n * g.num_query_heads + g.num_kv_heads) * max_stored * 4 : 0;
+      p.want_weights ? n * g.num_query_heads * max_stored * 4 + total_stored * 5 + pads * 10 : 0;
   if (output + weights <= limit) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "Attend would return ", output + weights, " bytes (", output, " of output",
@@ -179,12 +182,16 @@ absl::StatusOr<AttendResult> AttendLocked(Sequence& seq, const AttendParams& p, 
   SequenceStorage& st = seq.storage();
   std::vector<Part> parts;
   int32_t max_stored = 0;
-  for (int h = 0; h < g.num_kv_heads; ++h)
+  int64_t total_stored = 0;
+  for (int h = 0; h < g.num_kv_heads; ++h) {
     max_stored = std::max(max_stored, static_cast<int32_t>(st.lane_tokens(layer, h)));
+    total_stored += st.lane_tokens(layer, h);
+  }
   const int64_t n = static_cast<int64_t>(p.positions.size());
   const int64_t row_bytes =
       int64_t{g.num_query_heads} * g.head_dim * static_cast<int64_t>(kernels::DTypeSize(dtype));
-  KVC_RETURN_IF_ERROR(CheckResponseSize(p, g, row_bytes, max_stored, max_response_bytes));
+  KVC_RETURN_IF_ERROR(
+      CheckResponseSize(p, g, row_bytes, max_stored, total_stored, max_response_bytes));
   for (int t = 0; t < static_cast<int>(st.tiers().size()); ++t) {
     Part part{t, BuildTierLanes(st, layer, t, /*with_positions=*/false), {}};
     if (part.lanes.max_tokens == 0) continue;  // an empty tier weighs nothing

@@ -48,7 +48,7 @@ absl::Status Cancelled() {
 }
 
 absl::Status Gone(const Sequence& seq) {
-  return absl::NotFoundError(absl::StrCat("sequence '", seq.id(), "' was released"));
+  return absl::NotFoundError(absl::StrCat("sequence ", Quoted(seq.id()), " was released"));
 }
 
 FetchPlan PlanFetch(const Sequence& seq, const FetchParams& p, const std::vector<int>& layers,

@@ -1,6 +1,7 @@
 #include "cachesvc/rpc/access_control.h"
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/core/quote.h"
 #include "common/logging.h"
 
 namespace kvc::cachesvc {
@@ -24,13 +25,13 @@ absl::StatusOr<std::string> AccessControl::ScopeFor(const Caller& caller,
   if (requested.empty() || requested == caller.tenant) return caller.tenant;
   if (caller.role != Role::kAdmin) {
     return absl::PermissionDeniedError(
-        absl::StrCat("the request names tenant '", requested.substr(0, 64),
-                     "' but the caller is tenant '", caller.tenant,
+        absl::StrCat("the request names tenant ", Quoted(requested), " but the caller is tenant '",
+                     caller.tenant,
                      "'; only an admin may act on another tenant's sequences (leave tenant "
                      "empty for your own)"));
   }
-  KVC_LOG(INFO) << "audit: " << Describe(caller) << " " << what << " of tenant '"
-                << requested.substr(0, 64) << "'";
+  KVC_LOG(INFO) << "audit: " << Describe(caller) << " " << what << " of tenant "
+                << Quoted(requested);
   return requested;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/core/quote.h"
 #include "cachesvc/rpc/handler_macros.h"
 #include "cachesvc/rpc/proto_convert.h"
 #include "cachesvc/rpc/rpc_scope.h"
@@ -63,10 +64,9 @@ grpc::Status AdminServiceImpl::EvictSequence(grpc::ServerContext* context,
   RpcScope scope(metrics_, kService, "EvictSequence");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   const std::string tenant = request->tenant().empty() ? caller.tenant : request->tenant();
-  KVC_FINISH_IF_ERROR(
-      access_->RequireAdmin(caller, "EvictSequence",
-                            absl::StrCat("'", request->sequence_id().substr(0, 64), "' of tenant '",
-                                         tenant.substr(0, 64), "'")));
+  KVC_FINISH_IF_ERROR(access_->RequireAdmin(
+      caller, "EvictSequence",
+      absl::StrCat(Quoted(request->sequence_id()), " of tenant ", Quoted(tenant))));
   const std::string tenant_scope = caller.authenticated ? tenant : "";
   KVC_ASSIGN_OR_FINISH(const ReleaseResult evicted,
                        store_->Evict(request->sequence_id(), tenant_scope));

@@ -1,6 +1,7 @@
 #include "cachesvc/rpc/kv_cache_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/core/quote.h"
 #include "cachesvc/rpc/handler_macros.h"
 #include "cachesvc/rpc/proto_convert.h"
 #include "cachesvc/rpc/rpc_scope.h"
@@ -22,8 +23,8 @@ grpc::Status KvCacheServiceImpl::CreateSequence(grpc::ServerContext* context,
     // The tenant is the credential's; a request naming another one is a mistake to report.
     if (!request->tenant().empty() && request->tenant() != caller.tenant) {
       return scope.Finish(ToGrpcStatus(absl::PermissionDeniedError(
-          absl::StrCat("the request's tenant '", request->tenant().substr(0, 64),
-                       "' is not the caller's ('", caller.tenant, "'); leave tenant empty"))));
+          absl::StrCat("the request's tenant ", Quoted(request->tenant()),
+                       " is not the caller's ('", caller.tenant, "'); leave tenant empty"))));
     }
     params.scope = caller.tenant;
     params.tenant = caller.tenant;

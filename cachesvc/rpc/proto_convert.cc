@@ -93,7 +93,20 @@ absl::StatusOr<CompressionSpec> FromProto(const pb::CompressionSpec& spec) {
       out.window = spec.snapkv().window();
       out.budget = spec.snapkv().budget();
       out.pooling_kernel = spec.snapkv().pooling_kernel() == 0 ? 7 : spec.snapkv().pooling_kernel();
-      out.pooling_avg = spec.snapkv().pooling() == pb::SnapKvSpec::POOLING_AVG;
+      switch (spec.snapkv().pooling()) {
+        case pb::SnapKvSpec::POOLING_UNSPECIFIED:
+        case pb::SnapKvSpec::POOLING_MAX:
+          out.pooling_avg = false;
+          break;
+        case pb::SnapKvSpec::POOLING_AVG:
+          out.pooling_avg = true;
+          break;
+        default:
+          // Coercing an unknown value to MAX would run a policy the caller did not ask for.
+          return absl::InvalidArgumentError(absl::StrCat("snapkv.pooling is ",
+                                                         static_cast<int>(spec.snapkv().pooling()),
+                                                         "; expected POOLING_MAX or POOLING_AVG"));
+      }
       break;
     case pb::CompressionSpec::kH2O:
       out.eviction = CompressionSpec::Eviction::kH2o;
@@ -154,8 +167,20 @@ absl::StatusOr<PoolOptions> FromProto(const pb::PoolConfig& config) {
     o.geometry.rope.enabled = true;
     o.geometry.rope.theta = g.rope().theta();
     o.geometry.rope.rotary_dim = g.rope().rotary_dim();
-    o.geometry.rope.style =
-        g.rope().style() == pb::ROPE_STYLE_GPTJ ? RopeStyle::kGptJ : RopeStyle::kNeox;
+    switch (g.rope().style()) {
+      case pb::ROPE_STYLE_UNSPECIFIED:
+      case pb::ROPE_STYLE_NEOX:
+        o.geometry.rope.style = RopeStyle::kNeox;
+        break;
+      case pb::ROPE_STYLE_GPTJ:
+        o.geometry.rope.style = RopeStyle::kGptJ;
+        break;
+      default:
+        // A wrong pairing would re-rotate every stored key wrongly, silently.
+        return absl::InvalidArgumentError(
+            absl::StrCat("geometry.rope.style is ", static_cast<int>(g.rope().style()),
+                         "; expected ROPE_STYLE_NEOX or ROPE_STYLE_GPTJ"));
+    }
   }
   return o;
 }

@@ -102,6 +102,11 @@ absl::Status ParseAuth(const kvcache::v1::AuthConfig& auth, const TlsOptions& tl
                                                        id.san().substr(0, 64), "' twice"));
       }
     }
+    if (!kvcache::v1::Role_IsValid(id.role())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config auth.client_identities san '", id.san().substr(0, 64), "' has role ",
+                       static_cast<int>(id.role()), "; expected ROLE_TENANT or ROLE_ADMIN"));
+    }
     out->client_identities.push_back(
         {id.san(), id.tenant(),
          id.role() == kvcache::v1::ROLE_ADMIN ? Role::kAdmin : Role::kTenant});
