@@ -51,11 +51,12 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& stdout_path
             const std::string& stderr_path) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
+  posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0600);
   std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   pid_t pid = -1;
@@ -80,7 +81,8 @@ std::string WaitForLine(const std::string& path, const std::string& prefix,
     const size_t at = text.find(prefix);
     if (at != std::string::npos) {
       const size_t end = text.find_first_of(" \n", at + prefix.size());
-      if (end != std::string::npos) return text.substr(at + prefix.size(), end - at - prefix.size());
+      if (end != std::string::npos)
+        return text.substr(at + prefix.size(), end - at - prefix.size());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -95,7 +97,8 @@ class Kvcached {
     pid_ = Spawn({KVCACHED_PATH, "--config=" + dir + "/kvcached.conf", "--listen=127.0.0.1:0",
                   "--metrics_listen=127.0.0.1:0"},
                  dir + "/kvcached.out", dir + "/kvcached.log");
-    target_ = WaitForLine(dir + "/kvcached.log", "kvcached listening on ", std::chrono::seconds(60));
+    target_ =
+        WaitForLine(dir + "/kvcached.log", "kvcached listening on ", std::chrono::seconds(60));
     metrics_ = WaitForLine(dir + "/kvcached.log", "metrics on http://", std::chrono::seconds(5));
     metrics_ = metrics_.substr(0, metrics_.find('/'));
   }
@@ -147,6 +150,8 @@ class ClientFaultTest : public ::testing::Test {
     if (std::string(KVC_SANITIZE_NAME).find("address") != std::string::npos) {
       const char* given = std::getenv("ASAN_OPTIONS");
       const std::string options = given != nullptr ? absl::StrCat(given, ":") : "";
+      // Only the kvcached spawned below reads it; no thread of this process does.
+      // NOLINTNEXTLINE(concurrency-mt-unsafe)
       setenv("ASAN_OPTIONS", (options + "quarantine_size_mb=16").c_str(), 1);
     }
     char tmpl[] = "/tmp/kvc-faults-XXXXXX";
@@ -242,10 +247,9 @@ class ClientFaultTest : public ::testing::Test {
       EXPECT_EQ(n % kChunk, 0) << id << " layer " << l << " holds part of a message";
       for (int h = 0; h < kHeads; ++h) {
         const auto& kv = got[{l, h}];
-        EXPECT_TRUE(kv.first == testing::MakeHeadKv(kSeed, l, h, 0, n, kDim,
-                                                     kernels::DType::kF16, false) &&
-                    kv.second == testing::MakeHeadKv(kSeed, l, h, 0, n, kDim,
-                                                     kernels::DType::kF16, true))
+        EXPECT_TRUE(
+            kv.first == testing::MakeHeadKv(kSeed, l, h, 0, n, kDim, kernels::DType::kF16, false) &&
+            kv.second == testing::MakeHeadKv(kSeed, l, h, 0, n, kDim, kernels::DType::kF16, true))
             << id << " layer " << l << " head " << h << ": wrong bytes over " << n << " tokens";
       }
     }
@@ -372,9 +376,9 @@ TEST_F(ClientFaultTest, OneMillisecondDeadlinesOnEveryRpcLeakNothing) {
   auto note = [&codes](const char* rpc, const grpc::Status& s) {
     const bool allowed = s.ok() || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     EXPECT_TRUE(allowed) << rpc << ": " << s.error_code() << " " << s.error_message();
-    ++codes[rpc][s.ok() ? "OK" : s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-                                     ? "DEADLINE_EXCEEDED"
-                                     : "other"];
+    ++codes[rpc][s.ok()                                                  ? "OK"
+                 : s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "DEADLINE_EXCEEDED"
+                                                                         : "other"];
   };
   const std::string queries(size_t{64} * kQHeads * kDim * 2, '\0');  // 64 queries, 128 KiB
   Footprint settled{};

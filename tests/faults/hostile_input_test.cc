@@ -124,8 +124,8 @@ class HostileInputTest : public ::testing::TestWithParam<bool> {
     if (with_auth && dir_.empty()) {
       char tmpl[] = "/tmp/kvc-hostile-XXXXXX";
       dir_ = mkdtemp(tmpl);
-      std::ofstream(dir_ + "/tokens") << TokenLine("a", "tenant", kTenantToken)
-                                      << TokenLine("ops", "admin", kAdminToken);
+      std::ofstream(dir_ + "/tokens")
+          << TokenLine("a", "tenant", kTenantToken) << TokenLine("ops", "admin", kAdminToken);
       options.auth.tokens_file = dir_ + "/tokens";
     }
     options.store.hooks.wrap_backend = [this](std::unique_ptr<kernels::KernelBackend> inner) {
@@ -167,8 +167,8 @@ class HostileInputTest : public ::testing::TestWithParam<bool> {
     const int64_t at = std::max<int64_t>(0, std::min<int64_t>(start, 1 << 20));
     r.set_keys(testing::MakeKv(3, layer, at, std::max(n, 0), kHeads, kDim, kernels::DType::kF16,
                                /*is_value=*/false));
-    r.set_values(testing::MakeKv(3, layer, at, std::max(n, 0), kHeads, kDim,
-                                 kernels::DType::kF16, /*is_value=*/true));
+    r.set_values(testing::MakeKv(3, layer, at, std::max(n, 0), kHeads, kDim, kernels::DType::kF16,
+                                 /*is_value=*/true));
     return r;
   }
 
@@ -337,8 +337,8 @@ TEST_P(HostileInputTest, AMegabyteStringInAnyFieldGetsTheContractsCodeAndAShortM
   ExpectShort(admin_->EvictSequence(Ctx(/*admin=*/true).get(), evict, &evicted),
               GrpcCode::NOT_FOUND, "EvictSequence.sequence_id/tenant (admin)");
   if (auth_) {
-    ExpectShort(admin_->EvictSequence(Ctx().get(), evict, &evicted),
-                GrpcCode::PERMISSION_DENIED, "EvictSequence (tenant)");
+    ExpectShort(admin_->EvictSequence(Ctx().get(), evict, &evicted), GrpcCode::PERMISSION_DENIED,
+                "EvictSequence (tenant)");
   }
 
   ExpectEmpty(id);
@@ -419,9 +419,9 @@ TEST_P(HostileInputTest, StartPositionsAndTokenCountsAtTheIntegerLimitsAreRefuse
     GrpcCode code;
   };
   const Case cases[] = {
-      {kMax, 4, GrpcCode::OUT_OF_RANGE},       // start + n overflows int64
-      {kMax - 3, 4, GrpcCode::OUT_OF_RANGE},   // start + n == INT64_MAX + 1
-      {kMax - 4, 4, GrpcCode::OUT_OF_RANGE},   // fits int64, not a position
+      {kMax, 4, GrpcCode::OUT_OF_RANGE},      // start + n overflows int64
+      {kMax - 3, 4, GrpcCode::OUT_OF_RANGE},  // start + n == INT64_MAX + 1
+      {kMax - 4, 4, GrpcCode::OUT_OF_RANGE},  // fits int64, not a position
       {int64_t{INT32_MAX}, 1, GrpcCode::OUT_OF_RANGE},
       {int64_t{INT32_MAX} - 3, 4, GrpcCode::OUT_OF_RANGE},
       {int64_t{1} << 40, 4, GrpcCode::OUT_OF_RANGE},
