@@ -238,7 +238,8 @@ MixedClient::Outcome MixedClient::CompressSnapKv(const std::string& id, uint64_t
   for (int l = 0; l < g.num_layers; ++l) {
     // Query vectors [window, query heads, head_dim]: the pattern of another key.
     data[static_cast<size_t>(l)] =
-        PatternTokens(~key, l, tokens - kWindow, kWindow, g.num_query_heads, g.head_dim, false);
+        PatternTokens(~key, l, tokens - kWindow, kWindow, g.num_query_heads, g.head_dim,
+                      /*is_value=*/false);
     client::LayerQueries q;
     q.layer = l;
     q.dtype = DType::kF16;
@@ -261,7 +262,8 @@ MixedClient::Outcome MixedClient::CompressSnapKv(const std::string& id, uint64_t
 
 MixedClient::Outcome MixedClient::AttendOnce(const std::string& id, uint64_t key, int tokens) {
   const auto& g = pool_->geometry;
-  const std::string query = PatternTokens(~key, 0, tokens, 1, g.num_query_heads, g.head_dim, false);
+  const std::string query = PatternTokens(~key, 0, tokens, 1, g.num_query_heads, g.head_dim,
+                                          /*is_value=*/false);
   client::AttendRequest request;
   request.sequence_id = id;
   request.layer = static_cast<int>(rng_() % static_cast<uint64_t>(g.num_layers));
