@@ -62,6 +62,10 @@ MixedClient::Outcome MixedClient::Account(const char* rpc, absl::Time started,
       ++state_->re_pool_full;
     }
     state_->Note(&state_->re_examples, absl::StrCat(rpc, ": ", status.message()));
+    {
+      kvc::MutexLock lock(&state_->mu);
+      state_->re_free_bytes.push_back(m.free_bytes);
+    }
     auto stats = client_->GetPoolStats(pool_->name);
     if (stats.ok() && stats->capacity_bytes > 0) {
       kvc::MutexLock lock(&state_->mu);

@@ -97,6 +97,20 @@ void PrintReport(const MixedReport& r, MixedState& state) {
               static_cast<long long>(state.resource_exhausted.load()),
               static_cast<long long>(state.re_documented.load()),
               static_cast<long long>(state.re_pool_full.load()));
+  {
+    kvc::MutexLock lock(&state.mu);
+    if (!state.re_free_bytes.empty()) {
+      std::vector<double> used = state.re_used_fraction;
+      std::sort(used.begin(), used.end());
+      std::printf(
+          "                     at most %lld bytes free per message; pool used at the next "
+          "GetPoolStats: median %.0f%%, min %.0f%%\n",
+          static_cast<long long>(
+              *std::max_element(state.re_free_bytes.begin(), state.re_free_bytes.end())),
+          used.empty() ? -1.0 : 100 * used[used.size() / 2],
+          used.empty() ? -1.0 : 100 * used.front());
+    }
+  }
   std::printf("  unexpected errors %lld\n", static_cast<long long>(state.unexpected.load()));
   const RssFigures rss = RssOf(r.rss);
   if (rss.start >= 0) {
@@ -149,16 +163,21 @@ bool WriteJson(const std::string& path, const MixedReport& r, MixedState& state)
                         state.bad_fetches.load(), state.unexpected.load());
   {
     kvc::MutexLock lock(&state.mu);
-    std::vector<std::string> used;
-    double min_used = -1;
-    for (double f : state.re_used_fraction) {
-      min_used = min_used < 0 ? f : std::min(min_used, f);
-    }
+    std::vector<double> used = state.re_used_fraction;
+    std::sort(used.begin(), used.end());
+    const double min_used = used.empty() ? -1 : used.front();
+    const double median_used = used.empty() ? -1 : used[used.size() / 2];
+    const int64_t max_free =
+        state.re_free_bytes.empty()
+            ? -1
+            : *std::max_element(state.re_free_bytes.begin(), state.re_free_bytes.end());
     absl::StrAppendFormat(&out,
                           "\"resource_exhausted\":{\"count\":%d,\"documented\":%d,\"pool_full\":%d,"
-                          "\"stats_after\":%d,\"min_used_fraction_after\":%.4f,\"examples\":%s},\n",
+                          "\"max_free_bytes_in_message\":%d,\"stats_after\":%d,"
+                          "\"min_used_fraction_after\":%.4f,\"median_used_fraction_after\":%.4f,"
+                          "\"examples\":%s},\n",
                           state.resource_exhausted.load(), state.re_documented.load(),
-                          state.re_pool_full.load(), state.re_used_fraction.size(), min_used,
+                          state.re_pool_full.load(), max_free, used.size(), min_used, median_used,
                           JsonList(state.re_examples));
     absl::StrAppend(&out, "\"problems\":", JsonList(state.problems), ",\n",
                     "\"unexpected_examples\":", JsonList(state.unexpected_examples), ",\n");

@@ -39,6 +39,8 @@ struct MixedState {
   std::vector<std::string> re_examples ABSL_GUARDED_BY(mu);
   // Pool used/capacity from a GetPoolStats right after each RESOURCE_EXHAUSTED.
   std::vector<double> re_used_fraction ABSL_GUARDED_BY(mu);
+  // The free bytes each pool-full message reported.
+  std::vector<int64_t> re_free_bytes ABSL_GUARDED_BY(mu);
 };
 
 }  // namespace kvc::loadgen
