@@ -33,18 +33,26 @@ struct KvCacheClient::Impl {
   }
 
   // Runs `attempt` (which must build a fresh ClientContext each time) and retries it on
-  // UNAVAILABLE with exponential backoff. Only for idempotent calls.
-  template <typename Fn>
-  absl::Status Retry(Fn&& attempt) const {
+  // UNAVAILABLE with exponential backoff while `retryable()` still holds. Only for idempotent
+  // calls.
+  template <typename Fn, typename Pred>
+  absl::Status Retry(Fn&& attempt, Pred&& retryable) const {
     absl::Duration backoff = options.initial_backoff;
     absl::Status status;
     for (int i = 0; i < options.max_attempts; ++i) {
       status = attempt();
-      if (status.code() != absl::StatusCode::kUnavailable || i + 1 == options.max_attempts) break;
+      if (status.code() != absl::StatusCode::kUnavailable || i + 1 == options.max_attempts ||
+          !retryable()) {
+        break;
+      }
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, options.max_backoff);
     }
     return status;
+  }
+  template <typename Fn>
+  absl::Status Retry(Fn&& attempt) const {
+    return Retry(std::forward<Fn>(attempt), [] { return true; });
   }
 };
 
@@ -158,33 +166,35 @@ absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const Fe
   request.set_dtype(ToProto(options.dtype));
   request.set_max_chunk_bytes(options.max_chunk_bytes);
   request.set_include_unfinished(options.include_unfinished);
-  // Retried only while no chunk has been delivered, so the caller never sees duplicates.
+  // Retried only while no chunk has been delivered, so the caller never sees duplicates; a
+  // stream that broke after a chunk is the caller's error, never a truncated success.
   bool delivered = false;
-  return impl_->Retry([&]() -> absl::Status {
-    if (delivered) return absl::OkStatus();
-    grpc::ClientContext context;
-    impl_->Prepare(&context, call);
-    auto reader = impl_->kv->Fetch(&context, request);
-    pb::FetchChunk message;
-    absl::Status callback_status;
-    while (reader->Read(&message)) {
-      delivered = true;
-      FetchedChunk chunk = FromProto(message);
-      callback_status = on_chunk(chunk);
-      if (!callback_status.ok()) {
-        context.TryCancel();
-        break;
-      }
-    }
-    absl::Status status = FromGrpcStatus(reader->Finish());
-    if (!callback_status.ok()) return callback_status;
-    if (!status.ok() && delivered) {
-      // A stream that broke midway cannot be resumed transparently.
-      return absl::Status(status.code(),
-                          absl::StrCat("Fetch broke after some chunks: ", status.message()));
-    }
-    return status;
-  });
+  return impl_->Retry(
+      [&]() -> absl::Status {
+        grpc::ClientContext context;
+        impl_->Prepare(&context, call);
+        auto reader = impl_->kv->Fetch(&context, request);
+        pb::FetchChunk message;
+        absl::Status callback_status;
+        while (reader->Read(&message)) {
+          delivered = true;
+          FetchedChunk chunk = FromProto(message);
+          callback_status = on_chunk(chunk);
+          if (!callback_status.ok()) {
+            context.TryCancel();
+            break;
+          }
+        }
+        absl::Status status = FromGrpcStatus(reader->Finish());
+        if (!callback_status.ok()) return callback_status;
+        if (!status.ok() && delivered) {
+          // A stream that broke midway cannot be resumed transparently.
+          return absl::Status(status.code(),
+                              absl::StrCat("Fetch broke after some chunks: ", status.message()));
+        }
+        return status;
+      },
+      [&] { return !delivered; });
 }
 
 absl::StatusOr<FetchResult> KvCacheClient::Fetch(const std::string& sequence_id,
