@@ -26,11 +26,12 @@ rc=0
 # process and gRPC baseline + 8 MiB per client. Each client has at most one call in flight:
 # an AppendStream message of 512 tokens is 1 MiB of keys and values (held as received and as
 # parsed), a Fetch chunk up to 1 MiB (as read and as serialized); the allocator keeps some of
-# it. Measured on a 2-vCPU VM: ~3 MiB per client above the pool after 15 s, a plateau of
-# ~6.5-7 MiB per client over a 30-minute soak (not growing); 8 leaves headroom for noise, not
-# for growth: a leaked message per call would pass the bound within seconds. ASan: twice the
-# non-pool part (shadow memory, quarantine). TSan shadows every byte, the pool's too (its
-# documented overhead is 5-10x): five times the whole (measured: 0.62 of its 1.25 GiB).
+# it. Measured on a 2-vCPU VM with 64 clients: ~2 MiB per client above pool + 64 MiB after
+# 15 s; over a 30-minute soak, per-minute peaks of 705-789 MiB (up to 7.3 MiB per client),
+# flat from the second minute on. 8 leaves headroom for noise, not for growth: a leaked
+# message per call would pass the bound within seconds. ASan: twice the non-pool part (shadow
+# memory, quarantine). TSan shadows every byte, the pool's too (its documented overhead is
+# 5-10x): five times the whole (measured: 0.62 of its 1.25 GiB).
 factor=1
 [ -n "${KVC_SANITIZE:-}" ] && factor=2
 BOUND_KIB=$((CAPACITY / 1024 + factor * (65536 + CLIENTS * 8192)))
