@@ -1,8 +1,11 @@
-// kvc-loadgen: drives a KV workload through kvcached with the client library, the way an
-// engine does during prefill: create sequences, stream every layer's keys/values in,
-// fetch them back, check every byte, report throughput and pool usage, release.
+// kvc-loadgen: drives a KV workload through kvcached with the client library.
+// --mode=prefill (default), the way an engine does during prefill: create sequences, stream
+// every layer's keys/values in, fetch them back, check every byte, report throughput and
+// pool usage, release. --mode=mixed: many concurrent clients looping over whole sequence
+// lifetimes for a fixed time (client/tools/loadgen/mixed_mode.h).
 //
 //   kvc-loadgen --target=127.0.0.1:50051 --sequences=8 --tokens=4096
+//   kvc-loadgen --mode=mixed --clients=64 --duration=60s --server_pid=$(pidof kvcached)
 //   kvc-loadgen --target=kvc.example:50051 --tls_ca=ca.pem --token_file=token  (TLS + token)
 #include <algorithm>
 #include <atomic>
@@ -18,7 +21,9 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cli/security_flags.h"
+#include "client/tools/loadgen/mixed_mode.h"
 #include "common/mutex.h"
 #include "kvc/client/kv_cache_client.h"
 
@@ -29,6 +34,23 @@ ABSL_FLAG(int32_t, tokens, 4096, "prompt tokens per sequence");
 ABSL_FLAG(int32_t, chunk_tokens, 512, "tokens per Append message");
 ABSL_FLAG(int32_t, threads, 2, "concurrent client threads");
 ABSL_FLAG(int32_t, keep, 0, "leave this many sequences in the pool (for kvcachectl)");
+ABSL_FLAG(std::string, mode, "prefill", "prefill or mixed");
+ABSL_FLAG(absl::Duration, deadline, absl::Seconds(30), "deadline of each call");
+// --mode=mixed
+ABSL_FLAG(int32_t, clients, 64, "mixed: concurrent clients (threads sharing one client)");
+ABSL_FLAG(absl::Duration, duration, absl::Seconds(60), "mixed: how long to run");
+ABSL_FLAG(int32_t, min_tokens, 64, "mixed: shortest sequence (lengths are log-uniform)");
+ABSL_FLAG(int32_t, max_tokens, 8192, "mixed: longest sequence");
+ABSL_FLAG(int32_t, server_pid, 0, "mixed: kvcached's pid on this host, to sample its VmRSS");
+ABSL_FLAG(absl::Duration, report_interval, absl::ZeroDuration(),
+          "mixed: print RSS, pool usage and p99 per RPC every interval (0 = only at the end)");
+ABSL_FLAG(std::string, json, "", "mixed: also write the report as JSON to this file");
+ABSL_FLAG(bool, expect_server_loss, false,
+          "mixed: the server is killed during the run; UNAVAILABLE or DEADLINE_EXCEEDED stop a "
+          "client instead of failing the run");
+ABSL_FLAG(absl::Duration, settle, absl::Seconds(30),
+          "mixed: how long to wait for the pool to return to its baseline");
+ABSL_FLAG(uint64_t, seed, 1, "mixed: seed of the sequence lengths and operations");
 ABSL_FLAG(std::string, tenant, "",
           "tenant label of the sequences; default 'loadgen' without credentials (with a token "
           "or client certificate the server takes the tenant from them)");
@@ -81,6 +103,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   kvc::client::ClientOptions options;
   options.target = absl::GetFlag(FLAGS_target);
+  options.default_deadline = absl::GetFlag(FLAGS_deadline);
   if (absl::Status status = kvc::cli::ApplySecurityFlags(&options); !status.ok()) {
     std::fprintf(stderr, "kvc-loadgen: %s\n", std::string(status.message()).c_str());
     return 1;
@@ -101,6 +124,35 @@ int main(int argc, char** argv) {
   const kvc::client::PoolInfo* pool = &pools->front();
   for (const auto& p : *pools) {
     if (p.name == pool_name) pool = &p;
+  }
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "prefill" && mode != "mixed") {
+    std::fprintf(stderr, "kvc-loadgen: --mode is '%s'; expected prefill or mixed\n", mode.c_str());
+    return 1;
+  }
+  if (mode == "mixed") {
+    kvc::loadgen::MixedOptions mixed;
+    mixed.tenant = absl::GetFlag(FLAGS_tenant);
+    if (mixed.tenant.empty() && options.bearer_token.empty() && options.tls.cert_file.empty()) {
+      mixed.tenant = "loadgen";
+    }
+    mixed.clients = std::max(1, absl::GetFlag(FLAGS_clients));
+    mixed.duration = absl::GetFlag(FLAGS_duration);
+    mixed.min_tokens = std::max(1, absl::GetFlag(FLAGS_min_tokens));
+    mixed.max_tokens = std::max(mixed.min_tokens, absl::GetFlag(FLAGS_max_tokens));
+    mixed.chunk_tokens = std::max(1, absl::GetFlag(FLAGS_chunk_tokens));
+    mixed.server_pid = absl::GetFlag(FLAGS_server_pid);
+    mixed.report_interval = absl::GetFlag(FLAGS_report_interval);
+    mixed.json_path = absl::GetFlag(FLAGS_json);
+    mixed.expect_server_loss = absl::GetFlag(FLAGS_expect_server_loss);
+    mixed.settle = absl::GetFlag(FLAGS_settle);
+    mixed.seed = absl::GetFlag(FLAGS_seed);
+    if (pool->geometry.dtype != kvc::client::DType::kF16) {
+      std::fprintf(stderr, "kvc-loadgen: --mode=mixed checks bytes of an f16 pool; '%s' is %s\n",
+                   pool->name.c_str(), kvc::client::DTypeName(pool->geometry.dtype));
+      return 1;
+    }
+    return kvc::loadgen::RunMixed(client, *pool, mixed);
   }
   const auto& g = pool->geometry;
   const int dtype_bytes = kvc::client::DTypeBytes(g.dtype);
