@@ -281,10 +281,12 @@ class ModelRunner {
       if (!s.stored[c.layer].count(pos) || pos >= s.visible()) {
         return Fail("fetch", "position " + std::to_string(pos) + " is not stored and visible");
       }
-      if (c.keys.substr(i * row, row) !=
-              ::kvc::testing::MakeHeadKv(s.seed, c.layer, c.kv_head, pos, 1, kDim, dt, false) ||
-          c.values.substr(i * row, row) !=
-              ::kvc::testing::MakeHeadKv(s.seed, c.layer, c.kv_head, pos, 1, kDim, dt, true)) {
+      if (c.keys.substr(i * row, row) != ::kvc::testing::MakeHeadKv(s.seed, c.layer, c.kv_head, pos,
+                                                                    1, kDim, dt,
+                                                                    /*is_value=*/false) ||
+          c.values.substr(i * row, row) != ::kvc::testing::MakeHeadKv(s.seed, c.layer, c.kv_head,
+                                                                      pos, 1, kDim, dt,
+                                                                      /*is_value=*/true)) {
         return Fail("fetch", "bytes of position " + std::to_string(pos) + " differ");
       }
     }
@@ -350,13 +352,14 @@ class ModelRunner {
       std::vector<std::string> vals;
       for (int32_t pos : s.stored[layer]) {
         const std::string k =
-            ::kvc::testing::MakeHeadKv(s.seed, layer, h, pos, 1, kDim, DType::kF16, false);
+            ::kvc::testing::MakeHeadKv(s.seed, layer, h, pos, 1, kDim, DType::kF16,
+                                       /*is_value=*/false);
         double dot = 0;
         for (int e = 0; e < kDim; ++e)
           dot += double{q[h * kDim + e]} * F16(k, static_cast<size_t>(e));
         logits.push_back(dot / std::sqrt(double{kDim}));
-        vals.push_back(
-            ::kvc::testing::MakeHeadKv(s.seed, layer, h, pos, 1, kDim, DType::kF16, true));
+        vals.push_back(::kvc::testing::MakeHeadKv(s.seed, layer, h, pos, 1, kDim, DType::kF16,
+                                                  /*is_value=*/true));
       }
       if (logits.empty()) continue;  // nothing stored: zeros
       const double mx = *std::max_element(logits.begin(), logits.end());
