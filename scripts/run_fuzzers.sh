@@ -36,6 +36,12 @@ for t in $targets; do
   # Every 4 bytes or so are one model step, and each step checks every byte it fetches:
   # 1 KiB (a few hundred steps) keeps runs at tens per second under ASan.
   if [ "$t" = op_sequence_fuzzer ]; then args+=(-max_len=1024); fi
+  # gRPC's sync server starts and ends its threads as load changes. libFuzzer's leak check
+  # after an input, racing a thread that is exiting, reported everything that thread owned
+  # (23 KB in 14 allocations, __cxa_thread_atexit_impl's record among them) once in 1.5e5
+  # runs; the input alone runs clean. So request_fuzzer is checked for leaks when the
+  # process exits (LeakSanitizer, detect_leaks=1 above) and for blocks after every input.
+  if [ "$t" = request_fuzzer ]; then args+=(-detect_leaks=0); fi
   printf '\n--> %s for %ss\n' "$t" "$seconds"
   rc=0
   build-fuzz/tests/fuzz/"$t" "${args[@]}" "$work/corpus" >"$work/log" 2>&1 || rc=$?
