@@ -15,6 +15,9 @@ PACKAGES+=(libssl-dev openssl)
 # Static checks of the test command: the clang-tsa preset (clang 14 thread-safety analysis,
 # scripts/tsa_check.sh) and clang-tidy (scripts/tidy.sh).
 PACKAGES+=(clang-14 clang-tidy-14)
+# libFuzzer and clang's sanitizer runtimes (the fuzz preset, scripts/run_fuzzers.sh): only a
+# Recommends of clang-14, which --no-install-recommends below leaves out.
+PACKAGES+=(libclang-rt-14-dev)
 # Reference worker (model engine): BLAS for the matrix products.
 PACKAGES+=(libopenblas-dev)
 # Reference worker fixtures (scripts/worker/make_fixtures.py builds its venv with it).

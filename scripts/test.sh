@@ -11,13 +11,16 @@
 #   clang-tsa   clang 14 thread-safety analysis, compile only (scripts/tsa_check.sh)
 #   asan        ASan + UBSan build + every test
 #   tsan        ThreadSanitizer build + every test
+#   fuzz        clang 14 libFuzzer build (fuzz preset) + each fuzzer 60 s on its seed corpus
+#               (scripts/run_fuzzers.sh; fails on any finding)
 #
 # A failing stage does not stop the later ones (one CI run reports everything); the exit
 # status is 1 if any stage failed. About 42 minutes on 2 cores from a clean tree (README.md).
 #
 #   scripts/test.sh                  all of the above (CI)
 #   scripts/test.sh --quick          checks + default + python, for local iterations
-#   scripts/test.sh --quick --tsan   ... plus the named stages (--tidy --tsa --asan --tsan)
+#   scripts/test.sh --quick --tsan   ... plus the named stages (--tidy --tsa --asan --tsan
+#                                    --fuzz)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -28,8 +31,11 @@ extra=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    --tidy | --tsa | --asan | --tsan) extra+=("${arg#--}") ;;
-    *) echo "usage: scripts/test.sh [--quick [--tidy] [--tsa] [--asan] [--tsan]]" >&2; exit 64 ;;
+    --tidy | --tsa | --asan | --tsan | --fuzz) extra+=("${arg#--}") ;;
+    *)
+      echo "usage: scripts/test.sh [--quick [--tidy] [--tsa] [--asan] [--tsan] [--fuzz]]" >&2
+      exit 64
+      ;;
   esac
 done
 want() {  # want STAGE: is this stage part of this run?
@@ -101,6 +107,7 @@ stage "python" python_client || true
 if want tsa; then stage "clang-tsa (compile)" scripts/tsa_check.sh || true; fi
 if want asan; then build_and_test asan; fi
 if want tsan; then build_and_test tsan; fi
+if want fuzz; then stage "fuzz: build + run" scripts/run_fuzzers.sh 60 || true; fi
 
 t=$((SECONDS - total_start))
 printf '\n==> summary (%dm%02ds)\n' $((t / 60)) $((t % 60))

@@ -12,6 +12,7 @@
 #include "kvc/kernels/paged_view.h"
 
 #if defined(__GNUC__) && defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -39,11 +40,21 @@ namespace kvc::kernels::cpu {
 // caps the level, so tests check every instance on one machine.
 enum class CpuIsa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 
+#if defined(KVC_CPU_DISPATCH)
+// clang 14's __builtin_cpu_supports has no "f16c" feature string, so F16C is read from CPUID
+// (leaf 1, ECX bit 29) in both compilers. The AVX2 test below already requires the OS to
+// save the YMM registers, which F16C needs too.
+inline bool CpuHasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (ecx & bit_F16C) != 0;
+}
+#endif
+
 inline CpuIsa DetectCpuIsa() {
 #if defined(KVC_CPU_DISPATCH)
   CpuIsa isa = CpuIsa::kBaseline;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-      __builtin_cpu_supports("fma")) {
+  if (__builtin_cpu_supports("avx2") && CpuHasF16c() && __builtin_cpu_supports("fma")) {
     isa = CpuIsa::kAvx2;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {

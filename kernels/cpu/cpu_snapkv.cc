@@ -39,21 +39,22 @@ constexpr size_t kChunkBytes = size_t{32} << 20;  // probabilities kept per chun
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 KVC_CPU_INLINE float HSum(VF<4> v) {
-  VF<4> s = v + __builtin_shuffle(v, VI<4>{2, 3, 0, 1});
-  s += __builtin_shuffle(s, VI<4>{1, 0, 3, 2});
+  VF<4> s = v + __builtin_shufflevector(v, v, 2, 3, 0, 1);
+  s += __builtin_shufflevector(s, s, 1, 0, 3, 2);
   return s[0];
 }
 KVC_CPU_INLINE float HSum(VF<8> v) {
-  VF<8> s = v + __builtin_shuffle(v, VI<8>{4, 5, 6, 7, 0, 1, 2, 3});
-  s += __builtin_shuffle(s, VI<8>{2, 3, 0, 1, 2, 3, 0, 1});
-  s += __builtin_shuffle(s, VI<8>{1, 0, 1, 0, 1, 0, 1, 0});
+  VF<8> s = v + __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  s += __builtin_shufflevector(s, s, 2, 3, 0, 1, 2, 3, 0, 1);
+  s += __builtin_shufflevector(s, s, 1, 0, 1, 0, 1, 0, 1, 0);
   return s[0];
 }
 KVC_CPU_INLINE float HSum(VF<16> v) {
-  VF<16> s = v + __builtin_shuffle(v, VI<16>{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-  s += __builtin_shuffle(s, VI<16>{4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3});
-  s += __builtin_shuffle(s, VI<16>{2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1});
-  s += __builtin_shuffle(s, VI<16>{1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0});
+  VF<16> s =
+      v + __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  s += __builtin_shufflevector(s, s, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
+  s += __builtin_shufflevector(s, s, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
+  s += __builtin_shufflevector(s, s, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0);
   return s[0];
 }
 

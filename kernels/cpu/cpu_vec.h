@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "cpu/cpu_rows.h"
 
@@ -44,22 +45,24 @@ KVC_CPU_INLINE VF<N> Max(VF<N> a, VF<N> b) {
 // two shuffles and one add per pair (N - 1 pairs) instead of a reduction chain per vector.
 // A level of half-width H pairs v[i] with v[i + m]: in each block of 2H lanes, the low H
 // lanes fold v[i]'s block and the high H lanes v[i + m]'s, so the final lane order is i.
-template <int N, int H>
-KVC_CPU_INLINE VI<N> FoldIndex(bool upper) {
-  VI<N> r;
-  for (int l = 0; l < N; ++l) {
-    const bool low = l % (2 * H) < H;
-    r[l] = upper ? (low ? l + H : N + l - H) : (low ? l : N + l);
-  }
-  return r;
+template <int N, int H, bool Upper>
+constexpr int FoldLane(int l) {
+  const bool low = l % (2 * H) < H;
+  return Upper ? (low ? l + H : N + l - H) : (low ? l : N + l);
+}
+// __builtin_shufflevector (GCC >= 12 and clang) takes its lane indices as constant
+// expressions, so they come from an index pack rather than a mask vector built at run time.
+template <int N, int H, bool Upper, int... L>
+KVC_CPU_INLINE VF<N> FoldShuffle(VF<N> a, VF<N> b, std::integer_sequence<int, L...> /*lanes*/) {
+  return __builtin_shufflevector(a, b, FoldLane<N, H, Upper>(L)...);
 }
 template <int N, int H>
 KVC_CPU_INLINE void FoldLevel(VF<N>* v) {
   constexpr int m = H;  // vectors left after this level = H when starting from N / 2 ... 1
   for (int i = 0; i < m; ++i) {
     const VF<N> a = v[i], b = v[i + m];
-    v[i] = __builtin_shuffle(a, b, FoldIndex<N, H>(false)) +
-           __builtin_shuffle(a, b, FoldIndex<N, H>(true));
+    v[i] = FoldShuffle<N, H, false>(a, b, std::make_integer_sequence<int, N>{}) +
+           FoldShuffle<N, H, true>(a, b, std::make_integer_sequence<int, N>{});
   }
   if constexpr (H > 1) FoldLevel<N, H / 2>(v);
 }

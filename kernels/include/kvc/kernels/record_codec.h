@@ -131,7 +131,10 @@ KVC_HD_INLINE void QuantizeRecord(StorageFormat format, int d, const float* KVC_
       const float inv = scale > 0 ? 1.0f / scale : 0.0f;
       for (int j = 0; j < d; ++j) {
         const float q = RoundHalfEven(ClampF(x[j] * inv, -127.0f, 127.0f));
-        rec[j] = static_cast<uint8_t>(static_cast<int8_t>(q));
+        // A NaN element (its amax and so its scale are NaN too) gets code 0: converting NaN
+        // to an integer is undefined in C++, and 0 is the byte that x86's conversion (the
+        // vector paths' too) produces, so no stored record changes.
+        rec[j] = q == q ? static_cast<uint8_t>(static_cast<int8_t>(q)) : 0;
       }
       StoreF32(rec + d, scale);
       return;
@@ -156,8 +159,8 @@ KVC_HD_INLINE void QuantizeRecord(StorageFormat format, int d, const float* KVC_
         const float inv = scale > 0 ? 1.0f / scale : 0.0f;
         uint8_t q[64];
         for (int j = 0; j < group; ++j) {
-          q[j] = static_cast<uint8_t>(
-              static_cast<int32_t>(RoundHalfEven(ClampF((xg[j] - min) * inv, 0.0f, 15.0f))));
+          const float c = RoundHalfEven(ClampF((xg[j] - min) * inv, 0.0f, 15.0f));
+          q[j] = c == c ? static_cast<uint8_t>(c) : 0;  // NaN: code 0, as for INT8 above
         }
         PackNibbles(q, group, rec + g * group / 2);
         StoreU16(rec + d / 2 + 4 * g, scale_h);
