@@ -69,7 +69,8 @@ class KvCacheClient {
   std::unique_ptr<AppendStream> StartAppendStream(const CallOptions& call = {});
 
   // Calls `on_chunk` for each chunk as it arrives; a non-OK return cancels the stream and
-  // is returned.
+  // is returned. Retried on UNAVAILABLE only before the first chunk; a stream that breaks
+  // after one returns its error ("Fetch broke after some chunks: ...").
   absl::Status FetchChunks(const std::string& sequence_id, const FetchOptions& options,
                            const std::function<absl::Status(FetchedChunk&)>& on_chunk,
                            const CallOptions& call = {});
