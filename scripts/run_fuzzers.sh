@@ -45,9 +45,10 @@ for t in $targets; do
   printf '\n--> %s for %ss\n' "$t" "$seconds"
   rc=0
   build-fuzz/tests/fuzz/"$t" "${args[@]}" "$work/corpus" >"$work/log" 2>&1 || rc=$?
-  # The last status line (executions, coverage, corpus) and the final counters.
-  grep -E '^#[0-9]+' "$work/log" | tail -1 || true
-  grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$work/log" || true
+  # The last status line (executions, coverage, corpus) and the final counters. -a: the
+  # server's log lines quote fuzzed bytes, so grep would take the log for binary.
+  grep -aE '^#[0-9]+' "$work/log" | tail -1 || true
+  grep -aE '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$work/log" || true
   if [ "$rc" -ne 0 ]; then
     failed=1
     tail -n 60 "$work/log"
