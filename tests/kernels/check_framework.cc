@@ -14,6 +14,10 @@ void RunCheck(const CheckInfo& check, BackendKind kind, CheckContext* ctx) {
     check.fn(*ctx);
     return;
   }
+  if (!RunsOn(check, kind)) {
+    ctx->Skip(Str("a check of the CPU backend only, not of ", BackendKindName(kind)));
+    return;
+  }
   std::unique_ptr<KernelBackend> backend, reference;
   const KernelStatus s = CreateBackend(kind, BackendOptions{}, &backend);
   if (!s.ok()) {

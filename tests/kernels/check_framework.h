@@ -59,13 +59,22 @@ struct CheckInfo {
   std::string name;
   bool per_backend;  // run for each backend under test (cpu, cuda) against the reference
   std::function<void(CheckContext&)> fn;
+  // A per-backend check of the CPU backend only (its own code paths); other backends do not
+  // list it, rather than report a pass for a check that tested nothing.
+  bool cpu_only = false;
 };
+
+// Whether `check` is run (and reported) for backend `kind`.
+inline bool RunsOn(const CheckInfo& check, BackendKind kind) {
+  return !check.cpu_only || kind == BackendKind::kCpu;
+}
 
 std::vector<CheckInfo>& Registry();
 
 struct Registrar {
-  Registrar(const char* name, bool per_backend, std::function<void(CheckContext&)> fn) {
-    Registry().push_back({name, per_backend, std::move(fn)});
+  Registrar(const char* name, bool per_backend, std::function<void(CheckContext&)> fn,
+            bool cpu_only = false) {
+    Registry().push_back({name, per_backend, std::move(fn), cpu_only});
   }
 };
 
@@ -76,6 +85,10 @@ struct Registrar {
 #define KVC_BACKEND_CHECK(Name)                                                  \
   static void Name(::kvc::kernels::testing::CheckContext& ctx);                  \
   static ::kvc::kernels::testing::Registrar Name##_registrar(#Name, true, Name); \
+  static void Name(::kvc::kernels::testing::CheckContext& ctx)
+#define KVC_CPU_BACKEND_CHECK(Name)                                                    \
+  static void Name(::kvc::kernels::testing::CheckContext& ctx);                        \
+  static ::kvc::kernels::testing::Registrar Name##_registrar(#Name, true, Name, true); \
   static void Name(::kvc::kernels::testing::CheckContext& ctx)
 
 // Runs one check. For per-backend checks creates both backends; a backend that cannot be

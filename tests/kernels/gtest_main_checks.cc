@@ -12,6 +12,7 @@ namespace {
 using kvc::kernels::BackendKind;
 using kvc::kernels::testing::CheckContext;
 using kvc::kernels::testing::CheckInfo;
+using kvc::kernels::testing::RunsOn;
 
 class CheckTest : public ::testing::Test {
  public:
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
         Register("Cpu", &check, BackendKind::kCpu);
       else
         Register("Spec", &check, BackendKind::kReference);
-    } else if (check.per_backend) {
+    } else if (check.per_backend && RunsOn(check, BackendKind::kCuda)) {
       Register("Cuda", &check, BackendKind::kCuda);
     }
   }

@@ -16,6 +16,7 @@ using kvc::kernels::BackendKind;
 using kvc::kernels::testing::CheckContext;
 using kvc::kernels::testing::Registry;
 using kvc::kernels::testing::RunCheck;
+using kvc::kernels::testing::RunsOn;
 
 namespace {
 
@@ -75,7 +76,7 @@ int main(int argc, char** argv) {
   bool first = true;
   for (const Target& t : targets) {
     for (const auto& check : Registry()) {
-      if (check.per_backend != t.per_backend) continue;
+      if (check.per_backend != t.per_backend || !RunsOn(check, t.kind)) continue;
       const std::string name = std::string(t.label) + "/" + check.name;
       if (!filter.empty() && name.find(filter) == std::string::npos) continue;
       CheckContext ctx;
