@@ -1,26 +1,10 @@
-// cudasim: runs kernels/cuda's kernels on the host, so that their logic (indexing, shared
-// memory, barriers, warp collectives, launch limits) is checked against the reference on
-// machines without a GPU. It stands in for <cuda_runtime.h> when kernels/cuda's sources are
-// compiled as C++ for kvc_kernel_checks_cudasim (transform.cmake rewrites the two pieces of
-// CUDA syntax C++ cannot express: `k<<<cfg>>>(args)` launches and `extern __shared__`).
-//
-// Model: a launch runs its blocks one after another; the threads of a block are fibers on
-// one OS thread, switched only where CUDA threads wait for each other (__syncthreads, warp
-// shuffles/ballots/__syncwarp). So barriers and collectives have CUDA's semantics, and a
-// collective that not every named lane reaches (divergence, exited lanes) or a barrier some
-// threads never reach is reported as a launch failure instead of hanging. `__shared__`
-// variables are function statics (one block at a time: block-shared); dynamic shared memory
-// is poisoned (NaN bytes) at every block start. Device memory is host memory.
-//
-// Not modelled: real concurrency between threads of a block between barriers (a missing
-// __syncthreads is found only when fibers happen to interleave there), memory coalescing,
-// timing, f16 conversions of device PTX (the host versions run: NaN payloads may differ).
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -53,11 +37,29 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
 };
 using cudaError = cudaError_t;
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
+constexpr unsigned cudaStreamDefault = 0;
+constexpr unsigned cudaStreamNonBlocking = 1;
+constexpr unsigned cudaHostAllocDefault = 0;
+constexpr int cudaInvalidDeviceId = -2;
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3,
+};
+struct cudaPointerAttributes {
+  cudaMemoryType type;
+  int device;
+  void* devicePointer;
+  void* hostPointer;
+};
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
   cudaMemcpyHostToDevice = 1,
@@ -89,13 +91,26 @@ extern dim3 block_dim, grid_dim;
 struct Cfg {
   dim3 grid, block;
   size_t smem;
-  Cfg(dim3 g, dim3 b, size_t s = 0, cudaStream_t = nullptr) : grid(g), block(b), smem(s) {}
+  cudaStream_t stream;
+  Cfg(dim3 g, dim3 b, size_t s = 0, cudaStream_t st = nullptr)
+      : grid(g), block(b), smem(s), stream(st) {}
 };
 
-// Runs body() as every thread of every block of `cfg`; `kernel` keys the dynamic shared
-// memory attribute. Errors become the next cudaGetLastError().
-void RunGrid(const void* kernel, const Cfg& cfg, void (*body)(void*), void* ctx);
+// Checks `cfg` now (errors become the calling thread's next cudaGetLastError(), as CUDA
+// reports launch-configuration errors) and queues the grid on cfg.stream: body() then runs
+// as every thread of every block when the stream is synchronized. `kernel` keys the dynamic
+// shared memory attribute.
+void Launch(const void* kernel, const Cfg& cfg, std::function<void()> body);
 void* DynamicSharedBase();
+// A static `__shared__` variable (transform.cmake adds the call after its declaration):
+// its bytes are poisoned (0xff: NaN floats, -1 integers, wild pointers) the first time a
+// thread of each block reaches the declaration, so before any thread of that block can
+// write it; stale values of the previous block are never seen.
+void SharedVar(void* addr, size_t bytes);
+// Block and thread order (KVC_CUDASIM_ORDER=forward|reverse|shuffle, KVC_CUDASIM_SEED),
+// for tests of the simulator that compare orders in one process.
+enum class Order { kForward, kReverse, kShuffle };
+void SetOrder(Order order, uint64_t seed);
 void SyncThreads();
 // Waits until every lane of `mask` in this warp has arrived with the same mask, having
 // published `mine`; returns what lane `src` published (own value if src is not in mask).
@@ -117,21 +132,14 @@ template <class... A>
 std::tuple<std::decay_t<A>...> Args(A&&... a) {
   return std::tuple<std::decay_t<A>...>(std::forward<A>(a)...);
 }
-// Each thread gets its own copy of the parameters, as on the device.
+// The queued grid holds a copy of the arguments taken at launch (as CUDA copies kernel
+// parameters), and each thread gets its own copy of them, as on the device.
 template <class... P, class... A>
 void operator^(const Bound<P...>& b, const std::tuple<A...>& args) {
-  struct Ctx {
-    void (*kernel)(P...);
-    const std::tuple<A...>* args;
-  } ctx{b.kernel, &args};
-  RunGrid(
-      reinterpret_cast<const void*>(b.kernel), b.cfg,
-      [](void* p) {
-        const Ctx& c = *static_cast<const Ctx*>(p);
-        std::tuple<P...> own(*c.args);
-        std::apply(c.kernel, own);
-      },
-      &ctx);
+  Launch(reinterpret_cast<const void*>(b.kernel), b.cfg, [kernel = b.kernel, args] {
+    std::tuple<P...> own(args);
+    std::apply(kernel, own);
+  });
 }
 
 template <class T>
@@ -201,7 +209,7 @@ inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-// Fibers never run concurrently, so read-modify-write is atomic.
+// Fibers never run concurrently (and one grid runs at a time), so read-modify-write is atomic.
 template <class T>
 T atomicAdd(T* p, T v) {
   const T old = *p;
@@ -246,6 +254,15 @@ cudaError_t cudaMemset(void* p, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s = nullptr);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
+cudaError_t cudaStreamCreate(cudaStream_t* s);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
+cudaError_t cudaMallocHost(void** p, size_t bytes);
+cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags);
+cudaError_t cudaFreeHost(void* p);
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
 template <class T>
 cudaError_t cudaMalloc(T** p, size_t bytes) {
   return cudaMalloc(reinterpret_cast<void**>(p), bytes);
@@ -253,6 +270,14 @@ cudaError_t cudaMalloc(T** p, size_t bytes) {
 template <class T>
 cudaError_t cudaMallocAsync(T** p, size_t bytes, cudaStream_t s) {
   return cudaMallocAsync(reinterpret_cast<void**>(p), bytes, s);
+}
+template <class T>
+cudaError_t cudaMallocHost(T** p, size_t bytes) {
+  return cudaMallocHost(reinterpret_cast<void**>(p), bytes);
+}
+template <class T>
+cudaError_t cudaHostAlloc(T** p, size_t bytes, unsigned flags) {
+  return cudaHostAlloc(reinterpret_cast<void**>(p), bytes, flags);
 }
 template <class F>
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, F* kernel) {
