@@ -62,7 +62,6 @@ kvc_sim_switch:
   .size kvc_sim_switch, .-kvc_sim_switch
 )");
 
-
 // One queued piece of device work: a grid, a copy, a memset, a stream-ordered free. It
 // returns the error of its execution (reported by the call that synchronizes its stream).
 struct SimItem {
@@ -193,9 +192,9 @@ size_t RoundToPages(size_t bytes) {
 }
 
 struct Region {
-  size_t bytes;    // as asked (the range copies and memsets may touch)
-  size_t opened;   // pages made accessible while device work runs
-  size_t mapped;   // opened + the guard page (device), or opened (pinned host)
+  size_t bytes;   // as asked (the range copies and memsets may touch)
+  size_t opened;  // pages made accessible while device work runs
+  size_t mapped;  // opened + the guard page (device), or opened (pinned host)
   bool device;
 };
 
@@ -793,8 +792,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (!kvc_sim::Classify(dst, bytes, &dk) || !kvc_sim::Classify(src, bytes, &sk))
     return Fail(cudaErrorInvalidValue);  // runs past the end of a device allocation
   const bool dd = dk == Kind::kDevice, sd = sk == Kind::kDevice;
-  const bool ok = kind == cudaMemcpyDefault ||
-                  (kind == cudaMemcpyHostToHost && !dd && !sd) ||
+  const bool ok = kind == cudaMemcpyDefault || (kind == cudaMemcpyHostToHost && !dd && !sd) ||
                   (kind == cudaMemcpyHostToDevice && dd && !sd) ||
                   (kind == cudaMemcpyDeviceToHost && !dd && sd) ||
                   (kind == cudaMemcpyDeviceToDevice && dd && sd);
