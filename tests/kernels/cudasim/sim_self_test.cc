@@ -40,7 +40,7 @@ TEST(CudaSimDeathTest, HostReadOfDeviceMemoryDies) {
         (void)x;
         std::_Exit(0);
       },
-      ::testing::KilledBySignal(SIGSEGV), "");
+      ::testing::KilledBySignal(SIGSEGV), "host code accessed device memory");
   // An interior address of a larger allocation too, and a host write.
   int* big = DeviceInts(std::vector<int>(5000, 1));
   EXPECT_EXIT(
@@ -57,6 +57,23 @@ TEST(CudaSimDeathTest, HostReadOfDeviceMemoryDies) {
       },
       ::testing::KilledBySignal(SIGSEGV), "");
   cudaFree(big);
+  cudaFree(dev);
+}
+
+// Device work past the end of an allocation faults too (the allocation ends at a guard
+// page; 64 ints are a whole number of cudaMalloc's 256-byte granules).
+TEST(CudaSimDeathTest, KernelPastAllocationEndDies) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  int* dev = DeviceInts(std::vector<int>(64, 0));
+  EXPECT_EXIT(
+      {
+        LaunchFill(dev, 65, 1, nullptr);
+        cudaDeviceSynchronize();
+        std::_Exit(0);
+      },
+      ::testing::KilledBySignal(SIGSEGV), "device work accessed .* outside the 256-byte");
+  LaunchFill(dev, 64, 1, nullptr);  // the correct bound
+  EXPECT_EQ(HostInts(dev, 64), std::vector<int>(64, 1));
   cudaFree(dev);
 }
 
