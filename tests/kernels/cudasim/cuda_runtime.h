@@ -1,3 +1,50 @@
+// cudasim: runs kernels/cuda's kernels on the host, so that their logic (indexing, shared
+// memory, barriers, warp collectives, launch limits) is checked against the reference on
+// machines without a GPU, and stands in as the CUDA runtime of code that drives a device
+// (streams, copies, pinned staging), which it checks for the host-side mistakes a GPU
+// punishes. It replaces <cuda_runtime.h> when kernels/cuda's sources are compiled as C++
+// (transform.cmake rewrites what C++ cannot express: `k<<<cfg>>>(args)` launches,
+// `extern __shared__`, and static `__shared__` declarations, which it registers).
+//
+// Model:
+// - One simulated GPU executes one thing at a time: every grid, copy and memset runs under
+//   one global device lock, so any number of host threads may call the runtime at once.
+// - Streams are FIFO queues. Launches (with a copy of their arguments), cudaMemcpyAsync,
+//   cudaMemsetAsync, and cudaMallocAsync's poisoning / cudaFreeAsync's release are queued
+//   and run only at a synchronization point: cudaStreamSynchronize(s) runs what s waits
+//   for, cudaDeviceSynchronize everything, the blocking cudaMemcpy/cudaMemset and the
+//   legacy stream (nullptr) wait for the legacy stream and the blocking streams' earlier
+//   work (not for cudaStreamNonBlocking streams), cudaFree/cudaFreeHost/cudaStreamDestroy
+//   run the queued work first, and cudaStreamQuery answers cudaErrorNotReady once while it
+//   runs the stream's work. So a host that reads a result before synchronizing sees stale
+//   bytes. Pageable host sources are staged at the call (as CUDA does); pinned sources
+//   (cudaMallocHost/cudaHostAlloc) and every destination are accessed when the copy runs.
+// - Device memory (cudaMalloc/cudaMallocAsync) is mmap'd PROT_NONE and opened only while
+//   device work runs: host code that dereferences it dies with SIGSEGV (and a message).
+//   Each allocation ends at a guard page (256-byte aligned) so device work past its end
+//   faults too; under ASan the slack around it is poisoned. A simulated capacity
+//   (KVC_CUDASIM_DEVICE_BYTES, default 8 GiB) bounds cudaMalloc and feeds cudaMemGetInfo.
+//   Copies and memsets are checked against the allocations (range, direction).
+// - Errors: launch-configuration errors become the launching thread's cudaGetLastError();
+//   errors while a grid executes (a barrier or collective not every thread reaches, ...)
+//   are returned by the call that synchronizes its stream. The last error is per thread.
+// - A launch runs its blocks in turn (forward, reverse, or a seeded random permutation:
+//   KVC_CUDASIM_ORDER=forward|reverse|shuffle, KVC_CUDASIM_SEED); the threads of a block are
+//   fibers on the executing host thread, switched only where CUDA threads wait for each
+//   other (__syncthreads, warp shuffles/ballots/__syncwarp) and resumed in thread order,
+//   reverse, or shuffled per block. So barriers and collectives have CUDA's semantics, and
+//   a collective that not every named lane reaches (divergence, exited lanes) or a barrier
+//   some threads never reach is reported as a launch failure instead of hanging. Dynamic
+//   shared memory and static `__shared__` variables are poisoned (0xff bytes: NaN floats)
+//   at every block start; fresh cudaMallocAsync memory too (fresh cudaMalloc reads zero).
+//
+// Not modelled: real concurrency between threads of a block between barriers (a missing
+// __syncthreads is found only when the resume order exposes it), concurrency between
+// streams or with the host (work runs only when someone synchronizes; a host access to
+// device memory while another thread's device work runs is not caught), kernels
+// dereferencing host pointers (host memory stays accessible to them), events, graphs,
+// managed memory, several devices, memory coalescing, timing, and f16 conversions of
+// device PTX (the host versions run: NaN payloads may differ).
 #pragma once
 
 #include <cmath>
@@ -16,6 +63,8 @@
 #define __noinline__
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
+// Only for headers that transform.cmake does not see (kernels/cuda's .cuh have none): a
+// plain function static is block-shared but not poisoned per block.
 #define __shared__ static
 
 struct uint3 {
