@@ -93,3 +93,18 @@ function(kvc_expose target)
     file(CREATE_LINK ${KVC_SOURCE_ROOT}/${path} ${root}/${path} SYMBOLIC)
   endforeach()
 endfunction()
+
+# gtest_discover_tests for a suite whose fixtures create their pools on
+# testing::TestPoolDevice() (tests/testing/pool_device.h): as it is (label `label`) in every
+# build but the cudasim one (KVC_CUDA_SIM), where the same suite runs on a simulated device
+# pool instead: KVC_TEST_POOL_DEVICE=cuda:0, each test named <Suite.Test>@cuda_sim and
+# labelled device_sim (the simulator is slow, so the timeout is 600 s there).
+function(kvc_discover_pool_tests target label timeout)
+  if(KVC_CUDA_SIM)
+    gtest_discover_tests(${target} DISCOVERY_TIMEOUT 60 TEST_SUFFIX "@cuda_sim"
+      PROPERTIES LABELS device_sim TIMEOUT 600 ENVIRONMENT KVC_TEST_POOL_DEVICE=cuda:0)
+  else()
+    gtest_discover_tests(${target} DISCOVERY_TIMEOUT 60
+      PROPERTIES LABELS ${label} TIMEOUT ${timeout})
+  endif()
+endfunction()

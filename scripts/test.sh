@@ -8,6 +8,9 @@
 #   default     Release build (CUDA kernels too where nvcc exists) + every test with ctest
 #   python      the Python client (client/python) pip-installed into a fresh venv under
 #               build/python-venv, and pytest tests/python against build/cachesvc/kvcached
+#   cudasim     the core and service suites on a device pool: the cudasim preset builds the
+#               CUDA backend on the host simulator (tests/kernels/cudasim) and runs every
+#               pool-parametrized test with KVC_TEST_POOL_DEVICE=cuda:0 (<Test>@cuda_sim)
 #   clang-tsa   clang 14 thread-safety analysis, compile only (scripts/tsa_check.sh)
 #   asan        ASan + UBSan build + every test
 #   tsan        ThreadSanitizer build + every test
@@ -19,8 +22,8 @@
 #
 #   scripts/test.sh                  all of the above (CI)
 #   scripts/test.sh --quick          checks + default + python, for local iterations
-#   scripts/test.sh --quick --tsan   ... plus the named stages (--tidy --tsa --asan --tsan
-#                                    --fuzz)
+#   scripts/test.sh --quick --tsan   ... plus the named stages (--tidy --cudasim --tsa --asan
+#                                    --tsan --fuzz)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -31,9 +34,10 @@ extra=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
-    --tidy | --tsa | --asan | --tsan | --fuzz) extra+=("${arg#--}") ;;
+    --tidy | --cudasim | --tsa | --asan | --tsan | --fuzz) extra+=("${arg#--}") ;;
     *)
-      echo "usage: scripts/test.sh [--quick [--tidy] [--tsa] [--asan] [--tsan] [--fuzz]]" >&2
+      echo "usage: scripts/test.sh [--quick [--tidy] [--cudasim] [--tsa] [--asan] [--tsan]" \
+        "[--fuzz]]" >&2
       exit 64
       ;;
   esac
@@ -104,6 +108,7 @@ stage "layering + format" checks || true
 if want tidy; then stage "clang-tidy (changed)" scripts/tidy.sh || true; fi
 build_and_test default
 stage "python" python_client || true
+if want cudasim; then build_and_test cudasim; fi
 if want tsa; then stage "clang-tsa (compile)" scripts/tsa_check.sh || true; fi
 if want asan; then build_and_test asan; fi
 if want tsan; then build_and_test tsan; fi

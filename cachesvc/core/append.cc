@@ -80,11 +80,12 @@ absl::StatusOr<AppendResult> AppendLocked(Sequence& seq, const AppendParams& p, 
   const EvictionRule rule = ResolveEviction(seq.policy());
   std::vector<LaneSelection> selection;
   if (EvictionDue(seq, rule, layer, p.num_tokens)) {
-    KVC_ASSIGN_OR_RETURN(selection, SelectLayer(seq.pool()->backend(), st, layer, rule, positions));
+    KVC_ASSIGN_OR_RETURN(selection,
+                         SelectLayer(seq.pool()->metadata_backend(), st, layer, rule, positions));
   }
   Transaction tx(seq.pool(), &st, seq.charge());
-  tx.SetIncoming(
-      IncomingRows{dtype, p.keys.data(), p.values.data(), int64_t{g.num_kv_heads} * g.head_dim});
+  tx.SetIncoming(IncomingRows{dtype, p.keys.data(), p.values.data(), p.keys.size(),
+                              int64_t{g.num_kv_heads} * g.head_dim});
   int64_t evicted = 0;
   for (int h = 0; h < g.num_kv_heads; ++h) {
     LaneChange change;

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/core/op_stage.h"
 #include "cachesvc/core/tier_lanes.h"
 #include "cachesvc/core/transaction.h"
 #include "common/status_macros.h"
@@ -48,23 +49,27 @@ absl::Status AttendMerged(const Sequence& seq, std::vector<Part>& parts, const f
   const int group = g.num_query_heads / g.num_kv_heads, d = g.head_dim;
   const size_t nq = static_cast<size_t>(g.num_query_heads);
   std::vector<std::vector<float>> out(parts.size()), lse(parts.size()), w(parts.size());
+  OpStage stage(seq.pool());
+  const float* q = stage.In(q32, nq * static_cast<size_t>(d));
   for (size_t k = 0; k < parts.size(); ++k) {
     out[k].resize(nq * static_cast<size_t>(d));
     lse[k].resize(nq);
     w[k].resize(nq * static_cast<size_t>(parts[k].lanes.max_tokens));
     kernels::DecodeAttentionArgs a;
     a.arena = parts[k].arena;
-    a.lanes = parts[k].lanes.view();
+    a.lanes = stage.In(parts[k].lanes.view());
     a.group_size = group;
     a.dtype = DType::kF32;
-    a.queries = q32;
-    a.out = out[k].data();
-    a.weights = w[k].data();
-    a.lse = lse[k].data();
-    if (auto ks = seq.pool()->backend()->DecodeAttention(a, {}); !ks.ok()) {
-      return KernelFailure(ks, "DecodeAttention");
-    }
+    a.queries = q;
+    a.out = stage.Out(out[k].data(), out[k].size());
+    a.weights = stage.Out(w[k].data(), w[k].size());
+    a.lse = stage.Out(lse[k].data(), lse[k].size());
+    KVC_RETURN_IF_ERROR(stage.Launch("DecodeAttention", [&](kernels::StreamHandle s) {
+      return seq.pool()->backend()->DecodeAttention(a, s);
+    }));
   }
+  // The parts are merged on the host: a few kilobytes per query token.
+  KVC_RETURN_IF_ERROR(stage.Finish());
   for (size_t r = 0; r < nq; ++r) {
     float m = kNegInf;
     for (size_t k = 0; k < parts.size(); ++k) m = std::max(m, lse[k][r]);
@@ -99,28 +104,32 @@ absl::Status AttendMerged(const Sequence& seq, std::vector<Part>& parts, const f
     acc.group_size = group;
     acc.weights = w[k].data();
     acc.scores = parts[k].lanes.scores.data();
-    if (auto ks = seq.pool()->backend()->AccumulateScores(acc, {}); !ks.ok()) {
+    if (auto ks = seq.pool()->metadata_backend()->AccumulateScores(acc, {}); !ks.ok()) {
       return KernelFailure(ks, "AccumulateScores");
     }
   }
   return absl::OkStatus();
 }
 
-// One part: the kernel writes the caller's dtype and adds the weights to the scores.
-absl::Status AttendOnePart(const Sequence& seq, Part& part, DType dtype, const void* queries,
-                           void* out, float* weights) ABSL_SHARED_LOCKS_REQUIRED(seq.mu()) {
+// One query token over one part: the kernel writes the caller's dtype and adds the weights to
+// the scores. `lanes` and `scores` are staged once for all of the call's tokens.
+absl::Status AttendOnePart(const Sequence& seq, OpStage& stage, const Part& part,
+                           const kernels::LaneTable& lanes, float* scores, DType dtype,
+                           const char* queries, size_t query_bytes, char* out, float* weights,
+                           size_t weight_count) ABSL_SHARED_LOCKS_REQUIRED(seq.mu()) {
   const PoolGeometry& g = seq.geometry();
   kernels::DecodeAttentionArgs a;
   a.arena = part.arena;
-  a.lanes = part.lanes.view();
+  a.lanes = lanes;
   a.group_size = g.num_query_heads / g.num_kv_heads;
   a.dtype = dtype;
-  a.queries = queries;
-  a.out = out;
-  a.weights = weights;
-  a.scores = part.lanes.scores.data();
-  const kernels::KernelStatus ks = seq.pool()->backend()->DecodeAttention(a, {});
-  return ks.ok() ? absl::OkStatus() : KernelFailure(ks, "DecodeAttention");
+  a.queries = stage.In(queries, query_bytes);
+  a.out = stage.Out(out, query_bytes);  // [num_query_heads, head_dim] of dtype, as the queries
+  a.weights = stage.Out(weights, weight_count);
+  a.scores = scores;
+  return stage.Launch("DecodeAttention", [&](kernels::StreamHandle s) {
+    return seq.pool()->backend()->DecodeAttention(a, s);
+  });
 }
 
 // The position of each weight's token, [num_kv_heads, max_stored] (-1 = padding), tiers in
@@ -206,14 +215,26 @@ absl::StatusOr<AttendResult> AttendLocked(Sequence& seq, const AttendParams& p, 
   const size_t step_weights = nq * static_cast<size_t>(max_stored);
   if (p.want_weights) result.weights.resize(static_cast<size_t>(n) * step_weights);
   std::vector<float> q32(nq * static_cast<size_t>(g.head_dim)), out32(q32.size());
-  for (int64_t i = 0; i < n && !parts.empty(); ++i) {
+  if (parts.size() == 1) {
+    // One stage for every query token: the lanes and scores go to a device once, and each
+    // token's attention adds to the scores the previous one left (stream order).
+    Part& part = parts[0];
+    OpStage stage(seq.pool());
+    const kernels::LaneTable lanes = stage.In(part.lanes.view());
+    float* scores = stage.InOut(part.lanes.scores.data(), part.lanes.scores.size());
+    for (int64_t i = 0; i < n; ++i) {
+      float* weights =
+          p.want_weights ? result.weights.data() + static_cast<size_t>(i) * step_weights : nullptr;
+      KVC_RETURN_IF_ERROR(
+          AttendOnePart(seq, stage, part, lanes, scores, dtype, p.queries.data() + i * row_bytes,
+                        static_cast<size_t>(row_bytes), result.output.data() + i * row_bytes,
+                        weights, weights == nullptr ? 0 : step_weights));
+    }
+    KVC_RETURN_IF_ERROR(stage.Finish());
+  }
+  for (int64_t i = 0; i < n && parts.size() > 1; ++i) {
     float* weights =
         p.want_weights ? result.weights.data() + static_cast<size_t>(i) * step_weights : nullptr;
-    if (parts.size() == 1) {
-      KVC_RETURN_IF_ERROR(AttendOnePart(seq, parts[0], dtype, p.queries.data() + i * row_bytes,
-                                        result.output.data() + i * row_bytes, weights));
-      continue;
-    }
     kernels::ConvertElements(p.queries.data() + i * row_bytes, dtype, q32.data(), DType::kF32,
                              q32.size());
     KVC_RETURN_IF_ERROR(AttendMerged(seq, parts, q32.data(), out32.data(), weights, max_stored));

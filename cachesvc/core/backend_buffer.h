@@ -26,6 +26,11 @@ class BackendBuffer {
     return BackendBuffer(backend, p);
   }
 
+  // Takes ownership of `data`, memory `backend` allocated.
+  static BackendBuffer Adopt(kernels::KernelBackend* backend, void* data) {
+    return BackendBuffer(backend, data);
+  }
+
   BackendBuffer(BackendBuffer&& o) noexcept
       : backend_(o.backend_), data_(std::exchange(o.data_, nullptr)) {}
   BackendBuffer& operator=(BackendBuffer&& o) noexcept {

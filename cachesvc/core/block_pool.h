@@ -1,7 +1,7 @@
 // BlockPool: fixed-size blocks carved from one byte capacity, one arena per storage format
-// (a format's blocks all have that format's size). The host pool implements it with
-// reserved host memory; a GPU pool implements the same interface with device memory. The
-// bytes are reached only through kernels (PagedArena views + a KernelBackend), so the
+// (a format's blocks all have that format's size). HostBlockPool implements it with reserved
+// host memory, DeviceBlockPool with device memory. The bytes are reached only through kernels
+// (PagedArena views + a KernelBackend, with OpStage moving the ops' host arguments), so the
 // service logic is the same for both.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "cachesvc/core/staging.h"
 #include "cachesvc/core/types.h"
 #include "kvc/kernels/backend.h"
 #include "kvc/kernels/paged_view.h"
@@ -24,6 +25,11 @@ class BlockPool {
   virtual const PoolOptions& options() const = 0;
   // The backend whose memory the arenas live in; every kernel op on them runs there.
   virtual kernels::KernelBackend* backend() const = 0;
+  // A host backend for the ops that touch no KV memory (Select, AccumulateScores): their
+  // inputs are the per-token metadata, which lives in host memory for every pool.
+  virtual kernels::KernelBackend* metadata_backend() const = 0;
+  // Staging contexts for ops on device memory (see OpStage); null for a host pool.
+  virtual StagingPool* staging() = 0;
   // Layout of `format` for this pool's head_dim and block_tokens.
   virtual kernels::BlockLayout layout(StorageFormat format) const = 0;
   // The arena of `format` for kernel ops. Blocks handed out by Allocate(format) index it.

@@ -112,6 +112,7 @@ absl::StatusOr<std::vector<std::vector<float>>> Score(const Sequence& seq,
   }
   ScoreRequest r;
   r.queries = transposed.data();
+  r.queries_bytes = transposed.size();
   r.query_dtype = dtype;
   for (int h = 0; h < g.num_kv_heads; ++h)
     r.positions.insert(r.positions.end(), q.positions.begin(), q.positions.end());
@@ -214,7 +215,7 @@ absl::StatusOr<CompressResult> CompressLocked(Sequence& seq, const CompressParam
     }
     std::vector<LaneSelection> selection;
     if (rule.evicts()) {
-      KVC_ASSIGN_OR_RETURN(selection, SelectLayer(seq.pool()->backend(), st, l, rule, {},
+      KVC_ASSIGN_OR_RETURN(selection, SelectLayer(seq.pool()->metadata_backend(), st, l, rule, {},
                                                   scoring ? &scores : nullptr));
     }
     for (int h = 0; h < g.num_kv_heads; ++h) {

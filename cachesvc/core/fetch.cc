@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/core/op_stage.h"
 #include "cachesvc/core/quote.h"
 #include "cachesvc/core/transaction.h"
 #include "common/status_macros.h"
@@ -103,8 +104,9 @@ absl::StatusOr<bool> ReadRange(const Sequence& seq, const FetchParams& p, const 
   chunk->dtype = dtype;
   chunk->storage = s.format;
   chunk->visible_tokens = plan.visible;
-  const kernels::PagedArena arena = seq.pool()->arena(s.format);
-  kernels::KernelStatus ks;
+  BlockPool* pool = seq.pool();
+  const kernels::PagedArena arena = pool->arena(s.format);
+  OpStage stage(pool);
   if (p.format == FetchFormat::kStored) {
     const size_t rb = arena.layout.record_bytes;
     chunk->record_bytes = static_cast<int>(rb);
@@ -112,11 +114,13 @@ absl::StatusOr<bool> ReadRange(const Sequence& seq, const FetchParams& p, const 
     chunk->values.resize(n * rb);
     kernels::ReadRecordsArgs a{arena,
                                static_cast<int32_t>(n),
-                               chunk->keys.data(),
-                               chunk->values.data(),
-                               blocks.data(),
-                               slots.data()};
-    ks = seq.pool()->backend()->ReadRecords(a, {});
+                               stage.Out(chunk->keys.data(), n * rb),
+                               stage.Out(chunk->values.data(), n * rb),
+                               stage.In(blocks.data(), n),
+                               stage.In(slots.data(), n)};
+    KVC_RETURN_IF_ERROR(stage.Launch("ReadRecords", [&](kernels::StreamHandle st) {
+      return pool->backend()->ReadRecords(a, st);
+    }));
   } else {
     const size_t bytes =
         n * static_cast<size_t>(seq.geometry().head_dim) * kernels::DTypeSize(dtype);
@@ -126,14 +130,15 @@ absl::StatusOr<bool> ReadRange(const Sequence& seq, const FetchParams& p, const 
     a.arena = arena;
     a.num_rows = static_cast<int32_t>(n);
     a.dtype = dtype;
-    a.keys = chunk->keys.data();
-    a.values = chunk->values.data();
-    a.src_blocks = blocks.data();
-    a.src_slots = slots.data();
-    ks = seq.pool()->backend()->ReadTokens(a, {});
+    a.keys = stage.Out(chunk->keys.data(), bytes);
+    a.values = stage.Out(chunk->values.data(), bytes);
+    a.src_blocks = stage.In(blocks.data(), n);
+    a.src_slots = stage.In(slots.data(), n);
+    KVC_RETURN_IF_ERROR(stage.Launch("ReadTokens", [&](kernels::StreamHandle st) {
+      return pool->backend()->ReadTokens(a, st);
+    }));
   }
-  if (!ks.ok())
-    return KernelFailure(ks, p.format == FetchFormat::kStored ? "ReadRecords" : "ReadTokens");
+  KVC_RETURN_IF_ERROR(stage.Finish());
   return true;
 }
 

@@ -29,6 +29,11 @@ absl::Status FromKernelStatus(const kernels::KernelStatus& status, const char* o
 absl::StatusOr<std::unique_ptr<HostBlockPool>> HostBlockPool::Create(
     const PoolOptions& options, kernels::KernelBackend* backend) {
   KVC_RETURN_IF_ERROR(ValidatePoolOptions(options));
+  if (options.device != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("pool '", options.name, "': device '",
+                                                   options.device,
+                                                   "' is not host memory (see DeviceBlockPool)"));
+  }
   KVC_CHECK(backend != nullptr && backend->kind() != kernels::BackendKind::kCuda)
       << "a host pool needs a host kernel backend";
   return std::unique_ptr<HostBlockPool>(new HostBlockPool(options, backend));

@@ -26,6 +26,8 @@ class HostBlockPool final : public BlockPool {
 
   const PoolOptions& options() const override { return options_; }
   kernels::KernelBackend* backend() const override { return backend_; }
+  kernels::KernelBackend* metadata_backend() const override { return backend_; }
+  StagingPool* staging() override { return nullptr; }
   kernels::BlockLayout layout(StorageFormat format) const override;
   kernels::PagedArena arena(StorageFormat format) override;
   int64_t capacity_bytes() const override { return options_.capacity_bytes; }

@@ -9,6 +9,7 @@
 #include "cachesvc/core/append.h"
 #include "cachesvc/core/attend.h"
 #include "cachesvc/core/compress.h"
+#include "cachesvc/core/device_block_pool.h"
 #include "cachesvc/core/fetch.h"
 #include "cachesvc/core/host_block_pool.h"
 #include "cachesvc/core/pool_options.h"
@@ -53,14 +54,47 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreOptions& o
       return absl::InvalidArgumentError(
           absl::StrCat("pool name '", pool_options.name, "' is configured twice"));
     }
-    KVC_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
-                         HostBlockPool::Create(pool_options, store->backend_.get()));
+    KVC_RETURN_IF_ERROR(ValidatePoolOptions(pool_options));
+    KVC_ASSIGN_OR_RETURN(const int ordinal, ParsePoolDevice(pool_options.device));
+    std::unique_ptr<BlockPool> pool;
+    if (ordinal < 0) {
+      KVC_ASSIGN_OR_RETURN(pool, HostBlockPool::Create(pool_options, store->backend_.get()));
+    } else {
+      KVC_ASSIGN_OR_RETURN(kernels::KernelBackend * device,
+                           store->DeviceBackend(ordinal, pool_options.name));
+      KVC_ASSIGN_OR_RETURN(pool,
+                           DeviceBlockPool::Create(pool_options, device, store->backend_.get()));
+    }
     if (options.hooks.wrap_pool) pool = options.hooks.wrap_pool(std::move(pool));
     store->pools_.push_back(std::move(pool));
     store->usage_.push_back(std::make_unique<PoolUsage>());
   }
   store->id_salt_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
   return store;
+}
+
+absl::StatusOr<kernels::KernelBackend*> KvStore::DeviceBackend(int ordinal,
+                                                               const std::string& pool) {
+  for (const auto& [have, backend] : device_backends_) {
+    if (have == ordinal) return backend.get();
+  }
+  std::unique_ptr<kernels::KernelBackend> backend;
+  kernels::BackendOptions backend_options;
+  backend_options.device = ordinal;
+  const kernels::KernelStatus ks =
+      kernels::CreateBackend(kernels::BackendKind::kCuda, backend_options, &backend);
+  if (!ks.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool '", pool, "': device 'cuda:", ordinal, "' cannot be used: ", ks.detail,
+        kernels::CudaBackendCompiled()
+            ? " (this kvcached has the CUDA backend; the node needs an NVIDIA driver and a GPU "
+              "of compute capability 8.0 or newer visible to the process)"
+            : " (this kvcached was built without CUDA; build it with nvcc on PATH, or serve the "
+              "pool on device 'cpu')"));
+  }
+  if (options_.hooks.wrap_backend) backend = options_.hooks.wrap_backend(std::move(backend));
+  device_backends_.emplace_back(ordinal, std::move(backend));
+  return device_backends_.back().second.get();
 }
 
 // Members go in reverse order: sequences, then pools, then the backend they point to.

@@ -1,4 +1,5 @@
-// KvStore: the cache service core's facade. Owns the kernel backend, the pools, their usage
+// KvStore: the cache service core's facade. Owns the kernel backends (CPU, and CUDA per device
+// that a pool names), the pools, their usage
 // totals and the sequence registry; finds the sequence a request names and hands it to the
 // operation that does the work (append.h, fetch.h, compress.h, attend.h) under the
 // sequence's lock. Plain C++ with absl::Status results; the RPC layer only converts
@@ -101,9 +102,13 @@ class KvStore {
   absl::StatusOr<ReleaseResult> ReleaseInternal(const std::string& scope, const std::string& id,
                                                 bool evicted);
   std::string NewSequenceId();
+  // The CUDA backend of device `ordinal`, created on first use by pool `pool`;
+  // FAILED_PRECONDITION saying why when this build or machine has no such device.
+  absl::StatusOr<kernels::KernelBackend*> DeviceBackend(int ordinal, const std::string& pool);
 
   const KvStoreOptions options_;
-  std::unique_ptr<kernels::KernelBackend> backend_;
+  std::unique_ptr<kernels::KernelBackend> backend_;  // the CPU backend: host pools, metadata
+  std::vector<std::pair<int, std::unique_ptr<kernels::KernelBackend>>> device_backends_;
   std::vector<std::unique_ptr<BlockPool>> pools_;
   std::vector<std::unique_ptr<PoolUsage>> usage_;  // [pool]
   SequenceRegistry registry_;

@@ -1,5 +1,9 @@
 #include "cachesvc/core/pool_options.h"
 
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "kvc/kernels/block_layout.h"
 
@@ -15,15 +19,29 @@ bool IsValidName(const std::string& name) {
   return true;
 }
 
+absl::StatusOr<int> ParsePoolDevice(const std::string& device) {
+  if (device == "cpu") return -1;
+  constexpr absl::string_view kCuda = "cuda:";
+  const absl::string_view rest = absl::string_view(device).substr(
+      absl::StartsWith(device, kCuda) ? kCuda.size() : device.size());
+  int ordinal = -1;
+  if (absl::StartsWith(device, kCuda) && !rest.empty() && rest.size() <= 3 &&
+      std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+      absl::SimpleAtoi(rest, &ordinal)) {
+    return ordinal;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "device '", device.substr(0, 64), "' is not 'cpu' or 'cuda:N' (N a device ordinal)"));
+}
+
 absl::Status ValidatePoolOptions(const PoolOptions& o) {
   const std::string where = absl::StrCat("pool '", o.name, "': ");
   if (!IsValidName(o.name)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pool name '", o.name, "' is invalid: use 1-128 characters from [A-Za-z0-9._:-]"));
   }
-  if (o.device != "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, "device '", o.device, "' is not available: this build serves host pools ('cpu')"));
+  if (absl::StatusOr<int> device = ParsePoolDevice(o.device); !device.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, device.status().message()));
   }
   const PoolGeometry& g = o.geometry;
   if (g.num_layers < 1 || g.num_layers > kMaxLayers) {

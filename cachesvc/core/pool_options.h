@@ -2,6 +2,7 @@
 #pragma once
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "cachesvc/core/types.h"
 
 namespace kvc::cachesvc {
@@ -14,6 +15,10 @@ inline constexpr int kMaxBlockTokens = 1024;
 
 // INVALID_ARGUMENT naming the field and the accepted range when options cannot form a pool.
 absl::Status ValidatePoolOptions(const PoolOptions& options);
+
+// The CUDA device ordinal of a pool's `device` ("cuda:N" -> N), -1 for "cpu", or
+// INVALID_ARGUMENT for anything else.
+absl::StatusOr<int> ParsePoolDevice(const std::string& device);
 
 // True for names made of [A-Za-z0-9._:-], 1..128 bytes (pool names, client sequence ids).
 bool IsValidName(const std::string& name);

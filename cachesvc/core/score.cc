@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "cachesvc/core/backend_buffer.h"
+#include "cachesvc/core/op_stage.h"
 #include "cachesvc/core/tier_lanes.h"
 #include "cachesvc/core/transaction.h"
 #include "common/status_macros.h"
@@ -10,13 +10,14 @@
 namespace kvc::cachesvc {
 namespace {
 
-kernels::SnapKvScoreArgs ScoreArgs(const PoolGeometry& g, const ScoreRequest& r) {
+// The request's part of the arguments, its arrays staged.
+kernels::SnapKvScoreArgs ScoreArgs(const PoolGeometry& g, const ScoreRequest& r, OpStage& stage) {
   kernels::SnapKvScoreArgs a;
   a.group_size = g.num_query_heads / g.num_kv_heads;
   a.window = r.window;
   a.query_dtype = r.query_dtype;
-  a.queries = r.queries;
-  a.query_positions = r.positions.data();
+  a.queries = stage.In(static_cast<const char*>(r.queries), r.queries_bytes);
+  a.query_positions = stage.In(r.positions.data(), r.positions.size());
   a.pool_kernel = r.pool_kernel;
   a.pool = r.pooling;
   a.mode = r.mode;
@@ -43,10 +44,9 @@ absl::StatusOr<std::vector<std::vector<float>>> ScoreAcrossTiers(BlockPool* pool
     all.max_tokens = std::max(all.max_tokens, static_cast<int32_t>(n));
   }
   const kernels::BlockLayout layout = kernels::MakeBlockLayout(StorageFormat::kF32, g.head_dim, bt);
-  KVC_ASSIGN_OR_RETURN(
-      BackendBuffer memory,
-      BackendBuffer::Allocate(pool->backend(), all.block_ids.size() * layout.block_bytes));
-  const kernels::PagedArena temp{memory.data(), layout, static_cast<int32_t>(all.block_ids.size())};
+  OpStage stage(pool);
+  const kernels::PagedArena temp{stage.Scratch<char>(all.block_ids.size() * layout.block_bytes),
+                                 layout, static_cast<int32_t>(all.block_ids.size())};
   const size_t stride = static_cast<size_t>(all.max_tokens);
   all.positions.assign(static_cast<size_t>(heads) * stride, 0);
   all.scores.assign(all.positions.size(), 0.0f);
@@ -68,35 +68,41 @@ absl::StatusOr<std::vector<std::vector<float>>> ScoreAcrossTiers(BlockPool* pool
       }
     }
     if (src_b.empty()) continue;
-    std::vector<float> k(src_b.size() * static_cast<size_t>(g.head_dim)), v(k.size());
+    // The tier's rows in f32, between its arena and the temporary one (scratch: on a device
+    // pool they never leave the device).
+    const size_t rows = src_b.size();
+    float* k = stage.Scratch<float>(rows * static_cast<size_t>(g.head_dim));
+    float* v = stage.Scratch<float>(rows * static_cast<size_t>(g.head_dim));
     kernels::ReadTokensArgs r;
     r.arena = pool->arena(st.tiers()[static_cast<size_t>(t)].format);
-    r.num_rows = static_cast<int32_t>(src_b.size());
+    r.num_rows = static_cast<int32_t>(rows);
     r.dtype = DType::kF32;
-    r.keys = k.data();
-    r.values = v.data();
-    r.src_blocks = src_b.data();
-    r.src_slots = src_s.data();
-    if (auto ks = pool->backend()->ReadTokens(r, {}); !ks.ok())
-      return KernelFailure(ks, "ReadTokens");
+    r.keys = k;
+    r.values = v;
+    r.src_blocks = stage.In(src_b.data(), rows);
+    r.src_slots = stage.In(src_s.data(), rows);
+    KVC_RETURN_IF_ERROR(stage.Launch(
+        "ReadTokens", [&](kernels::StreamHandle s) { return pool->backend()->ReadTokens(r, s); }));
     kernels::WriteTokensArgs w;
     w.arena = temp;
     w.num_rows = r.num_rows;
     w.dtype = DType::kF32;
-    w.keys = k.data();
-    w.values = v.data();
-    w.dst_blocks = dst_b.data();
-    w.dst_slots = dst_s.data();
-    if (auto ks = pool->backend()->WriteTokens(w, {}); !ks.ok())
-      return KernelFailure(ks, "WriteTokens");
+    w.keys = k;
+    w.values = v;
+    w.dst_blocks = stage.In(dst_b.data(), rows);
+    w.dst_slots = stage.In(dst_s.data(), rows);
+    KVC_RETURN_IF_ERROR(stage.Launch("WriteTokens", [&](kernels::StreamHandle s) {
+      return pool->backend()->WriteTokens(w, s);
+    }));
   }
-  kernels::SnapKvScoreArgs a = ScoreArgs(g, request);
+  kernels::SnapKvScoreArgs a = ScoreArgs(g, request, stage);
   a.arena = temp;
-  a.lanes = all.view();
-  a.key_positions = all.positions.data();
-  a.scores = all.scores.data();
-  if (auto ks = pool->backend()->SnapKvScore(a, {}); !ks.ok())
-    return KernelFailure(ks, "SnapKvScore");
+  a.lanes = stage.In(all.view());
+  a.key_positions = stage.In(all.positions.data(), all.positions.size());
+  a.scores = stage.InOut(all.scores.data(), all.scores.size());
+  KVC_RETURN_IF_ERROR(stage.Launch(
+      "SnapKvScore", [&](kernels::StreamHandle s) { return pool->backend()->SnapKvScore(a, s); }));
+  KVC_RETURN_IF_ERROR(stage.Finish());
   std::vector<std::vector<float>> out;
   out.reserve(static_cast<size_t>(heads));
   for (int h = 0; h < heads; ++h) out.push_back(all.LaneScores(h));
@@ -121,13 +127,15 @@ absl::StatusOr<std::vector<std::vector<float>>> ScoreLayer(BlockPool* pool,
   // Every token of the layer is in one tier: score it where it is.
   const TierLanes lanes = BuildTierLanes(st, layer, only);
   std::vector<float> scores = lanes.scores;
-  kernels::SnapKvScoreArgs a = ScoreArgs(pool->options().geometry, request);
+  OpStage stage(pool);
+  kernels::SnapKvScoreArgs a = ScoreArgs(pool->options().geometry, request, stage);
   a.arena = pool->arena(st.tiers()[static_cast<size_t>(only)].format);
-  a.lanes = lanes.view();
-  a.key_positions = lanes.positions.data();
-  a.scores = scores.data();
-  if (auto ks = pool->backend()->SnapKvScore(a, {}); !ks.ok())
-    return KernelFailure(ks, "SnapKvScore");
+  a.lanes = stage.In(lanes.view());
+  a.key_positions = stage.In(lanes.positions.data(), lanes.positions.size());
+  a.scores = stage.InOut(scores.data(), scores.size());
+  KVC_RETURN_IF_ERROR(stage.Launch(
+      "SnapKvScore", [&](kernels::StreamHandle s) { return pool->backend()->SnapKvScore(a, s); }));
+  KVC_RETURN_IF_ERROR(stage.Finish());
   std::vector<std::vector<float>> out;
   for (int h = 0; h < heads; ++h) {
     const auto begin = scores.begin() + static_cast<std::ptrdiff_t>(h) * lanes.max_tokens;

@@ -15,6 +15,7 @@ namespace kvc::cachesvc {
 
 struct ScoreRequest {
   const void* queries = nullptr;  // [num_kv_heads, group, window, head_dim] of query_dtype
+  size_t queries_bytes = 0;       // the size of that array
   DType query_dtype = DType::kF16;
   std::vector<int32_t> positions;  // [num_kv_heads, window]
   int32_t window = 0;

@@ -4,6 +4,7 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/core/op_stage.h"
 #include "common/check.h"
 #include "common/status_macros.h"
 
@@ -25,12 +26,6 @@ absl::Status KernelFailure(const kernels::KernelStatus& status, const char* op) 
                                           kernels::KernelStatusCodeName(status.code), ": ",
                                           status.detail, "); the sequence is unchanged"));
 }
-
-#define KVC_KERNEL_CALL(call, name)                           \
-  do {                                                        \
-    const ::kvc::kernels::KernelStatus kvc_ks_ = (call);      \
-    if (!kvc_ks_.ok()) return KernelFailure(kvc_ks_, (name)); \
-  } while (false)
 
 void Transaction::AddLane(int lane, LanePlan plan, int64_t lane_offset) {
   KVC_CHECK(!executed_);
@@ -99,17 +94,28 @@ absl::Status Transaction::Execute() {
   for (size_t f = 0; f < kFormats; ++f) {
     if (need[f] > 0) KVC_RETURN_IF_ERROR(LeaseFor(static_cast<StorageFormat>(f)).Allocate(need[f]));
   }
-  KVC_RETURN_IF_ERROR(RunConverts());
-  KVC_RETURN_IF_ERROR(RunCopies(&SegmentPlan::fills, "Gather (fill)"));
-  KVC_RETURN_IF_ERROR(RunWrites());
-  KVC_RETURN_IF_ERROR(RunCopies(&SegmentPlan::cow, "Gather (copy-on-write)"));
-  KVC_RETURN_IF_ERROR(RunRotations());
-  KVC_RETURN_IF_ERROR(RunCopies(&SegmentPlan::moves, "Gather (compaction)"));
+  {
+    // Every op of the mutation on one stage: a device pool synchronizes once, here, before
+    // anything is published (and, on an error, before the leases return the fresh blocks).
+    OpStage stage(pool_);
+    KVC_RETURN_IF_ERROR(RunOps(stage));
+    KVC_RETURN_IF_ERROR(stage.Finish());
+  }
   executed_ = true;
   return absl::OkStatus();
 }
 
-absl::Status Transaction::RunCopies(std::vector<PlannedCopy> SegmentPlan::*list, const char* what) {
+absl::Status Transaction::RunOps(OpStage& stage) {
+  KVC_RETURN_IF_ERROR(RunConverts(stage));
+  KVC_RETURN_IF_ERROR(RunCopies(stage, &SegmentPlan::fills, "Gather (fill)"));
+  KVC_RETURN_IF_ERROR(RunWrites(stage));
+  KVC_RETURN_IF_ERROR(RunCopies(stage, &SegmentPlan::cow, "Gather (copy-on-write)"));
+  KVC_RETURN_IF_ERROR(RunRotations(stage));
+  return RunCopies(stage, &SegmentPlan::moves, "Gather (compaction)");
+}
+
+absl::Status Transaction::RunCopies(OpStage& stage, std::vector<PlannedCopy> SegmentPlan::*list,
+                                    const char* what) {
   std::array<Rows, kFormats> by_format;
   for (const Lane& l : lanes_) {
     for (size_t s = 0; s < l.plan.segments.size(); ++s) {
@@ -133,16 +139,17 @@ absl::Status Transaction::RunCopies(std::vector<PlannedCopy> SegmentPlan::*list,
     kernels::GatherArgs a;
     a.src = a.dst = pool_->arena(static_cast<StorageFormat>(f));
     a.num_rows = static_cast<int32_t>(rows.size());
-    a.src_blocks = rows.src_blocks.data();
-    a.src_slots = rows.src_slots.data();
-    a.dst_blocks = rows.dst_blocks.data();
-    a.dst_slots = rows.dst_slots.data();
-    KVC_KERNEL_CALL(pool_->backend()->Gather(a, {}), what);
+    a.src_blocks = stage.In(rows.src_blocks.data(), rows.size());
+    a.src_slots = stage.In(rows.src_slots.data(), rows.size());
+    a.dst_blocks = stage.In(rows.dst_blocks.data(), rows.size());
+    a.dst_slots = stage.In(rows.dst_slots.data(), rows.size());
+    KVC_RETURN_IF_ERROR(stage.Launch(
+        what, [&](kernels::StreamHandle s) { return pool_->backend()->Gather(a, s); }));
   }
   return absl::OkStatus();
 }
 
-absl::Status Transaction::RunConverts() {
+absl::Status Transaction::RunConverts(OpStage& stage) {
   const int d = pool_->options().geometry.head_dim;
   // One read and one write per (source format, destination format) pair.
   for (size_t from = 0; from < kFormats; ++from) {
@@ -163,32 +170,46 @@ absl::Status Transaction::RunConverts() {
         }
       }
       if (rows.size() == 0) continue;
-      std::vector<float> keys(rows.size() * static_cast<size_t>(d)), values(keys.size());
+      // f32 between the two ops; on a device pool it never leaves the device.
+      float* keys = stage.Scratch<float>(rows.size() * static_cast<size_t>(d));
+      float* values = stage.Scratch<float>(rows.size() * static_cast<size_t>(d));
       kernels::ReadTokensArgs r;
       r.arena = pool_->arena(static_cast<StorageFormat>(from));
       r.num_rows = static_cast<int32_t>(rows.size());
       r.dtype = DType::kF32;
-      r.keys = keys.data();
-      r.values = values.data();
-      r.src_blocks = rows.src_blocks.data();
-      r.src_slots = rows.src_slots.data();
-      KVC_KERNEL_CALL(pool_->backend()->ReadTokens(r, {}), "ReadTokens (convert)");
+      r.keys = keys;
+      r.values = values;
+      r.src_blocks = stage.In(rows.src_blocks.data(), rows.size());
+      r.src_slots = stage.In(rows.src_slots.data(), rows.size());
+      KVC_RETURN_IF_ERROR(stage.Launch("ReadTokens (convert)", [&](kernels::StreamHandle s) {
+        return pool_->backend()->ReadTokens(r, s);
+      }));
       kernels::WriteTokensArgs w;
       w.arena = pool_->arena(static_cast<StorageFormat>(to));
       w.num_rows = r.num_rows;
       w.dtype = DType::kF32;
-      w.keys = keys.data();
-      w.values = values.data();
-      w.dst_blocks = rows.dst_blocks.data();
-      w.dst_slots = rows.dst_slots.data();
-      KVC_KERNEL_CALL(pool_->backend()->WriteTokens(w, {}), "WriteTokens (convert)");
+      w.keys = keys;
+      w.values = values;
+      w.dst_blocks = stage.In(rows.dst_blocks.data(), rows.size());
+      w.dst_slots = stage.In(rows.dst_slots.data(), rows.size());
+      KVC_RETURN_IF_ERROR(stage.Launch("WriteTokens (convert)", [&](kernels::StreamHandle s) {
+        return pool_->backend()->WriteTokens(w, s);
+      }));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status Transaction::RunWrites() {
+absl::Status Transaction::RunWrites(OpStage& stage) {
   const size_t elem = kernels::DTypeSize(incoming_.dtype);
+  // The request's rows go to the device once, whole; each op below reads a stride of them.
+  bool any = false;
+  for (const Lane& l : lanes_) {
+    for (const SegmentPlan& sp : l.plan.segments) any = any || !sp.writes.empty();
+  }
+  if (!any) return absl::OkStatus();
+  const char* keys = stage.In(incoming_.keys, incoming_.bytes);
+  const char* values = stage.In(incoming_.values, incoming_.bytes);
   for (const Lane& l : lanes_) {
     for (size_t s = 0; s < l.plan.segments.size(); ++s) {
       const SegmentPlan& sp = l.plan.segments[s];
@@ -209,12 +230,14 @@ absl::Status Transaction::RunWrites() {
         w.arena = arena;
         w.num_rows = static_cast<int32_t>(rows.size());
         w.dtype = incoming_.dtype;
-        w.keys = incoming_.keys + offset;
-        w.values = incoming_.values + offset;
+        w.keys = keys == nullptr ? nullptr : keys + offset;
+        w.values = values == nullptr ? nullptr : values + offset;
         w.row_stride = incoming_.row_stride;
-        w.dst_blocks = rows.dst_blocks.data();
-        w.dst_slots = rows.dst_slots.data();
-        KVC_KERNEL_CALL(pool_->backend()->WriteTokens(w, {}), "WriteTokens");
+        w.dst_blocks = stage.In(rows.dst_blocks.data(), rows.size());
+        w.dst_slots = stage.In(rows.dst_slots.data(), rows.size());
+        KVC_RETURN_IF_ERROR(stage.Launch("WriteTokens", [&](kernels::StreamHandle s) {
+          return pool_->backend()->WriteTokens(w, s);
+        }));
         begin = end;
       }
     }
@@ -222,7 +245,7 @@ absl::Status Transaction::RunWrites() {
   return absl::OkStatus();
 }
 
-absl::Status Transaction::RunRotations() {
+absl::Status Transaction::RunRotations(OpStage& stage) {
   const PoolGeometry& g = pool_->options().geometry;
   std::array<Rows, kFormats> by_format;
   for (const Lane& l : lanes_) {
@@ -242,13 +265,14 @@ absl::Status Transaction::RunRotations() {
     kernels::RerotateArgs a;
     a.arena = pool_->arena(static_cast<StorageFormat>(f));
     a.num_rows = static_cast<int32_t>(rows.size());
-    a.blocks = rows.dst_blocks.data();
-    a.slots = rows.dst_slots.data();
-    a.deltas = rows.deltas.data();
+    a.blocks = stage.In(rows.dst_blocks.data(), rows.size());
+    a.slots = stage.In(rows.dst_slots.data(), rows.size());
+    a.deltas = stage.In(rows.deltas.data(), rows.size());
     a.rope.theta = static_cast<float>(g.rope.theta);
     a.rope.rotary_dim = g.rope.rotary_dim;
     a.rope.style = g.rope.style;
-    KVC_KERNEL_CALL(pool_->backend()->Rerotate(a, {}), "Rerotate");
+    KVC_RETURN_IF_ERROR(stage.Launch(
+        "Rerotate", [&](kernels::StreamHandle s) { return pool_->backend()->Rerotate(a, s); }));
   }
   return absl::OkStatus();
 }

@@ -20,12 +20,15 @@
 
 namespace kvc::cachesvc {
 
+class OpStage;
+
 // Rows appended by the request: row r of a lane is `row_stride` elements after row r - 1,
 // starting `lane_offset` elements (AddLane) into keys and values.
 struct IncomingRows {
   DType dtype = DType::kF16;
   const char* keys = nullptr;
   const char* values = nullptr;
+  size_t bytes = 0;  // of keys, and of values
   int64_t row_stride = 0;
 };
 
@@ -62,10 +65,12 @@ class Transaction {
   };
   PageLease& LeaseFor(StorageFormat format);
   BlockId Resolve(const Lane& lane, size_t segment, const BlockRef& ref) const;
-  absl::Status RunConverts();
-  absl::Status RunCopies(std::vector<PlannedCopy> SegmentPlan::*list, const char* what);
-  absl::Status RunWrites();
-  absl::Status RunRotations();
+  absl::Status RunOps(OpStage& stage);
+  absl::Status RunConverts(OpStage& stage);
+  absl::Status RunCopies(OpStage& stage, std::vector<PlannedCopy> SegmentPlan::*list,
+                         const char* what);
+  absl::Status RunWrites(OpStage& stage);
+  absl::Status RunRotations(OpStage& stage);
 
   // Bytes the plans allocate minus those they free: the tenant's change at commit.
   int64_t NetBytes() const;

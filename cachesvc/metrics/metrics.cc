@@ -51,6 +51,10 @@ class Metrics::PoolCollector : public prometheus::Collectable {
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     auto capacity = GaugeFamily("kvc_pool_capacity_bytes", "Block memory configured per pool.");
+    // The device as a label of its own series (an info metric), so that ratios of the pool
+    // gauges keep matching on `pool` alone.
+    auto info =
+        GaugeFamily("kvc_pool_info", "1 per pool; device: where its blocks live (cpu, cuda:N).");
     auto used = GaugeFamily("kvc_pool_used_bytes", "Bytes of blocks in use, by storage format.");
     auto free = GaugeFamily("kvc_pool_free_bytes", "Bytes of free blocks.");
     auto blocks = GaugeFamily("kvc_pool_blocks", "Blocks by state (used, free).");
@@ -70,6 +74,7 @@ class Metrics::PoolCollector : public prometheus::Collectable {
       if (!stats.ok()) continue;
       const std::string& name = pool.options.name;
       AddSample(&capacity, {{"pool", name}}, static_cast<double>(stats->capacity_bytes));
+      AddSample(&info, {{"pool", name}, {"device", pool.options.device}}, 1.0);
       for (const FormatBytes& fb : stats->bytes_by_format) {
         AddSample(&used, {{"pool", name}, {"format", kernels::StorageFormatName(fb.format)}},
                   static_cast<double>(fb.bytes));
@@ -98,8 +103,8 @@ class Metrics::PoolCollector : public prometheus::Collectable {
         AddSample(&evicted, {{"pool", name}, {"policy", policy}}, static_cast<double>(n));
       }
     }
-    std::vector<prometheus::MetricFamily> families{capacity, used,   free,  blocks, sequences,
-                                                   visible,  stored, ratio, evicted};
+    std::vector<prometheus::MetricFamily> families{capacity,  info,    used,   free,  blocks,
+                                                   sequences, visible, stored, ratio, evicted};
     CollectTenants(&families);
     return families;
   }

@@ -1,4 +1,5 @@
 // The one place that knows which backends this build contains.
+#include <cstdlib>
 #include <memory>
 
 #include "kvc/kernels/backend.h"
@@ -11,6 +12,17 @@ std::unique_ptr<KernelBackend> MakeCpuBackend(int num_threads);
 KernelStatus MakeCudaBackend(const BackendOptions& options, std::unique_ptr<KernelBackend>* out);
 #endif
 }  // namespace internal
+
+KernelStatus KernelBackend::AllocateHost(size_t bytes, void** out) {
+  *out = nullptr;
+  if (bytes == 0) return KernelStatus::Ok();
+  *out = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (*out == nullptr)
+    return KernelStatus{KernelStatusCode::kOutOfMemory, "host allocation failed"};
+  return KernelStatus::Ok();
+}
+
+void KernelBackend::FreeHost(void* ptr) { std::free(ptr); }
 
 bool CudaBackendCompiled() {
 #if defined(KVC_HAVE_CUDA) && KVC_HAVE_CUDA

@@ -3,7 +3,11 @@
 // scalar validation on the host, then the kernel launchers in the .cu files.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <memory>
+#include <utility>
 
 #include "base/validate.h"
 #include "cuda/cuda_ops.h"
@@ -20,6 +24,106 @@ KernelStatus FromCuda(cudaError_t e) {
   return KernelStatus::Internal(cudaGetErrorString(e));
 }
 cudaStream_t ToStream(StreamHandle s) { return static_cast<cudaStream_t>(s.native); }
+
+// Every pointer an op dereferences on the device must be device memory: a host pointer that
+// slips through a caller's staging faults on a GPU (or, with unified addressing, silently
+// reads host memory over PCIe). The check asks the runtime about each pointer, so it is on in
+// the simulator build (whose kernels could otherwise read host memory) and, on a GPU, with
+// KVC_CUDA_CHECK_POINTERS=1 (tests/gpu/run_service_gpu.sh sets it).
+bool PointerChecksOn() {
+#if defined(KVC_CUDASIM) && KVC_CUDASIM
+  return true;
+#else
+  static const bool on = [] {
+    const char* v = std::getenv("KVC_CUDA_CHECK_POINTERS");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+#endif
+}
+
+KernelStatus DevicePointers(std::initializer_list<std::pair<const char*, const void*>> pointers) {
+  for (const auto& [what, p] : pointers) {
+    if (p == nullptr) continue;
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+    if (e != cudaSuccess) cudaGetLastError();
+    if (e != cudaSuccess ||
+        (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)) {
+      return KernelStatus::Invalid(what);  // a static string: "<argument> is not device memory"
+    }
+  }
+  return KernelStatus::Ok();
+}
+
+KernelStatus Pointers(const WriteTokensArgs& a) {
+  return DevicePointers({{"arena is not device memory", a.arena.base},
+                         {"keys is not device memory", a.keys},
+                         {"values is not device memory", a.values},
+                         {"dst_blocks is not device memory", a.dst_blocks},
+                         {"dst_slots is not device memory", a.dst_slots}});
+}
+KernelStatus Pointers(const ReadTokensArgs& a) {
+  return DevicePointers({{"arena is not device memory", a.arena.base},
+                         {"keys is not device memory", a.keys},
+                         {"values is not device memory", a.values},
+                         {"src_blocks is not device memory", a.src_blocks},
+                         {"src_slots is not device memory", a.src_slots}});
+}
+KernelStatus Pointers(const ReadRecordsArgs& a) {
+  return DevicePointers({{"arena is not device memory", a.arena.base},
+                         {"keys is not device memory", a.keys},
+                         {"values is not device memory", a.values},
+                         {"src_blocks is not device memory", a.src_blocks},
+                         {"src_slots is not device memory", a.src_slots}});
+}
+KernelStatus Pointers(const GatherArgs& a) {
+  return DevicePointers({{"src arena is not device memory", a.src.base},
+                         {"dst arena is not device memory", a.dst.base},
+                         {"src_blocks is not device memory", a.src_blocks},
+                         {"src_slots is not device memory", a.src_slots},
+                         {"dst_blocks is not device memory", a.dst_blocks},
+                         {"dst_slots is not device memory", a.dst_slots}});
+}
+KernelStatus Pointers(const RerotateArgs& a) {
+  return DevicePointers({{"arena is not device memory", a.arena.base},
+                         {"blocks is not device memory", a.blocks},
+                         {"slots is not device memory", a.slots},
+                         {"deltas is not device memory", a.deltas}});
+}
+KernelStatus Lanes(const LaneTable& l) {
+  return DevicePointers({{"lanes.block_offsets is not device memory", l.block_offsets},
+                         {"lanes.block_ids is not device memory", l.block_ids},
+                         {"lanes.num_tokens is not device memory", l.num_tokens}});
+}
+KernelStatus Pointers(const SnapKvScoreArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(Lanes(a.lanes));
+  return DevicePointers({{"arena is not device memory", a.arena.base},
+                         {"queries is not device memory", a.queries},
+                         {"query_positions is not device memory", a.query_positions},
+                         {"key_positions is not device memory", a.key_positions},
+                         {"scores is not device memory", a.scores}});
+}
+KernelStatus Pointers(const AccumulateScoresArgs& a) {
+  return DevicePointers({{"num_tokens is not device memory", a.num_tokens},
+                         {"weights is not device memory", a.weights},
+                         {"scores is not device memory", a.scores}});
+}
+KernelStatus Pointers(const SelectArgs& a) {
+  return DevicePointers({{"num_tokens is not device memory", a.num_tokens},
+                         {"positions is not device memory", a.positions},
+                         {"scores is not device memory", a.scores},
+                         {"keep is not device memory", a.keep}});
+}
+KernelStatus Pointers(const DecodeAttentionArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(Lanes(a.lanes));
+  return DevicePointers({{"arena is not device memory", a.arena.base},
+                         {"queries is not device memory", a.queries},
+                         {"out is not device memory", a.out},
+                         {"weights is not device memory", a.weights},
+                         {"scores is not device memory", a.scores},
+                         {"lse is not device memory", a.lse}});
+}
 
 class CudaBackend final : public KernelBackend {
  public:
@@ -60,9 +164,39 @@ class CudaBackend final : public KernelBackend {
     return FromCuda(cudaStreamSynchronize(ToStream(s)));
   }
 
+  KernelStatus CreateStream(StreamHandle* out) override {
+    *out = StreamHandle{};
+    KVC_KERNEL_RETURN_IF_ERROR(SetDevice());
+    cudaStream_t stream = nullptr;
+    // Non-blocking: a caller's stream never waits for work on the legacy default stream.
+    KVC_KERNEL_RETURN_IF_ERROR(FromCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)));
+    out->native = stream;
+    return KernelStatus::Ok();
+  }
+  void DestroyStream(StreamHandle s) override {
+    if (s.native != nullptr && SetDevice().ok()) cudaStreamDestroy(ToStream(s));
+  }
+  KernelStatus AllocateHost(size_t bytes, void** out) override {
+    *out = nullptr;
+    if (bytes == 0) return KernelStatus::Ok();
+    const cudaError_t e = cudaMallocHost(out, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      *out = nullptr;
+      return KernelStatus{KernelStatusCode::kOutOfMemory, cudaGetErrorString(e)};
+    }
+    return KernelStatus::Ok();
+  }
+  void FreeHost(void* ptr) override {
+    if (ptr != nullptr) cudaFreeHost(ptr);
+  }
+
 #define KVC_CUDA_OP(Name, Args, Check)                        \
   KernelStatus Name(const Args& a, StreamHandle s) override { \
     KVC_KERNEL_RETURN_IF_ERROR(internal::Check(a));           \
+    if (PointerChecksOn()) {                                  \
+      KVC_KERNEL_RETURN_IF_ERROR(Pointers(a));                \
+    }                                                         \
     KVC_KERNEL_RETURN_IF_ERROR(SetDevice());                  \
     return cuda::Launch##Name(a, s);                          \
   }

@@ -13,6 +13,7 @@
 
 #include "cachesvc/core/kv_store.h"
 #include "gtest/gtest.h"
+#include "tests/testing/pool_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvc::cachesvc {
@@ -25,6 +26,7 @@ struct Geometry {
 
 inline KvStoreOptions Options(const Geometry& g, int64_t capacity = int64_t{64} << 20) {
   PoolOptions pool;
+  pool.device = testing::TestPoolDevice();
   pool.name = "c";
   pool.geometry.num_layers = g.layers;
   pool.geometry.num_kv_heads = g.heads;

@@ -13,6 +13,7 @@
 #include "cachesvc/core/kv_store.h"
 #include "gtest/gtest.h"
 #include "tests/testing/kv_data.h"
+#include "tests/testing/pool_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvc::cachesvc {
@@ -80,6 +81,7 @@ std::string CheckSnapshot(const std::vector<FetchChunk>& chunks) {
 TEST_P(ConcurrentFetchTest, EveryFetchReturnsAStateThatExisted) {
   const Case& c = GetParam();
   PoolOptions pool;
+  pool.device = testing::TestPoolDevice();
   pool.geometry = {kLayers, kHeads, kHeads, kDim, kBlock, DType::kF16, {}};
   pool.capacity_bytes = int64_t{64} << 20;
   KvStoreOptions options;

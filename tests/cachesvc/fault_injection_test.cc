@@ -12,7 +12,9 @@
 
 #include "cachesvc/core/kv_store.h"
 #include "gtest/gtest.h"
+#include "tests/testing/forwarding_backend.h"
 #include "tests/testing/kv_data.h"
+#include "tests/testing/pool_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvc::cachesvc {
@@ -25,42 +27,18 @@ constexpr int kLayers = 2, kHeads = 2, kQHeads = 4, kDim = 32, kBlock = 8;
 
 // Counts data ops and fails the one numbered `fail_at` (1-based; 0 = never) without running
 // it, as a real backend reports a failure: nothing written.
-class FaultyBackend final : public kernels::KernelBackend {
+class FaultyBackend final : public testing::ForwardingBackend {
  public:
-  explicit FaultyBackend(std::unique_ptr<kernels::KernelBackend> inner)
-      : inner_(std::move(inner)) {}
+  using ForwardingBackend::ForwardingBackend;
   int64_t calls = 0;
   int64_t fail_at = 0;
 
-  kernels::BackendKind kind() const override { return inner_->kind(); }
   const char* name() const override { return "faulty"; }
-  kernels::KernelStatus Allocate(size_t bytes, void** out) override {
-    return inner_->Allocate(bytes, out);
-  }
-  void Free(void* p) override { inner_->Free(p); }
-  kernels::KernelStatus CopyToDevice(void* d, const void* s, size_t n,
-                                     kernels::StreamHandle h) override {
-    return inner_->CopyToDevice(d, s, n, h);
-  }
-  kernels::KernelStatus CopyToHost(void* d, const void* s, size_t n,
-                                   kernels::StreamHandle h) override {
-    return inner_->CopyToHost(d, s, n, h);
-  }
-  kernels::KernelStatus CopyOnDevice(void* d, const void* s, size_t n,
-                                     kernels::StreamHandle h) override {
-    return inner_->CopyOnDevice(d, s, n, h);
-  }
-  kernels::KernelStatus Memset(void* d, int v, size_t n, kernels::StreamHandle h) override {
-    return inner_->Memset(d, v, n, h);
-  }
-  kernels::KernelStatus Synchronize(kernels::StreamHandle h) override {
-    return inner_->Synchronize(h);
-  }
 
 #define KVC_FAULTY_OP(Name, Args)                                                        \
   kernels::KernelStatus Name(const kernels::Args& a, kernels::StreamHandle h) override { \
     if (++calls == fail_at) return kernels::KernelStatus::Internal("injected fault");    \
-    return inner_->Name(a, h);                                                           \
+    return ForwardingBackend::Name(a, h);                                                \
   }
   KVC_FAULTY_OP(WriteTokens, WriteTokensArgs)
   KVC_FAULTY_OP(ReadTokens, ReadTokensArgs)
@@ -72,9 +50,6 @@ class FaultyBackend final : public kernels::KernelBackend {
   KVC_FAULTY_OP(Select, SelectArgs)
   KVC_FAULTY_OP(DecodeAttention, DecodeAttentionArgs)
 #undef KVC_FAULTY_OP
-
- private:
-  std::unique_ptr<kernels::KernelBackend> inner_;
 };
 
 // Refuses its Nth allocation (1-based; 0 = never) as a full pool does.
@@ -86,6 +61,8 @@ class FaultyPool final : public BlockPool {
 
   const PoolOptions& options() const override { return inner_->options(); }
   kernels::KernelBackend* backend() const override { return inner_->backend(); }
+  kernels::KernelBackend* metadata_backend() const override { return inner_->metadata_backend(); }
+  StagingPool* staging() override { return inner_->staging(); }
   kernels::BlockLayout layout(StorageFormat f) const override { return inner_->layout(f); }
   kernels::PagedArena arena(StorageFormat f) override { return inner_->arena(f); }
   int64_t capacity_bytes() const override { return inner_->capacity_bytes(); }
@@ -111,6 +88,7 @@ struct Store {
 Store MakeStore(const CompressionSpec& policy) {
   Store s;
   PoolOptions pool;
+  pool.device = testing::TestPoolDevice();
   pool.geometry = {kLayers, kHeads, kQHeads, kDim, kBlock, DType::kF16, {}};
   pool.geometry.rope.enabled = true;
   pool.geometry.rope.theta = 10000;

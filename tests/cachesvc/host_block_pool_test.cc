@@ -102,9 +102,15 @@ TEST_F(HostBlockPoolTest, RejectsInvalidGeometryAndFormats) {
   EXPECT_THAT(HostBlockPool::Create(o, backend_.get()),
               StatusIs(absl::StatusCode::kInvalidArgument, "capacity_bytes"));
   o = SmallPool(4);
-  o.device = "cuda:0";
+  o.device = "cuda:0";  // a device pool's (DeviceBlockPool)
   EXPECT_THAT(HostBlockPool::Create(o, backend_.get()),
-              StatusIs(absl::StatusCode::kInvalidArgument, "device"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "is not host memory"));
+  for (const char* device : {"gpu", "cuda", "cuda:", "cuda:x", "cuda:-1", "cuda:1234", "CPU"}) {
+    o.device = device;
+    EXPECT_THAT(HostBlockPool::Create(o, backend_.get()),
+                StatusIs(absl::StatusCode::kInvalidArgument, "is not 'cpu' or 'cuda:N'"))
+        << device;
+  }
   o = SmallPool(4);
   o.geometry.head_dim = 48;  // INT4 g32 groups cannot tile 48
   KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(o, backend_.get()));

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "cachesvc/core/kv_store.h"
 #include "tests/testing/kv_data.h"
+#include "tests/testing/pool_device.h"
 
 namespace kvc::cachesvc::model {
 
@@ -91,6 +92,7 @@ class ModelRunner {
 
   static KvStoreOptions StoreOptions() {
     PoolOptions pool;
+    pool.device = testing::TestPoolDevice();
     pool.name = kPool;
     pool.geometry = {kLayers, kHeads, kHeads, kDim, kBlock, DType::kF16, {}};
     pool.capacity_bytes =

@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/testing/kv_data.h"
+#include "tests/testing/pool_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvc::cachesvc {
@@ -19,6 +20,7 @@ constexpr int kLayers = 3, kHeads = 2, kDim = 32, kBlock = 16;
 
 KvStoreOptions SmallStore(int64_t blocks = 1000) {
   PoolOptions pool;
+  pool.device = testing::TestPoolDevice();
   pool.name = "p";
   pool.geometry.num_layers = kLayers;
   pool.geometry.num_kv_heads = kHeads;

@@ -1,9 +1,14 @@
 #include "cachesvc/rpc/server_config.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kvc/kernels/backend.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvc::cachesvc {
@@ -79,8 +84,15 @@ TEST(ServerConfigTest, ShippedSampleConfigLoads) {
 // startup (no plaintext or unauthenticated non-loopback listener without `insecure`), and
 // builds its pools: config the server would refuse must not ship. (The TLS and tokens
 // files they name are mounted at run time, so only their presence in the config is checked.)
+// True when this build has the CUDA backend and the machine a device for it (a GPU, or the
+// cudasim build's simulated one).
+bool CudaDeviceUsable() {
+  std::unique_ptr<kernels::KernelBackend> backend;
+  return kernels::CreateBackend(kernels::BackendKind::kCuda, {}, &backend).ok();
+}
+
 TEST(ServerConfigTest, EveryShippedConfigWouldStart) {
-  int checked = 0;
+  int checked = 0, refused = 0;
   for (const auto& entry :
        std::filesystem::recursive_directory_iterator(KVC_SOURCE_DIR "/deploy")) {
     if (entry.path().extension() != ".textproto") continue;
@@ -92,13 +104,26 @@ TEST(ServerConfigTest, EveryShippedConfigWouldStart) {
     if (!IsLoopback(o.listen)) {
       EXPECT_TRUE(o.tls.enabled() && o.auth.enabled()) << o.listen;
     }
+    std::string device_pool;
     for (PoolOptions& pool : o.store.pools) {
       pool.capacity_bytes = std::min<int64_t>(pool.capacity_bytes, int64_t{64} << 20);
-      pool.device = "cpu";  // device pools are checked where they exist (GPU issue)
+      if (pool.device != "cpu" && device_pool.empty()) device_pool = pool.name;
     }
-    KVC_EXPECT_OK(KvStore::Create(o.store).status());
+    if (device_pool.empty() || CudaDeviceUsable()) {
+      KVC_EXPECT_OK(KvStore::Create(o.store).status());
+    } else {
+      // Where there is no GPU (or no CUDA in the build) a device pool is the startup error
+      // that names the pool and says why, not a crash.
+      EXPECT_THAT(
+          KvStore::Create(o.store).status(),
+          StatusIs(absl::StatusCode::kFailedPrecondition,
+                   absl::StrCat("pool '", device_pool, "': device 'cuda:0' cannot be used")));
+      ++refused;
+    }
   }
   EXPECT_GE(checked, 3);
+  std::printf("%d shipped configs loaded; %d with a device pool refused (no usable CUDA device)\n",
+              checked, refused);
 }
 
 TEST(ServerConfigTest, ParsesSecurityAndRefusesInconsistentSettings) {

@@ -10,6 +10,7 @@
 #include "cachesvc/metrics/metrics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/kv_data.h"
+#include "tests/testing/pool_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvc::cachesvc {
@@ -19,6 +20,7 @@ using Clock = std::chrono::steady_clock;
 
 std::unique_ptr<KvStore> MakeStore() {
   PoolOptions pool;
+  pool.device = testing::TestPoolDevice();
   pool.geometry = {2, 2, 4, 64, 16, DType::kF16, {}};
   pool.capacity_bytes = int64_t{512} << 20;
   KvStoreOptions o;

@@ -31,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "kvc/kernels/record_codec.h"
 #include "tests/testing/kv_data.h"
+#include "tests/testing/pool_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvc::cachesvc {
@@ -121,6 +122,7 @@ class World {
  public:
   explicit World(uint32_t seed) : seed_(seed) {
     PoolOptions pool;
+    pool.device = testing::TestPoolDevice();
     pool.name = "t";
     pool.geometry = {kLayers, kHeads, kQHeads, kDim, kBlock, DType::kF16, {}};
     pool.capacity_bytes = int64_t{256} << 20;

@@ -20,7 +20,8 @@ import urllib.request
 
 # The metric families kvcached exports (docs/OPERATIONS.md). Histograms add _bucket/_sum/_count.
 METRICS = {
-    "kvc_pool_capacity_bytes", "kvc_pool_used_bytes", "kvc_pool_free_bytes", "kvc_pool_blocks",
+    "kvc_pool_capacity_bytes", "kvc_pool_info", "kvc_pool_used_bytes", "kvc_pool_free_bytes",
+    "kvc_pool_blocks",
     "kvc_sequences", "kvc_visible_tokens", "kvc_stored_token_heads", "kvc_compression_ratio",
     "kvc_evicted_tokens_total", "kvc_rpc_requests_total", "kvc_rpc_duration_seconds",
     "kvc_rpc_received_bytes_total", "kvc_rpc_sent_bytes_total", "kvc_draining", "kvc_build_info",

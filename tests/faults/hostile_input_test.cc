@@ -25,6 +25,7 @@
 #include "kvc/kernels/backend.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
+#include "tests/testing/forwarding_backend.h"
 #include "tests/testing/kv_data.h"
 #include "tests/testing/test_server.h"
 
@@ -55,58 +56,20 @@ std::string TokenLine(const std::string& tenant, const std::string& role,
 }
 
 // Counts DecodeAttention calls of the real CPU backend it wraps.
-class CountingBackend final : public kernels::KernelBackend {
+class CountingBackend final : public testing::ForwardingBackend {
  public:
-  explicit CountingBackend(std::unique_ptr<kernels::KernelBackend> inner,
-                           std::atomic<int64_t>* attention_calls)
-      : inner_(std::move(inner)), attention_calls_(attention_calls) {}
+  CountingBackend(std::unique_ptr<kernels::KernelBackend> inner,
+                  std::atomic<int64_t>* attention_calls)
+      : ForwardingBackend(std::move(inner)), attention_calls_(attention_calls) {}
 
-  kernels::BackendKind kind() const override { return inner_->kind(); }
   const char* name() const override { return "counting"; }
-  kernels::KernelStatus Allocate(size_t bytes, void** out) override {
-    return inner_->Allocate(bytes, out);
-  }
-  void Free(void* p) override { inner_->Free(p); }
-  kernels::KernelStatus CopyToDevice(void* d, const void* s, size_t n,
-                                     kernels::StreamHandle h) override {
-    return inner_->CopyToDevice(d, s, n, h);
-  }
-  kernels::KernelStatus CopyToHost(void* d, const void* s, size_t n,
-                                   kernels::StreamHandle h) override {
-    return inner_->CopyToHost(d, s, n, h);
-  }
-  kernels::KernelStatus CopyOnDevice(void* d, const void* s, size_t n,
-                                     kernels::StreamHandle h) override {
-    return inner_->CopyOnDevice(d, s, n, h);
-  }
-  kernels::KernelStatus Memset(void* d, int v, size_t n, kernels::StreamHandle h) override {
-    return inner_->Memset(d, v, n, h);
-  }
-  kernels::KernelStatus Synchronize(kernels::StreamHandle h) override {
-    return inner_->Synchronize(h);
-  }
   kernels::KernelStatus DecodeAttention(const kernels::DecodeAttentionArgs& a,
                                         kernels::StreamHandle h) override {
     attention_calls_->fetch_add(1);
-    return inner_->DecodeAttention(a, h);
+    return ForwardingBackend::DecodeAttention(a, h);
   }
-
-#define KVC_FORWARD_OP(Name, Args)                                                       \
-  kernels::KernelStatus Name(const kernels::Args& a, kernels::StreamHandle h) override { \
-    return inner_->Name(a, h);                                                           \
-  }
-  KVC_FORWARD_OP(WriteTokens, WriteTokensArgs)
-  KVC_FORWARD_OP(ReadTokens, ReadTokensArgs)
-  KVC_FORWARD_OP(ReadRecords, ReadRecordsArgs)
-  KVC_FORWARD_OP(Gather, GatherArgs)
-  KVC_FORWARD_OP(Rerotate, RerotateArgs)
-  KVC_FORWARD_OP(SnapKvScore, SnapKvScoreArgs)
-  KVC_FORWARD_OP(AccumulateScores, AccumulateScoresArgs)
-  KVC_FORWARD_OP(Select, SelectArgs)
-#undef KVC_FORWARD_OP
 
  private:
-  std::unique_ptr<kernels::KernelBackend> inner_;
   std::atomic<int64_t>* attention_calls_;
 };
 

@@ -9,11 +9,13 @@
 #include <regex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "health.grpc.pb.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/kv_data.h"
+#include "tests/testing/pool_device.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
 
@@ -86,6 +88,10 @@ TEST(OperabilityTest, MetricsReflectTraffic) {
   EXPECT_EQ(Sample(body, R"(kvc_pool_used_bytes{format="f16",pool="small"})"),
             2.0 * kLayers * kHeads * block);
   EXPECT_EQ(Sample(body, R"(kvc_pool_blocks{pool="small",state="used"})"), 2.0 * kLayers * kHeads);
+  // The pool's device (cuda:0 when this suite runs on a device pool).
+  EXPECT_EQ(Sample(body, absl::StrCat(R"(kvc_pool_info{device=")", testing::TestPoolDevice(),
+                                      R"(",pool="small"})")),
+            1);
   EXPECT_EQ(Sample(body, R"(kvc_sequences{pool="small"})"), 1);
   EXPECT_EQ(Sample(body, R"(kvc_visible_tokens{pool="small"})"), 20);
   EXPECT_EQ(Sample(body, R"(kvc_stored_token_heads{pool="small"})"), 20.0 * kLayers * kHeads);

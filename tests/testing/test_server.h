@@ -5,6 +5,7 @@
 
 #include "cachesvc/rpc/server.h"
 #include "kvc/client/kv_cache_client.h"
+#include "tests/testing/pool_device.h"
 
 namespace kvc::testing {
 
@@ -13,6 +14,7 @@ inline cachesvc::ServerOptions SmallServerOptions(int64_t capacity_bytes = int64
   cachesvc::ServerOptions options;
   options.listen = "127.0.0.1:0";
   cachesvc::PoolOptions pool;
+  pool.device = TestPoolDevice();
   pool.name = "small";
   pool.capacity_bytes = capacity_bytes;
   pool.geometry.num_layers = 4;

@@ -55,6 +55,20 @@ class KernelBackend {
   virtual KernelStatus Memset(void* dst, int value, size_t bytes, StreamHandle stream) = 0;
   virtual KernelStatus Synchronize(StreamHandle stream) = 0;
 
+  // A stream of its own for a caller that runs ops concurrently with others (CUDA: a
+  // non-blocking stream on the backend's device). Host backends run ops synchronously and
+  // hand out the null stream. Destroy it with DestroyStream once its work is synchronized.
+  virtual KernelStatus CreateStream(StreamHandle* out) {
+    *out = StreamHandle{};
+    return KernelStatus::Ok();
+  }
+  virtual void DestroyStream(StreamHandle /*stream*/) {}
+  // Host memory for staging copies: page-locked for CUDA, so CopyToDevice/CopyToHost on it
+  // are truly asynchronous (and the host must not touch it until Synchronize); ordinary
+  // 64-byte aligned memory for host backends. FreeHost(nullptr) is a no-op.
+  virtual KernelStatus AllocateHost(size_t bytes, void** out);
+  virtual void FreeHost(void* ptr);
+
   virtual KernelStatus WriteTokens(const WriteTokensArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus ReadTokens(const ReadTokensArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus ReadRecords(const ReadRecordsArgs& args, StreamHandle stream) = 0;
