@@ -86,6 +86,8 @@ struct SimItem {
   std::function<cudaError_t()> run;
 };
 
+// A stream. `flags` is set before the stream is published; the rest is guarded by the
+// queues' mutex (Queues::mu below).
 struct CUstream_st {
   unsigned flags = cudaStreamDefault;
   std::deque<SimItem> queue;
