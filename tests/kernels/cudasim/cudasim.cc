@@ -43,6 +43,15 @@
 #define KVC_SIM_POISON(addr, size) ((void)(addr), (void)(size))
 #define KVC_SIM_UNPOISON(addr, size) ((void)(addr), (void)(size))
 #endif
+// Under ThreadSanitizer each fiber is a TSan fiber, switched to before each stack switch
+// (with synchronization: fibers of a block never run at once). What TSan checks is then the
+// simulator's own host threads: queues, registry, device lock.
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define KVC_SIM_TSAN 1
+#else
+#define KVC_SIM_TSAN 0
+#endif
 
 // Saves the callee-saved registers on the current stack, stores the stack pointer in
 // *from_sp, loads to_sp and restores the registers saved there.
@@ -77,6 +86,8 @@ struct SimItem {
   std::function<cudaError_t()> run;
 };
 
+// A stream. `flags` is set before the stream is published; the rest is guarded by the
+// queues' mutex (Queues::mu below).
 struct CUstream_st {
   unsigned flags = cudaStreamDefault;
   std::deque<SimItem> queue;
@@ -152,6 +163,8 @@ uint64_t SeedFromEnv() {
 struct Sim {
   cudaError_t exec_error = cudaSuccess;  // of the grid being run
   std::vector<std::unique_ptr<char[]>> stacks;
+  std::vector<void*> tsan_fibers;  // one per stack (ThreadSanitizer builds)
+  void* tsan_scheduler = nullptr;  // the executing host thread's own
   std::vector<Fiber> fibers;
   std::vector<int> resume_order;
   std::vector<unsigned char> dynamic_shared;
@@ -453,8 +466,17 @@ cudaError_t Drain(CUstream_st* target, bool report) {
 // The fiber scheduler.
 
 // Fiber -> scheduler, and back when the scheduler resumes this fiber.
+void SwitchTsan(void* to) {
+#if KVC_SIM_TSAN
+  __tsan_switch_to_fiber(to, 0);
+#else
+  (void)to;
+#endif
+}
+
 void Yield() {
   Sim& s = S();
+  SwitchTsan(s.tsan_scheduler);
   KVC_SIM_START_SWITCH(s.scheduler_stack, s.scheduler_stack_size);
   kvc_sim_switch(&s.fibers[s.current].sp, s.scheduler_sp);
   KVC_SIM_FINISH_SWITCH(&s.scheduler_stack, &s.scheduler_stack_size);
@@ -466,6 +488,7 @@ void Yield() {
   (*s.body)();
   s.fibers[s.current].state = State::kExited;
   --s.live;
+  SwitchTsan(s.tsan_scheduler);
   KVC_SIM_START_SWITCH(s.scheduler_stack, s.scheduler_stack_size);
   kvc_sim_switch(&s.fibers[s.current].sp, s.scheduler_sp);
   std::abort();  // an exited fiber is never resumed
@@ -476,6 +499,7 @@ void Resume(int i) {
   Sim& s = S();
   s.current = i;
   thread_idx = s.fibers[i].idx;
+  SwitchTsan(s.tsan_fibers.empty() ? nullptr : s.tsan_fibers[i]);
   KVC_SIM_START_SWITCH(s.stacks[i].get(), kStackBytes);
   kvc_sim_switch(&s.scheduler_sp, s.fibers[i].sp);
   KVC_SIM_FINISH_SWITCH(nullptr, nullptr);
@@ -579,7 +603,15 @@ void RunBlock() {
 cudaError_t RunGrid(const Cfg& cfg, const std::function<void()>& body) {
   Sim& s = S();
   const uint64_t threads = uint64_t{cfg.block.x} * cfg.block.y * cfg.block.z;
-  while (s.stacks.size() < threads) s.stacks.emplace_back(new char[kStackBytes]);
+  while (s.stacks.size() < threads) {
+    s.stacks.emplace_back(new char[kStackBytes]);
+#if KVC_SIM_TSAN
+    s.tsan_fibers.push_back(__tsan_create_fiber(0));
+#endif
+  }
+#if KVC_SIM_TSAN
+  s.tsan_scheduler = __tsan_get_current_fiber();
+#endif
   s.dynamic_shared.assign(cfg.smem + 16, 0xff);
   s.body = &body;
   s.exec_error = cudaSuccess;
