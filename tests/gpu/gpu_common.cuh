@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -129,6 +130,87 @@ inline double MedianMs(const std::function<bool()>& op, int warmup, int reps) {
   if (!ok || ms.empty()) return -1;
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// Memory of any kernel backend (device memory for CUDA, aligned host memory for the CPU
+// backend), freed with its owner: lets a program run its logic on the CPU backend too, so
+// that it is exercised on machines without a GPU.
+class BackendBuffer {
+ public:
+  explicit BackendBuffer(kernels::KernelBackend& b) : b_(b) {}
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+  ~BackendBuffer() { Reset(); }
+  bool Allocate(size_t bytes, const char* what) {
+    Reset();
+    const kernels::KernelStatus st = b_.Allocate(std::max<size_t>(bytes, 256), &ptr_);
+    if (!st.ok()) {
+      std::fprintf(stderr, "allocating %s (%.3f GiB) failed: %s\n", what, bytes / 1073741824.0,
+                   st.detail);
+      ptr_ = nullptr;
+      return false;
+    }
+    return true;
+  }
+  template <typename T>
+  bool Upload(const std::vector<T>& v, const char* what) {
+    return Allocate(v.size() * sizeof(T), what) &&
+           KernelOk(b_.CopyToDevice(ptr_, v.data(), v.size() * sizeof(T), kernels::StreamHandle{}),
+                    what) &&
+           KernelOk(b_.Synchronize(kernels::StreamHandle{}), what);
+  }
+  template <typename T>
+  bool Download(std::vector<T>* v, const char* what) const {
+    return KernelOk(b_.CopyToHost(v->data(), ptr_, v->size() * sizeof(T), kernels::StreamHandle{}),
+                    what) &&
+           KernelOk(b_.Synchronize(kernels::StreamHandle{}), what);
+  }
+  void Reset() {
+    if (ptr_ != nullptr) b_.Free(ptr_);
+    ptr_ = nullptr;
+  }
+  template <typename T = void>
+  T* get() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  kernels::KernelBackend& b_;
+  void* ptr_ = nullptr;
+};
+
+// MedianMs for any backend: cudaEvents on CUDA, the steady clock around synchronous host ops.
+inline double BackendMedianMs(kernels::KernelBackend& b, const std::function<bool()>& op,
+                              int warmup, int reps) {
+  if (b.kind() == kernels::BackendKind::kCuda) return MedianMs(op, warmup, reps);
+  std::vector<double> ms;
+  for (int i = 0; i < warmup; ++i)
+    if (!op()) return -1;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!op() || !KernelOk(b.Synchronize(kernels::StreamHandle{}), "Synchronize")) return -1;
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  if (ms.empty()) return -1;
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Copy bandwidth through the backend's own CopyOnDevice (cudaMemcpyAsync D2D, or memcpy),
+// read + written bytes per second in GB/s; negative after an error.
+inline double BackendCopyGbps(kernels::KernelBackend& b, size_t bytes, int warmup, int reps) {
+  BackendBuffer src(b), dst(b);
+  if (!src.Allocate(bytes, "copy source") || !dst.Allocate(bytes, "copy destination")) return -1;
+  if (!KernelOk(b.Memset(src.get(), 1, bytes, kernels::StreamHandle{}), "Memset")) return -1;
+  const double ms = BackendMedianMs(
+      b,
+      [&] {
+        return KernelOk(b.CopyOnDevice(dst.get(), src.get(), bytes, kernels::StreamHandle{}),
+                        "CopyOnDevice");
+      },
+      warmup, reps);
+  return ms > 0 ? 2.0 * bytes / (ms * 1e-3) / 1e9 : -1;
 }
 
 // Device-to-device copy bandwidth, counting bytes read plus bytes written (the convention of

@@ -33,7 +33,6 @@
 #include "kvc/kernels/block_layout.h"
 
 using namespace kvc::kernels;
-using kvc::gpu::DeviceBuffer;
 
 namespace {
 
@@ -70,29 +69,37 @@ __host__ __device__ inline float NeedleValue(int needle, int j) {
              : -kNeedleValue;
 }
 
-// Tokens [t0, t0 + rows) of lane (layer, head): keys and values uniform in [-1, 1) except
-// needle tokens (key = kNeedleKey * direction, value = NeedleValue), plus their destinations.
+// Element i of tokens [t0, t0 + rows) of lane (layer, head): keys and values uniform in
+// [-1, 1) except needle tokens (key = kNeedleKey * direction, value = NeedleValue), plus the
+// destinations of the rows. Shared by the CUDA kernel and the CPU backend's host loop.
+__host__ __device__ inline void GenerateElement(int layer, int head, int64_t t0, int64_t i,
+                                                const NeedleSet& ns, const int32_t* lane_blocks,
+                                                uint16_t* keys, uint16_t* values, int32_t* blocks,
+                                                int32_t* slots) {
+  const int64_t r = i / kHeadDim, t = t0 + r;
+  const int j = static_cast<int>(i % kHeadDim);
+  int needle = -1;
+  for (int k = 0; k < ns.count; ++k)
+    if (ns.n[k].layer == layer && ns.n[k].head == head && ns.n[k].token == t) needle = k;
+  const uint64_t key = ((static_cast<uint64_t>(layer * kKvHeads + head)) << 44) ^
+                       (static_cast<uint64_t>(t) << 8) ^ static_cast<uint64_t>(j);
+  const float kf =
+      needle >= 0 ? kNeedleKey * Direction(layer, head, j) : kvc::gpu::HashUniform(key * 2 + 0);
+  const float vf = needle >= 0 ? NeedleValue(needle, j) : kvc::gpu::HashUniform(key * 2 + 1);
+  keys[i] = FloatToHalf(kf);
+  values[i] = FloatToHalf(vf);
+  if (j == 0) {
+    blocks[r] = lane_blocks[t / kBlockTokens];
+    slots[r] = static_cast<int32_t>(t % kBlockTokens);
+  }
+}
+
 __global__ void GenerateLaneKernel(int layer, int head, int64_t t0, int64_t rows, NeedleSet ns,
                                    const int32_t* lane_blocks, uint16_t* keys, uint16_t* values,
                                    int32_t* blocks, int32_t* slots) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * kHeadDim;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / kHeadDim, t = t0 + r;
-    const int j = static_cast<int>(i % kHeadDim);
-    int needle = -1;
-    for (int k = 0; k < ns.count; ++k)
-      if (ns.n[k].layer == layer && ns.n[k].head == head && ns.n[k].token == t) needle = k;
-    const uint64_t key = ((static_cast<uint64_t>(layer * kKvHeads + head)) << 44) ^
-                         (static_cast<uint64_t>(t) << 8) ^ static_cast<uint64_t>(j);
-    const float kf =
-        needle >= 0 ? kNeedleKey * Direction(layer, head, j) : kvc::gpu::HashUniform(key * 2 + 0);
-    const float vf = needle >= 0 ? NeedleValue(needle, j) : kvc::gpu::HashUniform(key * 2 + 1);
-    keys[i] = FloatToHalf(kf);
-    values[i] = FloatToHalf(vf);
-    if (j == 0) {
-      blocks[r] = lane_blocks[t / kBlockTokens];
-      slots[r] = static_cast<int32_t>(t % kBlockTokens);
-    }
+    GenerateElement(layer, head, t0, i, ns, lane_blocks, keys, values, blocks, slots);
   }
 }
 
@@ -100,6 +107,8 @@ struct Args {
   int64_t tokens = 1 << 20;
   int layers = 80, steps = 5, needles = 8, device = 0;
   double tolerance = 0.02;
+  bool cpu = false;   // run the same logic on the CPU backend (small sizes; no GPU needed)
+  bool plan = false;  // print the sizing (and any scale-down) and stop before allocating
   std::string json_path;
 };
 
@@ -120,6 +129,11 @@ bool ParseArgs(int argc, char** argv, Args* a) {
       a->tolerance = std::atof(argv[++i]);
     else if (s == "--json" && has)
       a->json_path = argv[++i];
+    else if (s == "--backend" && has &&
+             (std::string(argv[i + 1]) == "cpu" || std::string(argv[i + 1]) == "cuda"))
+      a->cpu = std::string(argv[++i]) == "cpu";
+    else if (s == "--plan")
+      a->plan = true;
     else if (s == "--device" && has)
       a->device = std::atoi(argv[++i]);
     else
@@ -141,23 +155,34 @@ int main(int argc, char** argv) {
   if (!ParseArgs(argc, argv, &a)) {
     std::fprintf(stderr,
                  "usage: %s [--tokens N (1024..16M; env KVC_DEMO_TOKENS)] [--layers L (1..128)] "
-                 "[--steps S] [--needles K (1..%d)] [--tolerance X] [--json FILE] [--device N]\n",
+                 "[--steps S] [--needles K (1..%d)] [--tolerance X] [--json FILE] [--device N] "
+                 "[--backend cuda|cpu] [--plan]\n",
                  argv[0], kMaxNeedles);
     return 2;
   }
   const auto wall0 = std::chrono::steady_clock::now();
   cudaDeviceProp prop{};
   std::string reason;
-  if (!kvc::gpu::ProbeDevice(a.device, &reason, &prop)) return kvc::gpu::Skip(reason, a.json_path);
+  if (a.cpu) {
+    std::snprintf(prop.name, sizeof prop.name, "CPU backend (logic check, not the GPU demo)");
+  } else if (!kvc::gpu::ProbeDevice(a.device, &reason, &prop)) {
+    return kvc::gpu::Skip(reason, a.json_path);
+  }
   std::unique_ptr<KernelBackend> backend;
   BackendOptions bo;
   bo.device = a.device;
-  const KernelStatus created = CreateBackend(BackendKind::kCuda, bo, &backend);
-  if (!created.ok()) return kvc::gpu::Skip(created.detail, a.json_path);
+  const KernelStatus created =
+      CreateBackend(a.cpu ? BackendKind::kCpu : BackendKind::kCuda, bo, &backend);
+  if (!created.ok()) {
+    if (a.cpu) return kvc::gpu::KernelOk(created, "CreateBackend(cpu)") ? 0 : 1;
+    return kvc::gpu::Skip(created.detail, a.json_path);
+  }
   KernelBackend& b = *backend;
+  using Buffer = kvc::gpu::BackendBuffer;
 
-  // Copy bandwidth first, while the device is empty (2 x 2 GiB).
-  const double copy_gbps = kvc::gpu::CopyGbps(size_t{2} << 30, 3, 10);
+  // Copy bandwidth first, while the device is empty (2 x 2 GiB; 2 x 64 MiB on the CPU).
+  const double copy_gbps =
+      kvc::gpu::BackendCopyGbps(b, a.cpu ? size_t{64} << 20 : size_t{2} << 30, 3, 10);
   if (copy_gbps <= 0) return 1;
 
   const BlockLayout layout = MakeBlockLayout(kFormat, kHeadDim, kBlockTokens);
@@ -174,7 +199,11 @@ int main(int argc, char** argv) {
            kGroup * t * 4.0;
   };
   size_t free_b = 0, total_b = 0;
-  if (!KVC_CUDA_OK(cudaMemGetInfo(&free_b, &total_b))) return 1;
+  if (a.cpu) {
+    free_b = total_b = size_t{8} << 30;  // the CPU run is a logic check: cap it at 8 GiB
+  } else if (!KVC_CUDA_OK(cudaMemGetInfo(&free_b, &total_b))) {
+    return 1;
+  }
   const double headroom = 1.5 * 1073741824.0;  // runtime, cudaMallocAsync pool, fragmentation
   bool scaled = false;
   while (a.tokens > 1024 && pool_bytes(a.tokens) + scratch_bytes(a.tokens) + headroom > free_b) {
@@ -200,6 +229,11 @@ int main(int argc, char** argv) {
       prop.name, free_b / 1073741824.0, total_b / 1073741824.0, a.layers, kKvHeads,
       static_cast<long long>(T), StorageFormatName(kFormat), pool_bytes(T) / 1073741824.0,
       f16_bytes / 1073741824.0, copy_gbps);
+  if (a.plan) {
+    std::printf("plan only (--plan): pool %.0f bytes + scratch %.0f bytes of %zu free; %s\n",
+                pool_bytes(T), scratch_bytes(T), free_b, scaled ? "SCALED DOWN" : "full size");
+    return 0;
+  }
 
   // Needles: distinct (layer, kv head) lanes spread over the layers (heads rotating), tokens
   // spread over the sequence, the first near its start and the last near its end.
@@ -222,7 +256,8 @@ int main(int argc, char** argv) {
   // One arena holding every layer (layer l's blocks at l * layer_bytes); one lane table
   // shared by all layers, its block ids a fixed permutation within the layer (a pool after
   // churn scatters a lane's blocks).
-  DeviceBuffer pool, offsets, ids, ntok, queries, out, weights, gen_k, gen_v, gen_b, gen_s;
+  Buffer pool(b), offsets(b), ids(b), ntok(b), queries(b), out(b), weights(b), gen_k(b), gen_v(b),
+      gen_b(b), gen_s(b);
   std::vector<int32_t> h_offsets(kKvHeads + 1), h_ids(static_cast<size_t>(blocks_per_layer));
   for (int i = 0; i <= kKvHeads; ++i) h_offsets[i] = i * bpl;
   for (size_t i = 0; i < h_ids.size(); ++i) h_ids[i] = static_cast<int32_t>(i);
@@ -240,11 +275,9 @@ int main(int argc, char** argv) {
         }
   const auto alloc0 = std::chrono::steady_clock::now();
   bool ok = pool.Allocate(layer_bytes * a.layers, "the pool") &&
-            kvc::gpu::Upload(&offsets, h_offsets, "block offsets") &&
-            kvc::gpu::Upload(&ids, h_ids, "block ids") &&
-            kvc::gpu::Upload(&ntok, std::vector<int32_t>(kKvHeads, static_cast<int32_t>(T)),
-                             "num tokens") &&
-            kvc::gpu::Upload(&queries, h_q, "queries") && out.Allocate(h_q.size() * 2, "outputs") &&
+            offsets.Upload(h_offsets, "block offsets") && ids.Upload(h_ids, "block ids") &&
+            ntok.Upload(std::vector<int32_t>(kKvHeads, static_cast<int32_t>(T)), "num tokens") &&
+            queries.Upload(h_q, "queries") && out.Allocate(h_q.size() * 2, "outputs") &&
             weights.Allocate(static_cast<size_t>(kGroup) * T * 4, "needle weights") &&
             gen_k.Allocate(static_cast<size_t>(T) * kHeadDim * 2, "generated keys") &&
             gen_v.Allocate(static_cast<size_t>(T) * kHeadDim * 2, "generated values") &&
@@ -263,10 +296,17 @@ int main(int argc, char** argv) {
   const auto fill0 = std::chrono::steady_clock::now();
   for (int layer = 0; ok && layer < a.layers; ++layer) {
     for (int h = 0; ok && h < kKvHeads; ++h) {
-      GenerateLaneKernel<<<2048, 256>>>(layer, h, 0, T, ns, ids.get<int32_t>() + h_offsets[h],
-                                        gen_k.get<uint16_t>(), gen_v.get<uint16_t>(),
-                                        gen_b.get<int32_t>(), gen_s.get<int32_t>());
-      ok = KVC_CUDA_OK(cudaGetLastError());
+      if (a.cpu) {
+        for (int64_t i = 0; i < T * kHeadDim; ++i)
+          GenerateElement(layer, h, 0, i, ns, ids.get<int32_t>() + h_offsets[h],
+                          gen_k.get<uint16_t>(), gen_v.get<uint16_t>(), gen_b.get<int32_t>(),
+                          gen_s.get<int32_t>());
+      } else {
+        GenerateLaneKernel<<<2048, 256>>>(layer, h, 0, T, ns, ids.get<int32_t>() + h_offsets[h],
+                                          gen_k.get<uint16_t>(), gen_v.get<uint16_t>(),
+                                          gen_b.get<int32_t>(), gen_s.get<int32_t>());
+        ok = KVC_CUDA_OK(cudaGetLastError());
+      }
       WriteTokensArgs w;
       w.arena = arena_of(layer);
       w.num_rows = static_cast<int32_t>(T);
@@ -278,7 +318,7 @@ int main(int argc, char** argv) {
       ok = ok && kvc::gpu::KernelOk(b.WriteTokens(w, StreamHandle{}), "WriteTokens");
     }
   }
-  ok = ok && KVC_CUDA_OK(cudaDeviceSynchronize());
+  ok = ok && kvc::gpu::KernelOk(b.Synchronize(StreamHandle{}), "Synchronize");
   const double fill_s = Seconds(fill0);
   gen_k.Reset(), gen_v.Reset(), gen_b.Reset(), gen_s.Reset();
   if (!ok) {
@@ -305,7 +345,7 @@ int main(int argc, char** argv) {
     for (int layer = 0; s && layer < a.layers; ++layer) s = decode_layer(layer);
     return s;
   };
-  const double step_ms = kvc::gpu::MedianMs(step, 1, a.steps);
+  const double step_ms = kvc::gpu::BackendMedianMs(b, step, 1, a.steps);
   if (step_ms <= 0) {
     std::printf("FAIL: decode (see stderr)\n");
     return 1;
@@ -321,8 +361,7 @@ int main(int argc, char** argv) {
 
   // Checks on the last step's outputs.
   std::vector<uint16_t> h_out(h_q.size());
-  if (!KVC_CUDA_OK(cudaMemcpy(h_out.data(), out.get(), h_out.size() * 2, cudaMemcpyDeviceToHost)))
-    return 1;
+  if (!out.Download(&h_out, "outputs")) return 1;
   auto out_at = [&](int layer, int h, int g, int j) {
     return HalfToFloat(
         h_out[((static_cast<size_t>(layer) * kKvHeads + h) * kGroup + g) * kHeadDim + j]);
@@ -355,9 +394,8 @@ int main(int argc, char** argv) {
         max_err = std::max(max_err, std::fabs(static_cast<double>(out_at(n.layer, n.head, g, jj)) -
                                               NeedleValue(k, jj)));
     // Weights of this lane alone: a one-lane table over the same blocks.
-    DeviceBuffer one_offsets;
-    ok = kvc::gpu::Upload(&one_offsets, std::vector<int32_t>{0, bpl}, "one-lane offsets");
-    DeviceBuffer one_out;
+    Buffer one_offsets(b), one_out(b);
+    ok = one_offsets.Upload(std::vector<int32_t>{0, bpl}, "one-lane offsets");
     ok = ok && one_out.Allocate(kGroup * kHeadDim * 2, "one-lane output");
     DecodeAttentionArgs d;
     d.arena = arena_of(n.layer);
@@ -369,12 +407,9 @@ int main(int argc, char** argv) {
                 (static_cast<size_t>(n.layer) * kKvHeads + n.head) * kGroup * kHeadDim;
     d.out = one_out.get();
     d.weights = weights.get<float>();
-    ok = ok &&
-         kvc::gpu::KernelOk(b.DecodeAttention(d, StreamHandle{}), "DecodeAttention+weights") &&
-         KVC_CUDA_OK(cudaDeviceSynchronize());
+    ok = ok && kvc::gpu::KernelOk(b.DecodeAttention(d, StreamHandle{}), "DecodeAttention+weights");
     std::vector<float> w(static_cast<size_t>(kGroup) * T);
-    ok = ok &&
-         KVC_CUDA_OK(cudaMemcpy(w.data(), weights.get(), w.size() * 4, cudaMemcpyDeviceToHost));
+    ok = ok && weights.Download(&w, "needle weights");
     if (!ok) return 1;
     double min_weight = 1;
     bool argmax_ok = true;
@@ -412,7 +447,8 @@ int main(int argc, char** argv) {
               0.3 * kNeedleValue, control_ok ? "ok" : "FAILED");
   // Free everything and check that the device is still healthy before saying PASS.
   pool.Reset(), weights.Reset();
-  ok = KVC_CUDA_OK(cudaDeviceSynchronize()) && KVC_CUDA_OK(cudaGetLastError());
+  ok = kvc::gpu::KernelOk(b.Synchronize(StreamHandle{}), "Synchronize") &&
+       (a.cpu || KVC_CUDA_OK(cudaGetLastError()));
   const double wall_s = Seconds(wall0);
   j.Key("control_max_abs").Num(control_max).Key("control_ok").Bool(control_ok);
   j.Key("alloc_to_end_seconds").Num(Seconds(alloc0)).Key("wall_seconds").Num(wall_s);
