@@ -32,13 +32,14 @@
 #include "kvc/kernels/block_layout.h"
 
 using namespace kvc::kernels;
-using kvc::gpu::DeviceBuffer;
+using Buffer = kvc::gpu::BackendBuffer;
 using kvc::gpu::Json;
 
 namespace {
 
 struct Options {
   bool quick = false;
+  bool cpu = false;  // --backend cpu: the same cases on the CPU backend (a logic check)
   int reps = 20, warmup = 3, device = 0;
   std::string filter, json_path;
 };
@@ -62,14 +63,14 @@ bool TimeBenchCase(KernelBackend& b, const bench::BenchCase& c, const Options& o
   r->name = c.name;
   r->bytes = run->Bytes();
   r->counted = run->Counted();
-  r->op_ms = kvc::gpu::MedianMs([&] { return kvc::gpu::KernelOk(run->Run(), c.name.c_str()); },
-                                o.warmup, o.reps);
+  r->op_ms = kvc::gpu::BackendMedianMs(
+      b, [&] { return kvc::gpu::KernelOk(run->Run(), c.name.c_str()); }, o.warmup, o.reps);
   run.reset();  // free the case's buffers before the copy allocates its own
   if (r->op_ms <= 0) return false;
   auto copy = bench::MakeCopyRun(b, r->bytes, 1, &st);
   if (!kvc::gpu::KernelOk(st, "copy baseline")) return false;
-  r->baseline_ms = kvc::gpu::MedianMs(
-      [&] { return kvc::gpu::KernelOk(copy->Run(), "copy baseline"); }, o.warmup, o.reps);
+  r->baseline_ms = kvc::gpu::BackendMedianMs(
+      b, [&] { return kvc::gpu::KernelOk(copy->Run(), "copy baseline"); }, o.warmup, o.reps);
   if (r->baseline_ms <= 0) return false;
   r->baseline = baseline;
   r->ratio = r->baseline_ms / r->op_ms;
@@ -123,6 +124,33 @@ __global__ void CompactKeptKernel(const uint8_t* keep, int32_t max_tokens,
   if (threadIdx.x == 0) counts[lane] = base;
 }
 
+// CompactKeptKernel's rows for host memory (the CPU backend): the logic check of --backend cpu.
+void CompactKeptHost(const uint8_t* keep, int32_t lanes, int32_t max_tokens,
+                     const int32_t* num_tokens, const int32_t* block_offsets,
+                     const int32_t* block_ids, int block_tokens, int32_t kept_per_lane,
+                     int32_t dst_blocks_per_lane, int32_t* src_b, int32_t* src_s, int32_t* dst_b,
+                     int32_t* dst_s, int32_t* counts) {
+  for (int32_t lane = 0; lane < lanes; ++lane) {
+    const int32_t* ids = block_ids + block_offsets[lane];
+    int k = 0;
+    for (int32_t t = 0; t < num_tokens[lane]; ++t) {
+      if (keep[static_cast<size_t>(lane) * max_tokens + t] == 0) continue;
+      if (k < kept_per_lane) {
+        const size_t row = static_cast<size_t>(lane) * kept_per_lane + k;
+        src_b[row] = ids[t / block_tokens], src_s[row] = t % block_tokens;
+        dst_b[row] = lane * dst_blocks_per_lane + k / block_tokens, dst_s[row] = k % block_tokens;
+      }
+      ++k;
+    }
+    counts[lane] = k;
+    for (; k < kept_per_lane; ++k) {
+      const size_t row = static_cast<size_t>(lane) * kept_per_lane + k;
+      src_b[row] = ids[0], src_s[row] = 0;
+      dst_b[row] = lane * dst_blocks_per_lane + k / block_tokens, dst_s[row] = k % block_tokens;
+    }
+  }
+}
+
 // SnapKV compression of one sequence, as the service's Compress would run it on a device
 // pool: score every stored token of every (layer, kv head) lane from the last `window`
 // queries, select sinks + recent + budget per lane, turn the keep mask into Gather rows on
@@ -136,8 +164,9 @@ bool SnapKvPipeline(KernelBackend& b, StorageFormat f, const Options& o, Result*
   const BlockLayout l = MakeBlockLayout(f, d, bt);
   const size_t lane_tokens = static_cast<size_t>(lanes) * tokens;
 
-  DeviceBuffer arena, dst_arena, offsets, ids, ntok, kpos, qpos, queries, scores, keep, src_b,
-      src_s, dst_b, dst_s, counts, fill_k, fill_v, fill_b, fill_s;
+  Buffer arena(b), dst_arena(b), offsets(b), ids(b), ntok(b), kpos(b), qpos(b), queries(b),
+      scores(b), keep(b), src_b(b), src_s(b), dst_b(b), dst_s(b), counts(b), fill_k(b), fill_v(b),
+      fill_b(b), fill_s(b);
   std::vector<int32_t> h_offsets(lanes + 1), h_ids(static_cast<size_t>(lanes) * bpl),
       h_kpos(lane_tokens), h_qpos(static_cast<size_t>(lanes) * window);
   for (int i = 0; i <= lanes; ++i) h_offsets[i] = i * bpl;
@@ -155,11 +184,9 @@ bool SnapKvPipeline(KernelBackend& b, StorageFormat f, const Options& o, Result*
   bool ok = arena.Allocate(static_cast<size_t>(lanes) * bpl * l.block_bytes, "snapkv arena") &&
             dst_arena.Allocate(static_cast<size_t>(lanes) * dst_bpl * l.block_bytes,
                                "snapkv destination arena") &&
-            kvc::gpu::Upload(&offsets, h_offsets, "block offsets") &&
-            kvc::gpu::Upload(&ids, h_ids, "block ids") &&
-            kvc::gpu::Upload(&ntok, std::vector<int32_t>(lanes, tokens), "num tokens") &&
-            kvc::gpu::Upload(&kpos, h_kpos, "key positions") &&
-            kvc::gpu::Upload(&qpos, h_qpos, "query positions") &&
+            offsets.Upload(h_offsets, "block offsets") && ids.Upload(h_ids, "block ids") &&
+            ntok.Upload(std::vector<int32_t>(lanes, tokens), "num tokens") &&
+            kpos.Upload(h_kpos, "key positions") && qpos.Upload(h_qpos, "query positions") &&
             queries.Allocate(static_cast<size_t>(lanes) * group * window * d * 2, "queries") &&
             scores.Allocate(lane_tokens * 4, "scores") && keep.Allocate(lane_tokens, "keep") &&
             src_b.Allocate(static_cast<size_t>(lanes) * kept * 4, "rows") &&
@@ -172,16 +199,19 @@ bool SnapKvPipeline(KernelBackend& b, StorageFormat f, const Options& o, Result*
             fill_b.Allocate(chunk_rows * 4, "fill blocks") &&
             fill_s.Allocate(chunk_rows * 4, "fill slots");
   if (!ok) return false;
-  ok = kvc::gpu::FillHalf(queries.get(), static_cast<int64_t>(lanes) * group * window, d, 11, 1.0f);
+  ok = kvc::gpu::FillHalfOn(b, queries.get(), static_cast<int64_t>(lanes) * group * window, d, 11,
+                            1.0f);
   PagedArena a{arena.get(), l, lanes * bpl};
   for (int lane0 = 0; ok && lane0 < lanes; lane0 += static_cast<int>(chunk_lanes)) {
     const int n = std::min<int>(static_cast<int>(chunk_lanes), lanes - lane0);
-    ok = kvc::gpu::FillHalf(fill_k.get(), static_cast<int64_t>(n) * tokens, d, 100 + lane0, 1.0f) &&
-         kvc::gpu::FillHalf(fill_v.get(), static_cast<int64_t>(n) * tokens, d, 200 + lane0, 1.0f);
+    ok = kvc::gpu::FillHalfOn(b, fill_k.get(), static_cast<int64_t>(n) * tokens, d, 100 + lane0,
+                              1.0f) &&
+         kvc::gpu::FillHalfOn(b, fill_v.get(), static_cast<int64_t>(n) * tokens, d, 200 + lane0,
+                              1.0f);
     for (int i = 0; ok && i < n; ++i) {
-      ok = kvc::gpu::LaneSlots(ids.get<int32_t>() + static_cast<size_t>(lane0 + i) * bpl, bt, 0,
-                               tokens, fill_b.get<int32_t>() + static_cast<size_t>(i) * tokens,
-                               fill_s.get<int32_t>() + static_cast<size_t>(i) * tokens);
+      ok = kvc::gpu::LaneSlotsOn(b, ids.get<int32_t>() + static_cast<size_t>(lane0 + i) * bpl, bt,
+                                 0, tokens, fill_b.get<int32_t>() + static_cast<size_t>(i) * tokens,
+                                 fill_s.get<int32_t>() + static_cast<size_t>(i) * tokens);
     }
     WriteTokensArgs w;
     w.arena = a;
@@ -193,7 +223,7 @@ bool SnapKvPipeline(KernelBackend& b, StorageFormat f, const Options& o, Result*
     w.dst_slots = fill_s.get<int32_t>();
     ok = ok && kvc::gpu::KernelOk(b.WriteTokens(w, StreamHandle{}), "WriteTokens (fill)");
   }
-  ok = ok && KVC_CUDA_OK(cudaDeviceSynchronize());
+  ok = ok && kvc::gpu::KernelOk(b.Synchronize(StreamHandle{}), "Synchronize");
   fill_k.Reset(), fill_v.Reset(), fill_b.Reset(), fill_s.Reset();
   if (!ok) return false;
 
@@ -232,6 +262,13 @@ bool SnapKvPipeline(KernelBackend& b, StorageFormat f, const Options& o, Result*
   auto score = [&] { return kvc::gpu::KernelOk(b.SnapKvScore(sa, StreamHandle{}), "SnapKvScore"); };
   auto select = [&] { return kvc::gpu::KernelOk(b.Select(se, StreamHandle{}), "Select"); };
   auto compact = [&] {
+    if (b.kind() != BackendKind::kCuda) {  // the same rows, on the host (CPU backend memory)
+      CompactKeptHost(keep.get<uint8_t>(), lanes, tokens, ntok.get<int32_t>(),
+                      offsets.get<int32_t>(), ids.get<int32_t>(), bt, kept, dst_bpl,
+                      src_b.get<int32_t>(), src_s.get<int32_t>(), dst_b.get<int32_t>(),
+                      dst_s.get<int32_t>(), counts.get<int32_t>());
+      return true;
+    }
     CompactKeptKernel<<<lanes, kCompactThreads>>>(
         keep.get<uint8_t>(), tokens, ntok.get<int32_t>(), offsets.get<int32_t>(),
         ids.get<int32_t>(), bt, kept, dst_bpl, src_b.get<int32_t>(), src_s.get<int32_t>(),
@@ -241,20 +278,19 @@ bool SnapKvPipeline(KernelBackend& b, StorageFormat f, const Options& o, Result*
   auto gather = [&] { return kvc::gpu::KernelOk(b.Gather(ga, StreamHandle{}), "Gather"); };
   // Stages alone (each after the ones it needs have run once), then the whole pipeline.
   const int reps = o.reps;
-  const double score_ms = kvc::gpu::MedianMs(score, 1, reps);
-  const double select_ms = score_ms > 0 ? kvc::gpu::MedianMs(select, 1, reps) : -1;
-  const double compact_ms = select_ms > 0 ? kvc::gpu::MedianMs(compact, 1, reps) : -1;
-  const double gather_ms = compact_ms > 0 ? kvc::gpu::MedianMs(gather, 1, reps) : -1;
+  const double score_ms = kvc::gpu::BackendMedianMs(b, score, 1, reps);
+  const double select_ms = score_ms > 0 ? kvc::gpu::BackendMedianMs(b, select, 1, reps) : -1;
+  const double compact_ms = select_ms > 0 ? kvc::gpu::BackendMedianMs(b, compact, 1, reps) : -1;
+  const double gather_ms = compact_ms > 0 ? kvc::gpu::BackendMedianMs(b, gather, 1, reps) : -1;
   const double total_ms =
       gather_ms > 0
-          ? kvc::gpu::MedianMs([&] { return score() && select() && compact() && gather(); },
-                               o.warmup, reps)
+          ? kvc::gpu::BackendMedianMs(
+                b, [&] { return score() && select() && compact() && gather(); }, o.warmup, reps)
           : -1;
   if (total_ms <= 0) return false;
   // Self-check: every lane kept exactly sinks + recent + budget tokens (it has more).
   std::vector<int32_t> h_counts(lanes);
-  if (!KVC_CUDA_OK(cudaMemcpy(h_counts.data(), counts.get(), lanes * 4, cudaMemcpyDeviceToHost)))
-    return false;
+  if (!counts.Download(&h_counts, "counts")) return false;
   for (int lane = 0; lane < lanes; ++lane) {
     if (h_counts[lane] != kept) {
       std::fprintf(stderr, "snapkv: lane %d kept %d tokens, expected %d\n", lane, h_counts[lane],
@@ -269,8 +305,8 @@ bool SnapKvPipeline(KernelBackend& b, StorageFormat f, const Options& o, Result*
   KernelStatus st = KernelStatus::Ok();
   auto copy = bench::MakeCopyRun(b, kv_bytes, 1, &st);
   if (!kvc::gpu::KernelOk(st, "copy baseline")) return false;
-  const double copy_ms = kvc::gpu::MedianMs(
-      [&] { return kvc::gpu::KernelOk(copy->Run(), "copy baseline"); }, o.warmup, reps);
+  const double copy_ms = kvc::gpu::BackendMedianMs(
+      b, [&] { return kvc::gpu::KernelOk(copy->Run(), "copy baseline"); }, o.warmup, reps);
   if (copy_ms <= 0) return false;
   r->name =
       std::string(o.quick ? "snapkv_llama8b_quick/" : "snapkv_llama8b_32k/") + StorageFormatName(f);
@@ -304,22 +340,35 @@ int main(int argc, char** argv) {
       o.json_path = argv[++i];
     } else if (arg == "--device" && i + 1 < argc) {
       o.device = std::atoi(argv[++i]);
+    } else if (arg == "--backend" && i + 1 < argc &&
+               (std::string(argv[i + 1]) == "cpu" || std::string(argv[i + 1]) == "cuda")) {
+      o.cpu = std::string(argv[++i]) == "cpu";
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--reps N] [--filter S] [--json FILE] [--device N]\n",
+                   "usage: %s [--quick] [--reps N] [--filter S] [--json FILE] [--device N] "
+                   "[--backend cuda|cpu]\n",
                    argv[0]);
       return 2;
     }
   }
   if (o.quick && o.reps == 20) o.reps = 3;
+  if (o.quick) o.warmup = 1;
   cudaDeviceProp prop{};
   std::string reason;
-  if (!kvc::gpu::ProbeDevice(o.device, &reason, &prop)) return kvc::gpu::Skip(reason, o.json_path);
+  if (o.cpu) {
+    std::snprintf(prop.name, sizeof prop.name, "CPU backend (logic check, not GPU figures)");
+  } else if (!kvc::gpu::ProbeDevice(o.device, &reason, &prop)) {
+    return kvc::gpu::Skip(reason, o.json_path);
+  }
   std::unique_ptr<KernelBackend> backend;
   BackendOptions bo;
   bo.device = o.device;
-  const KernelStatus created = CreateBackend(BackendKind::kCuda, bo, &backend);
-  if (!created.ok()) return kvc::gpu::Skip(created.detail, o.json_path);
+  const KernelStatus created =
+      CreateBackend(o.cpu ? BackendKind::kCpu : BackendKind::kCuda, bo, &backend);
+  if (!created.ok()) {
+    if (o.cpu) return kvc::gpu::KernelOk(created, "CreateBackend(cpu)") ? 0 : 1;
+    return kvc::gpu::Skip(created.detail, o.json_path);
+  }
   std::printf("kvc_gpu_bench: %s (sm_%d%d, %d SMs, %.1f GiB), %s, median of %d after %d warm-up\n",
               prop.name, prop.major, prop.minor, prop.multiProcessorCount,
               prop.totalGlobalMem / 1073741824.0, o.quick ? "quick" : "full", o.reps, o.warmup);

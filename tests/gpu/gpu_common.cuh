@@ -271,6 +271,27 @@ inline bool LaneSlots(const int32_t* lane_blocks, int block_tokens, int64_t t0, 
   return KVC_CUDA_OK(cudaGetLastError());
 }
 
+// FillHalf / LaneSlots for any backend: the kernels above on CUDA, the same formulas in a
+// host loop for the CPU backend (whose memory is host memory).
+inline bool FillHalfOn(kernels::KernelBackend& b, void* out, int64_t rows, int d, uint64_t seed,
+                       float amplitude) {
+  if (b.kind() == kernels::BackendKind::kCuda) return FillHalf(out, rows, d, seed, amplitude);
+  uint16_t* o = static_cast<uint16_t*>(out);
+  for (int64_t i = 0; i < rows * d; ++i)
+    o[i] = kernels::FloatToHalf(amplitude * HashUniform(seed * 0x100000001b3ull + i));
+  return true;
+}
+inline bool LaneSlotsOn(kernels::KernelBackend& b, const int32_t* lane_blocks, int block_tokens,
+                        int64_t t0, int64_t rows, int32_t* blocks, int32_t* slots) {
+  if (b.kind() == kernels::BackendKind::kCuda)
+    return LaneSlots(lane_blocks, block_tokens, t0, rows, blocks, slots);
+  for (int64_t r = 0; r < rows; ++r) {
+    blocks[r] = lane_blocks[(t0 + r) / block_tokens];
+    slots[r] = static_cast<int32_t>((t0 + r) % block_tokens);
+  }
+  return true;
+}
+
 // Minimal JSON object writer: enough for flat records and arrays of them.
 class Json {
  public:
@@ -294,7 +315,7 @@ class Json {
   Json& Num(double v) {
     Sep();
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%.6g", v);
+    std::snprintf(buf, sizeof buf, "%.10g", v);
     out_ += buf;
     need_comma_ = true;
     return *this;
