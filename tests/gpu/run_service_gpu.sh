@@ -9,6 +9,9 @@
 #                      score+select+gather vs one KV read (goals reported, not enforced)
 #   5. core:<test>     the KvStore-level gtest suites with KVC_TEST_POOL_DEVICE=cuda:0
 #   6. service:<test>  the gRPC service suites with KVC_TEST_POOL_DEVICE=cuda:0
+#   6b. kvcached:cuda_pool   kvcached starts with a cuda:0 pool beside a cpu pool, kvcachectl
+#                      lists both, SIGTERM stops it cleanly
+#   6c. kvcached:bad_device  a cuda:7 pool: kvcached must exit non-zero at once, naming the pool
 #   7. memcheck        the CUDA kernel checks under compute-sanitizer --tool memcheck
 #   8. racecheck       under --tool racecheck, only the checks whose kernels share memory
 #                      between threads: --filter Decode, SnapKv and Select (bounded time)
@@ -277,12 +280,75 @@ gtest_step() {
 }
 for t in kv_store_test compression_test residual_test concurrent_fetch_test kv_store_model_test \
   fault_injection_test stats_scaling_test; do
-  gtest_step core "$t" 12
+  gtest_step core "$t" 10
 done
 gtest_step core threaded_model_test 25
 gtest_step service service_test 15
 gtest_step service compress_service_test 15
 gtest_step service operability_test 25
+
+# ---- steps 6b and 6c: kvcached itself with device pools (the overlay's startup path)
+kvcached_config() {  # DEVICE PORT
+  cat << EOF
+listen: "127.0.0.1:$2"
+pools {
+  name: "gpu-llama3-8b"
+  device: "$1"
+  capacity_bytes: 1073741824
+  geometry { num_layers: 32 num_kv_heads: 8 num_query_heads: 32 head_dim: 128
+             block_tokens: 16 dtype: DTYPE_BF16 rope { theta: 500000 } }
+}
+pools {
+  name: "host-smollm2"
+  device: "cpu"
+  capacity_bytes: 268435456
+  geometry { num_layers: 30 num_kv_heads: 3 num_query_heads: 9 head_dim: 64
+             block_tokens: 16 dtype: DTYPE_F16 rope { theta: 100000 style: ROPE_STYLE_NEOX } }
+}
+EOF
+}
+if [[ $HAVE_GPU != 1 ]]; then
+  record SKIP kvcached:cuda_pool "no GPU: $GPU_REASON"
+  record SKIP kvcached:bad_device "no GPU: $GPU_REASON"
+elif ! have kvcached || ! have kvcachectl; then
+  record FAIL kvcached:cuda_pool "kvcached or kvcachectl missing"
+else
+  kvcached_config cuda:0 50151 > "$DETAIL/kvcached_cuda.textproto"
+  run_step kvcached:cuda_pool 20 kvcached_cuda_pool bash -c '
+    "$0/kvcached" --config="$1/kvcached_cuda.textproto" --metrics_listen=off \
+      > "$1/kvcached_cuda.server.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 50); do
+      grep -q "kvcached listening on" "$1/kvcached_cuda.server.log" && break
+      kill -0 $pid 2> /dev/null || break
+      sleep 0.2
+    done
+    cat "$1/kvcached_cuda.server.log"
+    if ! grep -q "kvcached listening on" "$1/kvcached_cuda.server.log"; then
+      kill $pid 2> /dev/null
+      echo "kvcached did not start"
+      exit 1
+    fi
+    "$0/kvcachectl" --target=127.0.0.1:50151 pools
+    rc=$?
+    kill -TERM $pid
+    wait $pid
+    stop=$?
+    tail -3 "$1/kvcached_cuda.server.log"
+    echo "kvcachectl exit $rc, kvcached exit $stop"
+    [[ $rc == 0 && $stop == 0 ]] && grep -q "cuda:0" "$1/kvcached_cuda.server.log"' "$BIN" "$DETAIL"
+  judge kvcached:cuda_pool "started with a cuda:0 pool, kvcachectl pools answered, stopped cleanly"
+  kvcached_config cuda:7 50152 > "$DETAIL/kvcached_bad.textproto"
+  run_step kvcached:bad_device 15 kvcached_bad_device bash -c '
+    "$0/kvcached" --config="$1/kvcached_bad.textproto" --metrics_listen=off
+    rc=$?
+    echo "kvcached exit $rc"
+    [[ $rc != 0 && $rc != 124 ]]' "$BIN" "$DETAIL"
+  if [[ $RC == 0 ]] && ! grep -q "gpu-llama3-8b" "$DETAIL/kvcached_bad_device.log"; then
+    RC=1  # it exited, but its message does not name the pool
+  fi
+  judge kvcached:bad_device "exited at once: $(grep -m1 -iE "error|gpu-llama3-8b" "$DETAIL/kvcached_bad_device.log" | cut -c1-160)"
+fi
 
 # ---- steps 7 and 8: compute-sanitizer over the CUDA kernel checks
 sanitizer_unsupported() {
