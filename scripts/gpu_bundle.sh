@@ -87,7 +87,7 @@ fi
 BUILD_S=$(($(date +%s) - BUILD_START))
 
 TREE="$BUILD/bundle-tree"
-rm -rf "$TREE" "$BUNDLE/bin" "$BUNDLE/lib" "$BUNDLE/env.sh" "$BUNDLE/MANIFEST.txt" \
+rm -rf "$TREE" "${BUNDLE:?}/bin" "${BUNDLE:?}/lib" "$BUNDLE/env.sh" "$BUNDLE/MANIFEST.txt" \
   "$BUNDLE/kvcache-gpu-bundle.tar.xz"
 mkdir -p "$TREE/bin" "$TREE/lib"
 for t in "${TARGETS[@]}"; do
