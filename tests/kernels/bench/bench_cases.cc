@@ -394,6 +394,15 @@ std::vector<BenchCase> AllCases(BenchSize size) {
   return cases;
 }
 
+BenchCase DecodeBatchCase(StorageFormat f, int batch, int tokens) {
+  return BenchCase{
+      "decode_llama8b_batch" + std::to_string(batch) + "x" + std::to_string(tokens) + "/" +
+          StorageFormatName(f),
+      [=](KernelBackend& b, KernelStatus* st) {
+        return std::unique_ptr<BenchRun>(new DecodeRun(b, f, {8 * batch, tokens, 128, 4}, st));
+      }};
+}
+
 std::unique_ptr<BenchRun> MakeCopyRun(KernelBackend& backend, double bytes, int threads,
                                       KernelStatus* status) {
   return std::make_unique<CopyRun>(backend, bytes, threads, status);

@@ -32,6 +32,11 @@ enum class BenchSize { kSmall, kLarge };  // small: CPU and smoke tests; large: 
 
 std::vector<BenchCase> AllCases(BenchSize size);
 
+// One decode step of one layer of a Llama-3-8B decode batch: `batch` sequences x 8 kv heads
+// x `tokens` stored tokens, head_dim 128, GQA group 4. Not in AllCases: sized for a GPU
+// (tests/gpu/gpu_bench.cu), too large for the CPU smoke runs.
+BenchCase DecodeBatchCase(StorageFormat f, int batch, int tokens);
+
 // The baseline: copies bytes / 2 so that its traffic (read + write) equals `bytes`.
 // threads > 1 splits a host memcpy across std::threads (host backends only).
 std::unique_ptr<BenchRun> MakeCopyRun(KernelBackend& backend, double bytes, int threads,
