@@ -47,7 +47,7 @@ COMPRESS=${KVC_BUNDLE_COMPRESS:-1}
 # Core (KvStore-level) and service (gRPC) suites whose fixtures take KVC_TEST_POOL_DEVICE
 # (tests/testing/pool_device.h), then the programs. Host-only suites (host_block_pool_test,
 # lane_plan_test, server_config_test) stay out: they would test nothing new on a GPU.
-CORE_TESTS=(kv_store_test compression_test residual_test concurrent_fetch_test
+CORE_TESTS=(device_pool_test kv_store_test compression_test residual_test concurrent_fetch_test
   threaded_model_test kv_store_model_test fault_injection_test stats_scaling_test)
 SERVICE_TESTS=(service_test compress_service_test operability_test)
 PROGRAMS=(kvcached kvcachectl kvc_kernel_checks kvc_gpu_bench kvc_longctx_demo)

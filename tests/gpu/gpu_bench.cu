@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/bench/bench_cases.h"
+#include "bench_cases.h"
 #include "gpu_common.cuh"
 #include "kvc/kernels/block_layout.h"
 

@@ -119,7 +119,7 @@ if [[ -n "${KVC_GPU_BUILD_DIR:-}" ]]; then
   # Link the build's binaries into one folder so every later step finds them the same way.
   BIN="$DETAIL/build-bin"
   mkdir -p "$BIN"
-  for t in kvcached kvc_kernel_checks kvc_gpu_bench kvc_longctx_demo kv_store_test \
+  for t in kvcached kvc_kernel_checks kvc_gpu_bench kvc_longctx_demo device_pool_test kv_store_test \
     compression_test residual_test concurrent_fetch_test threaded_model_test \
     kv_store_model_test fault_injection_test stats_scaling_test service_test \
     compress_service_test operability_test; do
@@ -273,13 +273,15 @@ gtest_step() {
   elif ! have "$t"; then
     record FAIL "$name" "$t missing"
   else
-    KVC_TEST_POOL_DEVICE=cuda:0 KVC_THREADED_MODEL_SECONDS=${KVC_THREADED_MODEL_SECONDS:-10} \
+    # Pointer checks on: a host pointer that reached a kernel is a clear error, not a fault.
+    KVC_TEST_POOL_DEVICE=cuda:0 KVC_CUDA_CHECK_POINTERS=1 \
+      KVC_THREADED_MODEL_SECONDS=${KVC_THREADED_MODEL_SECONDS:-10} \
       run_step "$name" "$limit" "$t" "$BIN/$t" --gtest_output="xml:$DETAIL/$t.xml"
     judge "$name" "$(grep -E "^\[  PASSED  \]" "$DETAIL/$t.log" | tail -1)"
   fi
 }
-for t in kv_store_test compression_test residual_test concurrent_fetch_test kv_store_model_test \
-  fault_injection_test stats_scaling_test; do
+for t in device_pool_test kv_store_test compression_test residual_test concurrent_fetch_test \
+  kv_store_model_test fault_injection_test stats_scaling_test; do
   gtest_step core "$t" 10
 done
 gtest_step core threaded_model_test 25
