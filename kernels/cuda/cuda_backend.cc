@@ -34,11 +34,11 @@ bool PointerChecksOn() {
 #if defined(KVC_CUDASIM) && KVC_CUDASIM
   return true;
 #else
-  static const bool on = [] {
+  static const bool kOn = [] {
     const char* v = std::getenv("KVC_CUDA_CHECK_POINTERS");
     return v != nullptr && std::strcmp(v, "1") == 0;
   }();
-  return on;
+  return kOn;
 #endif
 }
 

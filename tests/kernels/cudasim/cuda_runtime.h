@@ -72,6 +72,8 @@ struct uint3 {
 };
 struct dim3 {
   unsigned x, y, z;
+  // Implicit, as CUDA's: launches write `<<<blocks, threads>>>` with plain integers.
+  // NOLINTNEXTLINE(google-explicit-constructor)
   constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
 };
 struct float2 {

@@ -239,6 +239,7 @@ Memory& Mem() {
 
 void Protect(uintptr_t base, size_t bytes, int prot) {
   if (bytes == 0) return;
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): addresses of the sim's own mappings
   if (mprotect(reinterpret_cast<void*>(base), bytes, prot) != 0) {
     std::fprintf(stderr, "cudasim: mprotect failed (errno %d)\n", errno);
     std::abort();
@@ -281,11 +282,13 @@ void OnSegv(int, siginfo_t* info, void*) {
                           "%zu-byte device allocation) outside device work\n",
                           info->si_addr, static_cast<size_t>(a - key), r.bytes);
       } else {
-        n = std::snprintf(msg, sizeof msg,
-                          "cudasim: %s accessed %p, outside the %zu-byte device allocation at "
-                          "%p (a guard page)\n",
-                          t_executing ? "device work" : "host code", info->si_addr, r.bytes,
-                          reinterpret_cast<void*>(key));
+        n = std::snprintf(
+            msg, sizeof msg,
+            "cudasim: %s accessed %p, outside the %zu-byte device allocation at "
+            "%p (a guard page)\n",
+            t_executing ? "device work" : "host code", info->si_addr, r.bytes,
+            // NOLINTNEXTLINE(performance-no-int-to-ptr): addresses of the sim's own mappings
+            reinterpret_cast<void*>(key));
       }
       break;
     }
@@ -329,7 +332,8 @@ cudaError_t MapRegion(void** p, size_t bytes, bool device) {
   if (device && m.open) Protect(pages, opened, PROT_READ | PROT_WRITE);
   m.regions[user] = Region{bytes, b, mapped, pages, opened, device};
   if (device) m.used += opened;
-  *p = reinterpret_cast<void*>(user);
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): addresses of the sim's own mappings
+  *p = reinterpret_cast<void*>(user);  // NOLINT(performance-no-int-to-ptr): the sim's own mappings
   return cudaSuccess;
 }
 
@@ -340,6 +344,7 @@ cudaError_t UnmapRegion(void* p, bool device) {
   if (it == m.regions.end() || it->second.device != device) return cudaErrorInvalidValue;
   const Region& r = it->second;
   KVC_SIM_UNPOISON(r.pages, r.opened);  // the next mapping here starts clean
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): addresses of the sim's own mappings
   munmap(reinterpret_cast<void*>(r.map_base), r.mapped);
   if (device) m.used -= r.opened;
   m.regions.erase(it);
@@ -509,6 +514,7 @@ void StartFiber(Fiber& f, char* stack) {
   // Top of stack: FiberEntry's address where kvc_sim_switch's `ret` finds it (16-byte
   // aligned slot, so FiberEntry starts as if called), under six zeroed saved registers.
   uintptr_t top = reinterpret_cast<uintptr_t>(stack + kStackBytes) & ~uintptr_t{15};
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): addresses of the sim's own mappings
   void** ret_slot = reinterpret_cast<void**>(top - 16);
   *ret_slot = reinterpret_cast<void*>(&FiberEntry);
   void** sp = ret_slot - 6;
@@ -708,7 +714,7 @@ void SyncThreads() {
 }
 
 uint64_t WarpExchange(unsigned mask, uint64_t mine, int src) {
-  return WarpOp(mask, mine, src, false);
+  return WarpOp(mask, mine, src, /*pred=*/false);
 }
 unsigned WarpBallot(unsigned mask, bool pred) {
   return static_cast<unsigned>(WarpOp(mask, 0, -1, pred));
@@ -823,7 +829,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
   std::lock_guard<std::mutex> device(kvc_sim::DeviceMutex());
-  kvc_sim::DrainLocked(nullptr, /*report=*/false);
+  kvc_sim::DrainLocked(/*target=*/nullptr, /*report=*/false);
   return Fail(kvc_sim::UnmapRegion(p, /*device=*/true));
 }
 cudaError_t cudaMallocAsync(void** p, size_t bytes, cudaStream_t stream) {
@@ -857,7 +863,7 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags) {
 cudaError_t cudaFreeHost(void* p) {
   if (p == nullptr) return cudaSuccess;
   std::lock_guard<std::mutex> device(kvc_sim::DeviceMutex());
-  kvc_sim::DrainLocked(nullptr, /*report=*/false);
+  kvc_sim::DrainLocked(/*target=*/nullptr, /*report=*/false);
   return Fail(kvc_sim::UnmapRegion(p, /*device=*/false));
 }
 
@@ -930,12 +936,12 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 // The blocking forms run on the legacy default stream and wait for it (and so for all
 // earlier work of blocking streams), returning earlier asynchronous errors as CUDA does.
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, nullptr);
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, /*s=*/nullptr);
   if (e != cudaSuccess) return e;
   return cudaStreamSynchronize(nullptr);
 }
 cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-  const cudaError_t e = cudaMemsetAsync(p, value, bytes, nullptr);
+  const cudaError_t e = cudaMemsetAsync(p, value, bytes, /*s=*/nullptr);
   if (e != cudaSuccess) return e;
   return cudaStreamSynchronize(nullptr);
 }
@@ -945,7 +951,9 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (kvc_sim::Resolve(stream, &s) != cudaSuccess) return Fail(cudaErrorInvalidResourceHandle);
   return Fail(kvc_sim::Drain(s, /*report=*/true));
 }
-cudaError_t cudaDeviceSynchronize() { return Fail(kvc_sim::Drain(nullptr, /*report=*/true)); }
+cudaError_t cudaDeviceSynchronize() {
+  return Fail(kvc_sim::Drain(/*target=*/nullptr, /*report=*/true));
+}
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
   if (stream == nullptr || (flags & ~cudaStreamNonBlocking) != 0)

@@ -86,7 +86,7 @@ TEST(CudaSimDeathTest, KernelPastAllocationEndDies) {
         std::_Exit(0);
       },
       DiedOfSegv, kDeviceFault);
-  LaunchFill(dev, 64, 1, nullptr);  // the correct bound
+  LaunchFill(dev, 64, 1, /*s=*/nullptr);  // the correct bound
   EXPECT_EQ(HostInts(dev, 64), std::vector<int>(64, 1));
   cudaFree(dev);
 }
@@ -99,7 +99,7 @@ TEST(CudaSimDeathTest, KernelPastAllocationEndInsideGranuleIsReportedByAsan) {
   int* dev = DeviceInts(std::vector<int>(63, 0));
   EXPECT_DEATH(
       {
-        LaunchFill(dev, 64, 1, nullptr);
+        LaunchFill(dev, 64, 1, /*s=*/nullptr);
         cudaDeviceSynchronize();
       },
       "AddressSanitizer: [a-z-]+ on address");
@@ -111,7 +111,7 @@ TEST(CudaSimDeathTest, KernelPastAllocationEndInsideGranuleIsReportedByAsan) {
 TEST(CudaSim, KernelReadsDeviceMemory) {
   int* in = DeviceInts({7});
   int* out = DeviceInts({0});
-  LaunchCopyOne(in, out, nullptr);
+  LaunchCopyOne(in, out, /*s=*/nullptr);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   EXPECT_EQ(HostInts(out, 1), std::vector<int>{7});
   cudaFree(in);
@@ -208,10 +208,10 @@ TEST(CudaSim, StaticSharedIsPoisonedPerBlock) {
   float* dev = nullptr;
   ASSERT_EQ(cudaMalloc(&dev, blocks * 32 * sizeof(float)), cudaSuccess);
   std::vector<uint32_t> got(blocks * 32);
-  LaunchSharedRead(dev, blocks, /*write_first=*/false, nullptr);
+  LaunchSharedRead(dev, blocks, /*write_first=*/false, /*s=*/nullptr);
   ASSERT_EQ(cudaMemcpy(got.data(), dev, got.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], 0xffffffffu) << "element " << i;
-  LaunchSharedRead(dev, blocks, /*write_first=*/true, nullptr);
+  LaunchSharedRead(dev, blocks, /*write_first=*/true, /*s=*/nullptr);
   std::vector<float> ok(blocks * 32);
   ASSERT_EQ(cudaMemcpy(ok.data(), dev, ok.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
   for (size_t i = 0; i < ok.size(); ++i) EXPECT_EQ(ok[i], static_cast<float>(i));
@@ -227,7 +227,7 @@ TEST(CudaSim, ShuffledBlocksExposeOrderDependence) {
   auto run = [&](kvc_sim::Order order, uint64_t seed) {
     kvc_sim::SetOrder(order, seed);
     int* a = DeviceInts(std::vector<int>(blocks, 0));
-    LaunchChain(a, blocks, nullptr);
+    LaunchChain(a, blocks, /*s=*/nullptr);
     std::vector<int> r = HostInts(a, blocks);
     cudaFree(a);
     return r;
@@ -249,7 +249,7 @@ TEST(CudaSim, ShuffledThreadsExposeMissingBarrier) {
   for (int t = 0; t < 32; ++t) want[t] = t - 1;
   for (bool barrier : {true, false}) {
     kvc_sim::SetOrder(kvc_sim::Order::kShuffle, 3);
-    LaunchNeighbour(dev, barrier, nullptr);
+    LaunchNeighbour(dev, barrier, /*s=*/nullptr);
     const std::vector<int> got = HostInts(dev, 32);
     if (barrier)
       EXPECT_EQ(got, want);
@@ -345,6 +345,7 @@ TEST(CudaSim, ConcurrentHostThreads) {
   constexpr int kThreads = 8, kIters = 150, kN = 300;
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([t, &failures] {
       cudaStream_t s;
