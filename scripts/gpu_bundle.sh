@@ -50,7 +50,8 @@ COMPRESS=${KVC_BUNDLE_COMPRESS:-1}
 CORE_TESTS=(device_pool_test kv_store_test compression_test residual_test concurrent_fetch_test
   threaded_model_test kv_store_model_test fault_injection_test stats_scaling_test)
 SERVICE_TESTS=(service_test compress_service_test operability_test)
-PROGRAMS=(kvcached kvcachectl kvc_kernel_checks kvc_gpu_bench kvc_longctx_demo)
+PROGRAMS=(kvcached kvcachectl kvc_kernel_checks kvc_gpu_bench kvc_longctx_demo
+  kvc_longctx_service_demo rpc_benchmark)
 TARGETS=("${PROGRAMS[@]}" "${CORE_TESTS[@]}" "${SERVICE_TESTS[@]}")
 
 LAUNCHER=()

@@ -50,6 +50,10 @@ absl::StatusOr<DType> ValidateAppend(const AppendParams& p, const PoolOptions& p
                                               p.num_tokens,
                                               " exceeds the largest supported position 2^31-1"));
   }
+  if (p.on_device && pool.device == "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keys and values are device memory but pool '", pool.name, "' is on the host"));
+  }
   const DType dtype = p.dtype.value_or(g.dtype);
   const int64_t expected = p.num_tokens * g.TokenLayerBytes(dtype);
   for (const auto& [name, data] : {std::pair<const char*, absl::string_view>{"keys", p.keys},
@@ -85,7 +89,7 @@ absl::StatusOr<AppendResult> AppendLocked(Sequence& seq, const AppendParams& p, 
   }
   Transaction tx(seq.pool(), &st, seq.charge());
   tx.SetIncoming(IncomingRows{dtype, p.keys.data(), p.values.data(), p.keys.size(),
-                              int64_t{g.num_kv_heads} * g.head_dim});
+                              int64_t{g.num_kv_heads} * g.head_dim, p.on_device});
   int64_t evicted = 0;
   for (int h = 0; h < g.num_kv_heads; ++h) {
     LaneChange change;

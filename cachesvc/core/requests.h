@@ -37,6 +37,10 @@ struct AppendParams {
   // Dense [num_tokens, num_kv_heads, head_dim] of dtype.
   absl::string_view keys;
   absl::string_view values;
+  // In-process callers only (the RPC layer never sets it): keys and values are memory of the
+  // pool's device (KernelBackend::Allocate), read there by the write kernels without staging;
+  // never dereferenced on the host. INVALID_ARGUMENT on a host pool.
+  bool on_device = false;
 };
 
 struct AppendResult {

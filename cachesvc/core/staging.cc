@@ -11,8 +11,11 @@ namespace {
 constexpr size_t kAlign = 256;
 // A fresh chunk holds at least this much, so small steps share one chunk.
 constexpr size_t kMinChunkBytes = size_t{1} << 20;
-// What an idle context keeps of each kind of memory for the next step.
-constexpr size_t kKeepBytes = size_t{64} << 20;
+// What an idle context keeps of each kind of memory for the next step, and how many idle
+// contexts a pool keeps: a burst of concurrent requests leaves at most 16 x 2 x 32 MiB of
+// device and page-locked host memory behind (more contexts are made and freed as needed).
+constexpr size_t kKeepBytes = size_t{32} << 20;
+constexpr size_t kMaxIdle = 16;
 
 size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -100,8 +103,15 @@ absl::StatusOr<std::unique_ptr<StagingContext>> StagingPool::Acquire() {
 void StagingPool::Release(std::unique_ptr<StagingContext> context) {
   context->device().Reset(kKeepBytes);
   context->pinned().Reset(kKeepBytes);
-  kvc::MutexLock lock(&mu_);
-  idle_.push_back(std::move(context));
+  {
+    kvc::MutexLock lock(&mu_);
+    if (idle_.size() < kMaxIdle) {
+      idle_.push_back(std::move(context));
+      return;
+    }
+  }
+  // Destroyed outside the lock: it synchronizes and frees device memory.
+  context.reset();
 }
 
 }  // namespace kvc::cachesvc

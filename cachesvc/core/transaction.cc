@@ -208,8 +208,10 @@ absl::Status Transaction::RunWrites(OpStage& stage) {
     for (const SegmentPlan& sp : l.plan.segments) any = any || !sp.writes.empty();
   }
   if (!any) return absl::OkStatus();
-  const char* keys = stage.In(incoming_.keys, incoming_.bytes);
-  const char* values = stage.In(incoming_.values, incoming_.bytes);
+  const char* keys =
+      incoming_.on_device ? incoming_.keys : stage.In(incoming_.keys, incoming_.bytes);
+  const char* values =
+      incoming_.on_device ? incoming_.values : stage.In(incoming_.values, incoming_.bytes);
   for (const Lane& l : lanes_) {
     for (size_t s = 0; s < l.plan.segments.size(); ++s) {
       const SegmentPlan& sp = l.plan.segments[s];

@@ -30,6 +30,7 @@ struct IncomingRows {
   const char* values = nullptr;
   size_t bytes = 0;  // of keys, and of values
   int64_t row_stride = 0;
+  bool on_device = false;  // keys and values are already memory of the pool's backend
 };
 
 class Transaction {

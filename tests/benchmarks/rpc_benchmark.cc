@@ -5,6 +5,11 @@
 // in a temporary directory) and reports Append and Fetch over TLS against plaintext.
 //
 //   rpc_benchmark [--total_mib=256] [--chunk_kib=1024] [--rounds=5] [--tls] [--json=FILE]
+//                 [--device=cpu|cuda:N]
+//
+// --device puts the pool on a GPU (tests/gpu/run_service_gpu.sh): Append then stages each
+// message through pinned memory to the device and quantizes there, Fetch reads on the device
+// and copies back, against the same raw-gRPC and memcpy baselines.
 //
 // Each round runs every measurement once, in turn; the report gives the median over
 // rounds. Not a test: it asserts nothing about speed.
@@ -33,6 +38,7 @@ ABSL_FLAG(int32_t, rounds, 5, "rounds; the median is reported");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
 ABSL_FLAG(bool, tls, true, "also measure Append and Fetch over TLS (needs openssl on PATH)");
 ABSL_FLAG(std::string, make_certs, KVC_MAKE_CERTS_SCRIPT, "the script that makes the TLS certs");
+ABSL_FLAG(std::string, device, "cpu", "the pool's device: cpu or cuda:N");
 
 namespace {
 
@@ -154,6 +160,7 @@ int main(int argc, char** argv) {
   options.listen = "127.0.0.1:0";
   kvc::cachesvc::PoolOptions pool;
   pool.name = "bench";
+  pool.device = absl::GetFlag(FLAGS_device);
   pool.geometry.num_layers = 1;
   pool.geometry.num_kv_heads = kHeads;
   pool.geometry.num_query_heads = 4 * kHeads;

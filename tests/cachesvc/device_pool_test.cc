@@ -261,6 +261,51 @@ TEST(DeviceStoreTest, AHostPoolAndADevicePoolServeTheSameBytes) {
   }
   EXPECT_FALSE(fetched[0].empty());
   EXPECT_EQ(fetched[0], fetched[1]) << "a device pool must serve what a host pool serves";
+
+  // In-process appends straight from device memory (AppendParams::on_device): only on a
+  // device pool, and they store what the same bytes from the host store.
+  BlockPool* gpu = *(*store)->FindPool("gpu");
+  const std::string k = MakeKv(9, 0, 0, 20, kHeads, kDim, DType::kF16, /*is_value=*/false);
+  const std::string v = MakeKv(9, 0, 0, 20, kHeads, kDim, DType::kF16, /*is_value=*/true);
+  void* dev = nullptr;
+  ASSERT_TRUE(gpu->backend()->Allocate(2 * k.size(), &dev).ok());
+  ASSERT_TRUE(gpu->backend()->CopyToDevice(dev, k.data(), k.size(), {}).ok());
+  ASSERT_TRUE(gpu->backend()
+                  ->CopyToDevice(static_cast<char*>(dev) + k.size(), v.data(), v.size(), {})
+                  .ok());
+  ASSERT_TRUE(gpu->backend()->Synchronize({}).ok());
+  std::vector<std::string> ids;
+  for (const char* pool : {"host", "gpu"}) {
+    CreateSequenceParams c;
+    c.pool = pool;
+    auto seq = (*store)->CreateSequence(c);
+    KVC_ASSERT_OK(seq.status());
+    ids.push_back(seq->id);
+  }
+  AppendParams a;
+  a.layer = 0;
+  a.num_tokens = 20;
+  a.keys = absl::string_view(static_cast<const char*>(dev), k.size());
+  a.values = absl::string_view(static_cast<const char*>(dev) + k.size(), v.size());
+  a.on_device = true;
+  a.sequence_id = ids[0];
+  EXPECT_THAT((*store)->Append(a).status(), StatusIs(Code::kInvalidArgument, "is on the host"));
+  a.sequence_id = ids[1];
+  KVC_ASSERT_OK((*store)->Append(a).status());
+  FetchParams f;
+  f.sequence_id = ids[1];
+  f.include_unfinished = true;
+  std::string got_k, got_v;
+  KVC_ASSERT_OK((*store)->Fetch(f, [&](FetchChunk& chunk) {
+    got_k += chunk.keys;
+    got_v += chunk.values;
+    return true;
+  }));
+  EXPECT_EQ(got_k, MakeHeadKv(9, 0, 0, 0, 20, kDim, DType::kF16, /*is_value=*/false) +
+                       MakeHeadKv(9, 0, 1, 0, 20, kDim, DType::kF16, /*is_value=*/false));
+  EXPECT_EQ(got_v, MakeHeadKv(9, 0, 0, 0, 20, kDim, DType::kF16, /*is_value=*/true) +
+                       MakeHeadKv(9, 0, 1, 0, 20, kDim, DType::kF16, /*is_value=*/true));
+  gpu->backend()->Free(dev);
   auto pools = (*store)->ListPools();
   ASSERT_EQ(pools.size(), 2u);
   EXPECT_EQ(pools[1].options.device, "cuda:0");

@@ -7,8 +7,13 @@
 #                      level), needles found, step time vs roofline, bytes vs f16
 #   4. gpu_bench       kvc_gpu_bench: quantize/dequantize vs D2D copy, decode vs roofline, SnapKV
 #                      score+select+gather vs one KV read (goals reported, not enforced)
+#   4b. service_bench  rpc_benchmark --device=cuda:0: Append / Fetch through kvcached with a GPU
+#                      pool vs raw gRPC streaming and memcpy of the same bytes
 #   5. core:<test>     the KvStore-level gtest suites with KVC_TEST_POOL_DEVICE=cuda:0
 #   6. service:<test>  the gRPC service suites with KVC_TEST_POOL_DEVICE=cuda:0
+#   6a. service_demo   kvc_longctx_service_demo: the same 1M-token 70B-shaped INT4 sequence in a
+#                      cuda:0 pool of the service core (KvStore), appended from device memory,
+#                      Attend on every layer: needles found, step time, bytes vs f16
 #   6b. kvcached:cuda_pool   kvcached starts with a cuda:0 pool beside a cpu pool, kvcachectl
 #                      lists both, SIGTERM stops it cleanly
 #   6c. kvcached:bad_device  a cuda:7 pool: kvcached must exit non-zero at once, naming the pool
@@ -16,8 +21,9 @@
 #   8. racecheck       under --tool racecheck, only the checks whose kernels share memory
 #                      between threads: --filter Decode, SnapKv and Select (bounded time)
 # and writes into OUTDIR: summary.txt (one PASS/FAIL/SKIP line per step, with its reason and
-# seconds), environment.txt, gpu_bench.json, longctx_demo.json, details.tar.gz (every log
-# and gtest XML): five files, inside the device tool's eight-file return limit.
+# seconds), environment.txt, gpu_bench.json, longctx_demo.json, service_bench.json,
+# details.tar.gz (every log and gtest XML): six files, inside the device tool's eight-file
+# return limit.
 # Every step has a timeout, and a step never runs past the whole run's deadline
 # (KVC_GPU_DEADLINE_S, default 470 s), so the run ends in under 8 minutes.
 # Exit 0 only if no step FAILED. Without a GPU (no nvidia-smi GPU, or KVC_GPU_ASSUME_NO_GPU=1)
@@ -119,7 +125,9 @@ if [[ -n "${KVC_GPU_BUILD_DIR:-}" ]]; then
   # Link the build's binaries into one folder so every later step finds them the same way.
   BIN="$DETAIL/build-bin"
   mkdir -p "$BIN"
-  for t in kvcached kvc_kernel_checks kvc_gpu_bench kvc_longctx_demo device_pool_test kv_store_test \
+  for t in kvcached kvc_kernel_checks kvc_gpu_bench kvc_longctx_demo kvc_longctx_service_demo \
+    rpc_benchmark \
+    device_pool_test kv_store_test \
     compression_test residual_test concurrent_fetch_test threaded_model_test \
     kv_store_model_test fault_injection_test stats_scaling_test service_test \
     compress_service_test operability_test; do
@@ -264,6 +272,18 @@ else
   record FAIL gpu_bench "kvc_gpu_bench missing"
 fi
 
+# ---- step 4b: Append / Fetch through kvcached with a cuda:0 pool vs raw gRPC and memcpy
+if [[ $HAVE_GPU != 1 ]]; then
+  record SKIP service_bench "no GPU: $GPU_REASON"
+elif ! have rpc_benchmark; then
+  record FAIL service_bench "rpc_benchmark missing"
+else
+  run_step service_bench 40 service_bench "$BIN/rpc_benchmark" --device=cuda:0 --tls=false \
+    --total_mib=512 --rounds=3 --json="$OUT/service_bench.json"
+  judge service_bench "$(grep -E "Append|Fetch" "$DETAIL/service_bench.log" | tr -s ' ' |
+    tr '\n' ';' | cut -c1-300)"
+fi
+
 # ---- steps 5 and 6: the core and service suites on a cuda:0 pool
 gtest_step() {
   local kind=$1 t=$2 limit=$3
@@ -288,6 +308,19 @@ gtest_step core threaded_model_test 25
 gtest_step service service_test 15
 gtest_step service compress_service_test 15
 gtest_step service operability_test 25
+
+# ---- step 6a: the 1M-token demo through the service core: KvStore with a cuda:0 pool,
+# device-resident appends, Attend on every layer (its JSON goes into details.tar.gz)
+if [[ $HAVE_GPU != 1 ]]; then
+  record SKIP service_demo "no GPU: $GPU_REASON"
+elif ! have kvc_longctx_service_demo; then
+  record FAIL service_demo "kvc_longctx_service_demo missing"
+else
+  KVC_CUDA_CHECK_POINTERS=1 run_step service_demo 100 service_demo \
+    "$BIN/kvc_longctx_service_demo" --device=cuda:0 --json="$DETAIL/longctx_service_demo.json"
+  judge service_demo "$(grep -E "needles|decode|filled" "$DETAIL/service_demo.log" |
+    tr -s ' ' | tr '\n' ';' | cut -c1-300)"
+fi
 
 # ---- steps 6b and 6c: kvcached itself with device pools (the overlay's startup path)
 kvcached_config() {  # DEVICE PORT

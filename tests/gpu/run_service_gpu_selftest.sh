@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI check of the real-GPU scripts without a GPU (and without building a bundle, which takes
 # minutes): both scripts parse (bash -n); run_service_gpu.sh's no-GPU path, fed the build's
-# own binaries, exits 0 with every GPU step SKIP and its five output files; without a bundle
+# own binaries, exits 0 with every GPU step SKIP and its six output files; without a bundle
 # it exits 0 and says how to make one; bad usage exits 64.
 #   run_service_gpu_selftest.sh BUILD_DIR WORK_DIR
 set -uo pipefail
