@@ -51,8 +51,8 @@ absl::StatusOr<DType> ValidateAppend(const AppendParams& p, const PoolOptions& p
                                               " exceeds the largest supported position 2^31-1"));
   }
   if (p.on_device && pool.device == "cpu") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "keys and values are device memory but pool '", pool.name, "' is on the host"));
+    return absl::InvalidArgumentError(absl::StrCat("keys and values are device memory but pool '",
+                                                   pool.name, "' is on the host"));
   }
   const DType dtype = p.dtype.value_or(g.dtype);
   const int64_t expected = p.num_tokens * g.TokenLayerBytes(dtype);
