@@ -8,6 +8,7 @@
 #include <map>
 #include <regex>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -92,6 +93,11 @@ TEST(OperabilityTest, MetricsReflectTraffic) {
   EXPECT_EQ(Sample(body, absl::StrCat(R"(kvc_pool_info{device=")", testing::TestPoolDevice(),
                                       R"(",pool="small"})")),
             1);
+  // kvcachectl pools reads the same from ListPools.
+  KVC_ASSERT_OK_AND_ASSIGN(std::vector<client::PoolInfo> pools, t.client->ListPools());
+  ASSERT_EQ(pools.size(), 1u);
+  EXPECT_EQ(pools[0].device, testing::TestPoolDevice());
+  EXPECT_EQ(pools[0].used_bytes, 2 * kLayers * kHeads * block);
   EXPECT_EQ(Sample(body, R"(kvc_sequences{pool="small"})"), 1);
   EXPECT_EQ(Sample(body, R"(kvc_visible_tokens{pool="small"})"), 20);
   EXPECT_EQ(Sample(body, R"(kvc_stored_token_heads{pool="small"})"), 20.0 * kLayers * kHeads);

@@ -32,10 +32,14 @@ std::vector<int> HostInts(const int* device, size_t n) {
 }
 
 // How a fault at device memory ends the process: killed by SIGSEGV after cudasim's message,
-// or, under AddressSanitizer or ThreadSanitizer (whose handler takes the signal), a nonzero
-// exit after its report (a fault near a fiber's stack may be called a stack-overflow).
+// or, under AddressSanitizer or ThreadSanitizer (whose handler takes the signal), after its
+// report: a nonzero exit, or SIGABRT with abort_on_error=1 (the asan test preset sets it). A
+// fault near a fiber's stack may be called a stack-overflow.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-bool DiedOfSegv(int status) { return WIFEXITED(status) && WEXITSTATUS(status) != 0; }
+bool DiedOfSegv(int status) {
+  return (WIFEXITED(status) && WEXITSTATUS(status) != 0) ||
+         (WIFSIGNALED(status) && (WTERMSIG(status) == SIGABRT || WTERMSIG(status) == SIGSEGV));
+}
 constexpr char kHostFault[] = "Sanitizer: SEGV on unknown address";
 constexpr char kDeviceFault[] = "Sanitizer: [A-Za-z-]+ on (unknown )?address";
 #else
