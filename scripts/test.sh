@@ -18,7 +18,7 @@
 #               (scripts/run_fuzzers.sh; fails on any finding)
 #
 # A failing stage does not stop the later ones (one CI run reports everything); the exit
-# status is 1 if any stage failed. About 40 minutes on 2 cores from a clean tree (README.md).
+# status is 1 if any stage failed. About 44 minutes on 2 cores from a clean tree (README.md).
 #
 #   scripts/test.sh                  all of the above (CI)
 #   scripts/test.sh --quick          checks + default + python, for local iterations

@@ -80,6 +80,9 @@ struct Uploaded {
   BlockPool* pool = nullptr;
   void* data = nullptr;
   std::string host;  // a cpu pool's copy
+  Uploaded() = default;
+  Uploaded(const Uploaded&) = delete;
+  Uploaded& operator=(const Uploaded&) = delete;
   ~Uploaded() {
     if (data != nullptr) pool->backend()->Free(data);
   }
