@@ -106,23 +106,14 @@ void DeviceBlockPool::ReleaseSlabLocked(int32_t s) {
 
 absl::Status DeviceBlockPool::Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) {
   KVC_CHECK(n >= 0) << n;
-  if (!kernels::FormatSupportsHeadDim(format, options_.geometry.head_dim)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "storage format ", kernels::StorageFormatName(format), " cannot store head_dim ",
-        options_.geometry.head_dim, " (its groups must tile head_dim)"));
-  }
+  KVC_RETURN_IF_ERROR(CheckFormatFits(options_, format));
   if (n == 0) return absl::OkStatus();
   const int f = static_cast<int>(format);
   const int64_t block_bytes = static_cast<int64_t>(layout(format).block_bytes);
   kvc::MutexLock lock(&mu_);
   const int64_t free_bytes = options_.capacity_bytes - used_bytes_.load(std::memory_order_relaxed);
   if (n * block_bytes > free_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("pool '", options_.name, "' is full: this request needs ", n, " ",
-                     kernels::StorageFormatName(format), " blocks (", n * block_bytes,
-                     " bytes) but ", free_bytes, " of ", options_.capacity_bytes,
-                     " bytes are free; release sequences, compress them, or give the pool more "
-                     "capacity_bytes"));
+    return PoolFullError(options_, format, n, block_bytes, free_bytes);
   }
   // Free blocks of this format's slabs first, then fresh slabs; all or none.
   std::vector<BlockId> taken;

@@ -72,11 +72,7 @@ absl::Status HostBlockPool::ReserveLocked(StorageFormat format) {
 
 absl::Status HostBlockPool::Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) {
   KVC_CHECK(n >= 0) << n;
-  if (!kernels::FormatSupportsHeadDim(format, options_.geometry.head_dim)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "storage format ", kernels::StorageFormatName(format), " cannot store head_dim ",
-        options_.geometry.head_dim, " (its groups must tile head_dim)"));
-  }
+  KVC_RETURN_IF_ERROR(CheckFormatFits(options_, format));
   if (n == 0) return absl::OkStatus();
   const int64_t block_bytes = static_cast<int64_t>(layout(format).block_bytes);
   kvc::MutexLock lock(&mu_);
@@ -85,12 +81,7 @@ absl::Status HostBlockPool::Allocate(StorageFormat format, int64_t n, std::vecto
   const int64_t free_bytes = options_.capacity_bytes - used_bytes_.load(std::memory_order_relaxed);
   const int64_t fresh_left = a.max_blocks - a.next_fresh + static_cast<int64_t>(a.free.size());
   if (n * block_bytes > free_bytes || n > fresh_left) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("pool '", options_.name, "' is full: this request needs ", n, " ",
-                     kernels::StorageFormatName(format), " blocks (", n * block_bytes,
-                     " bytes) but ", free_bytes, " of ", options_.capacity_bytes,
-                     " bytes are free; release sequences, compress them, or give the pool more "
-                     "capacity_bytes"));
+    return PoolFullError(options_, format, n, block_bytes, free_bytes);
   }
   for (int64_t i = 0; i < n; ++i) {
     BlockId id;

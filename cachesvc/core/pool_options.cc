@@ -19,6 +19,22 @@ bool IsValidName(const std::string& name) {
   return true;
 }
 
+absl::Status CheckFormatFits(const PoolOptions& options, StorageFormat format) {
+  if (kernels::FormatSupportsHeadDim(format, options.geometry.head_dim)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("storage format ", kernels::StorageFormatName(format), " cannot store head_dim ",
+                   options.geometry.head_dim, " (its groups must tile head_dim)"));
+}
+
+absl::Status PoolFullError(const PoolOptions& options, StorageFormat format, int64_t blocks,
+                           int64_t block_bytes, int64_t free_bytes) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "pool '", options.name, "' is full: this request needs ", blocks, " ",
+      kernels::StorageFormatName(format), " blocks (", blocks * block_bytes, " bytes) but ",
+      free_bytes, " of ", options.capacity_bytes,
+      " bytes are free; release sequences, compress them, or give the pool more capacity_bytes"));
+}
+
 absl::StatusOr<int> ParsePoolDevice(const std::string& device) {
   if (device == "cpu") return -1;
   constexpr absl::string_view kCuda = "cuda:";

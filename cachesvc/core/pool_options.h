@@ -20,6 +20,12 @@ absl::Status ValidatePoolOptions(const PoolOptions& options);
 // INVALID_ARGUMENT for anything else.
 absl::StatusOr<int> ParsePoolDevice(const std::string& device);
 
+// The refusals every BlockPool shares: INVALID_ARGUMENT when `format` cannot store the pool's
+// head_dim; RESOURCE_EXHAUSTED naming the pool, the need and what is free.
+absl::Status CheckFormatFits(const PoolOptions& options, StorageFormat format);
+absl::Status PoolFullError(const PoolOptions& options, StorageFormat format, int64_t blocks,
+                           int64_t block_bytes, int64_t free_bytes);
+
 // True for names made of [A-Za-z0-9._:-], 1..128 bytes (pool names, client sequence ids).
 bool IsValidName(const std::string& name);
 
