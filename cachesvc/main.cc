@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, capacity, "",
 ABSL_FLAG(std::string, metrics_listen, "",
           "host:port serving Prometheus /metrics (default 127.0.0.1:9464, or the config's; "
           "port 0 = any free port; 'off' = none)");
+ABSL_FLAG(std::string, shard, "",
+          "this server's name in a cluster of shards (a DNS label; Kubernetes: the pod name); "
+          "overrides the config's shard.name. Set: ids are <shard>:<incarnation>:<id>");
 ABSL_FLAG(int32_t, shutdown_grace_seconds, 10,
           "on SIGTERM/SIGINT, how long in-flight calls may take to finish");
 
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
     options.metrics_listen = "127.0.0.1:9464";
   }
   if (options.metrics_listen == "off") options.metrics_listen.clear();
+  if (!absl::GetFlag(FLAGS_shard).empty()) options.store.shard_name = absl::GetFlag(FLAGS_shard);
 
   // Block the signals before gRPC starts its threads, so only sigwait sees them.
   sigset_t signals;
@@ -83,6 +87,11 @@ int main(int argc, char** argv) {
                   << kvc::kernels::DTypeName(g.dtype) << ", " << g.block_tokens << " tokens/block, "
                   << pool.total_blocks << " blocks of " << pool.block_bytes
                   << " bytes = " << pool.options.capacity_bytes << " bytes capacity";
+  }
+  const kvc::cachesvc::ShardIdentity& shard = (*server)->store()->shard();
+  if (shard.clustered()) {
+    KVC_LOG(INFO) << "cluster shard '" << shard.name() << "', incarnation " << shard.incarnation()
+                  << ", placement weight " << shard.weight();
   }
   if (!(*server)->metrics_address().empty()) {
     KVC_LOG(INFO) << "metrics on http://" << (*server)->metrics_address() << "/metrics";

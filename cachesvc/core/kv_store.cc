@@ -42,6 +42,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreOptions& o
         absl::StrCat("max_sequences is ", options.max_sequences, "; expected >= 1"));
   }
   std::unique_ptr<KvStore> store(new KvStore(options));
+  KVC_ASSIGN_OR_RETURN(store->shard_,
+                       ShardIdentity::Create(options.shard_name, options.shard_weight));
   const kernels::KernelStatus ks = kernels::CreateBackend(
       kernels::BackendKind::kCpu, kernels::BackendOptions(), &store->backend_);
   KVC_RETURN_IF_ERROR(FromKernelStatus(ks, "creating the CPU kernel backend"));
@@ -121,7 +123,7 @@ std::string KvStore::NewSequenceId() {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string id = "s-";
   for (int i = 15; i >= 0; --i) id.push_back(kHex[(x >> (4 * i)) & 0xf]);
-  return id;
+  return shard_.Qualify(id);
 }
 
 absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequenceParams& params) {
@@ -140,8 +142,10 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
         absl::StrCat("client_sequence_id ", Quoted(params.client_sequence_id),
                      " is invalid: use 1-128 characters from [A-Za-z0-9._:-]"));
   }
+  KVC_RETURN_IF_ERROR(shard_.CheckClientId(params.client_sequence_id));
   KVC_RETURN_IF_ERROR(ValidateSpec(params.policy, pool->options().geometry, /*automatic=*/true));
-  std::string id = params.client_sequence_id.empty() ? NewSequenceId() : params.client_sequence_id;
+  std::string id = params.client_sequence_id.empty() ? NewSequenceId()
+                                                     : shard_.Qualify(params.client_sequence_id);
   int pool_index = 0;
   while (pools_[static_cast<size_t>(pool_index)].get() != pool) ++pool_index;
   PoolUsage* usage = usage_[static_cast<size_t>(pool_index)].get();
@@ -162,7 +166,8 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
 absl::StatusOr<std::shared_ptr<Sequence>> KvStore::FindLive(const std::string& scope,
                                                             const std::string& id) const {
   if (id.empty()) return absl::InvalidArgumentError("sequence_id is empty");
-  return registry_.Find(scope, id);
+  KVC_ASSIGN_OR_RETURN(const std::string key, shard_.Resolve(id));
+  return registry_.Find(scope, key);
 }
 
 absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
@@ -244,7 +249,7 @@ absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& scope,
     seq->account()->Add(seq->pool_index(), -result.freed_bytes);
     seq->account()->RemoveSequence();
   }
-  registry_.Erase(scope, sequence_id);
+  registry_.Erase(scope, seq->id());  // the registry key: the id as qualified by this shard
   return result;
 }
 

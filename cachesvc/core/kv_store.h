@@ -20,6 +20,7 @@
 #include "cachesvc/core/pool_usage.h"
 #include "cachesvc/core/requests.h"
 #include "cachesvc/core/sequence_registry.h"
+#include "cachesvc/core/shard_identity.h"
 #include "cachesvc/core/tenant_account.h"
 #include "cachesvc/core/tenant_quota.h"
 #include "cachesvc/core/types.h"
@@ -42,6 +43,9 @@ struct KvStoreOptions {
   int64_t max_response_bytes = int64_t{16} << 20;
   // Per-tenant limits; the core enforces max_bytes_per_pool and max_sequences.
   std::vector<TenantQuota> quotas;
+  // Cluster identity (ShardIdentity): empty = a single server whose ids stay local.
+  std::string shard_name;
+  double shard_weight = 1.0;
   StoreHooks hooks;
 };
 
@@ -90,6 +94,8 @@ class KvStore {
   // Every tenant that holds a sequence, with what it holds; reads atomics only.
   std::vector<TenantUsageSnapshot> TenantUsage() const;
   const std::vector<TenantQuota>& quotas() const { return options_.quotas; }
+  // This server's cluster name, incarnation and placement weight.
+  const ShardIdentity& shard() const { return shard_; }
 
   // The pool named `name` (empty = default), or NOT_FOUND listing the pools.
   absl::StatusOr<BlockPool*> FindPool(const std::string& name) const;
@@ -118,6 +124,7 @@ class KvStore {
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> id_counter_{0};
   uint64_t id_salt_ = 0;
+  ShardIdentity shard_;
 };
 
 }  // namespace kvc::cachesvc

@@ -192,6 +192,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
                       .Help("1 while kvcached is draining before shutdown.")
                       .Register(*m->registry_)
                       .Add({});
+  // Who this server is in a cluster, as an info metric: dashboards join it on `instance` for
+  // a per-shard view, and a changed incarnation shows a restart that lost every sequence.
+  prometheus::BuildGauge()
+      .Name("kvc_shard_info")
+      .Help("1; shard: cluster name (empty = not a shard); incarnation: drawn at each start.")
+      .Register(*m->registry_)
+      .Add({{"shard", store->shard().name()}, {"incarnation", store->shard().incarnation()}})
+      .Set(1);
   m->auth_failures_ = &prometheus::BuildCounter()
                            .Name("kvc_auth_failures_total")
                            .Help("Calls refused for missing or invalid credentials.")

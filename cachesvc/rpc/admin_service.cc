@@ -88,6 +88,22 @@ grpc::Status AdminServiceImpl::Drain(grpc::ServerContext* context, const pb::Dra
   return scope.Finish(grpc::Status::OK);
 }
 
+grpc::Status AdminServiceImpl::GetServerInfo(grpc::ServerContext* context,
+                                             const pb::GetServerInfoRequest*,
+                                             pb::ServerInfo* response) {
+  RpcScope scope(metrics_, kService, "GetServerInfo");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  // Identity, not data: every tenant's cluster client needs it to route its own sequences.
+  (void)caller;
+  const ShardIdentity& shard = store_->shard();
+  response->set_shard(shard.name());
+  response->set_incarnation(shard.incarnation());
+  response->set_weight(shard.weight());
+  response->set_draining(store_->draining());
+  response->set_started_unix_ms(shard.started_unix_ms());
+  return scope.Finish(grpc::Status::OK);
+}
+
 grpc::Status AdminServiceImpl::ListTenants(grpc::ServerContext* context,
                                            const pb::ListTenantsRequest*,
                                            pb::ListTenantsResponse* response) {

@@ -34,6 +34,9 @@ class AdminServiceImpl final : public kvcache::v1::AdminService::Service {
   grpc::Status ListTenants(grpc::ServerContext* context,
                            const kvcache::v1::ListTenantsRequest* request,
                            kvcache::v1::ListTenantsResponse* response) override;
+  grpc::Status GetServerInfo(grpc::ServerContext* context,
+                             const kvcache::v1::GetServerInfoRequest* request,
+                             kvcache::v1::ServerInfo* response) override;
 
  private:
   KvStore* store_;

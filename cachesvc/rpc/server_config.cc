@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "cachesvc/core/shard_identity.h"
 #include "cachesvc/rpc/proto_convert.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -186,6 +187,12 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
   KVC_RETURN_IF_ERROR(ParseAuth(config.auth(), options.tls, &options.auth));
   KVC_RETURN_IF_ERROR(ParseQuotas(config, &options.store.quotas));
   options.insecure = config.insecure();
+  options.store.shard_name = config.shard().name();
+  options.store.shard_weight = config.shard().weight();
+  if (const auto shard = ShardIdentity::Create(config.shard().name(), config.shard().weight());
+      !shard.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("config shard: ", shard.status().message()));
+  }
   return options;
 }
 

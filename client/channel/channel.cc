@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
 #include <sstream>
@@ -80,6 +81,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const ClientOptions
   args.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   if (!options.tls.server_name.empty()) {
     args.SetSslTargetNameOverride(options.tls.server_name);
+  }
+  if (options.max_reconnect_backoff > absl::ZeroDuration()) {
+    // gRPC's default grows to 120 s: a restarted shard would wait that long to be dialled.
+    const int ms = static_cast<int>(absl::ToInt64Milliseconds(options.max_reconnect_backoff));
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ms);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(ms, 100));
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(ms, 100));
   }
   return grpc::CreateCustomChannel(options.target, *credentials, args);
 }

@@ -437,4 +437,17 @@ absl::StatusOr<std::vector<TenantUsage>> KvCacheClient::ListTenants(const CallOp
   return out;
 }
 
+absl::StatusOr<ServerInfo> KvCacheClient::GetServerInfo(const CallOptions& call) {
+  pb::ServerInfo response;
+  const absl::Status status = impl_->Retry([&] {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    return FromGrpcStatus(
+        impl_->admin->GetServerInfo(&context, pb::GetServerInfoRequest(), &response));
+  });
+  if (!status.ok()) return status;
+  return ServerInfo{response.shard(), response.incarnation(), response.weight(),
+                    response.draining(), response.started_unix_ms()};
+}
+
 }  // namespace kvc::client

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "health.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/kv_data.h"

@@ -43,6 +43,9 @@ struct ClientOptions {
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
   int64_t max_message_bytes = int64_t{16} << 20;
+  // Longest wait between attempts to re-dial a lost server; zero = gRPC's default (up to
+  // 120 s). The cluster client sets 1 s so a restarted shard rejoins quickly.
+  absl::Duration max_reconnect_backoff = absl::ZeroDuration();
 };
 
 struct CallOptions {
@@ -99,6 +102,8 @@ class KvCacheClient {
                                              const CallOptions& call = {});
   // Every tenant's holdings and quotas (an admin, or authentication off), else the caller's.
   absl::StatusOr<std::vector<TenantUsage>> ListTenants(const CallOptions& call = {});
+  // The server's cluster identity (shard name, incarnation, weight) and draining state.
+  absl::StatusOr<ServerInfo> GetServerInfo(const CallOptions& call = {});
 
   const ClientOptions& options() const;
 

@@ -104,6 +104,15 @@ struct PoolStats {
   int64_t quota_sequences = 0;
 };
 
+// Who a kvcached is in a cluster (AdminService.GetServerInfo).
+struct ServerInfo {
+  std::string shard;        // cluster name; empty = not a cluster shard
+  std::string incarnation;  // 8 hex digits drawn at each start; a change = a restart
+  double weight = 1.0;      // placement weight
+  bool draining = false;    // takes no new sequences
+  int64_t started_unix_ms = 0;
+};
+
 // What one tenant holds and may hold (AdminService.ListTenants).
 struct TenantUsage {
   std::string tenant;
