@@ -27,6 +27,7 @@ METRICS = {
     "kvc_rpc_received_bytes_total", "kvc_rpc_sent_bytes_total", "kvc_draining", "kvc_build_info",
     "kvc_tenant_sequences", "kvc_tenant_used_bytes", "kvc_tenant_quota_bytes",
     "kvc_tenant_quota_sequences", "kvc_tenant_call_limit_refusals_total", "kvc_auth_failures_total",
+    "kvc_shard_info",
 }
 HISTOGRAMS = {"kvc_rpc_duration_seconds"}
 # Counters that exist only once something happened (no eviction policy ran in the live test).
