@@ -14,7 +14,8 @@
 #     its own; and a self-test that the validator rejects broken manifests and cluster overlays;
 #  4. promtool check rules + promtool test rules for deploy/prometheus/alerts*.yaml;
 #  5. the Grafana dashboard: JSON structure, metric names, and every query as a recording rule
-#     through `promtool check rules`;
+#     through `promtool check rules`; the per-shard queries evaluated by `promtool test rules`
+#     (dashboard_shard_test.yaml);
 #  6. the Dockerfiles (check_dockerfiles.py).
 # usage: static_test.sh   (from anywhere; ctest runs it; KUBECTL=/nonexistent tries the no-kubectl path)
 set -euo pipefail
@@ -144,6 +145,10 @@ echo "== dashboard"
 python3 "$here/prom_queries.py" check deploy/grafana/kvcache-dashboard.json deploy/prometheus/alerts.yaml \
   "$tmp/dashboard-rules.yaml"
 promtool check rules "$tmp/dashboard-rules.yaml"
+# The "Per shard" row's queries evaluated on two shards and an unsharded target: the join with
+# kvc_shard_info attributes every series to its shard (tests/deploy/dashboard_shard_test.yaml).
+cp "$here/dashboard_shard_test.yaml" "$tmp/"
+promtool test rules "$tmp/dashboard_shard_test.yaml"
 
 echo "== Dockerfiles"
 python3 "$here/check_dockerfiles.py" "$repo"
