@@ -8,11 +8,15 @@
       Evaluates every dashboard query, variable query and alert expression through a running
       Prometheus's HTTP API: each must evaluate; each dashboard query must return at least one
       finite sample; every kvcached metric must exist; every loaded rule must be healthy.
+      KVC_ABSENT_OK=METRIC[,METRIC...] in the environment: those metrics may be missing (a
+      kvcached built before them, e.g. kvc_shard_info without --shard), and the queries and
+      variables that use them may be empty; each is reported as a note.
 
 Standard library only (runs under any python3).
 """
 import json
 import math
+import os
 import re
 import sys
 import urllib.parse
@@ -27,6 +31,7 @@ METRICS = {
     "kvc_rpc_received_bytes_total", "kvc_rpc_sent_bytes_total", "kvc_draining", "kvc_build_info",
     "kvc_tenant_sequences", "kvc_tenant_used_bytes", "kvc_tenant_quota_bytes",
     "kvc_tenant_quota_sequences", "kvc_tenant_call_limit_refusals_total", "kvc_auth_failures_total",
+    "kvc_shard_info",
 }
 HISTOGRAMS = {"kvc_rpc_duration_seconds"}
 # Counters that exist only once something happened (no eviction policy ran in the live test).
@@ -68,13 +73,15 @@ def walk_panels(panels):
         yield from walk_panels(p.get("panels", []))
 
 
-def dashboard_queries(dash):
-    """[(label, expr with variables substituted)] for every panel target."""
+def dashboard_queries(dash, with_record=False):
+    """[(label, expr with variables substituted)] for every panel target; with_record adds the
+    recording rule name `check` gives it: dashboard:panel_<id>_<refId>."""
     variables = dashboard_variables(dash)
     out = []
     for p in walk_panels(dash.get("panels", [])):
         for t in p.get("targets", []):
-            out.append((f'panel {p["id"]} "{p["title"]}" {t["refId"]}', substitute(t["expr"], variables)))
+            q = (f'panel {p["id"]} "{p["title"]}" {t["refId"]}', substitute(t["expr"], variables))
+            out.append(q + (f'dashboard:panel_{p["id"]}_{t["refId"]}',) if with_record else q)
     return out
 
 
@@ -162,11 +169,12 @@ def check(dashboard_path, alerts_path, rules_out):
     variable_queries(dash)  # fails on unsupported variable queries
     for name, expr in alert_exprs(alerts_path):
         check_known_metrics(f"alert {name}", expr)
-    # Every dashboard query as a recording rule: promtool parses and type-checks it.
+    # Every dashboard query as a recording rule: promtool parses and type-checks it, and
+    # `promtool test rules` can evaluate it by name (dashboard:panel_<id>_<refId>).
     with open(rules_out, "w") as f:
         f.write("groups:\n  - name: dashboard-queries\n    rules:\n")
-        for i, (label, expr) in enumerate(dashboard_queries(dash)):
-            f.write(f"      # {label}\n      - record: dashboard:query_{i}\n")
+        for label, expr, record in dashboard_queries(dash, with_record=True):
+            f.write(f"      # {label}\n      - record: {record}\n")
             f.write(f"        expr: {json.dumps(expr)}\n")
     print(f"dashboard: {len(ids)} panels, {n_queries} queries, metric names known; rules in {rules_out}")
 
@@ -193,6 +201,13 @@ def finite(sample):
 def live(prom, dashboard_path, alerts_path):
     dash = load_dashboard(dashboard_path)
     problems = []
+    absent_ok = {m for m in os.environ.get("KVC_ABSENT_OK", "").split(",") if m}
+    unknown = absent_ok - METRICS
+    if unknown:
+        fail(f"KVC_ABSENT_OK names metrics kvcached does not export: {sorted(unknown)}")
+
+    def may_be_empty(expr):
+        return bool(metric_names(expr) & absent_ok)
 
     data, err = api(prom, "/api/v1/query", query='up{job="kvcached"}')
     if err or not data["result"] or any(s["value"][1] != "1" for s in data["result"]):
@@ -205,6 +220,8 @@ def live(prom, dashboard_path, alerts_path):
         if want not in names:
             if m in MAY_BE_ABSENT:
                 print(f"note: {m} has no series yet (nothing evicted)")
+            elif m in absent_ok:
+                print(f"note: {m} not scraped (KVC_ABSENT_OK)")
             else:
                 problems.append(f"metric {want} not scraped from kvcached")
 
@@ -212,6 +229,8 @@ def live(prom, dashboard_path, alerts_path):
         data, err = api(prom, "/api/v1/query", query=expr)
         if err:
             problems.append(f"{label}: {err}\n    {expr}")
+        elif not data["result"] and may_be_empty(expr):
+            print(f"note {label}: no data, allowed (KVC_ABSENT_OK={','.join(sorted(absent_ok))})")
         elif not data["result"]:
             problems.append(f"{label}: no data\n    {expr}")
         elif data["resultType"] == "vector" and not any(finite(s) for s in data["result"]):
@@ -221,7 +240,9 @@ def live(prom, dashboard_path, alerts_path):
 
     for name, selector, lbl in variable_queries(dash):
         data, err = api(prom, f"/api/v1/label/{lbl}/values", **{"match[]": selector})
-        if err or not data:
+        if not err and not data and may_be_empty(selector):
+            print(f"note variable ${name}: empty, allowed (KVC_ABSENT_OK)")
+        elif err or not data:
             problems.append(f"variable ${name}: label_values({selector}, {lbl}) empty: {err or data}")
         else:
             print(f"ok   variable ${name}: {data}")

@@ -23,7 +23,16 @@ Checks, per rendering:
     Secret volume mounted read-only, without subPath, at the file's directory; no env var takes
     those Secrets; the probes do not use the kubelet's gRPC probe (no TLS) but the plaintext
     metrics port; the NetworkPolicy selects the kvcached pods and lets only kvcache client pods
-    reach the gRPC port and only Prometheus in the monitoring namespace the metrics port.
+    reach the gRPC port and only Prometheus in the monitoring namespace the metrics port;
+  * shards: the container passes --shard=$(POD_NAME) once, POD_NAME comes from the pod's
+    metadata.name (so every replica has its own, stable shard name and sequence ids never
+    collide), the pod names are DNS labels; the headless Service does not publish not-ready pods
+    (a draining shard must leave DNS so that clients place no new sequence on it).
+  validate_manifests.py ... --cluster RENDERED.yaml
+      RENDERED.yaml is the 3-shard cluster overlay: all the above plus replicas 3, topology
+      spread over nodes (maxSkew 1, DoNotSchedule, taints honoured) and zones (ScheduleAnyway)
+      selecting the kvcached pods, anti-affinity kept, the PodDisruptionBudget at
+      maxUnavailable 1.
   validate_manifests.py ... --secrets-dir DIR
       Also validates the Secret manifests make-secrets.sh wrote to DIR (*.secret.yaml) and
       checks the mounted keys against them instead of the expected key names.
@@ -179,6 +188,7 @@ def check_rendering(where, docs, version, pb, rendered, secrets):
         if v is None or port not in cports or port_of(v) != cports[port]:
             problem(where, f"--{fl}={v} does not match container port '{port}' {cports.get(port)}")
     check_probes(where, c, cports, args)
+    check_shard(where, sts, c, args, svc)
     check_network_policy(where, by_kind["NetworkPolicy"][0], pod_labels, cports)
     grace = flag(args, "shutdown_grace_seconds")
     tgps = pod["spec"].get("terminationGracePeriodSeconds", 30)
@@ -205,6 +215,60 @@ def check_rendering(where, docs, version, pb, rendered, secrets):
     if config is not None:
         check_security(where, config, flag(args, "listen"))
         check_secret_mounts(where, config, pod, c, secrets)
+
+
+SHARD_ARG = "--shard=$(POD_NAME)"
+
+
+def check_shard(where, sts, c, args, svc):
+    """Every replica gets its own shard name, the pod name: kvcached mints sequence ids as
+    NAME:<incarnation>:<local id> and cluster clients route by NAME, so two pods with one name
+    would hand out colliding ids."""
+    shard = [a for a in args if a == "--shard" or a.startswith("--shard=")]
+    if shard != [SHARD_ARG]:
+        problem(where, f"kvcached needs exactly one {SHARD_ARG} argument (a distinct shard per pod), has {shard}")
+    env = [e for e in c.get("env", []) if e.get("name") == "POD_NAME"]
+    field = env and env[-1].get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    if len(env) != 1 or "value" in env[0] or field != "metadata.name":
+        problem(where, f"env POD_NAME must come from fieldRef metadata.name (the pod's name), is {env}")
+    # Pod names are NAME-ORDINAL; --shard takes a DNS label: [a-z0-9-], at most 63 characters.
+    last = f'{sts["metadata"]["name"]}-{max(int(sts["spec"].get("replicas", 1)) - 1, 0)}'
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", last):
+        problem(where, f"pod name {last} is not a DNS label, so not a valid --shard name")
+    if svc["spec"].get("publishNotReadyAddresses"):
+        problem(where, "the headless Service publishes not-ready pods: a draining shard would stay in DNS "
+                       "and clients would keep placing new sequences on it")
+
+
+def check_cluster(where, docs, replicas):
+    """The cluster overlay: its shard count, how the shards spread, how many may be down."""
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d.get("kind"), []).append(d)
+    sts, pdb = by_kind["StatefulSet"][0], by_kind["PodDisruptionBudget"][0]
+    pod = sts["spec"]["template"]
+    labels = pod["metadata"].get("labels", {})
+    if sts["spec"].get("replicas") != replicas:
+        problem(where, f"cluster: StatefulSet replicas {sts['spec'].get('replicas')}, expected {replicas}")
+    tsc = {t.get("topologyKey"): t for t in pod["spec"].get("topologySpreadConstraints", [])}
+    for key, when in (("kubernetes.io/hostname", "DoNotSchedule"), ("topology.kubernetes.io/zone", "ScheduleAnyway")):
+        t = tsc.get(key)
+        if not t:
+            problem(where, f"cluster: no topologySpreadConstraint over {key}")
+            continue
+        if t.get("maxSkew") != 1 or t.get("whenUnsatisfiable") != when:
+            problem(where, f"cluster: spread over {key} must be maxSkew 1, {when}: {t}")
+        if not subset(t.get("labelSelector", {}).get("matchLabels"), labels):
+            problem(where, f"cluster: spread over {key} does not select the kvcached pods")
+    if tsc.get("kubernetes.io/hostname", {}).get("nodeTaintsPolicy") != "Honor":
+        problem(where, "cluster: the hostname spread must honour taints (nodeTaintsPolicy: Honor), or "
+                       "nodes the pods cannot run on count as empty domains and block scheduling")
+    if pdb["spec"].get("maxUnavailable") != 1 or "minAvailable" in pdb["spec"]:
+        problem(where, f"cluster: PodDisruptionBudget must be maxUnavailable 1: {pdb['spec']}")
+    if not subset(pdb["spec"].get("selector", {}).get("matchLabels"), labels):
+        problem(where, "cluster: PodDisruptionBudget does not select the kvcached pods")
+    if not pod["spec"].get("affinity", {}).get("podAntiAffinity"):
+        problem(where, "cluster: the base's podAntiAffinity is gone")
 
 
 def check_probes(where, c, cports, args):
@@ -435,11 +499,14 @@ def main():
     ap.add_argument("--secrets-dir", help="make-secrets.sh output: validate and use its Secret manifests")
     ap.add_argument("--textproto", action="append", default=[], help="a shipped config file to check")
     ap.add_argument("--dockerfile", action="append", default=[], help="a Dockerfile whose baked config to check")
+    ap.add_argument("--cluster", action="append", default=[],
+                    help="a rendering of the cluster overlay: also its replicas, spread and budget")
+    ap.add_argument("--cluster-replicas", type=int, default=3)
     ap.add_argument("files", nargs="*")
     a = ap.parse_args()
     sys.path.insert(0, a.pb_dir)
     from kvcache.v1 import config_pb2 as pb
-    renderings = [(f, load_docs(f), True) for f in a.files]
+    renderings = [(f, load_docs(f), True) for f in a.files + a.cluster]
     if a.kustomize_dir:
         renderings.append((a.kustomize_dir, kustomize_dir_docs(a.kustomize_dir), False))
     if not renderings and not a.textproto and not a.dockerfile:
@@ -455,6 +522,11 @@ def main():
     for where, docs, rendered in renderings:
         before = len(problems)
         check_rendering(where, docs, a.k8s_version, pb, rendered, secrets)
+        if where in a.cluster and len(problems) == before:
+            check_cluster(where, docs, a.cluster_replicas)
+            if len(problems) == before:
+                print(f"{where}: cluster ok: {a.cluster_replicas} shards, spread over nodes and zones, "
+                      "PodDisruptionBudget maxUnavailable 1")
         if len(problems) == before:
             kinds = ", ".join(f'{d["kind"]}/{d["metadata"]["name"]}' for d in docs)
             print(f"{where}: valid against Kubernetes {a.k8s_version} (strict) + ServiceMonitor check: {kinds}")
