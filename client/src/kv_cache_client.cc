@@ -437,6 +437,20 @@ absl::StatusOr<std::vector<TenantUsage>> KvCacheClient::ListTenants(const CallOp
   return out;
 }
 
+absl::StatusOr<bool> KvCacheClient::Drain(bool resume, const CallOptions& call) {
+  pb::DrainRequest request;
+  request.set_resume(resume);
+  pb::DrainResponse response;
+  // Idempotent (it sets a state), so retried like the reads.
+  const absl::Status status = impl_->Retry([&] {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    return FromGrpcStatus(impl_->admin->Drain(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response.draining();
+}
+
 absl::StatusOr<ServerInfo> KvCacheClient::GetServerInfo(const CallOptions& call) {
   pb::ServerInfo response;
   const absl::Status status = impl_->Retry([&] {

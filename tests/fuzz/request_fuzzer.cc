@@ -247,14 +247,18 @@ void Send(Harness& h, int rpc, const uint8_t* data, size_t size) {
       return Unary<v1::DrainRequest, v1::DrainResponse>(
           data, size, "Drain",
           [&](auto* c, const auto& q, auto* r) { return admin.Drain(c, q, r); });
-    default:
+    case 14:
       return Unary<v1::ListTenantsRequest, v1::ListTenantsResponse>(
           data, size, "ListTenants",
           [&](auto* c, const auto& q, auto* r) { return admin.ListTenants(c, q, r); });
+    default:
+      return Unary<v1::GetServerInfoRequest, v1::ServerInfo>(
+          data, size, "GetServerInfo",
+          [&](auto* c, const auto& q, auto* r) { return admin.GetServerInfo(c, q, r); });
   }
 }
 
-constexpr int kRpcs = 15;
+constexpr int kRpcs = 16;
 
 }  // namespace
 

@@ -223,6 +223,8 @@ class AuthTest : public ::testing::Test {
       out.emplace_back("Drain", admin_->Drain(Ctx(token).get(), drain, &drained));
       pb::ListTenantsResponse tenants;
       out.emplace_back("ListTenants", admin_->ListTenants(Ctx(token).get(), {}, &tenants));
+      pb::ServerInfo info;
+      out.emplace_back("GetServerInfo", admin_->GetServerInfo(Ctx(token).get(), {}, &info));
     }
     return out;
   }
@@ -242,7 +244,7 @@ TEST_F(AuthTest, EveryRpcWithoutValidCredentialsIsUnauthenticatedAndChangesNothi
   ASSERT_TRUE(Fetch(kTokenA, "doc", &before).ok());
   for (const std::string token : {"", "not-a-token", "token-of-tenant-a-0123456789abcdeX"}) {
     const auto results = EveryRpc(token, "doc");
-    EXPECT_EQ(results.size(), 15u);
+    EXPECT_EQ(results.size(), 16u);
     for (const auto& [rpc, status] : results) {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
           << rpc << " with token '" << token << "': " << status.error_message();
@@ -279,7 +281,7 @@ TEST_F(AuthTest, AnotherTenantsSequenceIsIndistinguishableFromAMissingOne) {
   for (size_t i = 0; i < on_a.size(); ++i) {
     const auto& [rpc, status] = on_a[i];
     if (rpc == "CreateSequence" || rpc == "ListPools" || rpc == "GetPoolStats" ||
-        rpc == "ListSequences" || rpc == "ListTenants") {
+        rpc == "ListSequences" || rpc == "ListTenants" || rpc == "GetServerInfo") {
       continue;  // not about the sequence
     }
     if (rpc == "EvictSequence" || rpc == "Drain") {
@@ -353,6 +355,13 @@ TEST_F(AuthTest, AdminReadsAndEvictsAnyTenantsSequencesAndTenantsSeeOnlyTheirOwn
   EXPECT_EQ(all.sequences(), 3);
   EXPECT_EQ(all.used_bytes(), a_stats.used_bytes() + b_stats.used_bytes());
   EXPECT_EQ(a_stats.stored_token_heads(), 0);  // pool-wide counters are not a tenant's
+
+  // GetServerInfo: any tenant may read who the server is (cluster clients route with it).
+  {
+    pb::ServerInfo info;
+    EXPECT_TRUE(admin_->GetServerInfo(Ctx(kTokenA).get(), {}, &info).ok());
+    EXPECT_EQ(info.incarnation().size(), 8u);
+  }
 
   // ListTenants: a tenant sees itself, the admin everyone.
   auto tenants = [&](const std::string& token) {

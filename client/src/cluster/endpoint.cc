@@ -96,30 +96,61 @@ void Endpoint::WatchLoop() {
     std::unique_ptr<grpc::ClientReader<health::HealthCheckResponse>> reader =
         stub->Watch(&context, request);
     health::HealthCheckResponse response;
+    bool draining = false;
     while (reader->Read(&response)) {
       std::lock_guard<std::mutex> lock(mu_);
       view_.connected = true;
       view_.serving = response.status() == health::HealthCheckResponse::SERVING;
       backoff = absl::Milliseconds(50);
+      if (!view_.serving) {
+        // An open Watch is a call in flight, and a shutting-down server waits for every call
+        // in flight: holding it would keep a drained kvcached alive for its whole grace period.
+        // Poll instead while the shard drains.
+        draining = true;
+        context.TryCancel();
+      }
     }
     const grpc::Status finished = reader->Finish();
     {
       std::lock_guard<std::mutex> lock(mu_);
       watch_context_ = nullptr;
       if (stop_) return;
+    }
+    if (draining && PollWhileDraining(stub.get())) continue;  // serving again: watch again
+    {
+      std::lock_guard<std::mutex> lock(mu_);
       // The process is gone (or unreachable): nothing is routed here until it answers again,
       // and then only ids of the incarnation that answers.
       view_.connected = false;
       view_.serving = false;
       view_.identified = false;
       view_.down_since = absl::Now();
-      view_.last_error = finished.error_message().empty()
-                             ? std::string("health watch ended")
-                             : absl::StrCat("health watch: ", finished.error_message());
+      if (!draining) {
+        view_.last_error = finished.error_message().empty()
+                               ? std::string("health watch ended")
+                               : absl::StrCat("health watch: ", finished.error_message());
+      }
     }
     if (!SleepUnlessStopped(backoff)) return;
     backoff = std::min(backoff * 2, max_backoff);
   }
+}
+
+bool Endpoint::PollWhileDraining(health::Health::Stub* stub) {
+  while (SleepUnlessStopped(options_.probe_interval)) {
+    grpc::ClientContext context;
+    AddCallCredentials(options_.client, &context);
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.health_timeout));
+    health::HealthCheckResponse response;
+    const grpc::Status s = stub->Check(&context, health::HealthCheckRequest(), &response);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok()) {
+      view_.last_error = absl::StrCat("health check while draining: ", s.error_message());
+      return false;
+    }
+    if (response.status() == health::HealthCheckResponse::SERVING) return true;
+  }
+  return false;
 }
 
 Endpoint::View Endpoint::view(absl::Time now) const {

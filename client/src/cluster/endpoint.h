@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "kvc/client/cluster_client.h"
 #include "kvc/client/kv_cache_client.h"
 
@@ -67,6 +68,9 @@ class Endpoint {
   Endpoint(std::string address, const ClusterOptions& options,
            std::shared_ptr<KvCacheClient> client, std::shared_ptr<grpc::Channel> health);
   void WatchLoop();
+  // While the shard drains: health checks every probe_interval. True when it serves again;
+  // false when it stops answering (or on stop).
+  bool PollWhileDraining(grpc::health::v1::Health::Stub* stub);
   // Sleeps up to `d` unless stopped; returns false once stopped.
   bool SleepUnlessStopped(absl::Duration d);
   void Eject(absl::Time now, const std::string& why);

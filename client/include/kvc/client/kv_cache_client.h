@@ -102,6 +102,9 @@ class KvCacheClient {
                                              const CallOptions& call = {});
   // Every tenant's holdings and quotas (an admin, or authentication off), else the caller's.
   absl::StatusOr<std::vector<TenantUsage>> ListTenants(const CallOptions& call = {});
+  // Stops (resume = false) or restarts (resume = true) taking new sequences; the server's
+  // sequences keep working either way. Returns whether it drains now. Admin only.
+  absl::StatusOr<bool> Drain(bool resume, const CallOptions& call = {});
   // The server's cluster identity (shard name, incarnation, weight) and draining state.
   absl::StatusOr<ServerInfo> GetServerInfo(const CallOptions& call = {});
 
