@@ -509,6 +509,39 @@ TEST_F(ClusterTest, AnOperatorDrainedShardKeepsServingItsSequencesAndTakesNewOne
   EXPECT_GT(on_drained, 5);  // ~20 expected
 }
 
+TEST_F(ClusterTest, ADnsNameFindsTheShardBehindIt) {
+  StartCluster(1);
+  const std::string port = shards_[0]->target().substr(shards_[0]->target().rfind(':') + 1);
+  ClusterOptions options;
+  options.dns_name = "localhost:" + port;  // 127.0.0.1 (and ::1, where kvcached does not listen)
+  options.resolve_interval = absl::Milliseconds(200);
+  auto by_dns = ClusterClient::Connect(options);
+  ASSERT_TRUE(by_dns.ok()) << by_dns.status();
+  ASSERT_TRUE((*by_dns)->WaitForShards(1, absl::Seconds(20)).ok());
+  auto info = (*by_dns)->CreateSequence({});
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(ShardOf(info->sequence_id), "kc-0");
+  // The static-target client sees the same sequence: one shard, one id space.
+  EXPECT_TRUE(cluster_->GetSequence(info->sequence_id).ok());
+  bool listed = false;
+  for (const ShardStatus& s : (*by_dns)->Shards()) {
+    if (s.address == "127.0.0.1:" + port) listed = s.listed && s.state == ShardState::kServing;
+  }
+  EXPECT_TRUE(listed);
+
+  for (const char* bad : {"localhost", "localhost:0", "localhost:http", ":50051"}) {
+    ClusterOptions malformed;
+    malformed.dns_name = bad;
+    EXPECT_EQ(ClusterClient::Connect(malformed).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  ClusterOptions both;
+  both.dns_name = "localhost:" + port;
+  both.targets = {shards_[0]->target()};
+  EXPECT_EQ(ClusterClient::Connect(both).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ClusterStartupTest, AnInvalidShardNameStopsKvcachedAtStartup) {
   char tmpl[] = "/tmp/kvc-cluster-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
