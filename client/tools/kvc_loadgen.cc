@@ -7,9 +7,14 @@
 //   kvc-loadgen --target=127.0.0.1:50051 --sequences=8 --tokens=4096
 //   kvc-loadgen --mode=mixed --clients=64 --duration=60s --server_pid=$(pidof kvcached)
 //   kvc-loadgen --target=kvc.example:50051 --tls_ca=ca.pem --token_file=token  (TLS + token)
+//   kvc-loadgen --targets=10.0.0.1:50051,10.0.0.2:50051 --sequences=24   (a cluster: prefill
+//     through ClusterClient; figures per shard too. Or --dns=kvcached.ns.svc:50051)
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -18,16 +23,26 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/cli/security_flags.h"
 #include "client/tools/loadgen/mixed_mode.h"
 #include "common/mutex.h"
+#include "kvc/client/cluster_client.h"
 #include "kvc/client/kv_cache_client.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "kvcached address");
+ABSL_FLAG(std::string, targets, "",
+          "a cluster: comma-separated kvcached shard addresses (instead of --target; prefill)");
+ABSL_FLAG(std::string, dns, "",
+          "a cluster: host:port whose every DNS address is a shard (instead of --target)");
+ABSL_FLAG(int32_t, min_shards, 0,
+          "--targets/--dns: wait (up to --deadline) until this many shards serve (0 = every "
+          "--targets address, 1 with --dns)");
 ABSL_FLAG(std::string, pool, "", "pool to use (default: the server's first pool)");
 ABSL_FLAG(int32_t, sequences, 8, "sequences to create");
 ABSL_FLAG(int32_t, tokens, 4096, "prompt tokens per sequence");
@@ -70,8 +85,16 @@ std::string Human(double bytes) {
   return absl::StrFormat("%.1f %s", bytes, kUnits[unit]);
 }
 
+// One shard's part of a --targets/--dns run.
+struct ShardTotals {
+  int sequences = 0;
+  int64_t bytes = 0, tokens = 0;  // bytes appended (= fetched)
+  double append_seconds = 0, fetch_seconds = 0;
+};
+
 // What the worker threads add up.
 struct Totals {
+  std::map<std::string, ShardTotals> shards;  // by shard name (--targets/--dns)
   int64_t bytes_in = 0, bytes_out = 0, tokens = 0;
   double append_seconds = 0, fetch_seconds = 0;
   std::vector<std::string> kept;
@@ -96,64 +119,32 @@ std::string LayerPayload(uint64_t seed, size_t bytes) {
   return out;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("kvc-loadgen: drive a prefill-style KV workload through kvcached");
-  absl::ParseCommandLine(argc, argv);
-  kvc::client::ClientOptions options;
-  options.target = absl::GetFlag(FLAGS_target);
-  options.default_deadline = absl::GetFlag(FLAGS_deadline);
-  if (absl::Status status = kvc::cli::ApplySecurityFlags(&options); !status.ok()) {
-    std::fprintf(stderr, "kvc-loadgen: %s\n", std::string(status.message()).c_str());
-    return 1;
-  }
-  auto client_or = KvCacheClient::Connect(options);
-  if (!client_or.ok()) {
-    std::fprintf(stderr, "kvc-loadgen: %s\n", client_or.status().ToString().c_str());
-    return 1;
-  }
-  KvCacheClient& client = **client_or;
-  auto pools = client.ListPools();
-  if (!pools.ok()) {
-    std::fprintf(stderr, "kvc-loadgen: cannot reach kvcached at %s: %s\n", options.target.c_str(),
-                 pools.status().ToString().c_str());
-    return 2;
-  }
+// --pool, or the server's first pool.
+const kvc::client::PoolInfo* ChoosePool(const std::vector<kvc::client::PoolInfo>& pools) {
   const std::string pool_name = absl::GetFlag(FLAGS_pool);
-  const kvc::client::PoolInfo* pool = &pools->front();
-  for (const auto& p : *pools) {
+  const kvc::client::PoolInfo* pool = &pools.front();
+  for (const auto& p : pools) {
     if (p.name == pool_name) pool = &p;
   }
-  const std::string mode = absl::GetFlag(FLAGS_mode);
-  if (mode != "prefill" && mode != "mixed") {
-    std::fprintf(stderr, "kvc-loadgen: --mode is '%s'; expected prefill or mixed\n", mode.c_str());
-    return 1;
-  }
-  if (mode == "mixed") {
-    kvc::loadgen::MixedOptions mixed;
-    mixed.tenant = absl::GetFlag(FLAGS_tenant);
-    if (mixed.tenant.empty() && options.bearer_token.empty() && options.tls.cert_file.empty()) {
-      mixed.tenant = "loadgen";
-    }
-    mixed.clients = std::max(1, absl::GetFlag(FLAGS_clients));
-    mixed.duration = absl::GetFlag(FLAGS_duration);
-    mixed.min_tokens = std::max(1, absl::GetFlag(FLAGS_min_tokens));
-    mixed.max_tokens = std::max(mixed.min_tokens, absl::GetFlag(FLAGS_max_tokens));
-    mixed.chunk_tokens = std::max(1, absl::GetFlag(FLAGS_chunk_tokens));
-    mixed.server_pid = absl::GetFlag(FLAGS_server_pid);
-    mixed.report_interval = absl::GetFlag(FLAGS_report_interval);
-    mixed.json_path = absl::GetFlag(FLAGS_json);
-    mixed.expect_server_loss = absl::GetFlag(FLAGS_expect_server_loss);
-    mixed.settle = absl::GetFlag(FLAGS_settle);
-    mixed.seed = absl::GetFlag(FLAGS_seed);
-    if (pool->geometry.dtype != kvc::client::DType::kF16) {
-      std::fprintf(stderr, "kvc-loadgen: --mode=mixed checks bytes of an f16 pool; '%s' is %s\n",
-                   pool->name.c_str(), kvc::client::DTypeName(pool->geometry.dtype));
-      return 1;
-    }
-    return kvc::loadgen::RunMixed(client, *pool, mixed);
-  }
+  return pool;
+}
+
+std::unique_ptr<kvc::client::AppendStream> StartStream(KvCacheClient& client, const std::string&) {
+  return client.StartAppendStream();
+}
+std::unique_ptr<kvc::client::AppendStream> StartStream(kvc::client::ClusterClient& client,
+                                                       const std::string& sequence_id) {
+  return client.StartAppendStream(sequence_id);
+}
+
+// The prefill run through `client` (a KvCacheClient, or a ClusterClient: then the figures
+// are also given per shard, the shard being the one each sequence id names). pool_now prints
+// the pool's state at the end.
+template <typename Client>
+int RunPrefill(Client& client, const kvc::client::PoolInfo* pool,
+               const kvc::client::ClientOptions& options, bool per_shard,
+               const std::vector<std::string>& shard_names,
+               const std::function<void()>& pool_now) {
   const auto& g = pool->geometry;
   const int dtype_bytes = kvc::client::DTypeBytes(g.dtype);
   const int tokens = absl::GetFlag(FLAGS_tokens);
@@ -172,6 +163,10 @@ int main(int argc, char** argv) {
       sequences, tokens, absl::GetFlag(FLAGS_threads));
 
   SharedTotals shared;
+  {
+    kvc::MutexLock lock(&shared.mu);
+    for (const std::string& name : shard_names) shared.totals.shards[name];  // also those given 0
+  }
   std::atomic<int> next{0};
   auto worker = [&] {
     for (int s = next.fetch_add(1); s < sequences; s = next.fetch_add(1)) {
@@ -192,7 +187,7 @@ int main(int argc, char** argv) {
       // Prefill: chunks in position order, every layer of a chunk before the next chunk,
       // as an engine produces them.
       const absl::Time t0 = absl::Now();
-      auto stream = client.StartAppendStream();
+      auto stream = StartStream(client, seq->sequence_id);
       for (int start = 0; start < tokens; start += chunk) {
         const int n = std::min(chunk, tokens - start);
         for (int l = 0; l < g.num_layers; ++l) {
@@ -236,6 +231,15 @@ int main(int argc, char** argv) {
         shared.totals.tokens += tokens;
         shared.totals.append_seconds += absl::ToDoubleSeconds(t1 - t0);
         shared.totals.fetch_seconds += absl::ToDoubleSeconds(t2 - t1);
+        if (per_shard) {
+          auto shard = kvc::client::ClusterClient::ShardOf(seq->sequence_id);
+          ShardTotals& st = shared.totals.shards[shard.ok() ? *shard : "?"];
+          ++st.sequences;
+          st.bytes += bytes;
+          st.tokens += tokens;
+          st.append_seconds += absl::ToDoubleSeconds(t1 - t0);
+          st.fetch_seconds += absl::ToDoubleSeconds(t2 - t1);
+        }
         if (static_cast<int>(shared.totals.kept.size()) < keep) {
           shared.totals.kept.push_back(seq->sequence_id);
           continue;
@@ -259,7 +263,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvc-loadgen: FAILED: %s\n", totals.error.c_str());
     return 3;
   }
-  auto stats = client.GetPoolStats(pool->name);
   std::printf(
       "  sequences        %d created, every byte fetched back and verified, %d released, %zu "
       "kept\n",
@@ -274,13 +277,167 @@ int main(int argc, char** argv) {
               static_cast<double>(totals.bytes_out) / totals.fetch_seconds / 1e9);
   std::printf("  wall             %.2f s, %.0f tokens/s end to end\n", wall,
               static_cast<double>(totals.tokens) / wall);
-  if (stats.ok()) {
-    std::printf("  pool now         %s of %s used, %lld sequences, %lld visible tokens\n",
-                Human(static_cast<double>(stats->used_bytes)).c_str(),
-                Human(static_cast<double>(stats->capacity_bytes)).c_str(),
-                static_cast<long long>(stats->sequences),
-                static_cast<long long>(stats->visible_tokens));
+  for (const auto& [shard, st] : totals.shards) {
+    if (st.sequences == 0) {
+      std::printf("  shard %-10s 0 sequences\n", shard.c_str());
+      continue;
+    }
+    std::printf(
+        "  shard %-10s %d sequences, %s appended (%.2f GB/s per stream), fetched (%.2f GB/s per "
+        "stream), %.0f tokens/s of the wall time\n",
+        shard.c_str(), st.sequences, Human(static_cast<double>(st.bytes)).c_str(),
+        static_cast<double>(st.bytes) / st.append_seconds / 1e9,
+        static_cast<double>(st.bytes) / st.fetch_seconds / 1e9,
+        static_cast<double>(st.tokens) / wall);
   }
+  pool_now();
   for (const auto& id : totals.kept) std::printf("  kept             %s\n", id.c_str());
   return 0;
+}
+
+// --targets / --dns: the prefill run through a ClusterClient.
+int RunCluster(const kvc::client::ClientOptions& client_options) {
+  kvc::client::ClusterOptions options;
+  const std::string targets = absl::GetFlag(FLAGS_targets);
+  if (!targets.empty()) options.targets = absl::StrSplit(targets, ',', absl::SkipWhitespace());
+  options.dns_name = absl::GetFlag(FLAGS_dns);
+  options.client = client_options;
+  auto cluster_or = kvc::client::ClusterClient::Connect(options);
+  if (!cluster_or.ok()) {
+    std::fprintf(stderr, "kvc-loadgen: %s\n", cluster_or.status().ToString().c_str());
+    return 1;
+  }
+  kvc::client::ClusterClient& cluster = **cluster_or;
+  int min_shards = absl::GetFlag(FLAGS_min_shards);
+  if (min_shards <= 0) min_shards = options.targets.empty() ? 1 : int(options.targets.size());
+  if (absl::Status status = cluster.WaitForShards(min_shards, absl::GetFlag(FLAGS_deadline));
+      !status.ok()) {
+    std::fprintf(stderr, "kvc-loadgen: fewer than %d shards serve: %s\n", min_shards,
+                 status.ToString().c_str());
+    return 2;
+  }
+  // The pools of the first serving shard (a cluster's shards share their pool layout).
+  absl::StatusOr<std::vector<kvc::client::PoolInfo>> pools =
+      absl::UnavailableError("no serving shard");
+  for (const auto& s : cluster.Shards()) {
+    if (s.state != kvc::client::ShardState::kServing) continue;
+    auto endpoint = cluster.EndpointClient(s.address);
+    if (!endpoint.ok()) continue;
+    pools = (*endpoint)->ListPools();
+    if (pools.ok()) break;
+  }
+  if (!pools.ok() || pools->empty()) {
+    std::fprintf(stderr, "kvc-loadgen: cannot list the pools of a shard: %s\n",
+                 pools.status().ToString().c_str());
+    return 2;
+  }
+  const kvc::client::PoolInfo* pool = ChoosePool(*pools);
+  std::vector<std::string> shard_names;
+  for (const auto& s : cluster.Shards()) {
+    if (!s.shard.empty()) shard_names.push_back(s.shard);
+  }
+  return RunPrefill(cluster, pool, client_options, /*per_shard=*/true, shard_names, [&] {
+    kvc::client::PoolStats sum;
+    int answered = 0, known = 0;
+    for (const auto& s : cluster.Shards()) {
+      ++known;
+      auto endpoint = cluster.EndpointClient(s.address);
+      if (!endpoint.ok()) continue;
+      auto stats = (*endpoint)->GetPoolStats(pool->name);
+      if (!stats.ok()) continue;
+      ++answered;
+      sum.used_bytes += stats->used_bytes;
+      sum.capacity_bytes += stats->capacity_bytes;
+      sum.sequences += stats->sequences;
+      sum.visible_tokens += stats->visible_tokens;
+    }
+    std::printf(
+        "  pool now         %s of %s used, %lld sequences, %lld visible tokens (%d of %d "
+        "shards)\n",
+        Human(static_cast<double>(sum.used_bytes)).c_str(),
+        Human(static_cast<double>(sum.capacity_bytes)).c_str(),
+        static_cast<long long>(sum.sequences), static_cast<long long>(sum.visible_tokens),
+        answered, known);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("kvc-loadgen: drive a prefill-style KV workload through kvcached");
+  absl::ParseCommandLine(argc, argv);
+  kvc::client::ClientOptions options;
+  options.target = absl::GetFlag(FLAGS_target);
+  options.default_deadline = absl::GetFlag(FLAGS_deadline);
+  if (absl::Status status = kvc::cli::ApplySecurityFlags(&options); !status.ok()) {
+    std::fprintf(stderr, "kvc-loadgen: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "prefill" && mode != "mixed") {
+    std::fprintf(stderr, "kvc-loadgen: --mode is '%s'; expected prefill or mixed\n", mode.c_str());
+    return 1;
+  }
+  const bool has_targets = !absl::GetFlag(FLAGS_targets).empty();
+  const bool has_dns = !absl::GetFlag(FLAGS_dns).empty();
+  const absl::CommandLineFlag* target_flag = absl::FindCommandLineFlag("target");
+  const bool has_target = target_flag->CurrentValue() != target_flag->DefaultValue();
+  if (int(has_targets) + int(has_dns) + int(has_target) > 1) {
+    std::fprintf(stderr, "kvc-loadgen: give one of --target, --targets, --dns\n");
+    return 1;
+  }
+  if (has_targets || has_dns) {
+    if (mode != "prefill") {
+      std::fprintf(stderr, "kvc-loadgen: --targets/--dns drive --mode=prefill only\n");
+      return 1;
+    }
+    return RunCluster(options);
+  }
+  auto client_or = KvCacheClient::Connect(options);
+  if (!client_or.ok()) {
+    std::fprintf(stderr, "kvc-loadgen: %s\n", client_or.status().ToString().c_str());
+    return 1;
+  }
+  KvCacheClient& client = **client_or;
+  auto pools = client.ListPools();
+  if (!pools.ok()) {
+    std::fprintf(stderr, "kvc-loadgen: cannot reach kvcached at %s: %s\n", options.target.c_str(),
+                 pools.status().ToString().c_str());
+    return 2;
+  }
+  const kvc::client::PoolInfo* pool = ChoosePool(*pools);
+  if (mode == "mixed") {
+    kvc::loadgen::MixedOptions mixed;
+    mixed.tenant = absl::GetFlag(FLAGS_tenant);
+    if (mixed.tenant.empty() && options.bearer_token.empty() && options.tls.cert_file.empty()) {
+      mixed.tenant = "loadgen";
+    }
+    mixed.clients = std::max(1, absl::GetFlag(FLAGS_clients));
+    mixed.duration = absl::GetFlag(FLAGS_duration);
+    mixed.min_tokens = std::max(1, absl::GetFlag(FLAGS_min_tokens));
+    mixed.max_tokens = std::max(mixed.min_tokens, absl::GetFlag(FLAGS_max_tokens));
+    mixed.chunk_tokens = std::max(1, absl::GetFlag(FLAGS_chunk_tokens));
+    mixed.server_pid = absl::GetFlag(FLAGS_server_pid);
+    mixed.report_interval = absl::GetFlag(FLAGS_report_interval);
+    mixed.json_path = absl::GetFlag(FLAGS_json);
+    mixed.expect_server_loss = absl::GetFlag(FLAGS_expect_server_loss);
+    mixed.settle = absl::GetFlag(FLAGS_settle);
+    mixed.seed = absl::GetFlag(FLAGS_seed);
+    if (pool->geometry.dtype != kvc::client::DType::kF16) {
+      std::fprintf(stderr, "kvc-loadgen: --mode=mixed checks bytes of an f16 pool; '%s' is %s\n",
+                   pool->name.c_str(), kvc::client::DTypeName(pool->geometry.dtype));
+      return 1;
+    }
+    return kvc::loadgen::RunMixed(client, *pool, mixed);
+  }
+  return RunPrefill(client, pool, options, /*per_shard=*/false, {}, [&] {
+    auto stats = client.GetPoolStats(pool->name);
+    if (stats.ok()) {
+      std::printf("  pool now         %s of %s used, %lld sequences, %lld visible tokens\n",
+                  Human(static_cast<double>(stats->used_bytes)).c_str(),
+                  Human(static_cast<double>(stats->capacity_bytes)).c_str(),
+                  static_cast<long long>(stats->sequences),
+                  static_cast<long long>(stats->visible_tokens));
+    }
+  });
 }
