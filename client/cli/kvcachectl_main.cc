@@ -24,21 +24,21 @@
 #include <climits>
 #include <cstdio>
 #include <functional>
-#include <map>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/flags/reflection.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -488,9 +488,8 @@ struct ShardAnswer {
   std::string json;  // its response as JSON, when ok
   std::string Label() const { return status.shard.empty() ? "?" : status.shard; }
   std::string Error() const {
-    return absl::StrCat(
-        absl::StatusCodeToString(static_cast<absl::StatusCode>(rpc.error_code())), ": ",
-        rpc.error_message());
+    return absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(rpc.error_code())),
+                        ": ", rpc.error_message());
   }
 };
 
@@ -566,8 +565,8 @@ std::vector<ShardAnswer> AskEveryShard(const std::vector<ShardStatus>& shards,
     Response response;
     auto conn = Dial(s.address);
     if (!conn.ok()) {
-      a.rpc = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                           std::string(conn.status().message()));
+      a.rpc =
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(conn.status().message()));
     } else {
       auto stub = pb::AdminService::NewStub(conn->channel);
       grpc::ClientContext context;
@@ -634,13 +633,12 @@ int ClusterPools(const std::vector<ShardStatus>& shards, bool json) {
                "BLOCK", "CAPACITY", "USED", "FREE_BLOCKS", "SEQUENCES"});
   auto add = [&](const std::string& shard, const pb::PoolInfo& p) {
     const auto& g = p.geometry();
-    table.AddRow({shard, p.name(), p.device(), absl::StrCat(g.num_layers()),
-                  absl::StrCat(g.num_kv_heads()), absl::StrCat(g.num_query_heads()),
-                  absl::StrCat(g.head_dim()), DTypeName(g.dtype()),
-                  absl::StrCat(g.block_tokens(), " tok/", FormatBytes(p.block_bytes())),
-                  FormatBytes(p.capacity_bytes()), FormatBytes(p.used_bytes()),
-                  absl::StrCat(p.free_blocks(), "/", p.total_blocks()),
-                  absl::StrCat(p.sequences())});
+    table.AddRow(
+        {shard, p.name(), p.device(), absl::StrCat(g.num_layers()), absl::StrCat(g.num_kv_heads()),
+         absl::StrCat(g.num_query_heads()), absl::StrCat(g.head_dim()), DTypeName(g.dtype()),
+         absl::StrCat(g.block_tokens(), " tok/", FormatBytes(p.block_bytes())),
+         FormatBytes(p.capacity_bytes()), FormatBytes(p.used_bytes()),
+         absl::StrCat(p.free_blocks(), "/", p.total_blocks()), absl::StrCat(p.sequences())});
   };
   for (size_t i = 0; i < answers.size(); ++i) {
     if (!answers[i].rpc.ok()) continue;
@@ -685,13 +683,13 @@ pb::PoolStats SumStats(const std::vector<ShardAnswer>& answers,
 
 std::vector<ShardAnswer> AskStats(const std::vector<ShardStatus>& shards,
                                   std::vector<pb::PoolStats>* responses) {
-  return AskEveryShard(shards, responses,
-                       [](pb::AdminService::Stub* stub, grpc::ClientContext* context,
-                          pb::PoolStats* response) {
-                         pb::GetPoolStatsRequest request;
-                         request.set_pool(absl::GetFlag(FLAGS_pool));
-                         return stub->GetPoolStats(context, request, response);
-                       });
+  return AskEveryShard(
+      shards, responses,
+      [](pb::AdminService::Stub* stub, grpc::ClientContext* context, pb::PoolStats* response) {
+        pb::GetPoolStatsRequest request;
+        request.set_pool(absl::GetFlag(FLAGS_pool));
+        return stub->GetPoolStats(context, request, response);
+      });
 }
 
 int ClusterStats(const std::vector<ShardStatus>& shards, bool json) {
@@ -702,15 +700,14 @@ int ClusterStats(const std::vector<ShardStatus>& shards, bool json) {
     std::cout << ClusterJson(answers, Json(total));
     return ReportShards(answers, json);
   }
-  Table table({"SHARD", "POOL", "CAPACITY", "USED", "FREE", "BLOCKS", "SEQUENCES",
-               "VISIBLE_TOKENS", "STORED_TOKEN_HEADS", "APPENDED", "FETCHED"});
+  Table table({"SHARD", "POOL", "CAPACITY", "USED", "FREE", "BLOCKS", "SEQUENCES", "VISIBLE_TOKENS",
+               "STORED_TOKEN_HEADS", "APPENDED", "FETCHED"});
   auto add = [&](const std::string& shard, const pb::PoolStats& s) {
     table.AddRow({shard, s.pool().empty() ? "(all)" : s.pool(), FormatBytes(s.capacity_bytes()),
                   FormatBytes(s.used_bytes()), FormatBytes(s.free_bytes()),
-                  absl::StrCat(s.used_blocks(), "/", s.total_blocks()),
-                  absl::StrCat(s.sequences()), absl::StrCat(s.visible_tokens()),
-                  absl::StrCat(s.stored_token_heads()), FormatBytes(s.appended_bytes_total()),
-                  FormatBytes(s.fetched_bytes_total())});
+                  absl::StrCat(s.used_blocks(), "/", s.total_blocks()), absl::StrCat(s.sequences()),
+                  absl::StrCat(s.visible_tokens()), absl::StrCat(s.stored_token_heads()),
+                  FormatBytes(s.appended_bytes_total()), FormatBytes(s.fetched_bytes_total())});
   };
   for (size_t i = 0; i < answers.size(); ++i) {
     if (answers[i].rpc.ok()) add(answers[i].Label(), responses[i]);
@@ -797,9 +794,8 @@ int ClusterShards(const std::vector<ShardStatus>& shards, bool json) {
     }
   }
   auto share = [&](const ShardStatus& s) {
-    return s.state == ShardState::kServing && serving_weight > 0
-               ? 100.0 * s.weight / serving_weight
-               : 0.0;
+    return s.state == ShardState::kServing && serving_weight > 0 ? 100.0 * s.weight / serving_weight
+                                                                 : 0.0;
   };
   const pb::PoolStats total = SumStats(answers, responses);
   if (json) {
@@ -819,17 +815,16 @@ int ClusterShards(const std::vector<ShardStatus>& shards, bool json) {
         extra);
     return ReportShards(answers, json);
   }
-  Table table({"ADDRESS", "SHARD", "INCARNATION", "STATE", "LISTED", "WEIGHT", "SHARE",
-               "SEQUENCES", "USED"});
+  Table table({"ADDRESS", "SHARD", "INCARNATION", "STATE", "LISTED", "WEIGHT", "SHARE", "SEQUENCES",
+               "USED"});
   for (size_t i = 0; i < answers.size(); ++i) {
     const ShardStatus& s = answers[i].status;
     const bool ok = answers[i].rpc.ok();
-    table.AddRow({s.address, s.shard.empty() ? "?" : s.shard,
-                  s.incarnation.empty() ? "-" : s.incarnation, StateName(s),
-                  s.listed ? "yes" : "no", absl::StrFormat("%g", s.weight),
-                  absl::StrFormat("%.1f%%", share(s)),
-                  ok ? absl::StrCat(responses[i].sequences()) : "-",
-                  ok ? FormatBytes(responses[i].used_bytes()) : "-"});
+    table.AddRow(
+        {s.address, s.shard.empty() ? "?" : s.shard, s.incarnation.empty() ? "-" : s.incarnation,
+         StateName(s), s.listed ? "yes" : "no", absl::StrFormat("%g", s.weight),
+         absl::StrFormat("%.1f%%", share(s)), ok ? absl::StrCat(responses[i].sequences()) : "-",
+         ok ? FormatBytes(responses[i].used_bytes()) : "-"});
   }
   table.AddRow({"total", absl::StrCat(shards.size(), " shards"), "",
                 absl::StrCat(serving, " serving"), "", absl::StrFormat("%g", serving_weight),
@@ -846,8 +841,8 @@ std::string AddressOfShard(const std::vector<ShardStatus>& shards, const std::st
   }
   std::vector<std::string> known;
   for (const ShardStatus& s : shards) {
-    known.push_back(absl::StrCat(s.shard.empty() ? "?" : s.shard, "@", s.address, " (",
-                                 StateName(s), ")"));
+    known.push_back(
+        absl::StrCat(s.shard.empty() ? "?" : s.shard, "@", s.address, " (", StateName(s), ")"));
   }
   std::fprintf(stderr, "kvcachectl: no shard named '%s' answers; shards: %s\n", name.c_str(),
                absl::StrJoin(known, ", ").c_str());
@@ -908,8 +903,7 @@ int RunCluster(const std::string& command, const std::vector<char*>& args, bool 
     }
     name = *shard;
   } else {
-    std::fprintf(stderr, "kvcachectl: unknown command '%s'\nusage: %s\n", command.c_str(),
-                 kUsage);
+    std::fprintf(stderr, "kvcachectl: unknown command '%s'\nusage: %s\n", command.c_str(), kUsage);
     return 1;
   }
   const std::string address = AddressOfShard(shards, name);

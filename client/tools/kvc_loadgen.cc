@@ -143,8 +143,7 @@ std::unique_ptr<kvc::client::AppendStream> StartStream(kvc::client::ClusterClien
 template <typename Client>
 int RunPrefill(Client& client, const kvc::client::PoolInfo* pool,
                const kvc::client::ClientOptions& options, bool per_shard,
-               const std::vector<std::string>& shard_names,
-               const std::function<void()>& pool_now) {
+               const std::vector<std::string>& shard_names, const std::function<void()>& pool_now) {
   const auto& g = pool->geometry;
   const int dtype_bytes = kvc::client::DTypeBytes(g.dtype);
   const int tokens = absl::GetFlag(FLAGS_tokens);
@@ -356,8 +355,8 @@ int RunCluster(const kvc::client::ClientOptions& client_options) {
         "shards)\n",
         Human(static_cast<double>(sum.used_bytes)).c_str(),
         Human(static_cast<double>(sum.capacity_bytes)).c_str(),
-        static_cast<long long>(sum.sequences), static_cast<long long>(sum.visible_tokens),
-        answered, known);
+        static_cast<long long>(sum.sequences), static_cast<long long>(sum.visible_tokens), answered,
+        known);
   });
 }
 

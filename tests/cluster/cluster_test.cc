@@ -532,8 +532,7 @@ TEST_F(ClusterTest, ADnsNameFindsTheShardBehindIt) {
   for (const char* bad : {"localhost", "localhost:0", "localhost:http", ":50051"}) {
     ClusterOptions malformed;
     malformed.dns_name = bad;
-    EXPECT_EQ(ClusterClient::Connect(malformed).status().code(),
-              absl::StatusCode::kInvalidArgument)
+    EXPECT_EQ(ClusterClient::Connect(malformed).status().code(), absl::StatusCode::kInvalidArgument)
         << bad;
   }
   ClusterOptions both;

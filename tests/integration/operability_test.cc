@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/kv_data.h"
