@@ -350,7 +350,7 @@ TEST_F(ClusterTest, AHungShardIsEjectedAfterItsDeadlinesAndReadmittedWithItsKvIn
   }
   ASSERT_FALSE(hung_id.empty());
 
-  shards_[2]->Signal(SIGSTOP);
+  ASSERT_TRUE(shards_[2]->Stop());
   const CallOptions short_call{absl::Milliseconds(300)};
   // Two calls run into their deadlines; that ejects the shard.
   for (int i = 0; i < 2; ++i) {

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -87,6 +88,27 @@ class KvcachedProcess {
   pid_t pid() const { return pid_; }
   void Signal(int signal) const {
     if (pid_ > 0) kill(pid_, signal);
+  }
+  // SIGSTOP, returning once every thread of the process is stopped (signal delivery is
+  // asynchronous: a call sent right after kill() could still be answered).
+  bool Stop(std::chrono::milliseconds timeout = std::chrono::seconds(10)) const {
+    Signal(SIGSTOP);
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      bool all_stopped = true;
+      std::error_code ec;
+      for (const auto& task : std::filesystem::directory_iterator(
+               "/proc/" + std::to_string(pid_) + "/task", ec)) {
+        const std::string stat = ReadWholeFile(task.path().string() + "/stat");
+        const size_t paren = stat.rfind(')');
+        if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
+          all_stopped = false;
+        }
+      }
+      if (all_stopped && !ec) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
   }
   void Kill() {
     if (Reaped()) return;
