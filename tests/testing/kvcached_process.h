@@ -97,8 +97,8 @@ class KvcachedProcess {
     while (std::chrono::steady_clock::now() < until) {
       bool all_stopped = true;
       std::error_code ec;
-      for (const auto& task : std::filesystem::directory_iterator(
-               "/proc/" + std::to_string(pid_) + "/task", ec)) {
+      for (const auto& task :
+           std::filesystem::directory_iterator("/proc/" + std::to_string(pid_) + "/task", ec)) {
         const std::string stat = ReadWholeFile(task.path().string() + "/stat");
         const size_t paren = stat.rfind(')');
         if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T') {
