@@ -1,0 +1,206 @@
+#include "client/cli/print.h"
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/cli/table.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace kvc::cli {
+
+namespace pb = ::kvcache::v1;
+
+namespace {
+
+// A quota as shown: "unlimited" for 0.
+std::string Limit(int64_t value) { return value == 0 ? "unlimited" : absl::StrCat(value); }
+std::string ByteLimit(int64_t value) { return value == 0 ? "unlimited" : FormatBytes(value); }
+
+}  // namespace
+
+std::string Json(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+const char* DTypeName(pb::DType dtype) {
+  switch (dtype) {
+    case pb::DTYPE_F32:
+      return "f32";
+    case pb::DTYPE_F16:
+      return "f16";
+    case pb::DTYPE_BF16:
+      return "bf16";
+    default:
+      return "?";
+  }
+}
+
+std::string FormatName(pb::StorageFormat format) {
+  std::string name = pb::StorageFormat_Name(format);
+  const std::string prefix = "STORAGE_FORMAT_";
+  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+int Report(const grpc::Status& status, const std::string& target) {
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    std::fprintf(stderr,
+                 "kvcachectl: cannot reach kvcached at %s: %s\n"
+                 "  is kvcached running there? set the address with --target=host:port\n"
+                 "  (TLS: does it serve TLS, and does its certificate chain to --tls_ca and name\n"
+                 "  the target or --tls_server_name?)\n",
+                 target.c_str(), status.error_message().c_str());
+    return 2;
+  }
+  // gRPC and Abseil number their codes alike; the name is what a person can look up.
+  std::fprintf(stderr, "kvcachectl: %s: %s\n",
+               absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())).c_str(),
+               status.error_message().c_str());
+  return 3;
+}
+
+void PrintPools(const pb::ListPoolsResponse& response) {
+  Table table({"POOL", "DEVICE", "LAYERS", "KV_HEADS", "Q_HEADS", "HEAD_DIM", "DTYPE", "BLOCK",
+               "CAPACITY", "USED", "FREE_BLOCKS", "SEQUENCES"});
+  for (const auto& p : response.pools()) {
+    const auto& g = p.geometry();
+    table.AddRow(
+        {p.name(), p.device(), absl::StrCat(g.num_layers()), absl::StrCat(g.num_kv_heads()),
+         absl::StrCat(g.num_query_heads()), absl::StrCat(g.head_dim()), DTypeName(g.dtype()),
+         absl::StrCat(g.block_tokens(), " tok/", FormatBytes(p.block_bytes())),
+         FormatBytes(p.capacity_bytes()), FormatBytes(p.used_bytes()),
+         absl::StrCat(p.free_blocks(), "/", p.total_blocks()), absl::StrCat(p.sequences())});
+  }
+  std::cout << table.Render();
+}
+
+void PrintSequences(const pb::ListSequencesResponse& response) {
+  Table table(
+      {"SEQUENCE", "POOL", "TENANT", "TOKENS", "STORED_TOKEN_HEADS", "BYTES", "RATIO", "FORMATS"});
+  for (const auto& s : response.sequences()) {
+    std::string formats;
+    for (const auto& fb : s.bytes_by_format()) {
+      absl::StrAppend(&formats, formats.empty() ? "" : ",", FormatName(fb.format()));
+    }
+    table.AddRow({s.sequence_id(), s.pool(), s.tenant().empty() ? "-" : s.tenant(),
+                  absl::StrCat(s.visible_tokens()), absl::StrCat(s.stored_token_heads()),
+                  FormatBytes(s.bytes()), absl::StrFormat("%.2f", s.compression_ratio()),
+                  formats.empty() ? "-" : formats});
+  }
+  std::cout << table.Render();
+  if (response.total() > response.sequences_size()) {
+    std::cout << "(" << response.sequences_size() << " of " << response.total()
+              << " sequences shown; raise --limit)\n";
+  }
+}
+
+void SortSequences(pb::ListSequencesResponse* response, const std::string& by) {
+  auto* list = response->mutable_sequences();
+  std::stable_sort(list->begin(), list->end(),
+                   [&](const pb::SequenceInfo& a, const pb::SequenceInfo& b) {
+                     if (by == "tokens") return a.visible_tokens() > b.visible_tokens();
+                     if (by == "bytes") return a.bytes() > b.bytes();
+                     if (by == "id") return a.sequence_id() < b.sequence_id();
+                     return a.created_unix_ms() < b.created_unix_ms();
+                   });
+}
+
+void PrintSequence(const pb::SequenceInfo& s) {
+  Table table({"FIELD", "VALUE"});
+  table.AddRow({"sequence", s.sequence_id()});
+  table.AddRow({"pool", s.pool()});
+  table.AddRow({"tenant", s.tenant().empty() ? "-" : s.tenant()});
+  table.AddRow({"visible tokens", absl::StrCat(s.visible_tokens())});
+  int64_t lo = INT64_MAX, hi = 0;
+  for (int64_t n : s.layer_tokens()) {
+    lo = std::min(lo, n);
+    hi = std::max(hi, n);
+  }
+  table.AddRow({"layer tokens",
+                s.layer_tokens_size() == 0 ? "-"
+                : lo == hi
+                    ? absl::StrCat(lo, " in each of ", s.layer_tokens_size(), " layers")
+                    : absl::StrCat(lo, "..", hi, " over ", s.layer_tokens_size(), " layers")});
+  table.AddRow({"stored token-heads", absl::StrCat(s.stored_token_heads())});
+  table.AddRow({"bytes", FormatBytes(s.bytes())});
+  for (const auto& fb : s.bytes_by_format()) {
+    table.AddRow({absl::StrCat("bytes ", FormatName(fb.format())),
+                  absl::StrCat(FormatBytes(fb.bytes()), " in ", fb.blocks(), " blocks")});
+  }
+  table.AddRow({"compression ratio", absl::StrFormat("%.2f", s.compression_ratio())});
+  table.AddRow({"created (unix ms)", absl::StrCat(s.created_unix_ms())});
+  std::cout << table.Render();
+}
+
+void PrintTenants(const pb::ListTenantsResponse& r) {
+  Table table({"TENANT", "SEQUENCES", "BYTES", "STREAMS", "COMPUTE", "QUOTA BYTES/POOL",
+               "QUOTA SEQS", "QUOTA STREAMS", "QUOTA COMPUTE"});
+  for (const auto& t : r.tenants()) {
+    std::vector<std::string> pools;
+    for (const auto& [pool, bytes] : t.pool_bytes()) {
+      if (bytes > 0) pools.push_back(absl::StrCat(pool, ":", FormatBytes(bytes)));
+    }
+    std::sort(pools.begin(), pools.end());
+    table.AddRow({t.tenant().empty() ? "(none)" : t.tenant(), absl::StrCat(t.sequences()),
+                  pools.empty() ? "0" : absl::StrJoin(pools, " "), absl::StrCat(t.open_streams()),
+                  absl::StrCat(t.compute_calls()), ByteLimit(t.quota_bytes_per_pool()),
+                  Limit(t.quota_sequences()), Limit(t.quota_streams()),
+                  Limit(t.quota_compute_calls())});
+  }
+  std::cout << table.Render();
+}
+
+void PrintStats(const pb::PoolStats& s) {
+  Table table({"FIELD", "VALUE"});
+  table.AddRow({"pool", s.pool().empty() ? "(all)" : s.pool()});
+  if (!s.tenant().empty()) {
+    // A tenant's own view (authentication on, not an admin): its use and limits only.
+    table.AddRow({"tenant", s.tenant()});
+    table.AddRow({"quota bytes per pool", ByteLimit(s.quota_bytes())});
+    table.AddRow({"quota sequences", Limit(s.quota_sequences())});
+  }
+  table.AddRow({"capacity", FormatBytes(s.capacity_bytes())});
+  table.AddRow({"used", absl::StrFormat("%s (%.1f%%)", FormatBytes(s.used_bytes()),
+                                        s.capacity_bytes() > 0
+                                            ? 100.0 * static_cast<double>(s.used_bytes()) /
+                                                  static_cast<double>(s.capacity_bytes())
+                                            : 0.0)});
+  table.AddRow({"free", FormatBytes(s.free_bytes())});
+  table.AddRow({"blocks used/total", absl::StrCat(s.used_blocks(), "/", s.total_blocks())});
+  table.AddRow({"sequences", absl::StrCat(s.sequences())});
+  table.AddRow({"visible tokens", absl::StrCat(s.visible_tokens())});
+  table.AddRow({"stored token-heads", absl::StrCat(s.stored_token_heads())});
+  for (const auto& fb : s.bytes_by_format()) {
+    table.AddRow({absl::StrCat("bytes ", FormatName(fb.format())),
+                  absl::StrCat(FormatBytes(fb.bytes()), " in ", fb.blocks(), " blocks")});
+  }
+  table.AddRow({"appended (total)", FormatBytes(s.appended_bytes_total())});
+  table.AddRow({"fetched (total)", FormatBytes(s.fetched_bytes_total())});
+  std::cout << table.Render();
+}
+
+bool ValidSort(const std::string& sort) {
+  if (sort == "created" || sort == "tokens" || sort == "bytes" || sort == "id") return true;
+  std::cerr << "kvcachectl: --sort=" << sort << " is not one of created, tokens, bytes, id\n";
+  return false;
+}
+
+}  // namespace kvc::cli

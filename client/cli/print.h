@@ -1,0 +1,43 @@
+// kvcachectl's output for one kvcached: the human tables of each response, the JSON form
+// scripts read (--json), and the message for a call that failed. The cluster commands reuse
+// the JSON and the names so a shard's answer reads the same as a single server's.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include <string>
+
+#include "google/protobuf/message.h"
+#include "kvcache/v1/admin_service.pb.h"
+#include "kvcache/v1/types.pb.h"
+
+namespace kvc::cli {
+
+// The kvcache.v1 message as indented JSON with every field (zeros too) under its proto name:
+// scripts then see the same keys whatever the values.
+std::string Json(const google::protobuf::Message& message);
+
+// "f32", "f16", "bf16" ("?" for anything else).
+const char* DTypeName(::kvcache::v1::DType dtype);
+
+// STORAGE_FORMAT_DENSE -> "dense".
+std::string FormatName(::kvcache::v1::StorageFormat format);
+
+// Prints why the call to `target` failed on stderr and returns the exit code: 2 when
+// kvcached could not be reached (with hints), 3 when it refused the call.
+int Report(const grpc::Status& status, const std::string& target);
+
+void PrintPools(const ::kvcache::v1::ListPoolsResponse& response);
+void PrintSequences(const ::kvcache::v1::ListSequencesResponse& response);
+void PrintSequence(const ::kvcache::v1::SequenceInfo& s);
+void PrintTenants(const ::kvcache::v1::ListTenantsResponse& r);
+void PrintStats(const ::kvcache::v1::PoolStats& s);
+
+// Orders the sequences by `by` (created | tokens | bytes | id; largest first for tokens and
+// bytes); stable, so equal keys keep the server's order.
+void SortSequences(::kvcache::v1::ListSequencesResponse* response, const std::string& by);
+
+// Whether `sort` is a --sort value SortSequences knows; says which are on stderr when not.
+bool ValidSort(const std::string& sort);
+
+}  // namespace kvc::cli
