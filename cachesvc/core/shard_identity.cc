@@ -67,7 +67,7 @@ absl::StatusOr<std::string> ShardIdentity::Resolve(const std::string& id) const 
 }
 
 absl::Status ShardIdentity::CheckClientId(const std::string& id) const {
-  if (clustered() && ParseClusterId(id, nullptr)) {
+  if (clustered() && ParseClusterId(id, /*parts=*/nullptr)) {
     return absl::InvalidArgumentError(
         absl::StrCat("client_sequence_id ", Quoted(id),
                      " has the form of a cluster id (<shard>:<8 hex>:<id>); on a cluster shard "

@@ -51,6 +51,7 @@ absl::Status StatusOf(const absl::StatusOr<T>& s) {
 std::string Describe(const std::vector<ShardStatus>& shards) {
   if (shards.empty()) return "no shard is known yet";
   std::vector<std::string> parts;
+  parts.reserve(shards.size());
   for (const ShardStatus& s : shards) {
     parts.push_back(absl::StrCat(
         s.shard.empty() ? "?" : s.shard, "@", s.address, " ", ShardStateName(s.state),
@@ -237,6 +238,7 @@ struct ClusterClient::Impl {
     std::sort(scored.begin(), scored.end(),
               [](const auto& a, const auto& b) { return a.first > b.first; });
     std::vector<std::shared_ptr<Endpoint>> out;
+    out.reserve(scored.size());
     for (auto& [score, endpoint] : scored) out.push_back(std::move(endpoint));
     return out;
   }
@@ -378,7 +380,7 @@ absl::StatusOr<SequenceInfo> ClusterClient::CreateSequence(const CreateSequenceO
     auto created = endpoint->client()->CreateSequence(options, call);
     if (created.ok() || created.status().code() != absl::StatusCode::kUnavailable) {
       endpoint->Report(created.status());
-      if (created.ok() && !ParseClusterId(created->sequence_id, nullptr)) {
+      if (created.ok() && !ParseClusterId(created->sequence_id, /*parts=*/nullptr)) {
         return absl::FailedPreconditionError(
             absl::StrCat("the server at ", endpoint->address(), " returned id '",
                          created->sequence_id.substr(0, 64),

@@ -116,10 +116,10 @@ class ClusterTest : public ::testing::Test {
     if (!info.ok()) return info.status();
     const std::string& id = info->sequence_id;
     for (int layer = 0; layer < kLayers; ++layer) {
-      const std::string k =
-          testing::MakeKv(SeedOf(id), layer, 0, kTokens, kHeads, kDim, kernels::DType::kF16, false);
-      const std::string v =
-          testing::MakeKv(SeedOf(id), layer, 0, kTokens, kHeads, kDim, kernels::DType::kF16, true);
+      const std::string k = testing::MakeKv(SeedOf(id), layer, 0, kTokens, kHeads, kDim,
+                                            kernels::DType::kF16, /*is_value=*/false);
+      const std::string v = testing::MakeKv(SeedOf(id), layer, 0, kTokens, kHeads, kDim,
+                                            kernels::DType::kF16, /*is_value=*/true);
       auto appended = cluster_->Append(
           {id, layer, 0, kTokens, DType::kF16, k.data(), v.data(), k.size()}, call);
       if (!appended.ok()) return appended.status();
@@ -137,9 +137,9 @@ class ClusterTest : public ::testing::Test {
     }
     for (const FetchedHead& h : fetched->heads) {
       const std::string k = testing::MakeHeadKv(SeedOf(id), h.layer, h.kv_head, 0, kTokens, kDim,
-                                                kernels::DType::kF16, false);
+                                                kernels::DType::kF16, /*is_value=*/false);
       const std::string v = testing::MakeHeadKv(SeedOf(id), h.layer, h.kv_head, 0, kTokens, kDim,
-                                                kernels::DType::kF16, true);
+                                                kernels::DType::kF16, /*is_value=*/true);
       if (h.keys != k || h.values != v) {
         return absl::DataLossError(
             absl::StrCat(id, ": wrong bytes in layer ", h.layer, " head ", h.kv_head));
@@ -263,8 +263,10 @@ TEST_F(ClusterTest, AShardKilledUnderLoadFailsOnlyItsOwnSequencesAndRejoinsEmpty
       }
     }
   };
+  const int loaders = kSanitized ? 2 : 4;
   std::vector<std::thread> threads;
-  for (int i = 0; i < (kSanitized ? 2 : 4); ++i) threads.emplace_back(loader);
+  threads.reserve(loaders);
+  for (int i = 0; i < loaders; ++i) threads.emplace_back(loader);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   shards_[1]->Kill();  // kill -9
   killed = true;
@@ -415,10 +417,10 @@ TEST_F(ClusterTest, ADrainingShardTakesNoNewSequencesAndFinishesItsOwnWork) {
   auto write = [&](int64_t start, int n) {
     absl::Status status;
     for (int layer = 0; layer < kLayers; ++layer) {
-      const std::string k =
-          testing::MakeKv(SeedOf(id), layer, start, n, kHeads, kDim, kernels::DType::kF16, false);
-      const std::string v =
-          testing::MakeKv(SeedOf(id), layer, start, n, kHeads, kDim, kernels::DType::kF16, true);
+      const std::string k = testing::MakeKv(SeedOf(id), layer, start, n, kHeads, kDim,
+                                            kernels::DType::kF16, /*is_value=*/false);
+      const std::string v = testing::MakeKv(SeedOf(id), layer, start, n, kHeads, kDim,
+                                            kernels::DType::kF16, /*is_value=*/true);
       status.Update(
           stream->Write({id, layer, start, n, DType::kF16, k.data(), v.data(), k.size()}));
     }
