@@ -127,6 +127,28 @@ class ClusterTest : public ::testing::Test {
     return id;
   }
 
+  // `n` sequences made by CreateFilled (ids empty where one failed: the caller asserts).
+  std::vector<std::string> FillMany(int n) {
+    std::vector<std::string> ids;
+    ids.reserve(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      auto id = CreateFilled();
+      EXPECT_TRUE(id.ok()) << id.status();
+      ids.push_back(id.ok() ? *id : "");
+    }
+    return ids;
+  }
+
+  // New sequences (created and released again) never land on `shard`.
+  void ExpectNewSequencesAvoid(const std::string& shard) {
+    for (int i = 0; i < 30; ++i) {
+      auto other = cluster_->CreateSequence({});
+      ASSERT_TRUE(other.ok()) << other.status();
+      EXPECT_NE(ShardOf(other->sequence_id), shard);
+      ASSERT_TRUE(cluster_->Release(other->sequence_id).ok());
+    }
+  }
+
   // Fetches the sequence and compares every byte with what CreateFilled wrote. OK only when
   // the server answered and every byte matched; a mismatch is DATA_LOSS.
   absl::Status FetchAndCheck(const std::string& id, const CallOptions& call = {}) {
@@ -217,12 +239,8 @@ TEST_F(ClusterTest, PlacementFollowsTheShardsWeights) {
 TEST_F(ClusterTest, AShardKilledUnderLoadFailsOnlyItsOwnSequencesAndRejoinsEmptyAfterRestart) {
   StartCluster(3);
   // Sequences that exist before the kill, on every shard.
-  std::vector<std::string> before;
-  for (int i = 0; i < 30; ++i) {
-    auto id = CreateFilled();
-    ASSERT_TRUE(id.ok()) << id.status();
-    before.push_back(*id);
-  }
+  const std::vector<std::string> before = FillMany(30);
+  ASSERT_FALSE(HasFailure());
   const std::string victim = "kc-1";
   std::atomic<bool> stop{false};
   std::atomic<bool> killed{false};
@@ -339,12 +357,8 @@ TEST_F(ClusterTest, AShardKilledUnderLoadFailsOnlyItsOwnSequencesAndRejoinsEmpty
 
 TEST_F(ClusterTest, AHungShardIsEjectedAfterItsDeadlinesAndReadmittedWithItsKvIntact) {
   StartCluster(3);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 24; ++i) {
-    auto id = CreateFilled();
-    ASSERT_TRUE(id.ok()) << id.status();
-    ids.push_back(*id);
-  }
+  const std::vector<std::string> ids = FillMany(24);
+  ASSERT_FALSE(HasFailure());
   const std::string hung = "kc-2";
   std::string hung_id;
   for (const std::string& id : ids) {
@@ -399,12 +413,8 @@ TEST_F(ClusterTest, AHungShardIsEjectedAfterItsDeadlinesAndReadmittedWithItsKvIn
 
 TEST_F(ClusterTest, ADrainingShardTakesNoNewSequencesAndFinishesItsOwnWork) {
   StartCluster(3, {}, /*grace_seconds=*/20);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 24; ++i) {
-    auto id = CreateFilled();
-    ASSERT_TRUE(id.ok()) << id.status();
-    ids.push_back(*id);
-  }
+  const std::vector<std::string> ids = FillMany(24);
+  ASSERT_FALSE(HasFailure());
   // A long prefill in flight on kc-0 when it gets SIGTERM.
   CreateSequenceOptions long_prefill;
   long_prefill.client_sequence_id = "long-prefill";
@@ -438,12 +448,7 @@ TEST_F(ClusterTest, ADrainingShardTakesNoNewSequencesAndFinishesItsOwnWork) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_TRUE(draining);
-  for (int i = 0; i < 30; ++i) {
-    auto other = cluster_->CreateSequence({});
-    ASSERT_TRUE(other.ok()) << other.status();
-    EXPECT_NE(ShardOf(other->sequence_id), target_shard);
-    ASSERT_TRUE(cluster_->Release(other->sequence_id).ok());
-  }
+  ExpectNewSequencesAvoid(target_shard);
   // The stream that was in flight finishes: the rest of the prefill is accepted.
   ASSERT_TRUE(write(16, 32).ok());
   auto finished = stream->Finish();
@@ -463,12 +468,8 @@ TEST_F(ClusterTest, ADrainingShardTakesNoNewSequencesAndFinishesItsOwnWork) {
 
 TEST_F(ClusterTest, AnOperatorDrainedShardKeepsServingItsSequencesAndTakesNewOnesAfterResume) {
   StartCluster(3);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 24; ++i) {
-    auto id = CreateFilled();
-    ASSERT_TRUE(id.ok()) << id.status();
-    ids.push_back(*id);
-  }
+  const std::vector<std::string> ids = FillMany(24);
+  ASSERT_FALSE(HasFailure());
   // `kvcachectl drain` on kc-0: AdminService.Drain on that shard alone.
   const std::string drained = "kc-0";
   auto admin = cluster_->EndpointClient(shards_[0]->target());
@@ -489,12 +490,7 @@ TEST_F(ClusterTest, AnOperatorDrainedShardKeepsServingItsSequencesAndTakesNewOne
   auto drain = (*admin)->Drain(/*resume=*/false);
   ASSERT_TRUE(drain.ok()) << drain.status();
   ASSERT_TRUE(wait_for_state(ShardState::kDraining));
-  for (int i = 0; i < 30; ++i) {
-    auto other = cluster_->CreateSequence({});
-    ASSERT_TRUE(other.ok()) << other.status();
-    EXPECT_NE(ShardOf(other->sequence_id), drained);
-    ASSERT_TRUE(cluster_->Release(other->sequence_id).ok());
-  }
+  ExpectNewSequencesAvoid(drained);
   // Its own sequences are still served, after several health polls.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_EQ(state_of(drained), ShardState::kDraining);

@@ -4,11 +4,9 @@
 // stream it held is finished (its per-method request counter moved), every sequence holds
 // whole messages with the exact bytes sent, released memory returns to the baseline, and
 // neither threads nor resident memory grow with the number of faults.
-#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,8 +32,7 @@
 #include "tests/faults/fault_geometry.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/kv_data.h"
-
-extern char** environ;
+#include "tests/testing/kvcached_process.h"
 
 namespace kvc::faults {
 namespace {
@@ -48,59 +45,21 @@ constexpr bool kSanitized = sizeof(KVC_SANITIZE_NAME) > 1;
 const int kKills = kSanitized ? 8 : 20;
 const int kRounds = kSanitized ? 4 : 10;
 
-pid_t Spawn(const std::vector<std::string>& args, const std::string& stdout_path,
-            const std::string& stderr_path) {
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0600);
-  posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0600);
-  std::vector<char*> argv;
-  argv.reserve(args.size() + 1);
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  return rc == 0 ? pid : -1;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// The text after `prefix` up to the end of its line in `path`, waiting up to `timeout`.
-std::string WaitForLine(const std::string& path, const std::string& prefix,
-                        std::chrono::seconds timeout) {
-  const auto until = Clock::now() + timeout;
-  while (Clock::now() < until) {
-    const std::string text = ReadFile(path);
-    const size_t at = text.find(prefix);
-    if (at != std::string::npos) {
-      const size_t end = text.find_first_of(" \n", at + prefix.size());
-      if (end != std::string::npos)
-        return text.substr(at + prefix.size(), end - at - prefix.size());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return "";
-}
+using testing::ReadWholeFile;
+using testing::SpawnWithOutput;
+using testing::WaitForLogWord;
 
 // A kvcached process on free loopback ports, SIGKILLed with the fixture.
 class Kvcached {
  public:
   explicit Kvcached(const std::string& dir) : dir_(dir) {
     std::ofstream(dir + "/kvcached.conf") << ConfigText(int64_t{512} << 20);
-    pid_ = Spawn({KVCACHED_PATH, "--config=" + dir + "/kvcached.conf", "--listen=127.0.0.1:0",
-                  "--metrics_listen=127.0.0.1:0"},
-                 dir + "/kvcached.out", dir + "/kvcached.log");
+    pid_ = SpawnWithOutput({KVCACHED_PATH, "--config=" + dir + "/kvcached.conf",
+                            "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0"},
+                           dir + "/kvcached.out", dir + "/kvcached.log");
     target_ =
-        WaitForLine(dir + "/kvcached.log", "kvcached listening on ", std::chrono::seconds(60));
-    metrics_ = WaitForLine(dir + "/kvcached.log", "metrics on http://", std::chrono::seconds(5));
+        WaitForLogWord(dir + "/kvcached.log", "kvcached listening on ", std::chrono::seconds(60));
+    metrics_ = WaitForLogWord(dir + "/kvcached.log", "metrics on http://", std::chrono::seconds(5));
     metrics_ = metrics_.substr(0, metrics_.find('/'));
   }
   Kvcached(const Kvcached&) = delete;
@@ -118,7 +77,7 @@ class Kvcached {
     pid_ = -1;
   }
   bool Alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
-  std::string Log() const { return ReadFile(dir_ + "/kvcached.log"); }
+  std::string Log() const { return ReadWholeFile(dir_ + "/kvcached.log"); }
   // A field of /proc/PID/status ("VmRSS" in kB, "Threads").
   int64_t Status(const std::string& field) const {
     std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
@@ -277,13 +236,13 @@ class ClientFaultTest : public ::testing::Test {
   void RunAndKill(const std::string& mode, const std::string& id, const std::string& line,
                   std::chrono::milliseconds delay) {
     const std::string out = dir_ + "/client.out";
-    const pid_t pid =
-        Spawn({FAULT_CLIENT_PATH, mode, server_->target(), id}, out, dir_ + "/client.err");
+    const pid_t pid = SpawnWithOutput({FAULT_CLIENT_PATH, mode, server_->target(), id}, out,
+                                      dir_ + "/client.err");
     ASSERT_GT(pid, 0);
     bool started = false;
     for (const auto until = Clock::now() + std::chrono::seconds(60);
          !started && Clock::now() < until && waitpid(pid, nullptr, WNOHANG) == 0;) {
-      started = ReadFile(out).find(line + "\n") != std::string::npos;
+      started = ReadWholeFile(out).find(line + "\n") != std::string::npos;
       if (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     std::this_thread::sleep_for(delay);
@@ -291,9 +250,9 @@ class ClientFaultTest : public ::testing::Test {
     int status = 0;
     waitpid(pid, &status, 0);
     ASSERT_TRUE(started) << "fault_client never said '" << line
-                         << "': " << ReadFile(dir_ + "/client.err");
+                         << "': " << ReadWholeFile(dir_ + "/client.err");
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-        << "fault_client ended before the kill: " << ReadFile(dir_ + "/client.err");
+        << "fault_client ended before the kill: " << ReadWholeFile(dir_ + "/client.err");
   }
 
   struct Footprint {

@@ -30,11 +30,12 @@ absl::StatusOr<std::shared_ptr<Endpoint>> Endpoint::Create(const std::string& ad
 }
 
 Endpoint::Endpoint(std::string address, const ClusterOptions& options,
-                   std::shared_ptr<KvCacheClient> client, std::shared_ptr<grpc::Channel> health)
+                   std::shared_ptr<KvCacheClient> client,
+                   const std::shared_ptr<grpc::Channel>& health)
     : address_(std::move(address)),
       options_(options),
       client_(std::move(client)),
-      health_(std::move(health)) {}
+      health_stub_(health::Health::NewStub(health)) {}
 
 Endpoint::~Endpoint() {
   {
@@ -53,7 +54,6 @@ bool Endpoint::SleepUnlessStopped(absl::Duration d) {
 }
 
 void Endpoint::WatchLoop() {
-  auto stub = health::Health::NewStub(health_);
   absl::Duration backoff = absl::Milliseconds(50);
   const absl::Duration max_backoff = std::max(options_.probe_interval, absl::Milliseconds(500));
   for (;;) {
@@ -94,7 +94,7 @@ void Endpoint::WatchLoop() {
     }
     health::HealthCheckRequest request;  // service "": the whole server
     std::unique_ptr<grpc::ClientReader<health::HealthCheckResponse>> reader =
-        stub->Watch(&context, request);
+        health_stub_->Watch(&context, request);
     health::HealthCheckResponse response;
     bool draining = false;
     while (reader->Read(&response)) {
@@ -116,7 +116,7 @@ void Endpoint::WatchLoop() {
       watch_context_ = nullptr;
       if (stop_) return;
     }
-    if (draining && PollWhileDraining(stub.get())) continue;  // serving again: watch again
+    if (draining && PollWhileDraining()) continue;  // serving again: watch again
     {
       std::lock_guard<std::mutex> lock(mu_);
       // The process is gone (or unreachable): nothing is routed here until it answers again,
@@ -136,13 +136,17 @@ void Endpoint::WatchLoop() {
   }
 }
 
-bool Endpoint::PollWhileDraining(health::Health::Stub* stub) {
+grpc::Status Endpoint::CheckHealth(health::HealthCheckResponse* response) const {
+  grpc::ClientContext context;
+  AddCallCredentials(options_.client, &context);
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.health_timeout));
+  return health_stub_->Check(&context, health::HealthCheckRequest(), response);
+}
+
+bool Endpoint::PollWhileDraining() {
   while (SleepUnlessStopped(options_.probe_interval)) {
-    grpc::ClientContext context;
-    AddCallCredentials(options_.client, &context);
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.health_timeout));
     health::HealthCheckResponse response;
-    const grpc::Status s = stub->Check(&context, health::HealthCheckRequest(), &response);
+    const grpc::Status s = CheckHealth(&response);
     std::lock_guard<std::mutex> lock(mu_);
     if (!s.ok()) {
       view_.last_error = absl::StrCat("health check while draining: ", s.error_message());
@@ -229,12 +233,8 @@ void Endpoint::ProbeIfDue(absl::Time now) {
     std::lock_guard<std::mutex> lock(mu_);
     if (ejections_in_row_ == 0 || now < ejected_until_) return;
   }
-  auto stub = health::Health::NewStub(health_);
-  grpc::ClientContext context;
-  AddCallCredentials(options_.client, &context);
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.health_timeout));
   health::HealthCheckResponse response;
-  const grpc::Status s = stub->Check(&context, health::HealthCheckRequest(), &response);
+  const grpc::Status s = CheckHealth(&response);
   std::lock_guard<std::mutex> lock(mu_);
   // Any answer readmits: the process responds again. (Whether it takes new sequences is the
   // watch's business: a draining shard still serves the sequences it holds.)

@@ -66,11 +66,13 @@ class Endpoint {
 
  private:
   Endpoint(std::string address, const ClusterOptions& options,
-           std::shared_ptr<KvCacheClient> client, std::shared_ptr<grpc::Channel> health);
+           std::shared_ptr<KvCacheClient> client, const std::shared_ptr<grpc::Channel>& health);
   void WatchLoop();
   // While the shard drains: health checks every probe_interval. True when it serves again;
   // false when it stops answering (or on stop).
-  bool PollWhileDraining(grpc::health::v1::Health::Stub* stub);
+  bool PollWhileDraining();
+  // One grpc.health.v1 Check of the whole server with the health timeout.
+  grpc::Status CheckHealth(grpc::health::v1::HealthCheckResponse* response) const;
   // Sleeps up to `d` unless stopped; returns false once stopped.
   bool SleepUnlessStopped(absl::Duration d);
   void Eject(absl::Time now, const std::string& why);
@@ -78,7 +80,8 @@ class Endpoint {
   const std::string address_;
   const ClusterOptions options_;
   const std::shared_ptr<KvCacheClient> client_;
-  const std::shared_ptr<grpc::Channel> health_;
+  // Shares the data client's connection (same target and arguments). Thread-safe.
+  const std::unique_ptr<grpc::health::v1::Health::Stub> health_stub_;
 
   mutable std::mutex mu_;
   std::condition_variable stop_cv_;
