@@ -286,8 +286,9 @@ TEST_F(ClusterTest, AShardKilledUnderLoadFailsOnlyItsOwnSequencesAndRejoinsEmpty
   threads.reserve(loaders);
   for (int i = 0; i < loaders; ++i) threads.emplace_back(loader);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  shards_[1]->Kill();  // kill -9
+  // The flag goes up first: a loader may see the victim's UNAVAILABLE before Kill() returns.
   killed = true;
+  shards_[1]->Kill();  // kill -9
   std::this_thread::sleep_for(std::chrono::milliseconds(2000));
   stop = true;
   for (auto& t : threads) t.join();
