@@ -438,6 +438,18 @@ TEST_F(ClusterTest, ADrainingShardTakesNoNewSequencesAndFinishesItsOwnWork) {
     return status;
   };
   ASSERT_TRUE(write(0, 16).ok());
+  // Write() returns once gRPC has the message, not once the shard runs the call; a SIGTERM
+  // before the shard started the stream would find nothing in flight. The first chunks being
+  // visible means the stream is running there.
+  const auto started_by = Clock::now() + std::chrono::seconds(10);
+  int64_t visible = 0;
+  while (visible < 16 && Clock::now() < started_by) {
+    auto seen = cluster_->GetSequence(id);
+    ASSERT_TRUE(seen.ok()) << seen.status();
+    visible = seen->visible_tokens;
+    if (visible < 16) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(visible, 16);
   shards_[static_cast<size_t>(victim)]->Signal(SIGTERM);
   // The watch sees NOT_SERVING: new sequences go elsewhere.
   const auto until = Clock::now() + std::chrono::seconds(5);
