@@ -68,6 +68,10 @@ KernelStatus CheckHost(const SelectArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckSelect(a));
   return CheckTokenCounts(a.num_lanes, a.num_tokens, a.max_tokens);
 }
+KernelStatus CheckHost(const AllocateBudgetsArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckAllocateBudgets(a));
+  return CheckTokenCounts(a.num_lanes, a.num_tokens, a.max_tokens);
+}
 KernelStatus CheckHost(const DecodeAttentionArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckDecode(a));
   return CheckLaneContents(a.arena, a.lanes);

@@ -27,6 +27,7 @@ KernelStatus CheckHost(const RerotateArgs& a);
 KernelStatus CheckHost(const SnapKvScoreArgs& a);
 KernelStatus CheckHost(const AccumulateScoresArgs& a);
 KernelStatus CheckHost(const SelectArgs& a);
+KernelStatus CheckHost(const AllocateBudgetsArgs& a);
 KernelStatus CheckHost(const DecodeAttentionArgs& a);
 
 }  // namespace kvc::kernels::internal

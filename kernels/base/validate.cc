@@ -147,6 +147,18 @@ KernelStatus CheckSelect(const SelectArgs& a) {
   return KernelStatus::Ok();
 }
 
+KernelStatus CheckAllocateBudgets(const AllocateBudgetsArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckTokenRows(a.num_lanes, a.num_tokens, a.max_tokens));
+  if (a.sinks < 0 || a.recent < 0 || a.floor < 0)
+    return KernelStatus::Invalid("sinks, recent and floor must be >= 0");
+  if (a.group_lanes < 1 || a.num_lanes % a.group_lanes != 0)
+    return KernelStatus::Invalid("group_lanes must be >= 1 and divide num_lanes");
+  if (a.num_lanes > 0 && (a.positions == nullptr || a.scores == nullptr || a.totals == nullptr ||
+                          a.budgets == nullptr))
+    return KernelStatus::Invalid("positions, scores, totals and budgets must be set");
+  return KernelStatus::Ok();
+}
+
 KernelStatus CheckDecode(const DecodeAttentionArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
   KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));

@@ -27,6 +27,7 @@ KernelStatus CheckRerotate(const RerotateArgs& a);
 KernelStatus CheckSnapKv(const SnapKvScoreArgs& a);
 KernelStatus CheckAccumulate(const AccumulateScoresArgs& a);
 KernelStatus CheckSelect(const SelectArgs& a);
+KernelStatus CheckAllocateBudgets(const AllocateBudgetsArgs& a);
 KernelStatus CheckDecode(const DecodeAttentionArgs& a);
 
 // Host-memory content checks.

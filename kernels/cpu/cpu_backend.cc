@@ -27,6 +27,7 @@ class CpuBackend final : public internal::HostBackend {
   KVC_CPU_OP(SnapKvScore, SnapKvScoreArgs)
   KVC_CPU_OP(AccumulateScores, AccumulateScoresArgs)
   KVC_CPU_OP(Select, SelectArgs)
+  KVC_CPU_OP(AllocateBudgets, AllocateBudgetsArgs)
   KVC_CPU_OP(DecodeAttention, DecodeAttentionArgs)
 #undef KVC_CPU_OP
 

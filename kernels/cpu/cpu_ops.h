@@ -16,6 +16,7 @@ void Rerotate(ThreadPool& pool, const RerotateArgs& a);
 void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a);
 void AccumulateScores(ThreadPool& pool, const AccumulateScoresArgs& a);
 void Select(ThreadPool& pool, const SelectArgs& a);
+void AllocateBudgets(ThreadPool& pool, const AllocateBudgetsArgs& a);
 void DecodeAttention(ThreadPool& pool, const DecodeAttentionArgs& a);
 
 }  // namespace kvc::kernels::cpu

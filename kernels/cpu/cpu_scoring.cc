@@ -54,7 +54,7 @@ void Select(ThreadPool& pool, const SelectArgs& a) {
       const size_t row = static_cast<size_t>(lane) * a.max_tokens;
       uint8_t* keep = a.keep + row;
       std::memset(keep, 0, a.max_tokens);
-      const int64_t budget = a.budget;
+      const int64_t budget = a.budgets != nullptr ? std::max(0, a.budgets[lane]) : a.budget;
       if (static_cast<int64_t>(n) <= static_cast<int64_t>(a.sinks) + a.recent + budget) {
         std::memset(keep, 1, n);
         continue;

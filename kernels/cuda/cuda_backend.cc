@@ -113,7 +113,15 @@ KernelStatus Pointers(const SelectArgs& a) {
   return DevicePointers({{"num_tokens is not device memory", a.num_tokens},
                          {"positions is not device memory", a.positions},
                          {"scores is not device memory", a.scores},
+                         {"budgets is not device memory", a.budgets},
                          {"keep is not device memory", a.keep}});
+}
+KernelStatus Pointers(const AllocateBudgetsArgs& a) {
+  return DevicePointers({{"num_tokens is not device memory", a.num_tokens},
+                         {"positions is not device memory", a.positions},
+                         {"scores is not device memory", a.scores},
+                         {"totals is not device memory", a.totals},
+                         {"budgets is not device memory", a.budgets}});
 }
 KernelStatus Pointers(const DecodeAttentionArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(Lanes(a.lanes));
@@ -208,6 +216,7 @@ class CudaBackend final : public KernelBackend {
   KVC_CUDA_OP(SnapKvScore, SnapKvScoreArgs, CheckSnapKv)
   KVC_CUDA_OP(AccumulateScores, AccumulateScoresArgs, CheckAccumulate)
   KVC_CUDA_OP(Select, SelectArgs, CheckSelect)
+  KVC_CUDA_OP(AllocateBudgets, AllocateBudgetsArgs, CheckAllocateBudgets)
   KVC_CUDA_OP(DecodeAttention, DecodeAttentionArgs, CheckDecode)
 #undef KVC_CUDA_OP
 

@@ -16,6 +16,7 @@ KernelStatus LaunchRerotate(const RerotateArgs& a, StreamHandle stream);
 KernelStatus LaunchSnapKvScore(const SnapKvScoreArgs& a, StreamHandle stream);
 KernelStatus LaunchAccumulateScores(const AccumulateScoresArgs& a, StreamHandle stream);
 KernelStatus LaunchSelect(const SelectArgs& a, StreamHandle stream);
+KernelStatus LaunchAllocateBudgets(const AllocateBudgetsArgs& a, StreamHandle stream);
 KernelStatus LaunchDecodeAttention(const DecodeAttentionArgs& a, StreamHandle stream);
 
 }  // namespace kvc::kernels::cuda

@@ -105,7 +105,8 @@ void Select(const SelectArgs& a) {
     const size_t row = static_cast<size_t>(lane) * a.max_tokens;
     uint8_t* keep = a.keep + row;
     std::fill(keep, keep + a.max_tokens, 0);
-    if (static_cast<int64_t>(n) <= static_cast<int64_t>(a.sinks) + a.recent + a.budget) {
+    const int32_t budget = a.budgets != nullptr ? std::max(0, a.budgets[lane]) : a.budget;
+    if (static_cast<int64_t>(n) <= static_cast<int64_t>(a.sinks) + a.recent + budget) {
       std::fill(keep, keep + n, 1);
       continue;
     }
@@ -124,7 +125,49 @@ void Select(const SelectArgs& a) {
       if (score[x] != score[y]) return score[x] > score[y];
       return pos[x] != pos[y] ? pos[x] < pos[y] : x < y;
     });
-    for (int32_t i = 0; i < a.budget; ++i) keep[rest[i]] = 1;
+    for (int32_t i = 0; i < budget; ++i) keep[rest[i]] = 1;
+  }
+}
+
+void AllocateBudgets(const AllocateBudgetsArgs& a) {
+  struct Candidate {
+    float score;
+    int32_t pos, lane, index;
+  };
+  // Select's order within a lane, then lower lane.
+  auto better = [](const Candidate& x, const Candidate& y) {
+    if (x.score != y.score) return x.score > y.score;
+    if (x.pos != y.pos) return x.pos < y.pos;
+    if (x.lane != y.lane) return x.lane < y.lane;
+    return x.index < y.index;
+  };
+  for (int32_t group = 0; group < a.num_lanes / a.group_lanes; ++group) {
+    std::vector<Candidate> pooled;  // candidates left after every lane took its floor
+    int64_t floors = 0;
+    for (int32_t lane = group * a.group_lanes; lane < (group + 1) * a.group_lanes; ++lane) {
+      const int32_t n = a.num_tokens[lane];
+      const size_t row = static_cast<size_t>(lane) * a.max_tokens;
+      const int32_t* pos = a.positions + row;
+      std::vector<Candidate> all;
+      for (int32_t t = 0; t < n; ++t)
+        all.push_back({ScoreForRanking(a.scores[row + t]), pos[t], lane, t});
+      // Sinks and recent tokens, by position as Select takes them, are not candidates.
+      std::sort(all.begin(), all.end(), [](const Candidate& x, const Candidate& y) {
+        return x.pos != y.pos ? x.pos < y.pos : x.index < y.index;
+      });
+      std::vector<Candidate> mine;
+      for (int32_t i = a.sinks; i < n - a.recent; ++i) mine.push_back(all[i]);
+      std::sort(mine.begin(), mine.end(), better);
+      const int32_t floor = std::min<int32_t>(a.floor, static_cast<int32_t>(mine.size()));
+      a.budgets[lane] = floor;
+      floors += floor;
+      pooled.insert(pooled.end(), mine.begin() + floor, mine.end());
+    }
+    std::sort(pooled.begin(), pooled.end(), better);
+    const int64_t rest = std::max<int64_t>(0, std::max(0, a.totals[group]) - floors);
+    for (int64_t i = 0; i < std::min<int64_t>(rest, static_cast<int64_t>(pooled.size())); ++i) {
+      ++a.budgets[pooled[i].lane];
+    }
   }
 }
 

@@ -26,6 +26,7 @@ class ReferenceBackend final : public internal::HostBackend {
   KVC_REF_OP(SnapKvScore, SnapKvScoreArgs)
   KVC_REF_OP(AccumulateScores, AccumulateScoresArgs)
   KVC_REF_OP(Select, SelectArgs)
+  KVC_REF_OP(AllocateBudgets, AllocateBudgetsArgs)
   KVC_REF_OP(DecodeAttention, DecodeAttentionArgs)
 #undef KVC_REF_OP
 };

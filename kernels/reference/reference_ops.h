@@ -15,6 +15,7 @@ void Rerotate(const RerotateArgs& a);
 void SnapKvScore(const SnapKvScoreArgs& a);
 void AccumulateScores(const AccumulateScoresArgs& a);
 void Select(const SelectArgs& a);
+void AllocateBudgets(const AllocateBudgetsArgs& a);
 void DecodeAttention(const DecodeAttentionArgs& a);
 
 }  // namespace kvc::kernels::reference

@@ -193,6 +193,125 @@ KVC_BACKEND_CHECK(SelectMatchesReference) {
   }
 }
 
+// AllocateBudgets against the reference, then Select with those budgets: every group's
+// budgets add up to its total (or to all its candidates), and the tokens kept over the group
+// are the best candidates over all its lanes.
+KVC_BACKEND_CHECK(AllocateBudgetsMatchesReference) {
+  std::mt19937 rng(29);
+  struct Case {
+    int sinks, recent, floor, group_lanes;
+    std::vector<int32_t> totals;
+    bool ties;
+  };
+  const Case cases[] = {{0, 8, 0, 3, {60, 0}, false},
+                        {4, 16, 5, 3, {40, 9}, true},
+                        {2, 0, 0, 2, {1, 7, 1000}, false},
+                        {0, 0, 100, 6, {50}, false},
+                        {4, 64, 10, 1, {20, 3, 0, 5, 500, -4}, true},
+                        {1, 1, 0, 6, {-1}, true}};
+  for (const Case& c : cases) {
+    const BlockLayout l = MakeBlockLayout(StorageFormat::kF16, 64, 16);
+    LaneSpec lanes = MakeLanes(l, {1, 30, 64, 257, 200, 0}, 0, rng);
+    lanes.max_tokens += 3;
+    const std::vector<int32_t> pos = MakePositions(lanes, /*shuffle=*/true, rng);
+    std::vector<float> scores = MakeScores(lanes, rng);
+    if (c.ties) {
+      for (size_t i = 0; i < scores.size(); ++i)
+        scores[i] = i % 97 == 5 ? NAN : static_cast<float>(rng() % 4) * 0.25f;
+    }
+    const int32_t num_lanes = lanes.num_lanes();
+    const std::vector<int32_t> garbage(static_cast<size_t>(num_lanes), -7);
+    const size_t n = static_cast<size_t>(num_lanes) * lanes.max_tokens;
+    std::vector<int32_t> budgets[2];
+    std::vector<uint8_t> keep[2];
+    KernelBackend* backends[2] = {ctx.reference, ctx.backend};
+    for (int i = 0; i < 2; ++i) {
+      Session s(*backends[i], ctx);
+      AllocateBudgetsArgs a;
+      a.num_lanes = num_lanes;
+      a.num_tokens = s.Upload(lanes.tokens);
+      a.max_tokens = lanes.max_tokens;
+      a.positions = s.Upload(pos);
+      a.scores = s.Upload(scores);
+      a.sinks = c.sinks;
+      a.recent = c.recent;
+      a.group_lanes = c.group_lanes;
+      a.totals = s.Upload(c.totals);
+      a.floor = c.floor;
+      a.budgets = s.Upload(garbage);
+      if (!ctx.ExpectOk(backends[i]->AllocateBudgets(a, StreamHandle{}), "AllocateBudgets")) return;
+      budgets[i] = s.Download(a.budgets, static_cast<size_t>(num_lanes));
+      SelectArgs sel;
+      sel.num_lanes = num_lanes;
+      sel.num_tokens = a.num_tokens;
+      sel.max_tokens = lanes.max_tokens;
+      sel.positions = a.positions;
+      sel.scores = a.scores;
+      sel.sinks = c.sinks;
+      sel.recent = c.recent;
+      sel.budget = 1000000;  // ignored: budgets wins
+      sel.budgets = a.budgets;
+      sel.keep = s.Upload(std::vector<uint8_t>(n, 0xcd));
+      if (!ctx.ExpectOk(backends[i]->Select(sel, StreamHandle{}), "Select with budgets")) return;
+      keep[i] = s.DownloadBytes(sel.keep, n);
+    }
+    const std::string what = Str("budgets sinks ", c.sinks, " recent ", c.recent, " floor ",
+                                 c.floor, " group ", c.group_lanes, c.ties ? " with ties/NaN" : "");
+    ctx.Expect(budgets[0] == budgets[1], what + ": budgets identical");
+    ctx.Expect(keep[0] == keep[1], what + ": kept sets identical");
+    for (int32_t g = 0; g < num_lanes / c.group_lanes; ++g) {
+      int64_t sum = 0, candidates = 0, floors = 0;
+      for (int32_t lane = g * c.group_lanes; lane < (g + 1) * c.group_lanes; ++lane) {
+        const int64_t cand = std::max<int64_t>(
+            0, lanes.tokens[lane] - std::min(c.sinks, lanes.tokens[lane]) - c.recent);
+        const int32_t b = budgets[1][static_cast<size_t>(lane)];
+        ctx.Expect(b >= std::min<int64_t>(c.floor, cand) && b <= cand,
+                   Str(what, ": lane ", lane, " budget ", b, " within [floor, ", cand, "]"));
+        sum += b;
+        candidates += cand;
+        floors += std::min<int64_t>(c.floor, cand);
+      }
+      const int64_t total = std::max(0, c.totals[static_cast<size_t>(g)]);
+      const int64_t want = std::min(std::max(total, floors), candidates);
+      ctx.Expect(sum == want, Str(what, ": group ", g, " budgets sum to ", sum, ", want ", want));
+    }
+  }
+}
+
+// Spec: a concentrated head gives its budget to a diffuse one; the floor still holds.
+KVC_SPEC_CHECK(AllocateBudgetsRules) {
+  std::unique_ptr<KernelBackend> ref;
+  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create"))
+    return;
+  // Two lanes of 8 tokens (positions 0..7). Lane 0 puts its mass on one token, lane 1
+  // spreads it. sinks 1 (position 0), recent 1 (position 7): candidates are positions 1..6.
+  const int32_t pos[16] = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+  const float score[16] = {9, 0.90f, 0.01f, 0.01f, 0.02f, 0.01f, 0.01f, 9,
+                           9, 0.15f, 0.14f, 0.16f, 0.13f, 0.12f, 0.11f, 9};
+  const int32_t tokens[2] = {8, 8};
+  const int32_t totals[1] = {6};  // 3 per lane if uniform
+  int32_t budgets[2] = {-1, -1};
+  AllocateBudgetsArgs a;
+  a.num_lanes = 2;
+  a.num_tokens = tokens;
+  a.max_tokens = 8;
+  a.positions = pos;
+  a.scores = score;
+  a.sinks = 1;
+  a.recent = 1;
+  a.group_lanes = 2;
+  a.totals = totals;
+  a.budgets = budgets;
+  ctx.ExpectOk(ref->AllocateBudgets(a, StreamHandle{}), "AllocateBudgets");
+  // Best 6 of the pooled candidates: 0.90 (lane 0), then 0.16 0.15 0.14 0.13 0.12 (lane 1).
+  ctx.Expect(budgets[0] == 1 && budgets[1] == 5,
+             Str("no floor: budgets ", budgets[0], " + ", budgets[1], ", want 1 + 5"));
+  a.floor = 2;  // each lane first keeps its 2 best: 0.90 0.02 | 0.16 0.15; then 0.14 0.13
+  ctx.ExpectOk(ref->AllocateBudgets(a, StreamHandle{}), "AllocateBudgets with a floor");
+  ctx.Expect(budgets[0] == 2 && budgets[1] == 4,
+             Str("floor 2: budgets ", budgets[0], " + ", budgets[1], ", want 2 + 4"));
+}
+
 // Spec: hand-checked selection with ties, sinks and recent tokens.
 KVC_SPEC_CHECK(SelectRules) {
   std::unique_ptr<KernelBackend> ref;

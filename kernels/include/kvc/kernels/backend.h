@@ -77,6 +77,7 @@ class KernelBackend {
   virtual KernelStatus SnapKvScore(const SnapKvScoreArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus AccumulateScores(const AccumulateScoresArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus Select(const SelectArgs& args, StreamHandle stream) = 0;
+  virtual KernelStatus AllocateBudgets(const AllocateBudgetsArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus DecodeAttention(const DecodeAttentionArgs& args, StreamHandle stream) = 0;
 };
 

@@ -146,9 +146,38 @@ struct SelectArgs {
   const float* scores = nullptr;        // [num_lanes, max_tokens]
   int32_t sinks = 0;
   int32_t recent = 0;
-  int32_t budget = 0;       // heavy hitters kept per lane
+  int32_t budget = 0;  // heavy hitters kept per lane
+  // Optional [num_lanes]: each lane's own heavy-hitter budget in place of `budget` (from
+  // AllocateBudgets); a negative entry counts as 0.
+  const int32_t* budgets = nullptr;
   uint8_t* keep = nullptr;  // out [num_lanes, max_tokens], 1 = keep, by stored index; slots
                             // past a lane's num_tokens are written 0
+};
+
+// Shares heavy-hitter budgets among lanes by their scores (AdaKV), for Select's `budgets`.
+// Lanes [g * group_lanes, (g + 1) * group_lanes) form group g (the kv heads of one layer). A
+// lane's candidates are the tokens Select ranks: all but its `sinks` lowest and `recent`
+// highest positions. Each lane first takes its `floor` best candidates (all of them if it has
+// fewer). The rest of the group's total, totals[g] minus what the floors took (nothing when
+// that is negative), goes to the best of the remaining candidates over all the group's lanes,
+// ranked as Select ranks within a lane: score descending (NaN lowest), then position
+// ascending, then lower lane, then lower stored index. budgets[l] = the lane's floor share + its
+// candidates among those, so Select with `budgets` keeps exactly the chosen tokens, and a
+// group's budgets sum to min(max(totals[g], floors), its candidates). Scores must be comparable
+// across the group's lanes (SnapKV and H2O scores are attention probability mass). Touches no
+// KV memory.
+struct AllocateBudgetsArgs {
+  int32_t num_lanes = 0;                // a multiple of group_lanes
+  const int32_t* num_tokens = nullptr;  // [num_lanes]
+  int32_t max_tokens = 0;               // >= every num_tokens[l]: the row stride
+  const int32_t* positions = nullptr;   // [num_lanes, max_tokens]
+  const float* scores = nullptr;        // [num_lanes, max_tokens]
+  int32_t sinks = 0;
+  int32_t recent = 0;
+  int32_t group_lanes = 1;          // lanes per group, >= 1
+  const int32_t* totals = nullptr;  // [num_lanes / group_lanes]; a negative entry counts as 0
+  int32_t floor = 0;                // candidates every lane keeps first, >= 0
+  int32_t* budgets = nullptr;       // out [num_lanes]
 };
 
 // One decode step of paged attention. For each lane and each of its group_size query heads:
