@@ -1,5 +1,9 @@
 #include "cachesvc/core/eviction_rule.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvc::cachesvc {
@@ -21,6 +25,9 @@ EvictionRule ResolveEviction(const CompressionSpec& s) {
       r.recent = s.window;
       r.budget = s.budget - s.window;
       r.scored = true;
+      r.adaptive = s.adaptive;
+      r.floor_percent = s.head_floor_percent;
+      r.pyramid_beta = s.pyramid_beta;
       break;
     case Eviction::kH2o:
       r.recent = s.recent;
@@ -29,6 +36,22 @@ EvictionRule ResolveEviction(const CompressionSpec& s) {
       break;
   }
   return r;
+}
+
+int32_t LayerBudget(const EvictionRule& rule, int layer, int num_layers, int64_t candidates) {
+  if (rule.pyramid_beta < 2 || num_layers < 2) return rule.budget;
+  // PyramidKV (KVCache-Factory PyramidKVCluster): min = B / beta, max = 2B - min; when the
+  // prompt has fewer candidates than max, max = candidates and min = 2B - max.
+  const int64_t b = rule.budget;
+  int64_t lo = b / rule.pyramid_beta;
+  int64_t hi = 2 * b - lo;
+  if (hi > candidates) {
+    hi = std::max<int64_t>(candidates, 0);
+    lo = std::max<int64_t>(2 * b - hi, 0);
+  }
+  const double step = static_cast<double>(hi - lo) / (num_layers - 1);
+  const int64_t mine = std::llround(static_cast<double>(hi) - layer * step);
+  return static_cast<int32_t>(std::clamp<int64_t>(mine, 0, std::numeric_limits<int32_t>::max()));
 }
 
 const char* EvictionName(Eviction eviction) {
@@ -85,6 +108,16 @@ absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool 
         return absl::InvalidArgumentError(absl::StrCat("snapkv.pooling_kernel is ",
                                                        s.pooling_kernel,
                                                        "; expected an odd number >= 1 (paper: 7)"));
+      }
+      if (s.head_floor_percent < 0 || s.head_floor_percent > 100) {
+        return absl::InvalidArgumentError(absl::StrCat("snapkv.head_floor_percent is ",
+                                                       s.head_floor_percent,
+                                                       "; expected 0..100 (AdaKV: 20)"));
+      }
+      if (s.pyramid_beta < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("snapkv.pyramid_beta is ", s.pyramid_beta,
+                         "; expected 0 or 1 (every layer the same) or >= 2 (PyramidKV: 20)"));
       }
       if (automatic) {
         return absl::InvalidArgumentError(

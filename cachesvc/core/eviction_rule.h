@@ -17,6 +17,11 @@ struct EvictionRule {
   int32_t budget = 0;     // highest-scoring others kept
   bool rerotate = false;  // survivors' keys re-rotated to consecutive in-cache positions
   bool scored = false;    // ranks by scores (SnapKV, H2O)
+  // SnapKV's allocation: the layer's budget shared across its kv heads by score (AdaKV), each
+  // head first taking floor_percent % of its share; per-layer budgets when pyramid_beta >= 2.
+  bool adaptive = false;
+  int32_t floor_percent = 0;
+  int32_t pyramid_beta = 0;
 
   bool evicts() const { return why != CompressionSpec::Eviction::kNone; }
   // Tokens a lane keeps at most.
@@ -24,6 +29,12 @@ struct EvictionRule {
 };
 
 EvictionRule ResolveEviction(const CompressionSpec& spec);
+
+// The heavy-hitter budget per kv head of `layer` (of `num_layers`): rule.budget, or with
+// rule.pyramid_beta >= 2 PyramidKV's linear schedule with the same average, from
+// budget + budget - budget / beta at layer 0 down to budget / beta at the last layer. `candidates`
+// (the most tokens a head of the sequence can select) clamps layer 0 as PyramidKV does.
+int32_t LayerBudget(const EvictionRule& rule, int layer, int num_layers, int64_t candidates);
 
 const char* EvictionName(CompressionSpec::Eviction eviction);
 

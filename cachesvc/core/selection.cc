@@ -1,6 +1,7 @@
 #include "cachesvc/core/selection.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "cachesvc/core/transaction.h"
@@ -62,6 +63,30 @@ absl::StatusOr<std::vector<LaneSelection>> SelectLayer(
       std::copy(mine.begin(), mine.end(), ranks.begin() + static_cast<size_t>(h) * stride);
     }
   }
+  // Candidates per head: what the longest lane could select beyond its sinks and window.
+  const int32_t budget =
+      LayerBudget(rule, layer, storage.num_layers(),
+                  std::max<int64_t>(0, int64_t{max_tokens} - rule.sinks - rule.recent));
+  std::vector<int32_t> budgets;
+  if (rule.adaptive && max_tokens > 0) {
+    budgets.assign(static_cast<size_t>(heads), 0);
+    const std::vector<int32_t> total = {static_cast<int32_t>(
+        std::min<int64_t>(int64_t{budget} * heads, std::numeric_limits<int32_t>::max()))};
+    kernels::AllocateBudgetsArgs b;
+    b.num_lanes = heads;
+    b.num_tokens = counts.data();
+    b.max_tokens = max_tokens;
+    b.positions = positions.data();
+    b.scores = ranks.data();
+    b.sinks = rule.sinks;
+    b.recent = rule.recent;
+    b.group_lanes = heads;
+    b.totals = total.data();
+    b.floor = static_cast<int32_t>(int64_t{budget} * rule.floor_percent / 100);
+    b.budgets = budgets.data();
+    const kernels::KernelStatus ks = backend->AllocateBudgets(b, {});
+    if (!ks.ok()) return KernelFailure(ks, "AllocateBudgets");
+  }
   std::vector<uint8_t> keep(positions.size(), 0);
   kernels::SelectArgs a;
   a.num_lanes = heads;
@@ -71,7 +96,8 @@ absl::StatusOr<std::vector<LaneSelection>> SelectLayer(
   a.scores = ranks.data();
   a.sinks = rule.sinks;
   a.recent = rule.recent;
-  a.budget = rule.budget;
+  a.budget = budget;
+  if (!budgets.empty()) a.budgets = budgets.data();
   a.keep = keep.data();
   if (max_tokens > 0) {
     const kernels::KernelStatus ks = backend->Select(a, {});

@@ -62,6 +62,12 @@ struct CompressionSpec {
   int budget = 0;
   int pooling_kernel = 7;
   bool pooling_avg = false;
+  // SnapKV: share the layer's selections across its kv heads by score (AdaKV), each head
+  // first taking head_floor_percent % of its uniform share; per-layer budgets (PyramidKV) when
+  // pyramid_beta >= 2.
+  bool adaptive = false;
+  int head_floor_percent = 20;
+  int pyramid_beta = 0;
   // H2O: keep the `heavy` highest-scoring tokens plus the `recent` newest.
   int heavy = 0;
   int recent = 0;

@@ -107,6 +107,23 @@ absl::StatusOr<CompressionSpec> FromProto(const pb::CompressionSpec& spec) {
                                                          static_cast<int>(spec.snapkv().pooling()),
                                                          "; expected POOLING_MAX or POOLING_AVG"));
       }
+      switch (spec.snapkv().allocation()) {
+        case pb::SnapKvSpec::ALLOCATION_UNSPECIFIED:
+        case pb::SnapKvSpec::ALLOCATION_UNIFORM:
+          out.adaptive = false;
+          break;
+        case pb::SnapKvSpec::ALLOCATION_ADAPTIVE:
+          out.adaptive = true;
+          break;
+        default:
+          return absl::InvalidArgumentError(
+              absl::StrCat("snapkv.allocation is ", static_cast<int>(spec.snapkv().allocation()),
+                           "; expected ALLOCATION_UNIFORM or ALLOCATION_ADAPTIVE"));
+      }
+      if (spec.snapkv().has_head_floor_percent()) {
+        out.head_floor_percent = spec.snapkv().head_floor_percent();
+      }
+      out.pyramid_beta = spec.snapkv().pyramid_beta();
       break;
     case pb::CompressionSpec::kH2O:
       out.eviction = CompressionSpec::Eviction::kH2o;
@@ -137,6 +154,10 @@ void ToProto(const CompressionSpec& s, pb::CompressionSpec* out) {
       out->mutable_snapkv()->set_pooling_kernel(s.pooling_kernel);
       out->mutable_snapkv()->set_pooling(s.pooling_avg ? pb::SnapKvSpec::POOLING_AVG
                                                        : pb::SnapKvSpec::POOLING_MAX);
+      out->mutable_snapkv()->set_allocation(s.adaptive ? pb::SnapKvSpec::ALLOCATION_ADAPTIVE
+                                                       : pb::SnapKvSpec::ALLOCATION_UNIFORM);
+      if (s.adaptive) out->mutable_snapkv()->set_head_floor_percent(s.head_floor_percent);
+      out->mutable_snapkv()->set_pyramid_beta(s.pyramid_beta);
       break;
     case CompressionSpec::Eviction::kH2o:
       out->mutable_h2o()->set_heavy(s.heavy);

@@ -158,6 +158,12 @@ void ToProto(const CompressionSpec& s, pb::CompressionSpec* out) {
       out->mutable_snapkv()->set_pooling_kernel(s.pooling_kernel);
       out->mutable_snapkv()->set_pooling(s.pooling_avg ? pb::SnapKvSpec::POOLING_AVG
                                                        : pb::SnapKvSpec::POOLING_MAX);
+      out->mutable_snapkv()->set_allocation(s.adaptive ? pb::SnapKvSpec::ALLOCATION_ADAPTIVE
+                                                       : pb::SnapKvSpec::ALLOCATION_UNIFORM);
+      if (s.head_floor_percent >= 0) {
+        out->mutable_snapkv()->set_head_floor_percent(s.head_floor_percent);
+      }
+      out->mutable_snapkv()->set_pyramid_beta(s.pyramid_beta);
       break;
     case CompressionSpec::Eviction::kH2o:
       out->mutable_h2o()->set_heavy(s.heavy);

@@ -61,9 +61,9 @@ void AllocateBudgets(ThreadPool& pool, const AllocateBudgetsArgs& a) {
         floors += floor;
         pooled.insert(pooled.end(), first + lo + floor, first + hi);
       }
-      const int64_t rest = std::min<int64_t>(
-          std::max<int64_t>(0, std::max(0, a.totals[group]) - floors),
-          static_cast<int64_t>(pooled.size()));
+      const int64_t rest =
+          std::min<int64_t>(std::max<int64_t>(0, std::max(0, a.totals[group]) - floors),
+                            static_cast<int64_t>(pooled.size()));
       if (rest > 0 && rest < static_cast<int64_t>(pooled.size())) {
         std::nth_element(pooled.begin(), pooled.begin() + rest, pooled.end(), Better);
       }

@@ -72,17 +72,21 @@ __global__ void AllocateBudgetsKernel(AllocateBudgetsArgs a, const uint32_t* pos
     uint32_t t3[3];
     if (lo > 0 && hi > lo) {
       KthSmallest(by_pos, n, lo - 1, all, sh.sel, t3);
-      if (threadIdx.x == 0) for (int w = 0; w < 3; ++w) sh.low_t[j][w] = t3[w];
+      if (threadIdx.x == 0)
+        for (int w = 0; w < 3; ++w) sh.low_t[j][w] = t3[w];
     }
     if (hi < n && hi > lo) {
       KthSmallest(by_pos, n, hi, all, sh.sel, t3);
-      if (threadIdx.x == 0) for (int w = 0; w < 3; ++w) sh.high_t[j][w] = t3[w];
+      if (threadIdx.x == 0)
+        for (int w = 0; w < 3; ++w) sh.high_t[j][w] = t3[w];
     }
     __syncthreads();
     const int floor = sh.floor[j];
     if (floor > 0 && floor < hi - lo) {
-      KthSmallest(by_score, n, floor - 1, [&](int t) { return candidate(j, t); }, sh.sel, t3);
-      if (threadIdx.x == 0) for (int w = 0; w < 3; ++w) sh.floor_t[j][w] = t3[w];
+      KthSmallest(
+          by_score, n, floor - 1, [&](int t) { return candidate(j, t); }, sh.sel, t3);
+      if (threadIdx.x == 0)
+        for (int w = 0; w < 3; ++w) sh.floor_t[j][w] = t3[w];
     }
     __syncthreads();
   }

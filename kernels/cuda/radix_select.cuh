@@ -41,8 +41,8 @@ struct SelectShared {
 
 // The key of rank k (0-based, ascending) among tokens with include(i), 8 bits per pass.
 template <typename Include>
-__device__ inline void KthSmallest(const KeyView& kv, int n, int k, Include include, SelectShared& sh,
-                            uint32_t (&out)[3]) {
+__device__ inline void KthSmallest(const KeyView& kv, int n, int k, Include include,
+                                   SelectShared& sh, uint32_t (&out)[3]) {
   out[0] = out[1] = out[2] = 0;
   int remaining = k;
   for (int w = 0; w < kv.Words(); ++w) {

@@ -343,6 +343,9 @@ TEST_P(HostileInputTest, EveryEnumOutsideTheContractIsInvalidArgument) {
   spec.mutable_snapkv()->set_budget(8);
   spec.mutable_snapkv()->set_pooling(static_cast<pb::SnapKvSpec::Pooling>(9));
   specs.emplace_back("snapkv.pooling", spec);
+  spec.mutable_snapkv()->set_pooling(pb::SnapKvSpec::POOLING_MAX);
+  spec.mutable_snapkv()->set_allocation(static_cast<pb::SnapKvSpec::Allocation>(5));
+  specs.emplace_back("snapkv.allocation", spec);
   for (const auto& [field, bad] : specs) {
     pb::CreateSequenceRequest create;
     *create.mutable_policy() = bad;

@@ -24,6 +24,28 @@ TEST(ServicePolicyParseTest, StorageWithARawResidual) {
   EXPECT_EQ(p.automatic.residual_tokens, 0);
 }
 
+TEST(ServicePolicyParseTest, AdaptiveAndPyramidSnapKv) {
+  KVC_ASSERT_OK_AND_ASSIGN(ServicePolicy p, ParseServicePolicy("snapkv=256/64", ""));
+  EXPECT_FALSE(p.at_prompt_end.adaptive);
+  EXPECT_EQ(p.at_prompt_end.pyramid_beta, 0);
+  EXPECT_EQ(p.query_window, 64);
+  KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("adasnapkv=256", "int4"));
+  EXPECT_TRUE(p.at_prompt_end.adaptive);
+  EXPECT_EQ(p.at_prompt_end.head_floor_percent, -1);  // the server's default
+  EXPECT_EQ(p.at_prompt_end.budget, 256);
+  EXPECT_EQ(p.at_prompt_end.window, 32);
+  EXPECT_EQ(p.at_prompt_end.pyramid_beta, 0);
+  KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("pyramidkv=256", ""));
+  EXPECT_FALSE(p.at_prompt_end.adaptive);
+  EXPECT_EQ(p.at_prompt_end.pyramid_beta, 20);
+  KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("adapyramidkv=128/16", ""));
+  EXPECT_TRUE(p.at_prompt_end.adaptive);
+  EXPECT_EQ(p.at_prompt_end.pyramid_beta, 20);
+  EXPECT_EQ(p.at_prompt_end.window, 16);
+  EXPECT_THAT(ParseServicePolicy("xsnapkv=128", ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, "adasnapkv="));
+}
+
 TEST(ServicePolicyParseTest, BadFlagsSayWhatIsExpected) {
   EXPECT_THAT(ParseServicePolicy("", "int4+raw"),
               StatusIs(absl::StatusCode::kInvalidArgument, "number of raw recent tokens"));

@@ -95,8 +95,16 @@ absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
     out.automatic = CompressionSpec::StreamingLlm((*n)[0], (*n)[1]).WithStorage(*format);
     out.automatic.rerotate_keys = rerotate;
     out.automatic.residual_tokens = residual;
-  } else if (absl::ConsumePrefix(&p, "snapkv=")) {
+  } else if (absl::StrContains(p, "snapkv=") || absl::StrContains(p, "pyramidkv=")) {
     // snapkv=BUDGET or snapkv=BUDGET/WINDOW (window 32 by default, as in the paper).
+    // adasnapkv: the budget shared across each layer's kv heads by score (AdaKV, floor 20 %);
+    // pyramidkv / adapyramidkv: PyramidKV's per-layer budgets (beta 20) on top.
+    const bool adaptive = absl::ConsumePrefix(&p, "ada");
+    const bool pyramid = absl::ConsumePrefix(&p, "pyramidkv=");
+    if (!pyramid && !absl::ConsumePrefix(&p, "snapkv=")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bad ", what, "; use snapkv=, adasnapkv=, pyramidkv= or adapyramidkv=BUDGET[/WINDOW]"));
+    }
     auto n = Numbers(p, '/', 2, what);
     if (!n.ok()) return n.status();
     const int window = n->size() > 1 ? (*n)[1] : 32;
@@ -104,6 +112,8 @@ absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
     // later tokens are written in the new format.
     // The residual is set by that Compress too: the newest tokens are still raw then.
     out.at_prompt_end = CompressionSpec::SnapKv(window, (*n)[0]).WithStorage(*format);
+    if (adaptive) out.at_prompt_end.Adaptive();
+    if (pyramid) out.at_prompt_end.pyramid_beta = 20;
     out.at_prompt_end.residual_tokens = residual;
     out.compress_at_prompt_end = true;
     out.query_window = window;
@@ -118,9 +128,10 @@ absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
     out.compress_at_prompt_end = true;
     out.query_window = 32;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bad ", what,
-        "; use full, streaming=SINKS+WINDOW, snapkv=BUDGET[/WINDOW] or h2o=HEAVY+RECENT"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad ", what,
+                     "; use full, streaming=SINKS+WINDOW, [ada]snapkv=BUDGET[/WINDOW], "
+                     "[ada]pyramidkv=BUDGET[/WINDOW] or h2o=HEAVY+RECENT"));
   }
   return out;
 }

@@ -93,6 +93,11 @@ class SnapKV:
     budget: int
     pooling_kernel: int = 7
     pooling: str = "max"  # "max" or "avg"
+    # AdaKV: share each layer's selections across its kv heads by score; every head first
+    # takes head_floor_percent % of its share (None = the server's default, 20).
+    adaptive: bool = False
+    head_floor_percent: Optional[int] = None
+    pyramid_beta: int = 0  # >= 2: PyramidKV's per-layer budgets (the paper: 20); 0 = flat
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +128,14 @@ class CompressionSpec:
                        "avg": _types.SnapKvSpec.POOLING_AVG}.get(e.pooling)
             if pooling is None:
                 raise ValueError(f"SnapKV pooling {e.pooling!r}; expected 'max' or 'avg'")
+            allocation = (_types.SnapKvSpec.ALLOCATION_ADAPTIVE if e.adaptive
+                          else _types.SnapKvSpec.ALLOCATION_UNIFORM)
             spec.snapkv.CopyFrom(_types.SnapKvSpec(window=e.window, budget=e.budget,
                                                    pooling_kernel=e.pooling_kernel,
-                                                   pooling=pooling))
+                                                   pooling=pooling, allocation=allocation,
+                                                   pyramid_beta=e.pyramid_beta))
+            if e.head_floor_percent is not None:
+                spec.snapkv.head_floor_percent = e.head_floor_percent
         elif isinstance(e, H2O):
             spec.h2o.CopyFrom(_types.H2oSpec(heavy=e.heavy, recent=e.recent))
         elif e is not None:

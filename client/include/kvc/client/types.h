@@ -137,8 +137,13 @@ struct CompressionSpec {
   int budget = 0;            // SnapKV tokens kept per kv head (including the window)
   int pooling_kernel = 7;    // SnapKV
   bool pooling_avg = false;  // SnapKV: avg instead of max pooling
-  int heavy = 0;             // H2O
-  int recent = 0;            // H2O
+  // SnapKV: share each layer's selections across its kv heads by score (AdaKV), every head
+  // first taking head_floor_percent % of its share (-1 = the server's default, 20).
+  bool adaptive = false;
+  int head_floor_percent = -1;
+  int pyramid_beta = 0;  // SnapKV: >= 2 gives lower layers more (PyramidKV: 20); 0 = flat
+  int heavy = 0;         // H2O
+  int recent = 0;        // H2O
   StorageFormat storage = StorageFormat::kPoolDefault;  // kPoolDefault = keep
   // The newest tokens of every lane kept raw, quantized as they age out; must fit in the
   // eviction's recent window. A Compress may set it only on a sequence still stored raw.
@@ -165,6 +170,12 @@ struct CompressionSpec {
     s.heavy = heavy;
     s.recent = recent;
     return s;
+  }
+  // SnapKV's budget shared across a layer's kv heads by score (AdaKV).
+  CompressionSpec& Adaptive(int floor_percent = -1) {
+    adaptive = true;
+    head_floor_percent = floor_percent;
+    return *this;
   }
   CompressionSpec& WithStorage(StorageFormat format) {
     storage = format;
