@@ -103,6 +103,31 @@ def test_snapkv_keeps_budget_and_window(client: kvcache.Client) -> None:
     client.release(seq)
 
 
+def test_adaptive_snapkv_shares_the_layer_budget_across_heads(client: kvcache.Client) -> None:
+    # Query heads of kv head 0 point at one key (concentrated), the rest are zero (uniform
+    # attention): with AdaKV's allocation kv head 0 keeps its window + floor, kv head 1 the rest.
+    n, window, budget = 48, 4, 24  # 20 selected per head, 40 per layer; floor 25 % = 5
+    seq, sent = _fill(client, n)
+    group = Q_HEADS // KV_HEADS
+    queries = []
+    for layer in range(LAYERS):
+        q = np.zeros((window, Q_HEADS, HEAD_DIM), np.float16)
+        key = sent[layer][0][10, 0]  # token 10 of kv head 0
+        q[:, :group] = (60.0 * key / np.linalg.norm(key)).astype(np.float16)
+        queries.append(LayerQueries(layer, q, list(range(n - window, n))))
+    spec = CompressionSpec(eviction=SnapKV(window=window, budget=budget, pooling_kernel=1,
+                                           adaptive=True, head_floor_percent=25))
+    r = client.compress(seq, spec, queries)
+    assert [s.token_heads_after for s in r.layers] == [budget * KV_HEADS] * LAYERS
+    stored = list(client.get_sequence(seq).stored_tokens)  # [layer][kv head]
+    assert stored == [window + 5, 2 * budget - window - 5] * LAYERS
+    for (layer, head), got in client.fetch(seq).heads.items():
+        assert set(range(n - window, n)) <= set(got.positions.tolist())
+        if head == 0:
+            assert 10 in got.positions.tolist()
+    client.release(seq)
+
+
 def test_h2o_after_attend_and_residual_policy(client: kvcache.Client) -> None:
     n = 32
     seq, _ = _fill(client, n)

@@ -80,13 +80,14 @@ absl::StatusOr<PasskeyPolicy> ServicePasskeyPolicy(const std::string& name,
 }  // namespace
 
 absl::Status RunPasskey(int argc, char** argv) {
-  auto flags = Flags::Parse(
-      argc, argv, 2, {"model",     "threads", "haystack-file", "lengths", "depths",
-                      "policies",  "chunk",   "seed",          "json",    "chat",
-                      "kv",        "target",  "pool",          "keys",    "question-in-prompt",
-                      "label",     "tls-ca",  "tls-cert",      "tls-key", "tls-server-name",
-                      "token-file"},
-      {"chat", "question-in-prompt"});
+  auto flags =
+      Flags::Parse(argc, argv, 2,
+                   {"model",      "threads",      "haystack-file", "lengths", "depths",
+                    "policies",   "chunk",        "seed",          "json",    "chat",
+                    "kv",         "target",       "pool",          "keys",    "question-in-prompt",
+                    "label",      "tls-ca",       "tls-cert",      "tls-key", "tls-server-name",
+                    "token-file", "answer-tokens"},
+                   {"chat", "question-in-prompt"});
   if (!flags.ok()) return flags.status();
   const std::string haystack_path =
       flags->Get("haystack-file", KVC_REPO_ROOT "/.cache/corpus/emma.txt");
@@ -97,8 +98,11 @@ absl::Status RunPasskey(int argc, char** argv) {
   auto chunk = flags->GetInt("chunk", 256);
   auto seed = flags->GetInt("seed", 1234);
   auto keys = flags->GetInt("keys", 1);
-  for (const absl::Status& s :
-       {lengths.status(), depths.status(), chunk.status(), seed.status(), keys.status()}) {
+  // Greedy tokens generated per answer; the pass key must appear among them. The model often
+  // restates the question first, so 32 scores what a reader would (issue 19); 8 by default.
+  auto answer_tokens = flags->GetInt("answer-tokens", 8);
+  for (const absl::Status& s : {lengths.status(), depths.status(), chunk.status(), seed.status(),
+                                keys.status(), answer_tokens.status()}) {
     if (!s.ok()) return s;
   }
   const std::string where = flags->Get("kv", "local");
@@ -147,6 +151,8 @@ absl::Status RunPasskey(int argc, char** argv) {
   opt.lengths = *lengths;
   opt.depths = *depths;
   opt.keys_per_cell = static_cast<int>(*keys);
+  if (*answer_tokens < 1) return absl::InvalidArgumentError("--answer-tokens must be >= 1");
+  opt.answer_max_tokens = static_cast<int32_t>(*answer_tokens);
   opt.prefill_chunk = static_cast<int32_t>(*chunk);
   opt.seed = static_cast<uint64_t>(*seed);
   opt.chat = flags->Has("chat");

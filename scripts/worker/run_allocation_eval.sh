@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 19's budget-allocation grid through kvcached: pass-key retrieval on Emma and the World
+# English Bible with SnapKV's budget spread uniformly, by score across each layer's kv heads
+# (AdaKV, `adasnapkv`), and per layer (PyramidKV, `pyramidkv` / `adapyramidkv`), at the same
+# kept tokens, with INT4 storage. Starts its own kvcached (4 GiB f16 pool) on a free loopback
+# port; writes per-haystack JSON, markdown and logs under $EVAL_OUT
+# (default .cache/eval/allocation). Knobs: EVAL_LENGTHS (1024,2048), EVAL_DEPTHS (9 depths),
+# EVAL_KEYS (3 keys per cell: 2 haystacks x 9 x 3 = 54 cases per length), EVAL_POLICIES.
+# Answers are scored within 32 greedy tokens (the model often restates the question first).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BIN="${KVC_WORKER_BIN:-${ROOT}/build/worker/kvc-worker}"
+KVCACHED="${KVCACHED_BIN:-${ROOT}/build/cachesvc/kvcached}"
+OUT="${EVAL_OUT:-${ROOT}/.cache/eval/allocation}"
+mkdir -p "${OUT}"
+"${ROOT}/scripts/fetch_model.sh" >/dev/null
+TEXT="$(python3 "${ROOT}/scripts/worker/extract_corpus.py")"
+CORPUS="$(dirname "${TEXT}")"
+
+DEFAULT_POLICIES="full,snapkv=512:int4,adasnapkv=512:int4,snapkv=256:int4,adasnapkv=256:int4"
+DEFAULT_POLICIES+=",pyramidkv=256:int4,adapyramidkv=256:int4,snapkv=128:int4,adasnapkv=128:int4"
+POLICIES="${EVAL_POLICIES:-${DEFAULT_POLICIES}}"
+LENGTHS="${EVAL_LENGTHS:-1024,2048}"
+DEPTHS="${EVAL_DEPTHS:-0,0.125,0.25,0.375,0.5,0.625,0.75,0.875,1}"
+KEYS="${EVAL_KEYS:-3}"
+
+. "${ROOT}/tests/testing/start_kvcached.sh"
+start_kvcached "${KVCACHED}" --capacity=4GiB
+stop_kvcached() {  # SIGTERM (graceful), then SIGKILL if it is still there
+  kill "$KVC_PID" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$KVC_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$KVC_PID" 2>/dev/null || true
+  wait "$KVC_PID" 2>/dev/null || true
+  rm -f "$KVC_LOG"
+}
+trap stop_kvcached EXIT
+echo "run_allocation_eval: kvcached at ${KVC_TARGET}; output in ${OUT}" >&2
+start=$(date +%s)
+for hay in emma web_bible; do
+  "${BIN}" passkey --kv=kvcached --target "${KVC_TARGET}" --haystack-file "${CORPUS}/${hay}.txt" \
+    --label "${hay}" --lengths "${LENGTHS}" --depths "${DEPTHS}" --keys "${KEYS}" \
+    --answer-tokens 32 --policies "${POLICIES}" --json "${OUT}/passkey_${hay}.json" \
+    2> >(tee "${OUT}/passkey_${hay}.log" >&2) | tee "${OUT}/passkey_${hay}.md"
+done
+echo "run_allocation_eval: done in $(($(date +%s) - start)) s (lengths ${LENGTHS}, depths" \
+  "${DEPTHS}, keys ${KEYS}, load $(cut -d' ' -f1-3 /proc/loadavg))" | tee "${OUT}/run.txt" >&2
