@@ -149,6 +149,7 @@ void AllocateBudgets(const AllocateBudgetsArgs& a) {
       const size_t row = static_cast<size_t>(lane) * a.max_tokens;
       const int32_t* pos = a.positions + row;
       std::vector<Candidate> all;
+      all.reserve(static_cast<size_t>(n));
       for (int32_t t = 0; t < n; ++t)
         all.push_back({ScoreForRanking(a.scores[row + t]), pos[t], lane, t});
       // Sinks and recent tokens, by position as Select takes them, are not candidates.
