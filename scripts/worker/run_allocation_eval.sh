@@ -39,7 +39,7 @@ start=$(date +%s)
 for hay in emma web_bible; do
   "${BIN}" passkey --kv=kvcached --target "${KVC_TARGET}" --haystack-file "${CORPUS}/${hay}.txt" \
     --label "${hay}" --lengths "${LENGTHS}" --depths "${DEPTHS}" --keys "${KEYS}" \
-    --answer-tokens 32 --policies "${POLICIES}" --json "${OUT}/passkey_${hay}.json" \
+    --answer-tokens 32 --key-tokens --policies "${POLICIES}" --json "${OUT}/passkey_${hay}.json" \
     2> >(tee "${OUT}/passkey_${hay}.log" >&2) | tee "${OUT}/passkey_${hay}.md"
 done
 echo "run_allocation_eval: done in $(($(date +%s) - start)) s (lengths ${LENGTHS}, depths" \

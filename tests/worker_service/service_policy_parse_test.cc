@@ -29,6 +29,14 @@ TEST(ServicePolicyParseTest, AdaptiveAndPyramidSnapKv) {
   EXPECT_FALSE(p.at_prompt_end.adaptive);
   EXPECT_EQ(p.at_prompt_end.pyramid_beta, 0);
   EXPECT_EQ(p.query_window, 64);
+  EXPECT_EQ(p.at_prompt_end.pooling_kernel, 7);
+  KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("snapkv=256/16/1", ""));
+  EXPECT_EQ(p.at_prompt_end.window, 16);
+  EXPECT_EQ(p.at_prompt_end.pooling_kernel, 1);
+  EXPECT_THAT(ParseServicePolicy("snapkv=256/16/1/4", ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, "malformed"));
+  EXPECT_THAT(ParseServicePolicy("h2o=256", ""),
+              StatusIs(absl::StatusCode::kInvalidArgument, "malformed"));
   KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("adasnapkv=256", "int4"));
   EXPECT_TRUE(p.at_prompt_end.adaptive);
   EXPECT_EQ(p.at_prompt_end.head_floor_percent, -1);  // the server's default

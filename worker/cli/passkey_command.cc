@@ -17,6 +17,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "worker/cli/commands.h"
 #include "worker/eval/passkey.h"
@@ -82,12 +83,12 @@ absl::StatusOr<PasskeyPolicy> ServicePasskeyPolicy(const std::string& name,
 absl::Status RunPasskey(int argc, char** argv) {
   auto flags =
       Flags::Parse(argc, argv, 2,
-                   {"model",      "threads",      "haystack-file", "lengths", "depths",
-                    "policies",   "chunk",        "seed",          "json",    "chat",
-                    "kv",         "target",       "pool",          "keys",    "question-in-prompt",
-                    "label",      "tls-ca",       "tls-cert",      "tls-key", "tls-server-name",
-                    "token-file", "answer-tokens"},
-                   {"chat", "question-in-prompt"});
+                   {"model",      "threads",       "haystack-file", "lengths", "depths",
+                    "policies",   "chunk",         "seed",          "json",    "chat",
+                    "kv",         "target",        "pool",          "keys",    "question-in-prompt",
+                    "label",      "tls-ca",        "tls-cert",      "tls-key", "tls-server-name",
+                    "token-file", "answer-tokens", "key-tokens"},
+                   {"chat", "question-in-prompt", "key-tokens"});
   if (!flags.ok()) return flags.status();
   const std::string haystack_path =
       flags->Get("haystack-file", KVC_REPO_ROOT "/.cache/corpus/emma.txt");
@@ -156,6 +157,7 @@ absl::Status RunPasskey(int argc, char** argv) {
   opt.prefill_chunk = static_cast<int32_t>(*chunk);
   opt.seed = static_cast<uint64_t>(*seed);
   opt.chat = flags->Has("chat");
+  opt.count_key_tokens = flags->Has("key-tokens");
   // kvcached: the engine's way (generate --kv=kvcached): the question is part of the prompt.
   opt.question_in_prompt = where == "kvcached" || flags->Has("question-in-prompt");
   const std::string label = flags->Get("label", "");
@@ -164,9 +166,12 @@ absl::Status RunPasskey(int argc, char** argv) {
   };
   opt.on_score = [](const PasskeyScore& s) {
     std::cerr << absl::StrFormat(
-        "[passkey] %-18s len %5d depth %.2f  logp %7.3f  tf %d  gen %d  %6.1fx  %.1f+%.1f s  %s\n",
+        "[passkey] %-18s len %5d depth %.2f  logp %7.3f  tf %d  gen %d  key %s  %6.1fx  %.1f+%.1f "
+        "s  %s\n",
         s.policy, s.context_tokens, s.depth, s.answer_logprob, s.teacher_forced_match,
         s.generated_match,
+        s.key_slots > 0 ? absl::StrFormat("%3.0f%%", 100.0 * s.key_slots_kept / s.key_slots)
+                        : std::string("  -"),
         static_cast<double>(s.kv.dense_f16_bytes) / std::max<double>(1.0, s.kv.bytes),
         s.load_seconds, s.answer_seconds,
         absl::CEscape(s.generated));  // one line per score even when the answer has newlines
@@ -236,11 +241,13 @@ absl::Status RunPasskey(int argc, char** argv) {
             "\"key_index\": %d, \"passkey\": \"%s\", \"answer_logprob\": %.5f, "
             "\"token_logprob\": [%s], \"teacher_forced_match\": %s, \"generated_match\": %s, "
             "\"generated\": %s, \"kv_slots\": %d, \"kv_bytes\": %d, \"dense_f16_bytes\": %d, "
-            "\"load_seconds\": %.3f, \"answer_seconds\": %.3f}",
+            "\"load_seconds\": %.3f, \"answer_seconds\": %.3f, \"key_slots\": %d, "
+            "\"key_slots_kept\": %d, \"key_kept_by_layer\": [%s]}",
             s.policy, s.context_tokens, s.prompt_tokens, s.depth, s.key_index, s.passkey,
             s.answer_logprob, lps, s.teacher_forced_match ? "true" : "false",
             s.generated_match ? "true" : "false", JsonString(s.generated), s.kv.token_slots,
-            s.kv.bytes, s.kv.dense_f16_bytes, s.load_seconds, s.answer_seconds));
+            s.kv.bytes, s.kv.dense_f16_bytes, s.load_seconds, s.answer_seconds, s.key_slots,
+            s.key_slots_kept, absl::StrJoin(s.key_kept_by_layer, ", ")));
   }
   json += "\n]";
 #ifdef KVC_WORKER_WITH_SERVICE

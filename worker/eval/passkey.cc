@@ -103,6 +103,40 @@ absl::StatusOr<std::vector<int32_t>> Greedy(LlamaModel& model, KvCache& kv,
   return out;
 }
 
+// Every occurrence of the pass key's tokens in `prompt`, as positions.
+std::vector<int32_t> KeyPositions(const BpeTokenizer& tok, const std::vector<int32_t>& prompt,
+                                  const std::string& passkey) {
+  const std::vector<int32_t> key = tok.Encode(passkey, /*parse_special=*/false);
+  std::vector<int32_t> out;
+  if (key.empty()) return out;
+  for (size_t at = 0; at + key.size() <= prompt.size(); ++at) {
+    if (std::equal(key.begin(), key.end(), prompt.begin() + static_cast<std::ptrdiff_t>(at))) {
+      for (size_t i = 0; i < key.size(); ++i) out.push_back(static_cast<int32_t>(at + i));
+    }
+  }
+  return out;
+}
+
+// Fills s.key_* from what `kv` holds now.
+absl::Status CountKeyTokens(KvCache& kv, const std::vector<int32_t>& key_positions,
+                            PasskeyScore& s) {
+  const KvGeometry& g = kv.geometry();
+  for (int32_t layer = 0; layer < g.num_layers; ++layer) {
+    auto held = kv.Fetch(layer);
+    if (!held.ok()) return held.status();
+    int32_t kept = 0;
+    for (const HeadKv& head : held->heads) {
+      for (int32_t p : key_positions) {
+        kept += std::binary_search(head.positions.begin(), head.positions.end(), p) ? 1 : 0;
+      }
+    }
+    s.key_kept_by_layer.push_back(kept);
+    s.key_slots_kept += kept;
+    s.key_slots += static_cast<int64_t>(held->heads.size() * key_positions.size());
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 PasskeyPrompt MakePasskeyPrompt(const BpeTokenizer& tok, const std::string& haystack,
@@ -204,6 +238,7 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
         prefilled.prompt_tokens = static_cast<int32_t>(prompt.size());
         prefilled.window_queries = std::move(recorder.queries());
         prefilled.window_positions = std::move(recorder.positions());
+        prefilled.key_positions = KeyPositions(tok, prompt, passkey);
         if (options.on_progress) {
           options.on_progress(
               absl::StrFormat("prefilled %d tokens (context %d, depth %.2f, key %d) in %.1f s",
@@ -227,6 +262,9 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
             s.kv = *f;
           }
           s.kv_slots = s.kv.token_slots;
+          if (options.count_key_tokens && !prefilled.key_positions.empty()) {
+            if (auto c = CountKeyTokens(**kv, prefilled.key_positions, s); !c.ok()) return c;
+          }
           s.load_seconds = Since(t0);
           t0 = std::chrono::steady_clock::now();
           // The prediction for the first answer token: from the prompt's prefill, or from the

@@ -42,6 +42,8 @@ struct PrefilledPrompt {
   // SnapKV's observation window, H2O's prefill scores.
   std::vector<std::vector<float>> window_queries;
   std::vector<std::vector<int32_t>> window_positions;
+  // Prompt positions of the pass key's digit tokens (both mentions in the needle).
+  std::vector<int32_t> key_positions;
 };
 
 // What the cache of a policy holds after the policy ran at the end of the prompt.
@@ -80,6 +82,11 @@ struct PasskeyScore {
   bool generated_match = false;
   std::string generated;
   KvFootprint kv;  // after the policy ran, before the answer
+  // Which of the pass key's digit tokens the cache still holds after the policy ran, over
+  // every (layer, kv head): what an eviction policy lost before the model answered.
+  int64_t key_slots = 0;  // layers x kv heads x key_positions
+  int64_t key_slots_kept = 0;
+  std::vector<int32_t> key_kept_by_layer;  // [layer]: kept (kv head, key token) pairs
   double load_seconds = 0;
   double answer_seconds = 0;
   // Kept for the local baselines' JSON.
@@ -102,6 +109,9 @@ struct PasskeyOptions {
   // question).
   bool question_in_prompt = false;
   int32_t observation_window = 32;  // prompt queries kept per layer for PrefilledPrompt
+  // Fetch every layer after each policy ran and count the pass key's tokens it holds
+  // (PasskeyScore::key_*): one dense read of the cache per policy and case.
+  bool count_key_tokens = false;
   std::function<void(const PasskeyScore&)> on_score;    // progress, may be empty
   std::function<void(const std::string&)> on_progress;  // prefill progress, may be empty
 };

@@ -24,7 +24,8 @@ absl::StatusOr<std::vector<int>> Numbers(absl::string_view text, char sep, size_
     }
     out.push_back(v);
   }
-  if (out.size() != count && !(count == 2 && sep == '/' && out.size() == 1)) {
+  // '/' lists may stop early: BUDGET[/WINDOW[/KERNEL]].
+  if (out.size() != count && !(sep == '/' && !out.empty() && out.size() < count)) {
     return absl::InvalidArgumentError(absl::StrCat("malformed ", what));
   }
   return out;
@@ -96,22 +97,26 @@ absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
     out.automatic.rerotate_keys = rerotate;
     out.automatic.residual_tokens = residual;
   } else if (absl::StrContains(p, "snapkv=") || absl::StrContains(p, "pyramidkv=")) {
-    // snapkv=BUDGET or snapkv=BUDGET/WINDOW (window 32 by default, as in the paper).
+    // snapkv=BUDGET[/WINDOW[/KERNEL]]: window 32 and max-pooling kernel 7 by default, as in
+    // the paper.
     // adasnapkv: the budget shared across each layer's kv heads by score (AdaKV, floor 20 %);
     // pyramidkv / adapyramidkv: PyramidKV's per-layer budgets (beta 20) on top.
     const bool adaptive = absl::ConsumePrefix(&p, "ada");
     const bool pyramid = absl::ConsumePrefix(&p, "pyramidkv=");
     if (!pyramid && !absl::ConsumePrefix(&p, "snapkv=")) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "bad ", what, "; use snapkv=, adasnapkv=, pyramidkv= or adapyramidkv=BUDGET[/WINDOW]"));
+          "bad ", what,
+          "; use snapkv=, adasnapkv=, pyramidkv= or adapyramidkv=BUDGET[/WINDOW[/KERNEL]]"));
     }
-    auto n = Numbers(p, '/', 2, what);
+    auto n = Numbers(p, '/', 3, what);
     if (!n.ok()) return n.status();
     const int window = n->size() > 1 ? (*n)[1] : 32;
+    const int pooling_kernel = n->size() > 2 ? (*n)[2] : 7;  // the paper's max pooling, 7
     // Prefill stays raw (scores on exact keys); the survivors are converted at Compress and
     // later tokens are written in the new format.
     // The residual is set by that Compress too: the newest tokens are still raw then.
-    out.at_prompt_end = CompressionSpec::SnapKv(window, (*n)[0]).WithStorage(*format);
+    out.at_prompt_end =
+        CompressionSpec::SnapKv(window, (*n)[0], pooling_kernel).WithStorage(*format);
     if (adaptive) out.at_prompt_end.Adaptive();
     if (pyramid) out.at_prompt_end.pyramid_beta = 20;
     out.at_prompt_end.residual_tokens = residual;
