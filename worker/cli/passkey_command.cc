@@ -51,6 +51,7 @@ absl::StatusOr<PasskeyPolicy> ServicePasskeyPolicy(const std::string& name,
   if (!policy.ok()) return policy.status();
   PasskeyPolicy p;
   p.name = name;
+  p.observation_queries = policy->query_window;
   const ServicePolicy sp = *policy;
   p.load = [=](const PrefilledPrompt& prompt) -> absl::StatusOr<std::unique_ptr<KvCache>> {
     auto store = ServiceKvCache::Create(client, pool, model->config().kv_geometry(), sp,

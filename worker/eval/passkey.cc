@@ -230,7 +230,11 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
 
         const auto t_prefill = std::chrono::steady_clock::now();
         LocalKvCache full(model.config().kv_geometry(), nullptr, model.pool());
-        RecordingKvCache recorder(&full, options.observation_window);
+        int32_t observed = options.observation_window;
+        for (const PasskeyPolicy& policy : policies) {
+          observed = std::max(observed, policy.observation_queries);
+        }
+        RecordingKvCache recorder(&full, observed);
         auto prompt_logits = Feed(model, recorder, prompt, 0, options.prefill_chunk);
         if (!prompt_logits.ok()) return prompt_logits.status();
         PrefilledPrompt prefilled;

@@ -59,6 +59,9 @@ struct PasskeyPolicy {
   std::function<absl::StatusOr<std::unique_ptr<KvCache>>(const PrefilledPrompt&)> load;
   // What that cache holds (called right after `load`).
   std::function<absl::StatusOr<KvFootprint>(KvCache&, const PrefilledPrompt&)> footprint;
+  // The newest prompt queries per layer the policy needs (SnapKV's window); the prefill records
+  // max(this, PasskeyOptions::observation_window).
+  int32_t observation_queries = 0;
 };
 
 // A local baseline: clones the full cache under `make()` (nullptr = full) and commits.
