@@ -17,7 +17,9 @@ foreach(cu tokens scoring budgets select attention attention_fast)
     COMMENT "cudasim: ${cu}.cu as C++")
   list(APPEND _kvc_sim_gen ${_out})
 endforeach()
-add_library(kvc_kernels_cuda STATIC cuda/cuda_backend.cc ${_kvc_sim_dir}/cudasim.cc ${_kvc_sim_gen})
+add_library(kvc_kernels_cuda STATIC cuda/cuda_backend.cc ${_kvc_sim_dir}/cudasim.cc
+  ${_kvc_sim_dir}/cudasim_memory.cc ${_kvc_sim_dir}/cudasim_scheduler.cc
+  ${_kvc_sim_dir}/cudasim_streams.cc ${_kvc_sim_gen})
 # cudasim's cuda_runtime.h must win over the toolkit's.
 target_include_directories(kvc_kernels_cuda BEFORE PRIVATE ${_kvc_sim_dir})
 target_include_directories(kvc_kernels_cuda PRIVATE
