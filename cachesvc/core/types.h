@@ -60,7 +60,7 @@ struct CompressionSpec {
   bool rerotate_keys = false;
   // SnapKV: observation window `window` (above), keep `budget` tokens per kv head.
   int budget = 0;
-  int pooling_kernel = 7;
+  int pooling_kernel = 13;  // the measured default (the paper: 7)
   bool pooling_avg = false;
   // SnapKV: share the layer's selections across its kv heads by score (AdaKV), each head
   // first taking head_floor_percent % of its uniform share; per-layer budgets (PyramidKV) when

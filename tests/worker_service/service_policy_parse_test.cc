@@ -29,7 +29,7 @@ TEST(ServicePolicyParseTest, AdaptiveAndPyramidSnapKv) {
   EXPECT_FALSE(p.at_prompt_end.adaptive);
   EXPECT_EQ(p.at_prompt_end.pyramid_beta, 0);
   EXPECT_EQ(p.query_window, 64);
-  EXPECT_EQ(p.at_prompt_end.pooling_kernel, 7);
+  EXPECT_EQ(p.at_prompt_end.pooling_kernel, 13);
   KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("snapkv=256/16/1", ""));
   EXPECT_EQ(p.at_prompt_end.window, 16);
   EXPECT_EQ(p.at_prompt_end.pooling_kernel, 1);

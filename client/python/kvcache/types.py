@@ -91,7 +91,7 @@ class SnapKV:
 
     window: int
     budget: int
-    pooling_kernel: int = 7
+    pooling_kernel: int = 13  # measured default (docs/EVALUATION.md); the paper: 7
     pooling: str = "max"  # "max" or "avg"
     # AdaKV: share each layer's selections across its kv heads by score; every head first
     # takes head_floor_percent % of its share (None = the server's default, 20).

@@ -135,7 +135,7 @@ struct CompressionSpec {
   int window = 0;  // StreamingLLM recent window; SnapKV observation window
   bool rerotate_keys = false;
   int budget = 0;            // SnapKV tokens kept per kv head (including the window)
-  int pooling_kernel = 7;    // SnapKV
+  int pooling_kernel = 13;   // SnapKV (measured default; the paper: 7)
   bool pooling_avg = false;  // SnapKV: avg instead of max pooling
   // SnapKV: share each layer's selections across its kv heads by score (AdaKV), every head
   // first taking head_floor_percent % of its share (-1 = the server's default, 20).
@@ -156,7 +156,7 @@ struct CompressionSpec {
     s.window = window;
     return s;
   }
-  static CompressionSpec SnapKv(int window, int budget, int pooling_kernel = 7) {
+  static CompressionSpec SnapKv(int window, int budget, int pooling_kernel = 13) {
     CompressionSpec s;
     s.eviction = Eviction::kSnapKv;
     s.window = window;
