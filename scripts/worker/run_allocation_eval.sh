@@ -6,7 +6,9 @@
 # port; writes per-haystack JSON, markdown and logs under $EVAL_OUT
 # (default .cache/eval/allocation). Knobs: EVAL_LENGTHS (1024,2048), EVAL_DEPTHS (9 depths),
 # EVAL_KEYS (3 keys per cell: 2 haystacks x 9 x 3 = 54 cases per length), EVAL_POLICIES.
-# Answers are scored within 32 greedy tokens (the model often restates the question first).
+# Answers are scored within 32 greedy tokens (the model often restates the question first);
+# --key-tokens also counts the pass key's digit tokens each cache holds. Summary, paired
+# differences and plot: scripts/worker/summarize_allocation_eval.py $EVAL_OUT --plot F.png.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="${KVC_WORKER_BIN:-${ROOT}/build/worker/kvc-worker}"
@@ -26,13 +28,6 @@ KEYS="${EVAL_KEYS:-3}"
 
 . "${ROOT}/tests/testing/start_kvcached.sh"
 start_kvcached "${KVCACHED}" --capacity=4GiB
-stop_kvcached() {  # SIGTERM (graceful), then SIGKILL if it is still there
-  kill "$KVC_PID" 2>/dev/null || true
-  for _ in $(seq 1 50); do kill -0 "$KVC_PID" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$KVC_PID" 2>/dev/null || true
-  wait "$KVC_PID" 2>/dev/null || true
-  rm -f "$KVC_LOG"
-}
 trap stop_kvcached EXIT
 echo "run_allocation_eval: kvcached at ${KVC_TARGET}; output in ${OUT}" >&2
 start=$(date +%s)

@@ -36,13 +36,6 @@ fi
 
 . "${ROOT}/tests/testing/start_kvcached.sh"
 start_kvcached "${KVCACHED}" --capacity=4GiB
-stop_kvcached() {  # SIGTERM (graceful), then SIGKILL if it is still there
-  kill "$KVC_PID" 2>/dev/null || true
-  for _ in $(seq 1 50); do kill -0 "$KVC_PID" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$KVC_PID" 2>/dev/null || true
-  wait "$KVC_PID" 2>/dev/null || true
-  rm -f "$KVC_LOG"
-}
 trap stop_kvcached EXIT
 echo "run_service_eval: kvcached at ${KVC_TARGET} (pid ${KVC_PID}); output in ${OUT}" >&2
 start=$(date +%s)

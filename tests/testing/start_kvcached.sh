@@ -1,6 +1,7 @@
 # Sourced by shell tests: start_kvcached KVCACHED [ARGS...] starts kvcached on a free
 # loopback port, waits until it listens, and sets KVC_PID and KVC_TARGET. The server is
-# stopped (SIGKILL) when the sourcing shell exits, whatever happens.
+# stopped (SIGKILL) when the sourcing shell exits, whatever happens; stop_kvcached stops it
+# gracefully first (SIGTERM, then SIGKILL after 5 s), for scripts that trap EXIT with it.
 start_kvcached() {
   local bin=$1
   shift
@@ -17,4 +18,12 @@ start_kvcached() {
   echo "kvcached did not start:" >&2
   cat "$KVC_LOG" >&2
   return 1
+}
+
+stop_kvcached() {
+  kill "$KVC_PID" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$KVC_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$KVC_PID" 2>/dev/null || true
+  wait "$KVC_PID" 2>/dev/null || true
+  rm -f "$KVC_LOG"
 }
