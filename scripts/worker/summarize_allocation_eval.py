@@ -77,6 +77,8 @@ def main():
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--json")
     ap.add_argument("--plot")
+    ap.add_argument("--pair", action="append", default=[],
+                    help="BASE,OTHER: also compare these two policies on their common cases")
     args = ap.parse_args()
     rows = load(args.dirs)
     if not rows:
@@ -107,7 +109,7 @@ def main():
                             "kv_ratio_vs_f16": ratio,
                             "key_tokens_held": statistics.fmean(held) if held else None})
     diffs = []
-    pairs = pairs_of(policies)
+    pairs = list(dict.fromkeys(pairs_of(policies) + [tuple(p.split(",", 1)) for p in args.pair]))
     if pairs:
         print()
         print("| comparison (same cases) | length | cases | accuracy difference, points (95 % CI) "
@@ -115,7 +117,7 @@ def main():
         print("| --- | --- | --- | --- | --- |")
     for base, other in pairs:
         for b in BUCKETS:
-            case = lambda s: (s["label"], s["context_tokens"], s["depth"], s["key_index"])
+            case = lambda s: (s["label"], s["context_tokens"], s["depth"], s["passkey"])
             a = {case(s): s for s in groups.get((base, b), [])}
             o = {case(s): s for s in groups.get((other, b), [])}
             common = sorted(set(a) & set(o))
