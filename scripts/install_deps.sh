@@ -12,6 +12,8 @@ PACKAGES=(
 )
 # Token hashing (libcrypto) and the TLS tests' certificates (openssl CLI).
 PACKAGES+=(libssl-dev openssl)
+# Prefix keys and block checksums of the prefix cache (XXH3).
+PACKAGES+=(libxxhash-dev)
 # Static checks of the test command: the clang-tsa preset (clang 14 thread-safety analysis,
 # scripts/tsa_check.sh) and clang-tidy (scripts/tidy.sh).
 PACKAGES+=(clang-14 clang-tidy-14)

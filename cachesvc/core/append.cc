@@ -96,6 +96,7 @@ absl::StatusOr<AppendResult> AppendLocked(Sequence& seq, const AppendParams& p, 
     change.old = &st.lane(layer, h);
     change.tiers = st.tiers();
     change.incoming_positions = positions;
+    change.shares = &seq.pool()->shares();
     if (!selection.empty()) {
       LaneSelection& sel = selection[static_cast<size_t>(h)];
       change.keep = std::move(sel.keep);

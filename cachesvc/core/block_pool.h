@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "cachesvc/core/block_shares.h"
 #include "cachesvc/core/staging.h"
 #include "cachesvc/core/types.h"
 #include "kvc/kernels/backend.h"
@@ -45,7 +47,28 @@ class BlockPool {
   // the format cannot store this pool's head_dim. Thread-safe.
   virtual absl::Status Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) = 0;
   // Returns blocks to their format's free list and their bytes to the capacity at once.
+  // Only for blocks nothing else holds (fresh, never published); published metadata lets go
+  // of its blocks through Drop.
   virtual void Free(StorageFormat format, absl::Span<const BlockId> blocks) = 0;
+
+  // Which blocks are shared (prefix cache, attached prefixes) and by how many holders.
+  BlockShares& shares() { return shares_; }
+  const BlockShares& shares() const { return shares_; }
+  // One holder of each block lets go; blocks nobody holds any more return to the pool.
+  void Drop(StorageFormat format, absl::Span<const BlockId> blocks);
+
+  // Allocate, but when the pool is full, first asks the reclaimer (the prefix cache) to give
+  // back cached blocks nobody uses, then tries once more.
+  absl::Status AllocateOrReclaim(StorageFormat format, int64_t n, std::vector<BlockId>* out);
+  // Set once, before the pool is used: frees at least `bytes` of unused cached blocks if it
+  // can and returns the bytes it freed.
+  void set_reclaimer(std::function<int64_t(int64_t bytes)> reclaimer) {
+    reclaimer_ = std::move(reclaimer);
+  }
+
+ private:
+  BlockShares shares_;
+  std::function<int64_t(int64_t)> reclaimer_;
 };
 
 // absl::Status for a failed kernel op (one mapping for the whole service).

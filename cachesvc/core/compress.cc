@@ -223,6 +223,7 @@ absl::StatusOr<CompressResult> CompressLocked(Sequence& seq, const CompressParam
       change.old = &st.lane(l, h);
       change.tiers = tiers.tiers;
       change.entry = tiers.entry;
+      change.shares = &seq.pool()->shares();
       if (scoring) change.scores = PerTier(*change.old, scores[static_cast<size_t>(h)]);
       if (rule.evicts()) {
         LaneSelection& sel = selection[static_cast<size_t>(h)];

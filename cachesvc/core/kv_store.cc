@@ -13,6 +13,7 @@
 #include "cachesvc/core/fetch.h"
 #include "cachesvc/core/host_block_pool.h"
 #include "cachesvc/core/pool_options.h"
+#include "cachesvc/core/prefix_attach.h"
 #include "cachesvc/core/quote.h"
 #include "cachesvc/core/snapshot.h"
 #include "common/check.h"
@@ -70,6 +71,9 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreOptions& o
     if (options.hooks.wrap_pool) pool = options.hooks.wrap_pool(std::move(pool));
     store->pools_.push_back(std::move(pool));
     store->usage_.push_back(std::make_unique<PoolUsage>());
+    store->prefixes_.push_back(std::make_unique<PrefixIndex>(store->pools_.back().get()));
+    PrefixIndex* index = store->prefixes_.back().get();
+    store->pools_.back()->set_reclaimer([index](int64_t bytes) { return index->Reclaim(bytes); });
   }
   store->id_salt_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
   return store;
@@ -144,17 +148,27 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
   }
   KVC_RETURN_IF_ERROR(shard_.CheckClientId(params.client_sequence_id));
   KVC_RETURN_IF_ERROR(ValidateSpec(params.policy, pool->options().geometry, /*automatic=*/true));
+  if (params.prefix) KVC_RETURN_IF_ERROR(ValidatePrefix(*params.prefix, params.policy));
   std::string id = params.client_sequence_id.empty() ? NewSequenceId()
                                                      : shard_.Qualify(params.client_sequence_id);
-  int pool_index = 0;
-  while (pools_[static_cast<size_t>(pool_index)].get() != pool) ++pool_index;
+  const int pool_index = PoolIndex(pool);
   PoolUsage* usage = usage_[static_cast<size_t>(pool_index)].get();
   std::shared_ptr<TenantAccount> account = accounts_.Get(params.tenant);
   KVC_RETURN_IF_ERROR(account->AddSequence());
   auto sequence =
       std::make_shared<Sequence>(std::move(id), params.scope, params.tenant, pool, pool_index,
                                  usage, std::move(account), params.policy, NowUnixMs());
+  if (params.prefix) {
+    // Before the sequence is registered: nobody else can see it half-attached.
+    if (absl::Status attached = AttachPrefix(*sequence, pool_index, *params.prefix);
+        !attached.ok()) {
+      sequence->account()->RemoveSequence();
+      return attached;
+    }
+  }
   if (absl::Status inserted = registry_.Insert(sequence, options_.max_sequences); !inserted.ok()) {
+    kvc::WriterMutexLock lock(&sequence->mu());
+    DropAttachedLocked(*sequence);
     sequence->account()->RemoveSequence();
     return inserted;
   }
@@ -238,7 +252,7 @@ absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& scope,
                                               std::memory_order_relaxed);
     }
     for (auto& [format, blocks] : seq->storage().TakeAllBlocks()) {
-      seq->pool()->Free(format, blocks);
+      seq->pool()->Drop(format, blocks);
       result.freed_blocks += static_cast<int64_t>(blocks.size());
       result.freed_bytes += static_cast<int64_t>(blocks.size()) *
                             static_cast<int64_t>(seq->pool()->layout(format).block_bytes);

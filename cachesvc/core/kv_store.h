@@ -18,6 +18,7 @@
 #include "cachesvc/core/block_pool.h"
 #include "cachesvc/core/eviction_rule.h"
 #include "cachesvc/core/pool_usage.h"
+#include "cachesvc/core/prefix_index.h"
 #include "cachesvc/core/requests.h"
 #include "cachesvc/core/sequence_registry.h"
 #include "cachesvc/core/shard_identity.h"
@@ -68,6 +69,15 @@ class KvStore {
   // Attention of `n` query tokens of one layer over every token stored for that layer.
   // Accumulates H2O scores.
   absl::StatusOr<AttendResult> Attend(const AttendParams& params);
+  // Prefix cache (prefix_index.h). LookupPrefix: how many leading tokens are cached now.
+  absl::StatusOr<LookupPrefixResult> LookupPrefix(const LookupPrefixParams& params);
+  // Makes the sequence's leading whole blocks, while never evicted, moved or rotated and
+  // visible on every layer, reusable by CreateSequence with the same model, salt and format.
+  // FAILED_PRECONDITION for a sequence with a raw residual window.
+  absl::StatusOr<PublishPrefixResult> PublishPrefix(const PublishPrefixParams& params);
+  // Cache statistics of one pool (empty = every pool summed); NOT_FOUND for an unknown pool.
+  absl::StatusOr<PrefixStats> PrefixCacheStats(const std::string& pool) const;
+
   // `scope`: as in requests.h.
   absl::StatusOr<SequenceSnapshot> GetSequence(const std::string& sequence_id,
                                                const std::string& scope = "") const;
@@ -108,6 +118,9 @@ class KvStore {
   absl::StatusOr<ReleaseResult> ReleaseInternal(const std::string& scope, const std::string& id,
                                                 bool evicted);
   std::string NewSequenceId();
+  // Shares the longest cached prefix of `prefix` into the new, unpublished sequence `seq`.
+  absl::Status AttachPrefix(Sequence& seq, int pool_index, const PrefixSpec& prefix);
+  int PoolIndex(const BlockPool* pool) const;
   // The CUDA backend of device `ordinal`, created on first use by pool `pool`;
   // FAILED_PRECONDITION saying why when this build or machine has no such device.
   absl::StatusOr<kernels::KernelBackend*> DeviceBackend(int ordinal, const std::string& pool);
@@ -117,6 +130,8 @@ class KvStore {
   std::vector<std::pair<int, std::unique_ptr<kernels::KernelBackend>>> device_backends_;
   std::vector<std::unique_ptr<BlockPool>> pools_;
   std::vector<std::unique_ptr<PoolUsage>> usage_;  // [pool]
+  // After pools_: destroyed first, it hands its blocks back to them.
+  std::vector<std::unique_ptr<PrefixIndex>> prefixes_;  // [pool]
   SequenceRegistry registry_;
   TenantAccounts accounts_;
   std::atomic<int64_t> appended_bytes_{0};

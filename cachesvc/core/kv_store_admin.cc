@@ -86,6 +86,7 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
   for (auto why : {Eviction::kStreamingLlm, Eviction::kSnapKv, Eviction::kH2o}) {
     stats.evicted_token_heads.emplace_back(EvictionName(why), evicted[static_cast<size_t>(why)]);
   }
+  KVC_ASSIGN_OR_RETURN(stats.prefix_cache, PrefixCacheStats(pool_name));
   return stats;
 }
 

@@ -229,12 +229,26 @@ void SegmentPlanner::Place() {
 void SegmentPlanner::ChooseBlocks() {
   const int64_t final_blocks = CeilDiv(m_, bt_);
   dirty_.assign(static_cast<size_t>(final_blocks), 0);
+  // Frozen (shared) old blocks among those that stay: any change to one is a copy.
+  std::vector<uint8_t> frozen;
+  if (c_.shares != nullptr && c_.shares->frozen_blocks() > 0 && old_ != nullptr) {
+    frozen.assign(static_cast<size_t>(final_blocks), 0);
+    for (int64_t b = 0; b < std::min(final_blocks, old_blocks_); ++b) {
+      frozen[static_cast<size_t>(b)] =
+          c_.shares->Frozen(old_->format, old_->blocks[static_cast<size_t>(b)]) ? 1 : 0;
+    }
+  }
   for (int64_t i = 0; i < std::min(m_, n_); ++i) {
     const bool hole = final_at_[static_cast<size_t>(i)] != i;
     const int32_t delta = TokenAt(i).delta;
-    if ((!hole && delta != 0) || (hole && (delta != 0 || !in_place_))) {
+    const bool shared = !frozen.empty() && frozen[static_cast<size_t>(i / bt_)] != 0;
+    if ((!hole && delta != 0) || (hole && (delta != 0 || !in_place_ || shared))) {
       dirty_[static_cast<size_t>(i / bt_)] = 1;
     }
+  }
+  // A shared block must stay full: a later append would write its free slots in place.
+  if (!frozen.empty() && m_ % bt_ != 0 && frozen[static_cast<size_t>(m_ / bt_)] != 0) {
+    dirty_[static_cast<size_t>(m_ / bt_)] = 1;
   }
   // A filler whose final slot is in a copied block is written there directly; the others are
   // staged after the old end, which may need fresh blocks of its own.

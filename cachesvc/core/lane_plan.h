@@ -15,13 +15,15 @@
 // format) is first written after the old end; then the kept tokens past the new end move
 // into the holes below it, lowest index first. A block that would need an in-place write the
 // rules above forbid (a stayer whose key must be re-rotated, a hole filled by a token that
-// must be re-rotated, any hole of a tier that may not move in place) is copied into a fresh
-// block instead (copy-on-write).
+// must be re-rotated, any hole of a tier that may not move in place, any change to a shared
+// block, a shared block that would end up partly filled) is copied into a fresh block instead
+// (copy-on-write). Shared (frozen) blocks are thus never written: other holders keep them.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "cachesvc/core/block_shares.h"
 #include "cachesvc/core/segment.h"
 
 namespace kvc::cachesvc {
@@ -112,6 +114,9 @@ struct LaneChange {
   // Tier 0 may compact in place (phase 5). Only one arena may move in place per
   // transaction, so the executor allows it for tier 0 only and newer tiers copy on write.
   bool tier0_in_place = true;
+  // The pool's shared blocks (block_shares.h): a frozen block is never written in place.
+  // Null = nothing is shared.
+  const BlockShares* shares = nullptr;
 };
 
 // Plans one lane. Invariant checks (sizes, formats) abort: inputs come from the core itself.

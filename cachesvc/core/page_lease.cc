@@ -21,6 +21,8 @@ PageLease::~PageLease() {
   if (!blocks_.empty()) pool_->Free(format_, blocks_);
 }
 
-absl::Status PageLease::Allocate(int64_t n) { return pool_->Allocate(format_, n, &blocks_); }
+absl::Status PageLease::Allocate(int64_t n) {
+  return pool_->AllocateOrReclaim(format_, n, &blocks_);
+}
 
 }  // namespace kvc::cachesvc

@@ -19,12 +19,48 @@ namespace kvc::cachesvc {
 // authenticated tenant, or "" without authentication. A sequence of another scope is
 // NOT_FOUND, exactly as an id never created.
 
+// A prefix named by its tokens (prefix_index.h): the client's model id and salt, which
+// with the tenant, the pool and the storage format decide which cached blocks may serve it.
+struct PrefixSpec {
+  std::string model;               // 1-128 bytes
+  std::string salt;                // <= 128 bytes; "" is a salt like any other
+  std::vector<int32_t> token_ids;  // from position 0; >= 0
+};
+
 struct CreateSequenceParams {
   std::string scope;
   std::string pool;                // empty = default pool
   std::string tenant;              // <= 128 bytes; the account charged (quotas)
   std::string client_sequence_id;  // empty = the service picks one
   CompressionSpec policy;
+  // Start from the longest cached prefix of these tokens (its blocks are shared, not
+  // copied); the engine appends from SequenceSnapshot::attached_tokens on.
+  std::optional<PrefixSpec> prefix;
+};
+
+struct LookupPrefixParams {
+  std::string scope;
+  std::string pool;  // empty = default pool
+  PrefixSpec prefix;
+  // The storage format a sequence created now would use (its policy's); unset = the pool's
+  // raw format.
+  std::optional<StorageFormat> format;
+};
+
+struct LookupPrefixResult {
+  int64_t cached_tokens = 0;  // leading tokens cached now (whole blocks)
+  int64_t block_tokens = 0;   // the pool's block size: only whole blocks are cached
+};
+
+struct PublishPrefixParams {
+  std::string scope;
+  std::string sequence_id;
+  PrefixSpec prefix;  // token ids of the sequence from position 0
+};
+
+struct PublishPrefixResult {
+  int64_t published_tokens = 0;  // leading tokens now in the prefix cache (whole blocks)
+  int64_t new_tokens = 0;        // of which this call added
 };
 
 struct AppendParams {

@@ -65,6 +65,9 @@ class Sequence {
   // True once attention scores exist (an Attend ran or a scoring Compress did): H2O needs them.
   bool has_scores() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return has_scores_; }
   void set_has_scores() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { has_scores_ = true; }
+  // Tokens attached from the prefix cache at creation.
+  int64_t attached_tokens() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return attached_tokens_; }
+  void set_attached_tokens(int64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { attached_tokens_ = n; }
   // Set once by Release; every later operation sees NOT_FOUND.
   bool released() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return released_; }
   void set_released() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { released_ = true; }
@@ -89,6 +92,7 @@ class Sequence {
   std::vector<int64_t> layer_tokens_ ABSL_GUARDED_BY(mu_);
   bool has_scores_ ABSL_GUARDED_BY(mu_) = false;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t attached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   // What SyncUsage last added to the pool's totals.
   int64_t counted_visible_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t counted_stored_ ABSL_GUARDED_BY(mu_) = 0;

@@ -33,6 +33,7 @@ SequenceSnapshot SnapshotLocked(const Sequence& seq) {
   s.compression_ratio =
       s.bytes > 0 ? static_cast<double>(dense) / static_cast<double>(s.bytes) : 1.0;
   s.created_unix_ms = seq.created_unix_ms();
+  s.attached_tokens = seq.attached_tokens();
   return s;
 }
 

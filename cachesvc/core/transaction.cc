@@ -320,7 +320,8 @@ void Transaction::Commit() {
     reserved_ = 0;  // a positive change was reserved in Execute and is now held
   }
   for (size_t f = 0; f < kFormats; ++f) {
-    if (!freed[f].empty()) pool_->Free(static_cast<StorageFormat>(f), freed[f]);
+    // Shared (frozen) blocks lose one holder; the rest return to the pool.
+    if (!freed[f].empty()) pool_->Drop(static_cast<StorageFormat>(f), freed[f]);
   }
   for (int layer = 0; layer < storage_->num_layers(); ++layer) {
     if (rewritten[static_cast<size_t>(layer)]) storage_->BumpGeneration(layer);

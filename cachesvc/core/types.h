@@ -101,6 +101,7 @@ struct SequenceSnapshot {
   int64_t bytes = 0;
   double compression_ratio = 1.0;
   int64_t created_unix_ms = 0;
+  int64_t attached_tokens = 0;  // tokens that came from the prefix cache at creation
 };
 
 struct PoolSnapshot {
@@ -110,6 +111,21 @@ struct PoolSnapshot {
   int64_t free_blocks = 0;   // raw-format blocks the free bytes would hold
   int64_t used_bytes = 0;    // bytes of blocks in use, every format
   int64_t sequences = 0;
+};
+
+// The prefix cache of a pool (prefix_index.h).
+struct PrefixStats {
+  int64_t lookups = 0;          // Lookup and attach attempts
+  int64_t hits = 0;             // of which matched at least one block
+  int64_t lookup_tokens = 0;    // tokens asked about (full blocks only)
+  int64_t hit_tokens = 0;       // tokens found
+  int64_t attached_tokens = 0;  // tokens attached to new sequences
+  int64_t checksum_misses = 0;  // entries found corrupt (dropped, counted as misses)
+  int64_t published_entries = 0;
+  int64_t evicted_entries = 0;
+  int64_t entries = 0;             // now
+  int64_t cached_bytes = 0;        // bytes of blocks the index holds now
+  int64_t unreferenced_bytes = 0;  // of which only the index holds (evictable)
 };
 
 struct PoolStatsSnapshot {
@@ -132,6 +148,7 @@ struct PoolStatsSnapshot {
   std::string tenant;
   int64_t quota_bytes = 0;
   int64_t quota_sequences = 0;
+  PrefixStats prefix_cache;  // pool-wide only
 };
 
 }  // namespace kvc::cachesvc

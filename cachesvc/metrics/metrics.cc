@@ -27,6 +27,12 @@ prometheus::MetricFamily GaugeFamily(const char* name, const char* help) {
   return f;
 }
 
+prometheus::MetricFamily CounterFamily(const char* name, const char* help) {
+  prometheus::MetricFamily f = GaugeFamily(name, help);
+  f.type = prometheus::MetricType::Counter;
+  return f;
+}
+
 void AddSample(prometheus::MetricFamily* family,
                std::vector<prometheus::ClientMetric::Label> labels, double value) {
   prometheus::ClientMetric m;
@@ -42,6 +48,57 @@ void AddSample(prometheus::MetricFamily* family,
 }
 
 }  // namespace
+
+// The prefix cache's series (prefix_index.h). Hit rate: hit / (hit + miss) tokens, where
+// every lookup and every CreateSequence with a prefix counts its whole blocks.
+struct PrefixFamilies {
+  prometheus::MetricFamily lookups = CounterFamily(
+      "kvc_prefix_lookups_total", "Prefix lookups and attaches (CreateSequence with a prefix).");
+  prometheus::MetricFamily tokens = CounterFamily(
+      "kvc_prefix_lookup_tokens_total", "Tokens asked for (whole blocks), by result: hit, miss.");
+  prometheus::MetricFamily misses = CounterFamily(
+      "kvc_prefix_misses_total",
+      "Lookups that matched nothing (reason no_prefix) and cached blocks found corrupt "
+      "(reason checksum: dropped, never served).");
+  prometheus::MetricFamily attached = CounterFamily(
+      "kvc_prefix_attached_tokens_total", "Tokens new sequences started with from the cache.");
+  prometheus::MetricFamily entries_total =
+      CounterFamily("kvc_prefix_entries_total",
+                    "Cache entries (one block of every lane), by event: "
+                    "published, evicted.");
+  prometheus::MetricFamily entries =
+      GaugeFamily("kvc_prefix_cache_entries", "Cache entries held now.");
+  prometheus::MetricFamily bytes = GaugeFamily(
+      "kvc_prefix_cache_bytes",
+      "Pool bytes the cache holds, by state: shared (some sequence uses them), unreferenced "
+      "(only the cache: evicted first when an allocation needs room).");
+
+  void Add(const std::string& pool, const PrefixStats& s) {
+    AddSample(&lookups, {{"pool", pool}}, static_cast<double>(s.lookups));
+    AddSample(&tokens, {{"pool", pool}, {"result", "hit"}}, static_cast<double>(s.hit_tokens));
+    AddSample(&tokens, {{"pool", pool}, {"result", "miss"}},
+              static_cast<double>(s.lookup_tokens - s.hit_tokens));
+    AddSample(&misses, {{"pool", pool}, {"reason", "no_prefix"}},
+              static_cast<double>(s.lookups - s.hits));
+    AddSample(&misses, {{"pool", pool}, {"reason", "checksum"}},
+              static_cast<double>(s.checksum_misses));
+    AddSample(&attached, {{"pool", pool}}, static_cast<double>(s.attached_tokens));
+    AddSample(&entries_total, {{"pool", pool}, {"event", "published"}},
+              static_cast<double>(s.published_entries));
+    AddSample(&entries_total, {{"pool", pool}, {"event", "evicted"}},
+              static_cast<double>(s.evicted_entries));
+    AddSample(&entries, {{"pool", pool}}, static_cast<double>(s.entries));
+    AddSample(&bytes, {{"pool", pool}, {"state", "shared"}},
+              static_cast<double>(s.cached_bytes - s.unreferenced_bytes));
+    AddSample(&bytes, {{"pool", pool}, {"state", "unreferenced"}},
+              static_cast<double>(s.unreferenced_bytes));
+  }
+  void AppendTo(std::vector<prometheus::MetricFamily>* families) {
+    for (auto* f : {&lookups, &tokens, &misses, &attached, &entries_total, &entries, &bytes}) {
+      families->push_back(std::move(*f));
+    }
+  }
+};
 
 // Reads every pool's usage from the store when Prometheus scrapes.
 class Metrics::PoolCollector : public prometheus::Collectable {
@@ -65,6 +122,7 @@ class Metrics::PoolCollector : public prometheus::Collectable {
                               "Tokens actually stored, counted per kv head and layer.");
     auto ratio = GaugeFamily("kvc_compression_ratio",
                              "Dense bytes of the visible tokens / bytes held (1 = no saving).");
+    PrefixFamilies prefix;
     prometheus::MetricFamily evicted;
     evicted.name = "kvc_evicted_tokens_total";
     evicted.help = "Token-heads evicted, by what evicted them.";
@@ -102,9 +160,11 @@ class Metrics::PoolCollector : public prometheus::Collectable {
       for (const auto& [policy, n] : stats->evicted_token_heads) {
         AddSample(&evicted, {{"pool", name}, {"policy", policy}}, static_cast<double>(n));
       }
+      prefix.Add(name, stats->prefix_cache);
     }
     std::vector<prometheus::MetricFamily> families{capacity,  info,    used,   free,  blocks,
                                                    sequences, visible, stored, ratio, evicted};
+    prefix.AppendTo(&families);
     CollectTenants(&families);
     return families;
   }

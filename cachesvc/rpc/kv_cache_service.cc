@@ -34,6 +34,7 @@ grpc::Status KvCacheServiceImpl::CreateSequence(grpc::ServerContext* context,
   params.pool = request->pool();
   params.client_sequence_id = request->client_sequence_id();
   KVC_ASSIGN_OR_FINISH(params.policy, FromProto(request->policy()));
+  if (request->has_prefix()) params.prefix = FromProto(request->prefix());
   KVC_ASSIGN_OR_FINISH(const SequenceSnapshot created, store_->CreateSequence(params));
   ToProto(created, response);
   return scope.Finish(grpc::Status::OK);
@@ -204,6 +205,39 @@ grpc::Status KvCacheServiceImpl::AttendStream(
     if (!stream->Write(response)) break;
     ++answered;
   }
+  return scope.Finish(grpc::Status::OK);
+}
+
+grpc::Status KvCacheServiceImpl::LookupPrefix(grpc::ServerContext* context,
+                                              const pb::LookupPrefixRequest* request,
+                                              pb::LookupPrefixResponse* response) {
+  RpcScope scope(metrics_, kService, "LookupPrefix");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  LookupPrefixParams params;
+  KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "LookupPrefix"));
+  params.pool = request->pool();
+  params.prefix = FromProto(request->prefix());
+  if (request->storage() != pb::STORAGE_FORMAT_UNSPECIFIED) {
+    KVC_ASSIGN_OR_FINISH(params.format, FromProto(request->storage(), "storage"));
+  }
+  KVC_ASSIGN_OR_FINISH(const LookupPrefixResult result, store_->LookupPrefix(params));
+  response->set_cached_tokens(result.cached_tokens);
+  response->set_block_tokens(static_cast<int32_t>(result.block_tokens));
+  return scope.Finish(grpc::Status::OK);
+}
+
+grpc::Status KvCacheServiceImpl::PublishPrefix(grpc::ServerContext* context,
+                                               const pb::PublishPrefixRequest* request,
+                                               pb::PublishPrefixResponse* response) {
+  RpcScope scope(metrics_, kService, "PublishPrefix");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  PublishPrefixParams params;
+  KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "PublishPrefix"));
+  params.sequence_id = request->sequence_id();
+  params.prefix = FromProto(request->prefix());
+  KVC_ASSIGN_OR_FINISH(const PublishPrefixResult result, store_->PublishPrefix(params));
+  response->set_published_tokens(result.published_tokens);
+  response->set_new_tokens(result.new_tokens);
   return scope.Finish(grpc::Status::OK);
 }
 

@@ -15,6 +15,12 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
   KvCacheServiceImpl(KvStore* store, Metrics* metrics, const AccessControl* access)
       : store_(store), metrics_(metrics), access_(access) {}
 
+  grpc::Status LookupPrefix(grpc::ServerContext* context,
+                            const kvcache::v1::LookupPrefixRequest* request,
+                            kvcache::v1::LookupPrefixResponse* response) override;
+  grpc::Status PublishPrefix(grpc::ServerContext* context,
+                             const kvcache::v1::PublishPrefixRequest* request,
+                             kvcache::v1::PublishPrefixResponse* response) override;
   grpc::Status CreateSequence(grpc::ServerContext* context,
                               const kvcache::v1::CreateSequenceRequest* request,
                               kvcache::v1::SequenceInfo* response) override;

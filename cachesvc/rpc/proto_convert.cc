@@ -249,6 +249,7 @@ void ToProto(const SequenceSnapshot& s, pb::SequenceInfo* out) {
   out->set_bytes(s.bytes);
   out->set_compression_ratio(s.compression_ratio);
   out->set_created_unix_ms(s.created_unix_ms);
+  out->set_attached_tokens(s.attached_tokens);
   out->set_storage(ToProto(s.storage));
   for (int64_t n : s.stored_tokens) out->add_stored_tokens(n);
   if (!s.policy.empty()) ToProto(s.policy, out->mutable_policy());
@@ -286,6 +287,25 @@ void ToProto(const PoolStatsSnapshot& s, pb::PoolStats* out) {
   out->set_tenant(s.tenant);
   out->set_quota_bytes(s.quota_bytes);
   out->set_quota_sequences(s.quota_sequences);
+  if (s.tenant.empty()) {
+    const PrefixStats& c = s.prefix_cache;
+    pb::PrefixCacheStats* p = out->mutable_prefix_cache();
+    p->set_lookups(c.lookups);
+    p->set_hits(c.hits);
+    p->set_lookup_tokens(c.lookup_tokens);
+    p->set_hit_tokens(c.hit_tokens);
+    p->set_attached_tokens(c.attached_tokens);
+    p->set_checksum_misses(c.checksum_misses);
+    p->set_published_entries(c.published_entries);
+    p->set_evicted_entries(c.evicted_entries);
+    p->set_entries(c.entries);
+    p->set_cached_bytes(c.cached_bytes);
+    p->set_unreferenced_bytes(c.unreferenced_bytes);
+  }
+}
+
+PrefixSpec FromProto(const pb::PrefixSpec& p) {
+  return PrefixSpec{p.model(), p.salt(), {p.token_ids().begin(), p.token_ids().end()}};
 }
 
 absl::StatusOr<AppendParams> FromProto(const pb::AppendRequest& r) {

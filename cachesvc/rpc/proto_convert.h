@@ -31,6 +31,7 @@ void ToProto(const PoolGeometry& geometry, kvcache::v1::PoolGeometry* out);
 void ToProto(const SequenceSnapshot& snapshot, kvcache::v1::SequenceInfo* out);
 void ToProto(const PoolSnapshot& snapshot, kvcache::v1::PoolInfo* out);
 void ToProto(const PoolStatsSnapshot& stats, kvcache::v1::PoolStats* out);
+PrefixSpec FromProto(const kvcache::v1::PrefixSpec& prefix);
 
 absl::StatusOr<AppendParams> FromProto(const kvcache::v1::AppendRequest& request);
 absl::StatusOr<FetchParams> FromProto(const kvcache::v1::FetchRequest& request);

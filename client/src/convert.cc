@@ -84,7 +84,14 @@ SequenceInfo FromProto(const pb::SequenceInfo& in) {
   s.created_unix_ms = in.created_unix_ms();
   s.storage = FromProto(in.storage());
   s.stored_tokens.assign(in.stored_tokens().begin(), in.stored_tokens().end());
+  s.attached_tokens = in.attached_tokens();
   return s;
+}
+
+void ToProto(const Prefix& prefix, pb::PrefixSpec* out) {
+  out->set_model(prefix.model);
+  out->set_salt(prefix.salt);
+  out->mutable_token_ids()->Assign(prefix.token_ids.begin(), prefix.token_ids.end());
 }
 
 PoolInfo FromProto(const pb::PoolInfo& in) {
@@ -130,6 +137,13 @@ PoolStats FromProto(const pb::PoolStats& in) {
   s.tenant = in.tenant();
   s.quota_bytes = in.quota_bytes();
   s.quota_sequences = in.quota_sequences();
+  const pb::PrefixCacheStats& c = in.prefix_cache();
+  s.prefix_cache = {c.lookups(),           c.hits(),
+                    c.lookup_tokens(),     c.hit_tokens(),
+                    c.attached_tokens(),   c.checksum_misses(),
+                    c.published_entries(), c.evicted_entries(),
+                    c.entries(),           c.cached_bytes(),
+                    c.unreferenced_bytes()};
   return s;
 }
 

@@ -14,6 +14,7 @@ SequenceInfo FromProto(const kvcache::v1::SequenceInfo& info);
 PoolInfo FromProto(const kvcache::v1::PoolInfo& info);
 PoolStats FromProto(const kvcache::v1::PoolStats& stats);
 void ToProto(const AppendChunk& chunk, kvcache::v1::AppendRequest* out);
+void ToProto(const Prefix& prefix, kvcache::v1::PrefixSpec* out);
 void ToProto(const CompressionSpec& spec, kvcache::v1::CompressionSpec* out);
 void ToProto(const AttendRequest& request, kvcache::v1::AttendRequest* out);
 // Moves the output out of `response`.

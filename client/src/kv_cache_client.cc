@@ -88,6 +88,7 @@ absl::StatusOr<SequenceInfo> KvCacheClient::CreateSequence(const CreateSequenceO
   request.set_tenant(options.tenant);
   request.set_client_sequence_id(options.client_sequence_id);
   ToProto(options.policy, request.mutable_policy());
+  if (options.prefix) ToProto(*options.prefix, request.mutable_prefix());
   pb::SequenceInfo response;
   grpc::ClientContext context;
   impl_->Prepare(&context, call);
@@ -259,6 +260,40 @@ absl::StatusOr<SequenceInfo> KvCacheClient::GetSequence(const std::string& seque
   });
   if (!status.ok()) return status;
   return FromProto(response);
+}
+
+absl::StatusOr<int64_t> KvCacheClient::LookupPrefix(const std::string& pool, const Prefix& prefix,
+                                                    StorageFormat storage,
+                                                    const CallOptions& call) {
+  pb::LookupPrefixRequest request;
+  request.set_pool(pool);
+  ToProto(prefix, request.mutable_prefix());
+  request.set_storage(static_cast<pb::StorageFormat>(storage));  // same numbering
+  pb::LookupPrefixResponse response;
+  const absl::Status status = impl_->Retry([&] {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    return FromGrpcStatus(impl_->kv->LookupPrefix(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return response.cached_tokens();
+}
+
+absl::StatusOr<PublishResult> KvCacheClient::PublishPrefix(const std::string& sequence_id,
+                                                           const Prefix& prefix,
+                                                           const CallOptions& call) {
+  pb::PublishPrefixRequest request;
+  request.set_sequence_id(sequence_id);
+  ToProto(prefix, request.mutable_prefix());
+  pb::PublishPrefixResponse response;
+  // Retried: publishing what is already cached changes nothing.
+  const absl::Status status = impl_->Retry([&] {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    return FromGrpcStatus(impl_->kv->PublishPrefix(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return PublishResult{response.published_tokens(), response.new_tokens()};
 }
 
 absl::StatusOr<ReleaseResult> KvCacheClient::Release(const std::string& sequence_id,

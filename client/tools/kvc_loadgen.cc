@@ -173,7 +173,7 @@ int RunPrefill(Client& client, const kvc::client::PoolInfo* pool,
         kvc::MutexLock lock(&shared.mu);
         if (shared.totals.error.empty()) shared.totals.error = what + ": " + status.ToString();
       };
-      auto seq = client.CreateSequence({pool->name, tenant, "", {}});
+      auto seq = client.CreateSequence({pool->name, tenant, "", {}, {}});
       if (!seq.ok()) return fail("CreateSequence", seq.status());
       std::vector<std::string> keys(static_cast<size_t>(g.num_layers));
       std::vector<std::string> values(static_cast<size_t>(g.num_layers));

@@ -93,7 +93,7 @@ std::string MakeCerts() {
 bool AppendThenFetch(kvc::client::KvCacheClient& client, int64_t messages, int tokens_per_message,
                      const std::string& keys, const std::string& values, int64_t bytes,
                      std::vector<double>* append_seconds, std::vector<double>* fetch_seconds) {
-  auto seq = client.CreateSequence({"bench", "", "", {}});
+  auto seq = client.CreateSequence({"bench", "", "", {}, {}});
   if (!seq.ok()) {
     std::fprintf(stderr, "create failed: %s\n", seq.status().ToString().c_str());
     return false;

@@ -68,7 +68,7 @@ class ServiceTest : public ::testing::Test {
 
 TEST_F(ServiceTest, CreateAppendFetchGetRelease) {
   KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo info,
-                           t_.client->CreateSequence({"small", "team-a", "req-1", {}}));
+                           t_.client->CreateSequence({"small", "team-a", "req-1", {}, {}}));
   EXPECT_EQ(info.sequence_id, "req-1");
   EXPECT_EQ(info.pool, "small");
   EXPECT_EQ(info.tenant, "team-a");
@@ -198,11 +198,11 @@ TEST_F(ServiceTest, EveryBadRequestGetsItsOwnStatus) {
               StatusIs(Code::kInvalidArgument, "layers contains 4"));
   EXPECT_THAT(t_.client->Fetch("gone", {}), StatusIs(Code::kNotFound));
   EXPECT_THAT(t_.client->Release("gone"), StatusIs(Code::kNotFound));
-  EXPECT_THAT(t_.client->CreateSequence({"nopool", "", "", {}}),
+  EXPECT_THAT(t_.client->CreateSequence({"nopool", "", "", {}, {}}),
               StatusIs(Code::kNotFound, "pool 'nopool' not found"));
-  EXPECT_THAT(t_.client->CreateSequence({"", std::string(200, 't'), "", {}}),
+  EXPECT_THAT(t_.client->CreateSequence({"", std::string(200, 't'), "", {}, {}}),
               StatusIs(Code::kInvalidArgument, "tenant"));
-  EXPECT_THAT(t_.client->CreateSequence({"", "", id, {}}), StatusIs(Code::kAlreadyExists));
+  EXPECT_THAT(t_.client->CreateSequence({"", "", id, {}, {}}), StatusIs(Code::kAlreadyExists));
   EXPECT_THAT(t_.client->GetPoolStats("nopool"), StatusIs(Code::kNotFound));
 
   // Nothing above changed the sequence.
@@ -284,7 +284,7 @@ TEST_F(ServiceTest, AdminCallsDescribePoolsAndSequences) {
   EXPECT_EQ(stats.used_blocks, 3 * kLayers * kHeads);
   EXPECT_EQ(stats.appended_bytes_total, 2 * 40 * kLayers * kHeads * kDim * 2);
   EXPECT_EQ(stats.used_bytes + stats.free_bytes, stats.capacity_bytes);
-  KVC_ASSERT_OK(t_.client->CreateSequence({"", "tenant-b", "b1", {}}));
+  KVC_ASSERT_OK(t_.client->CreateSequence({"", "tenant-b", "b1", {}, {}}));
   client::ListSequencesOptions filter;
   filter.tenant = "tenant-b";
   KVC_ASSERT_OK_AND_ASSIGN(client::SequenceList list, t_.client->ListSequences(filter));

@@ -24,6 +24,7 @@ absl::Status RunGenerate(int argc, char** argv);
 absl::Status RunPerplexity(int argc, char** argv);
 absl::Status RunPasskey(int argc, char** argv);
 absl::Status RunTokenize(int argc, char** argv);
+absl::Status RunAsk(int argc, char** argv);
 
 // The model fetched by scripts/fetch_model.sh.
 inline constexpr char kDefaultModel[] =

@@ -4,6 +4,7 @@
 //   kvc-worker perplexity --text-file FILE [--max-tokens N] [--policies P1,P2,...] [--json OUT]
 //   kvc-worker passkey    [--haystack-file FILE] [--lengths L1,L2] [--depths D1,D2] ...
 //   kvc-worker tokenize   --text TEXT | --text-file FILE
+//   kvc-worker ask        --prompt-file DOC --questions-file FILE [--reuse] (kvcached)
 // Policies (local baselines): full | window=W | streaming=S+W (S sinks + W recent tokens) |
 // streaming-rerotate=S+W (the same, sinks re-rotated next to the window).
 #include <iostream>
@@ -26,9 +27,11 @@ int Main(int argc, char** argv) {
     s = RunPasskey(argc, argv);
   } else if (cmd == "tokenize") {
     s = RunTokenize(argc, argv);
+  } else if (cmd == "ask") {
+    s = RunAsk(argc, argv);
   } else {
     std::cerr
-        << "usage: kvc-worker generate|perplexity|passkey|tokenize [flags]\n"
+        << "usage: kvc-worker generate|perplexity|passkey|tokenize|ask [flags]\n"
            "  generate   --prompt TEXT | --prompt-file FILE [--question Q] [--raw]\n"
            "             [--kv local|kvcached --target HOST:PORT --pool NAME]\n"
            "             [--policy full|window=W|streaming=S+W|streaming-rerotate=S+W]  (local)\n"
@@ -50,6 +53,9 @@ int Main(int argc, char** argv) {
            "             [--kv kvcached --target HOST:PORT --pool NAME\n"
            "              --policies full,full:fp8,snapkv=1024:int4,h2o=H+R,streaming=S+W]\n"
            "  tokenize   --text TEXT | --text-file FILE [--special]\n"
+           "  ask        --prompt-file DOC --questions-file FILE (one per line) [--reuse]\n"
+           "             --kv kvcached --target HOST:PORT [--model-id ID] [--salt S]\n"
+           "             [--policy P --storage F] [--max-new-tokens N (32)] [--json OUT]\n"
            "  with --kv kvcached: [--tls-ca FILE [--tls-cert F --tls-key F] [--tls-server-name "
            "N]]\n"
            "             [--token-file FILE]  (or $KVC_TOKEN)\n";

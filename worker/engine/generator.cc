@@ -24,7 +24,11 @@ absl::StatusOr<GenerateResult> Generate(LlamaModel& model, KvCache& kv,
 
   auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits;
-  for (int64_t start = 0; start < result.prompt_tokens; start += chunk) {
+  if (options.cached_prompt_tokens < 0 || options.cached_prompt_tokens >= result.prompt_tokens) {
+    return absl::InvalidArgumentError(
+        "cached_prompt_tokens must leave at least the last prompt token to run");
+  }
+  for (int64_t start = options.cached_prompt_tokens; start < result.prompt_tokens; start += chunk) {
     const int64_t len = std::min(chunk, result.prompt_tokens - start);
     const bool last = start + len == result.prompt_tokens;
     auto out = model.Forward(prompt.subspan(static_cast<size_t>(start), static_cast<size_t>(len)),

@@ -21,6 +21,10 @@ struct GenerateOptions {
   AttentionPath path = AttentionPath::kStoreAttend;
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these (not included)
   std::function<void(int32_t token)> on_token;  // streaming callback, may be empty
+  // The first `cached_prompt_tokens` prompt tokens are in the cache already (attached from
+  // kvcached's prefix cache): prefill starts after them. At most prompt size - 1: the last
+  // prompt token is always run, for its logits.
+  int64_t cached_prompt_tokens = 0;
 };
 
 struct GenerateResult {
@@ -32,7 +36,8 @@ struct GenerateResult {
   int64_t decode_steps = 0;  // forward passes in the decode loop
 };
 
-// Prefills `prompt` at positions 0.. into an empty `kv`, then decodes. InvalidArgument for an
+// Prefills `prompt` at positions 0.. into `kv` (empty, or holding the first
+// options.cached_prompt_tokens), then decodes. InvalidArgument for an
 // empty prompt; model and cache errors pass through.
 absl::StatusOr<GenerateResult> Generate(LlamaModel& model, KvCache& kv,
                                         absl::Span<const int32_t> prompt,

@@ -11,7 +11,8 @@ namespace kvc::worker {
 
 absl::StatusOr<std::unique_ptr<ServiceKvCache>> ServiceKvCache::Create(
     client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
-    const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads) {
+    const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads,
+    const client::Prefix* prefix) {
   auto pools = client->ListPools();
   if (!pools.ok()) return pools.status();
   const client::PoolInfo* info = nullptr;
@@ -40,9 +41,13 @@ absl::StatusOr<std::unique_ptr<ServiceKvCache>> ServiceKvCache::Create(
     options.tenant = "kvc-worker";
   }
   options.policy = policy.automatic;
+  if (prefix != nullptr) options.prefix = *prefix;
   auto seq = client->CreateSequence(options);
   if (!seq.ok()) return seq.status();
   store->sequence_id_ = seq->sequence_id;
+  store->attached_tokens_ = seq->attached_tokens;
+  // Attached tokens sit at the engine's positions 0.. (a prefix is named from position 0).
+  if (seq->attached_tokens > 0) store->base_position_ = 0;
   return store;
 }
 
@@ -248,6 +253,12 @@ absl::Status ServiceKvCache::LoadPrompt(KvCache& source, int32_t prompt_tokens,
 }
 
 absl::Status ServiceKvCache::CommitStep(int32_t end_position) {
+  if (publish_ && prompt_tokens_ > 0 && end_position >= prompt_tokens_) {
+    auto published = client_->PublishPrefix(sequence_id_, *publish_);
+    publish_.reset();
+    if (!published.ok()) return published.status();
+    published_ = *published;
+  }
   if (policy_.compress_at_prompt_end && !compressed_ && prompt_tokens_ > 0 &&
       end_position >= prompt_tokens_) {
     return CompressAtPromptEnd();

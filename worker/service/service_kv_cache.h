@@ -12,6 +12,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,9 +36,12 @@ class ServiceKvCache : public KvCache {
  public:
   // Creates a sequence in `pool` (empty = the server's default). The pool's geometry must
   // match `geometry`. `pool_threads` (not owned, may be null) runs local attention.
+  // With `prefix`, the sequence starts from the longest cached run of its token ids
+  // (attached_tokens(); the engine prefills from there).
   static absl::StatusOr<std::unique_ptr<ServiceKvCache>> Create(
       client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
-      const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads);
+      const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads,
+      const client::Prefix* prefix = nullptr);
   ServiceKvCache(const ServiceKvCache&) = delete;
   ServiceKvCache& operator=(const ServiceKvCache&) = delete;
   ~ServiceKvCache() override;  // releases the sequence
@@ -54,6 +58,13 @@ class ServiceKvCache : public KvCache {
 
   // The prompt is `tokens` long: when CommitStep reaches it, run policy.at_prompt_end.
   void ExpectPrompt(int64_t tokens) { prompt_tokens_ = tokens; }
+  // When CommitStep reaches the prompt's end, first publish the prompt's whole blocks under
+  // `prefix` (its token ids are the prompt's), before any compression changes them.
+  void PublishAtPromptEnd(client::Prefix prefix) { publish_ = std::move(prefix); }
+  // Tokens the sequence started with from the prefix cache.
+  int64_t attached_tokens() const { return attached_tokens_; }
+  // What the publish at the prompt's end reported (zeros before it ran).
+  const client::PublishResult& published() const { return published_; }
 
   // Loads a prompt prefilled elsewhere into this (empty) cache and ends the prompt as
   // `kvc-worker generate` would after prefilling it here: Append of every layer's K/V in
@@ -102,6 +113,9 @@ class ServiceKvCache : public KvCache {
   int32_t base_position_ = -1;
   int64_t attend_calls_ = 0;
   int64_t fetch_calls_ = 0;
+  int64_t attached_tokens_ = 0;
+  std::optional<client::Prefix> publish_;
+  client::PublishResult published_;
 };
 
 }  // namespace kvc::worker

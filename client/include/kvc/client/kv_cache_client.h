@@ -95,6 +95,16 @@ class KvCacheClient {
   // One stream for a decode loop (one Attend per layer per step); see AttendSession.
   std::unique_ptr<AttendSession> StartAttendSession(const CallOptions& call = {});
 
+  // Prefix cache. LookupPrefix: leading tokens of `prefix` cached now for a sequence
+  // storing `storage` (kPoolDefault = the pool's raw format); a hint, nothing is held.
+  absl::StatusOr<int64_t> LookupPrefix(const std::string& pool, const Prefix& prefix,
+                                       StorageFormat storage = StorageFormat::kPoolDefault,
+                                       const CallOptions& call = {});
+  // Publishes the sequence's leading whole blocks (never evicted, every layer appended)
+  // under `prefix`, whose token_ids are the sequence's own.
+  absl::StatusOr<PublishResult> PublishPrefix(const std::string& sequence_id, const Prefix& prefix,
+                                              const CallOptions& call = {});
+
   // Admin.
   absl::StatusOr<std::vector<PoolInfo>> ListPools(const CallOptions& call = {});
   absl::StatusOr<PoolStats> GetPoolStats(const std::string& pool, const CallOptions& call = {});

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -70,6 +71,7 @@ struct SequenceInfo {
   int64_t created_unix_ms = 0;
   StorageFormat storage = StorageFormat::kPoolDefault;
   std::vector<int64_t> stored_tokens;  // [num_layers][num_kv_heads]
+  int64_t attached_tokens = 0;         // came from the prefix cache at creation
 };
 
 struct PoolInfo {
@@ -102,6 +104,12 @@ struct PoolStats {
   std::string tenant;
   int64_t quota_bytes = 0;
   int64_t quota_sequences = 0;
+  // The prefix cache (pool-wide statistics only). Hit rate: hit_tokens / lookup_tokens.
+  struct PrefixCache {
+    int64_t lookups = 0, hits = 0, lookup_tokens = 0, hit_tokens = 0, attached_tokens = 0;
+    int64_t checksum_misses = 0, published_entries = 0, evicted_entries = 0, entries = 0;
+    int64_t cached_bytes = 0, unreferenced_bytes = 0;
+  } prefix_cache;
 };
 
 // Who a kvcached is in a cluster (AdminService.GetServerInfo).
@@ -183,11 +191,27 @@ struct CompressionSpec {
   }
 };
 
+// A prefix named by its token ids (from position 0). Cached KV serves it only for the same
+// model id, salt, tenant, pool and storage format; only whole blocks are cached.
+struct Prefix {
+  std::string model;  // 1-128 bytes: name the weights (and anything else that changes K/V)
+  std::string salt;   // only the same salt shares
+  std::vector<int32_t> token_ids;
+};
+
 struct CreateSequenceOptions {
   std::string pool;  // empty = the server's default pool
   std::string tenant;
   std::string client_sequence_id;  // empty = the server picks one
   CompressionSpec policy;          // automatic policy (StreamingLLM, H2O, storage format)
+  // Start from the longest cached prefix of these tokens (SequenceInfo::attached_tokens);
+  // append from there.
+  std::optional<Prefix> prefix;
+};
+
+struct PublishResult {
+  int64_t published_tokens = 0;  // leading tokens of the sequence now cached
+  int64_t new_tokens = 0;        // of which this call added
 };
 
 // Query vectors of one layer for Compress: [positions.size(), num_query_heads, head_dim].

@@ -1,0 +1,23 @@
+#include "cachesvc/core/block_pool.h"
+
+namespace kvc::cachesvc {
+
+void BlockPool::Drop(StorageFormat format, absl::Span<const BlockId> blocks) {
+  std::vector<BlockId> last;
+  last.reserve(blocks.size());
+  shares_.Drop(format, blocks, &last);
+  if (!last.empty()) Free(format, last);
+}
+
+absl::Status BlockPool::AllocateOrReclaim(StorageFormat format, int64_t n,
+                                          std::vector<BlockId>* out) {
+  absl::Status status = Allocate(format, n, out);
+  if (!absl::IsResourceExhausted(status) || !reclaimer_) return status;
+  // Cached prefixes are a cache: they give way before a live allocation fails.
+  const int64_t need = n * static_cast<int64_t>(layout(format).block_bytes);
+  const int64_t room = capacity_bytes() - used_bytes();
+  if (reclaimer_(need - room) <= 0) return status;
+  return Allocate(format, n, out);
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,47 @@
+// BlockShares: which blocks of a pool are shared and by how many holders. A block published
+// in the prefix index is frozen: from then on no holder writes it in place (the lane planner
+// copies it into a fresh block first: copy-on-write), so every sequence that attached it, and
+// the index itself, keeps seeing the bytes that were checksummed. Frozen stays frozen until
+// the block's last holder drops it and it returns to the pool. A block that was never frozen
+// has exactly one holder (its sequence) and no entry here, so the append and compaction paths
+// of unshared sequences pay one hash lookup per rewritten block at most. Thread-safe.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
+#include "cachesvc/core/types.h"
+#include "common/mutex.h"
+
+namespace kvc::cachesvc {
+
+class BlockShares {
+ public:
+  // Marks blocks immutable; each gains `extra_holders` holders beyond its current ones (a
+  // block not yet frozen has one: the sequence that wrote it).
+  void Freeze(StorageFormat format, absl::Span<const BlockId> blocks, int extra_holders);
+  // One more holder for each block; every block must be frozen.
+  void Hold(StorageFormat format, absl::Span<const BlockId> blocks);
+  // Drops one holder of each block; appends to `last` the blocks whose last holder this was
+  // (the caller returns them to the pool).
+  void Drop(StorageFormat format, absl::Span<const BlockId> blocks, std::vector<BlockId>* last);
+
+  bool Frozen(StorageFormat format, BlockId block) const;
+  // Holders of a block (1 for a block that was never frozen).
+  int64_t Holders(StorageFormat format, BlockId block) const;
+  // Frozen blocks now, all formats. Lock-free read.
+  int64_t frozen_blocks() const { return frozen_.load(std::memory_order_relaxed); }
+
+ private:
+  mutable kvc::Mutex mu_;
+  std::array<absl::flat_hash_map<BlockId, int32_t>, kernels::kNumStorageFormats> holders_
+      ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> frozen_{0};
+};
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,156 @@
+// The prefix cache through the real client and gRPC server: an engine publishes a prefilled
+// document, a second request attaches it and appends only its question, both read the same
+// bytes; lookups, hit rate and cache bytes show in GetPoolStats and Prometheus; the errors a
+// caller gets name the field.
+#include <grpcpp/grpcpp.h>
+
+#include <numeric>
+
+#include "gtest/gtest.h"
+#include "tests/testing/http_get.h"
+#include "tests/testing/kv_data.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_server.h"
+
+namespace kvc {
+namespace {
+
+using ::kvc::testing::MakeKv;
+using ::kvc::testing::StatusIs;
+using Code = absl::StatusCode;
+
+constexpr int kLayers = 4, kHeads = 2, kDim = 32;
+
+std::vector<int32_t> Ids(int n, int32_t first) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), first);
+  return ids;
+}
+
+client::Prefix Doc(std::vector<int32_t> ids) { return client::Prefix{"smollm2-135m", "", ids}; }
+
+absl::Status Prefill(client::KvCacheClient& c, const std::string& id, int64_t start, int n,
+                     uint32_t seed) {
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string k = MakeKv(seed, l, start, n, kHeads, kDim, kernels::DType::kF16, false);
+    const std::string v = MakeKv(seed, l, start, n, kHeads, kDim, kernels::DType::kF16, true);
+    client::AppendChunk a;
+    a.sequence_id = id;
+    a.layer = l;
+    a.start_position = start;
+    a.num_tokens = n;
+    a.dtype = client::DType::kF16;
+    a.keys = k.data();
+    a.values = v.data();
+    a.bytes = k.size();
+    auto r = c.Append(a);
+    if (!r.ok()) return r.status();
+  }
+  return absl::OkStatus();
+}
+
+// Dense keys and values of every head's tokens at positions < limit.
+std::vector<std::string> Heads(client::KvCacheClient& c, const std::string& id, int32_t limit) {
+  auto fetched = c.Fetch(id, {});
+  EXPECT_TRUE(fetched.ok()) << fetched.status();
+  std::vector<std::string> out;
+  if (!fetched.ok()) return out;
+  for (const client::FetchedHead& h : fetched->heads) {
+    const size_t row = h.keys.size() / h.positions.size();
+    std::string s;
+    for (size_t i = 0; i < h.positions.size(); ++i) {
+      if (h.positions[i] < limit) s += h.keys.substr(i * row, row) + h.values.substr(i * row, row);
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+double Sample(const std::string& text, const std::string& series) {
+  const auto pos = text.find("\n" + series + " ");
+  if (pos == std::string::npos) return -1;
+  return std::stod(text.substr(pos + series.size() + 2));
+}
+
+TEST(PrefixServiceTest, SecondRequestAttachesTheDocumentAndAppendsOnlyItsQuestion) {
+  auto options = ::kvc::testing::SmallServerOptions();
+  options.metrics_listen = "127.0.0.1:0";
+  auto t = ::kvc::testing::StartTestServer(options);
+  client::KvCacheClient& c = *t.client;
+  // Request 1: a 200-token document + a 9-token question; the engine publishes the document.
+  const std::vector<int32_t> doc = Ids(200, 1000);
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo first, c.CreateSequence({}));
+  KVC_ASSERT_OK(Prefill(c, first.sequence_id, 0, 209, 1));
+  KVC_ASSERT_OK_AND_ASSIGN(client::PublishResult published,
+                           c.PublishPrefix(first.sequence_id, Doc(doc)));
+  EXPECT_EQ(published.published_tokens, 192);  // 12 whole blocks of 16
+  EXPECT_EQ(published.new_tokens, 192);
+  KVC_ASSERT_OK_AND_ASSIGN(published, c.PublishPrefix(first.sequence_id, Doc(doc)));
+  EXPECT_EQ(published.new_tokens, 0) << "publishing again adds nothing";
+  EXPECT_EQ(*c.LookupPrefix("", Doc(doc)), 192);
+  EXPECT_EQ(*c.LookupPrefix("", Doc(Ids(200, 5))), 0);
+  EXPECT_EQ(*c.LookupPrefix("", Doc(doc), client::StorageFormat::kInt8), 0);
+
+  // Request 2: the same document, another question.
+  const int64_t used_before = c.GetPoolStats("small")->used_bytes;
+  client::CreateSequenceOptions o;
+  o.prefix = Doc(doc);
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo second, c.CreateSequence(o));
+  EXPECT_EQ(second.attached_tokens, 192);
+  EXPECT_EQ(second.visible_tokens, 192);
+  EXPECT_EQ(c.GetPoolStats("small")->used_bytes, used_before) << "nothing copied";
+  KVC_ASSERT_OK(Prefill(c, second.sequence_id, 192, 20, 2));
+  EXPECT_EQ(Heads(c, second.sequence_id, 192), Heads(c, first.sequence_id, 192));
+  EXPECT_EQ(c.GetSequence(second.sequence_id)->visible_tokens, 212);
+
+  // The first request ends; its document stays cached and the next request still hits.
+  KVC_ASSERT_OK(c.Release(first.sequence_id));
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo third, c.CreateSequence(o));
+  EXPECT_EQ(third.attached_tokens, 192);
+
+  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats, c.GetPoolStats("small"));
+  EXPECT_EQ(stats.prefix_cache.lookups, 5);  // 3 lookups + 2 attaches
+  EXPECT_EQ(stats.prefix_cache.hits, 3);
+  EXPECT_EQ(stats.prefix_cache.hit_tokens, 3 * 192);
+  EXPECT_EQ(stats.prefix_cache.lookup_tokens, 5 * 192);
+  EXPECT_EQ(stats.prefix_cache.attached_tokens, 2 * 192);
+  EXPECT_EQ(stats.prefix_cache.entries, 12);
+  // 12 entries x 4 layers x 2 heads x one f16 block (16 x 32 x 2 bytes x K,V).
+  EXPECT_EQ(stats.prefix_cache.cached_bytes, 12 * 8 * 2048);
+  EXPECT_EQ(stats.prefix_cache.unreferenced_bytes, 0);
+
+  const std::string response = ::kvc::testing::HttpGet(t.server->metrics_address(), "/metrics");
+  const std::string body = response.substr(response.find("\r\n\r\n") + 3);
+  EXPECT_EQ(Sample(body, R"(kvc_prefix_lookup_tokens_total{pool="small",result="hit"})"),
+            3 * 192);
+  EXPECT_EQ(Sample(body, R"(kvc_prefix_lookup_tokens_total{pool="small",result="miss"})"),
+            2 * 192);
+  EXPECT_EQ(Sample(body, R"(kvc_prefix_misses_total{pool="small",reason="no_prefix"})"), 2);
+  EXPECT_EQ(Sample(body, R"(kvc_prefix_cache_bytes{pool="small",state="shared"})"),
+            12 * 8 * 2048);
+  EXPECT_EQ(
+      Sample(body,
+             R"(kvc_rpc_requests_total{code="OK",method="PublishPrefix",service="KvCacheService"})"),
+      2);
+}
+
+TEST(PrefixServiceTest, BadRequestsGetTheFieldNamed) {
+  auto t = ::kvc::testing::StartTestServer(::kvc::testing::SmallServerOptions());
+  client::KvCacheClient& c = *t.client;
+  client::CreateSequenceOptions o;
+  o.prefix = client::Prefix{"", "", Ids(32, 0)};
+  EXPECT_THAT(c.CreateSequence(o), StatusIs(Code::kInvalidArgument, "prefix.model"));
+  o.prefix = client::Prefix{"m", "", {1, 2, -5}};
+  EXPECT_THAT(c.CreateSequence(o), StatusIs(Code::kInvalidArgument, "prefix.token_ids[2]"));
+  o.prefix = Doc(Ids(32, 0));
+  o.policy = client::CompressionSpec().WithStorage(client::StorageFormat::kInt4G32);
+  o.policy.residual_tokens = 16;
+  EXPECT_THAT(c.CreateSequence(o), StatusIs(Code::kFailedPrecondition, "residual"));
+  EXPECT_THAT(c.PublishPrefix("s-0000000000000000", Doc(Ids(32, 0))),
+              StatusIs(Code::kNotFound));
+  EXPECT_THAT(c.LookupPrefix("nopool", Doc(Ids(32, 0))),
+              StatusIs(Code::kNotFound, "pool 'nopool' not found"));
+}
+
+}  // namespace
+}  // namespace kvc
