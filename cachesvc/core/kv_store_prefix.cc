@@ -29,9 +29,8 @@ absl::StatusOr<LookupPrefixResult> KvStore::LookupPrefix(const LookupPrefixParam
   KVC_RETURN_IF_ERROR(ValidatePrefix(p.prefix, CompressionSpec{}));
   const PoolGeometry& g = pool->options().geometry;
   const StorageFormat format = p.format.value_or(kernels::RawFormatFor(g.dtype));
-  const std::vector<PrefixKey> keys =
-      ChainKeys(LayoutDigest(LayoutOf(p.prefix, p.scope, format), g), p.prefix.token_ids,
-                g.block_tokens);
+  const std::vector<PrefixKey> keys = ChainKeys(
+      LayoutDigest(LayoutOf(p.prefix, p.scope, format), g), p.prefix.token_ids, g.block_tokens);
   LookupPrefixResult result;
   result.block_tokens = g.block_tokens;
   result.cached_tokens =

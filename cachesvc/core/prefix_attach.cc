@@ -20,15 +20,14 @@ absl::Status ValidatePrefix(const PrefixSpec& prefix, const CompressionSpec& pol
         absl::StrCat("prefix.salt is ", prefix.salt.size(), " bytes; at most 128 are allowed"));
   }
   if (static_cast<int64_t>(prefix.token_ids.size()) > kMaxPrefixTokens) {
-    return absl::InvalidArgumentError(absl::StrCat("prefix.token_ids has ",
-                                                   prefix.token_ids.size(), " ids; at most ",
-                                                   kMaxPrefixTokens, " are allowed"));
+    return absl::InvalidArgumentError(absl::StrCat("prefix.token_ids has ", prefix.token_ids.size(),
+                                                   " ids; at most ", kMaxPrefixTokens,
+                                                   " are allowed"));
   }
   for (size_t i = 0; i < prefix.token_ids.size(); ++i) {
     if (prefix.token_ids[i] < 0) {
       return absl::InvalidArgumentError(absl::StrCat("prefix.token_ids[", i, "] is ",
-                                                     prefix.token_ids[i],
-                                                     "; token ids are >= 0"));
+                                                     prefix.token_ids[i], "; token ids are >= 0"));
     }
   }
   if (policy.residual_tokens > 0) {
@@ -99,9 +98,9 @@ absl::StatusOr<PublishPrefixResult> PublishLocked(Sequence& seq, PrefixIndex& in
   const int bt = seq.geometry().block_tokens;
   const int lanes = st.num_layers() * st.num_kv_heads();
   // Whole blocks every layer has and the caller named.
-  int64_t n = std::min<int64_t>(seq.visible_tokens(),
-                                static_cast<int64_t>(prefix.token_ids.size())) /
-              bt * bt;
+  int64_t n =
+      std::min<int64_t>(seq.visible_tokens(), static_cast<int64_t>(prefix.token_ids.size())) / bt *
+      bt;
   // ... held exactly as appended by every lane: stored index i is position i.
   for (int lane = 0; lane < lanes && n > 0; ++lane) {
     const Segment& s = st.lane(lane)[0];
@@ -136,9 +135,15 @@ absl::StatusOr<PublishPrefixResult> PublishLocked(Sequence& seq, PrefixIndex& in
     }
     blocks.push_back(std::move(entry));
   }
+  // Every new entry's blocks checksummed in one op.
+  std::vector<BlockId> all;
+  for (const auto& entry : blocks) all.insert(all.end(), entry.begin(), entry.end());
+  std::vector<uint64_t> sums;
+  KVC_RETURN_IF_ERROR(BlockChecksums(seq.pool(), format, all, &sums));
   std::vector<std::vector<uint64_t>> checksums(missing.size());
   for (size_t k = 0; k < missing.size(); ++k) {
-    KVC_RETURN_IF_ERROR(BlockChecksums(seq.pool(), format, blocks[k], &checksums[k]));
+    const auto first = sums.begin() + static_cast<std::ptrdiff_t>(k * static_cast<size_t>(lanes));
+    checksums[k].assign(first, first + lanes);
   }
   result.new_tokens = index.Publish(keys, missing, format, blocks, checksums) * bt;
   return result;

@@ -15,10 +15,6 @@ namespace {
 
 PrefixKey FromXxh(const XXH128_hash_t& h) { return PrefixKey{h.high64, h.low64}; }
 
-// Blocks of a device pool copied to the host at a time while checksumming: bounds the host
-// buffer.
-constexpr size_t kChecksumBatch = 256;
-
 }  // namespace
 
 PrefixKey LayoutDigest(const PrefixLayout& layout, const PoolGeometry& g) {
@@ -31,9 +27,9 @@ PrefixKey LayoutDigest(const PrefixLayout& layout, const PoolGeometry& g) {
   field("scope", layout.scope);
   field("salt", layout.salt);
   field("format", kernels::StorageFormatName(layout.format));
-  field("geometry", absl::StrCat(g.num_layers, "x", g.num_kv_heads, "x", g.head_dim, "/",
-                                 g.num_query_heads, "/", g.block_tokens, "/",
-                                 kernels::DTypeName(g.dtype)));
+  field("geometry",
+        absl::StrCat(g.num_layers, "x", g.num_kv_heads, "x", g.head_dim, "/", g.num_query_heads,
+                     "/", g.block_tokens, "/", kernels::DTypeName(g.dtype)));
   field("rope", g.rope.enabled ? absl::StrCat(g.rope.theta, "/", g.rope.rotary_dim, "/",
                                               static_cast<int>(g.rope.style))
                                : "none");
@@ -54,8 +50,8 @@ std::vector<PrefixKey> ChainKeys(const PrefixKey& digest, absl::Span<const int32
       buf[static_cast<size_t>(8 + i)] = static_cast<unsigned char>(parent.low >> (8 * i));
     }
     for (int t = 0; t < block_tokens; ++t) {
-      const auto v = static_cast<uint32_t>(token_ids[b * static_cast<size_t>(block_tokens) +
-                                                     static_cast<size_t>(t)]);
+      const auto v = static_cast<uint32_t>(
+          token_ids[b * static_cast<size_t>(block_tokens) + static_cast<size_t>(t)]);
       for (int i = 0; i < 4; ++i) {
         buf[16 + 4 * static_cast<size_t>(t) + static_cast<size_t>(i)] =
             static_cast<unsigned char>(v >> (8 * i));
@@ -67,42 +63,20 @@ std::vector<PrefixKey> ChainKeys(const PrefixKey& digest, absl::Span<const int32
   return keys;
 }
 
-absl::Status BlockChecksums(BlockPool* pool, StorageFormat format,
-                            absl::Span<const BlockId> blocks, std::vector<uint64_t>* out) {
-  const kernels::PagedArena arena = pool->arena(format);
-  const int bt = pool->options().geometry.block_tokens;
-  const size_t rb = arena.layout.record_bytes;
-  out->clear();
-  out->reserve(blocks.size());
-  for (size_t first = 0; first < blocks.size(); first += kChecksumBatch) {
-    const size_t nb = std::min(kChecksumBatch, blocks.size() - first);
-    const size_t rows = nb * static_cast<size_t>(bt);
-    std::vector<int32_t> ids(rows), slots(rows);
-    for (size_t b = 0; b < nb; ++b) {
-      for (int s = 0; s < bt; ++s) {
-        ids[b * static_cast<size_t>(bt) + static_cast<size_t>(s)] = blocks[first + b];
-        slots[b * static_cast<size_t>(bt) + static_cast<size_t>(s)] = s;
-      }
-    }
-    std::vector<unsigned char> keys(rows * rb), values(rows * rb);
-    OpStage stage(pool);
-    kernels::ReadRecordsArgs a{arena,
-                               static_cast<int32_t>(rows),
-                               stage.Out(keys.data(), keys.size()),
-                               stage.Out(values.data(), values.size()),
-                               stage.In(ids.data(), rows),
-                               stage.In(slots.data(), rows)};
-    KVC_RETURN_IF_ERROR(stage.Launch("ReadRecords", [&](kernels::StreamHandle st) {
-      return pool->backend()->ReadRecords(a, st);
-    }));
-    KVC_RETURN_IF_ERROR(stage.Finish());
-    const size_t block_bytes = static_cast<size_t>(bt) * rb;
-    for (size_t b = 0; b < nb; ++b) {
-      out->push_back(XXH3_64bits(keys.data() + b * block_bytes, block_bytes) ^
-                     (XXH3_64bits(values.data() + b * block_bytes, block_bytes) * 31));
-    }
-  }
-  return absl::OkStatus();
+absl::Status BlockChecksums(BlockPool* pool, StorageFormat format, absl::Span<const BlockId> blocks,
+                            std::vector<uint64_t>* out) {
+  out->assign(blocks.size(), 0);
+  if (blocks.empty()) return absl::OkStatus();
+  OpStage stage(pool);
+  kernels::ChecksumBlocksArgs a;
+  a.arena = pool->arena(format);
+  a.num_blocks = static_cast<int32_t>(blocks.size());
+  a.blocks = stage.In(blocks.data(), blocks.size());
+  a.checksums = stage.Out(out->data(), out->size());
+  KVC_RETURN_IF_ERROR(stage.Launch("ChecksumBlocks", [&](kernels::StreamHandle st) {
+    return pool->backend()->ChecksumBlocks(a, st);
+  }));
+  return stage.Finish();
 }
 
 PrefixIndex::PrefixIndex(BlockPool* pool) : pool_(pool) {}
@@ -164,14 +138,22 @@ absl::Status PrefixIndex::Attach(absl::Span<const PrefixKey> keys, StorageFormat
       expected.push_back(it->second.checksums);
     }
   }
-  // Verify outside the index lock (reading blocks may take a while); the holds keep the
-  // blocks from going back to the pool meanwhile, and frozen blocks are never rewritten.
+  // Verify outside the index lock (reading blocks may take a while), all blocks in one op;
+  // the holds keep the blocks from going back to the pool meanwhile, and frozen blocks are
+  // never rewritten.
+  std::vector<BlockId> all;
+  for (const auto& blocks : *attached) all.insert(all.end(), blocks.begin(), blocks.end());
+  std::vector<uint64_t> sums;
+  const absl::Status read = BlockChecksums(pool_, format, all, &sums);
   size_t good = 0;
-  absl::Status read = absl::OkStatus();
-  for (; good < attached->size(); ++good) {
-    std::vector<uint64_t> sums;
-    read = BlockChecksums(pool_, format, (*attached)[good], &sums);
-    if (!read.ok() || sums != expected[good]) break;
+  if (read.ok()) {
+    for (size_t at = 0; good < attached->size(); ++good) {
+      const std::vector<uint64_t>& want = expected[good];
+      if (!std::equal(want.begin(), want.end(), sums.begin() + static_cast<std::ptrdiff_t>(at))) {
+        break;
+      }
+      at += want.size();
+    }
   }
   if (good < attached->size()) {
     if (read.ok()) {
@@ -207,8 +189,7 @@ std::vector<size_t> PrefixIndex::Missing(absl::Span<const PrefixKey> keys) const
 }
 
 int64_t PrefixIndex::Publish(absl::Span<const PrefixKey> keys, absl::Span<const size_t> which,
-                             StorageFormat format,
-                             const std::vector<std::vector<BlockId>>& blocks,
+                             StorageFormat format, const std::vector<std::vector<BlockId>>& blocks,
                              const std::vector<std::vector<uint64_t>>& checksums) {
   KVC_CHECK(blocks.size() == which.size() && checksums.size() == which.size());
   kvc::MutexLock lock(&mu_);

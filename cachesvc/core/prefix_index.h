@@ -7,10 +7,11 @@
 // where the layout digest (LayoutDigest) covers everything that changes the stored bytes: the
 // model id the client names, the tenant scope and the client's salt, the pool geometry (layers,
 // kv heads, head dim, block tokens, dtype, RoPE) and the storage format. An entry holds, for
-// every lane (layer x kv head), the pool block of those tokens and an XXH3-64 checksum of the
-// block's bytes taken when it was published. Published blocks are frozen (block_shares.h):
-// nobody writes them again, and the index holds each once, so a released sequence leaves its
-// published prefix behind as cache. A sequence that attaches an entry holds its blocks too.
+// every lane (layer x kv head), the pool block of those tokens and an XXH64 checksum of the
+// block's bytes taken when it was published (the ChecksumBlocks kernel op). Published blocks are
+// frozen (block_shares.h): nobody writes them again, and the index holds each once, so a released
+// sequence leaves its published prefix behind as cache. A sequence that attaches an entry holds its
+// blocks too.
 //
 // Collisions: two different prefixes share a key only if XXH3-128 collides (about 2^-64 for
 // 2^32 entries); the layout digest keeps different models, tenants, salts, geometries and
@@ -61,11 +62,10 @@ PrefixKey LayoutDigest(const PrefixLayout& layout, const PoolGeometry& geometry)
 std::vector<PrefixKey> ChainKeys(const PrefixKey& digest, absl::Span<const int32_t> token_ids,
                                  int block_tokens);
 
-// XXH3-64 of each block's bytes (every slot's records and scales): in place for a host pool,
-// copied to the host first for a device pool.
-absl::Status BlockChecksums(BlockPool* pool, StorageFormat format,
-                            absl::Span<const BlockId> blocks, std::vector<uint64_t>* out);
-
+// XXH64 of each block's bytes (every slot's records and scales), computed where the pool lives
+// (the ChecksumBlocks kernel op).
+absl::Status BlockChecksums(BlockPool* pool, StorageFormat format, absl::Span<const BlockId> blocks,
+                            std::vector<uint64_t>* out);
 
 class PrefixIndex {
  public:

@@ -267,6 +267,21 @@ pb::PoolStats SumStats(const std::vector<ShardAnswer>& answers,
     for (const auto& [rule, n] : s.evicted_token_heads()) {
       (*total.mutable_evicted_token_heads())[rule] += n;
     }
+    if (s.has_prefix_cache()) {  // pool-wide statistics; each shard has its own cache
+      const pb::PrefixCacheStats& c = s.prefix_cache();
+      pb::PrefixCacheStats* t = total.mutable_prefix_cache();
+      t->set_lookups(t->lookups() + c.lookups());
+      t->set_hits(t->hits() + c.hits());
+      t->set_lookup_tokens(t->lookup_tokens() + c.lookup_tokens());
+      t->set_hit_tokens(t->hit_tokens() + c.hit_tokens());
+      t->set_attached_tokens(t->attached_tokens() + c.attached_tokens());
+      t->set_checksum_misses(t->checksum_misses() + c.checksum_misses());
+      t->set_published_entries(t->published_entries() + c.published_entries());
+      t->set_evicted_entries(t->evicted_entries() + c.evicted_entries());
+      t->set_entries(t->entries() + c.entries());
+      t->set_cached_bytes(t->cached_bytes() + c.cached_bytes());
+      t->set_unreferenced_bytes(t->unreferenced_bytes() + c.unreferenced_bytes());
+    }
     // A tenant's view: the tenant and its per-shard limits are the same on every shard.
     if (!s.tenant().empty()) {
       total.set_tenant(s.tenant());
@@ -297,13 +312,18 @@ int ClusterStats(const std::vector<ShardStatus>& shards, bool json) {
     return ReportShards(answers, json);
   }
   Table table({"SHARD", "POOL", "CAPACITY", "USED", "FREE", "BLOCKS", "SEQUENCES", "VISIBLE_TOKENS",
-               "STORED_TOKEN_HEADS", "APPENDED", "FETCHED"});
+               "STORED_TOKEN_HEADS", "APPENDED", "FETCHED", "PREFIX_ENTRIES", "PREFIX_CACHED",
+               "PREFIX_HIT_RATE"});
   auto add = [&](const std::string& shard, const pb::PoolStats& s) {
+    const bool prefix = s.has_prefix_cache();  // none in a tenant's view
+    const pb::PrefixCacheStats& c = s.prefix_cache();
     table.AddRow({shard, s.pool().empty() ? "(all)" : s.pool(), FormatBytes(s.capacity_bytes()),
                   FormatBytes(s.used_bytes()), FormatBytes(s.free_bytes()),
                   absl::StrCat(s.used_blocks(), "/", s.total_blocks()), absl::StrCat(s.sequences()),
                   absl::StrCat(s.visible_tokens()), absl::StrCat(s.stored_token_heads()),
-                  FormatBytes(s.appended_bytes_total()), FormatBytes(s.fetched_bytes_total())});
+                  FormatBytes(s.appended_bytes_total()), FormatBytes(s.fetched_bytes_total()),
+                  prefix ? absl::StrCat(c.entries()) : "-",
+                  prefix ? FormatBytes(c.cached_bytes()) : "-", prefix ? PrefixHitRate(c) : "-"});
   };
   for (size_t i = 0; i < answers.size(); ++i) {
     if (answers[i].rpc.ok()) add(answers[i].Label(), responses[i]);

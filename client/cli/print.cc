@@ -194,7 +194,26 @@ void PrintStats(const pb::PoolStats& s) {
   }
   table.AddRow({"appended (total)", FormatBytes(s.appended_bytes_total())});
   table.AddRow({"fetched (total)", FormatBytes(s.fetched_bytes_total())});
+  if (s.has_prefix_cache()) {
+    const pb::PrefixCacheStats& c = s.prefix_cache();
+    table.AddRow({"prefix entries", absl::StrCat(c.entries())});
+    table.AddRow({"prefix cached", FormatBytes(c.cached_bytes())});
+    table.AddRow({"prefix unreferenced", FormatBytes(c.unreferenced_bytes())});
+    table.AddRow({"prefix lookups", absl::StrCat(c.lookups(), " (", c.hits(), " hits)")});
+    table.AddRow({"prefix hit rate", PrefixHitRate(c)});
+    table.AddRow({"prefix attached tokens", absl::StrCat(c.attached_tokens())});
+    table.AddRow({"prefix checksum misses", absl::StrCat(c.checksum_misses())});
+    table.AddRow({"prefix evicted entries", absl::StrCat(c.evicted_entries())});
+  }
   std::cout << table.Render();
+}
+
+std::string PrefixHitRate(const pb::PrefixCacheStats& c) {
+  const std::string of = absl::StrCat("(", c.hit_tokens(), " of ", c.lookup_tokens(), " tokens)");
+  if (c.lookup_tokens() <= 0) return absl::StrCat("- ", of);
+  return absl::StrFormat(
+      "%.1f%% %s",
+      100.0 * static_cast<double>(c.hit_tokens()) / static_cast<double>(c.lookup_tokens()), of);
 }
 
 bool ValidSort(const std::string& sort) {

@@ -31,7 +31,14 @@ void PrintPools(const ::kvcache::v1::ListPoolsResponse& response);
 void PrintSequences(const ::kvcache::v1::ListSequencesResponse& response);
 void PrintSequence(const ::kvcache::v1::SequenceInfo& s);
 void PrintTenants(const ::kvcache::v1::ListTenantsResponse& r);
+
+// Pool statistics as FIELD/VALUE rows; the prefix cache's rows only when the server sent them
+// (pool-wide statistics: a tenant's own view has none).
 void PrintStats(const ::kvcache::v1::PoolStats& s);
+
+// The prefix cache's token hit rate with its denominator: "60.0% (576 of 960 tokens)", or
+// "- (0 of 0 tokens)" before any lookup.
+std::string PrefixHitRate(const ::kvcache::v1::PrefixCacheStats& c);
 
 // Orders the sequences by `by` (created | tokens | bytes | id; largest first for tokens and
 // bytes); stable, so equal keys keep the server's order.

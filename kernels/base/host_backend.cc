@@ -76,5 +76,13 @@ KernelStatus CheckHost(const DecodeAttentionArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckDecode(a));
   return CheckLaneContents(a.arena, a.lanes);
 }
+KernelStatus CheckHost(const ChecksumBlocksArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckChecksumBlocks(a));
+  for (int32_t i = 0; i < a.num_blocks; ++i) {
+    if (a.blocks[i] < 0 || a.blocks[i] >= a.arena.num_blocks)
+      return KernelStatus::Invalid("block id out of range");
+  }
+  return KernelStatus::Ok();
+}
 
 }  // namespace kvc::kernels::internal

@@ -29,5 +29,6 @@ KernelStatus CheckHost(const AccumulateScoresArgs& a);
 KernelStatus CheckHost(const SelectArgs& a);
 KernelStatus CheckHost(const AllocateBudgetsArgs& a);
 KernelStatus CheckHost(const DecodeAttentionArgs& a);
+KernelStatus CheckHost(const ChecksumBlocksArgs& a);
 
 }  // namespace kvc::kernels::internal

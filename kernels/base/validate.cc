@@ -159,6 +159,14 @@ KernelStatus CheckAllocateBudgets(const AllocateBudgetsArgs& a) {
   return KernelStatus::Ok();
 }
 
+KernelStatus CheckChecksumBlocks(const ChecksumBlocksArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
+  if (a.num_blocks < 0) return KernelStatus::Invalid("num_blocks must be >= 0");
+  if (a.num_blocks > 0 && (a.blocks == nullptr || a.checksums == nullptr))
+    return KernelStatus::Invalid("blocks and checksums must be set");
+  return KernelStatus::Ok();
+}
+
 KernelStatus CheckDecode(const DecodeAttentionArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
   KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));

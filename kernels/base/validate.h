@@ -28,6 +28,7 @@ KernelStatus CheckSnapKv(const SnapKvScoreArgs& a);
 KernelStatus CheckAccumulate(const AccumulateScoresArgs& a);
 KernelStatus CheckSelect(const SelectArgs& a);
 KernelStatus CheckAllocateBudgets(const AllocateBudgetsArgs& a);
+KernelStatus CheckChecksumBlocks(const ChecksumBlocksArgs& a);
 KernelStatus CheckDecode(const DecodeAttentionArgs& a);
 
 // Host-memory content checks.

@@ -24,6 +24,7 @@ class CpuBackend final : public internal::HostBackend {
   KVC_CPU_OP(ReadRecords, ReadRecordsArgs)
   KVC_CPU_OP(Gather, GatherArgs)
   KVC_CPU_OP(Rerotate, RerotateArgs)
+  KVC_CPU_OP(ChecksumBlocks, ChecksumBlocksArgs)
   KVC_CPU_OP(SnapKvScore, SnapKvScoreArgs)
   KVC_CPU_OP(AccumulateScores, AccumulateScoresArgs)
   KVC_CPU_OP(Select, SelectArgs)

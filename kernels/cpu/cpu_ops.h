@@ -13,6 +13,7 @@ void ReadTokens(ThreadPool& pool, const ReadTokensArgs& a);
 void ReadRecords(ThreadPool& pool, const ReadRecordsArgs& a);
 void Gather(ThreadPool& pool, const GatherArgs& a);
 void Rerotate(ThreadPool& pool, const RerotateArgs& a);
+void ChecksumBlocks(ThreadPool& pool, const ChecksumBlocksArgs& a);
 void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a);
 void AccumulateScores(ThreadPool& pool, const AccumulateScoresArgs& a);
 void Select(ThreadPool& pool, const SelectArgs& a);

@@ -7,6 +7,7 @@
 #include "cpu/cpu_rows.h"
 #include "kvc/kernels/record_codec.h"
 #include "kvc/kernels/rope.h"
+#include "kvc/kernels/xxh64.h"
 
 namespace kvc::kernels::cpu {
 namespace {
@@ -254,6 +255,19 @@ void Rerotate(ThreadPool& pool, const RerotateArgs& a) {
       DequantizeRecord(l.format, l.head_dim, rec, x);
       RopeRotate(a.rope, l.head_dim, a.deltas[r], x);
       QuantizeRecord(l.format, l.head_dim, x, rec);
+    }
+  });
+}
+
+// Blocks hashed per task: a block is a few KiB, so tasks of this many amortize scheduling.
+constexpr int64_t kChecksumGrain = 64;
+
+void ChecksumBlocks(ThreadPool& pool, const ChecksumBlocksArgs& a) {
+  const size_t bb = a.arena.layout.block_bytes;
+  pool.ParallelFor(a.num_blocks, kChecksumGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      a.checksums[i] = Xxh64(
+          static_cast<const uint8_t*>(a.arena.base) + static_cast<size_t>(a.blocks[i]) * bb, bb);
     }
   });
 }

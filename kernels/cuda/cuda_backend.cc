@@ -116,6 +116,11 @@ KernelStatus Pointers(const SelectArgs& a) {
                          {"budgets is not device memory", a.budgets},
                          {"keep is not device memory", a.keep}});
 }
+KernelStatus Pointers(const ChecksumBlocksArgs& a) {
+  return DevicePointers({{"arena is not device memory", a.arena.base},
+                         {"blocks is not device memory", a.blocks},
+                         {"checksums is not device memory", a.checksums}});
+}
 KernelStatus Pointers(const AllocateBudgetsArgs& a) {
   return DevicePointers({{"num_tokens is not device memory", a.num_tokens},
                          {"positions is not device memory", a.positions},
@@ -213,6 +218,7 @@ class CudaBackend final : public KernelBackend {
   KVC_CUDA_OP(ReadRecords, ReadRecordsArgs, CheckReadRecords)
   KVC_CUDA_OP(Gather, GatherArgs, CheckGather)
   KVC_CUDA_OP(Rerotate, RerotateArgs, CheckRerotate)
+  KVC_CUDA_OP(ChecksumBlocks, ChecksumBlocksArgs, CheckChecksumBlocks)
   KVC_CUDA_OP(SnapKvScore, SnapKvScoreArgs, CheckSnapKv)
   KVC_CUDA_OP(AccumulateScores, AccumulateScoresArgs, CheckAccumulate)
   KVC_CUDA_OP(Select, SelectArgs, CheckSelect)

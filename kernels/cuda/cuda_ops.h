@@ -13,6 +13,7 @@ KernelStatus LaunchReadTokens(const ReadTokensArgs& a, StreamHandle stream);
 KernelStatus LaunchReadRecords(const ReadRecordsArgs& a, StreamHandle stream);
 KernelStatus LaunchGather(const GatherArgs& a, StreamHandle stream);
 KernelStatus LaunchRerotate(const RerotateArgs& a, StreamHandle stream);
+KernelStatus LaunchChecksumBlocks(const ChecksumBlocksArgs& a, StreamHandle stream);
 KernelStatus LaunchSnapKvScore(const SnapKvScoreArgs& a, StreamHandle stream);
 KernelStatus LaunchAccumulateScores(const AccumulateScoresArgs& a, StreamHandle stream);
 KernelStatus LaunchSelect(const SelectArgs& a, StreamHandle stream);

@@ -7,6 +7,7 @@
 #include "cuda/cuda_ops.h"
 #include "kvc/kernels/record_codec.h"
 #include "kvc/kernels/rope.h"
+#include "kvc/kernels/xxh64.h"
 
 namespace kvc::kernels::cuda {
 namespace {
@@ -204,6 +205,15 @@ __global__ void GatherKernel(GatherArgs a) {
                  reinterpret_cast<const uint32_t*>(ValueRecord(a.src, sb, ss)), words, lane);
 }
 
+// One thread per block: XXH64 is sequential within a block; a publish or attach checksums
+// thousands of blocks at once.
+__global__ void ChecksumBlocksKernel(ChecksumBlocksArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.num_blocks) return;
+  const size_t bb = a.arena.layout.block_bytes;
+  a.checksums[i] = Xxh64(static_cast<const uint8_t*>(a.arena.base) + a.blocks[i] * bb, bb);
+}
+
 // One thread per row with the shared scalar codec: re-rotation is rare next to reads.
 __global__ void RerotateKernel(RerotateArgs a) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -250,6 +260,12 @@ KernelStatus LaunchReadRecords(const ReadRecordsArgs& a, StreamHandle stream) {
 KernelStatus LaunchGather(const GatherArgs& a, StreamHandle stream) {
   if (a.num_rows == 0) return KernelStatus::Ok();
   GatherKernel<<<Blocks(a.num_rows, kWarpsPerBlock), 32 * kWarpsPerBlock, 0, ToStream(stream)>>>(a);
+  return LaunchStatus();
+}
+
+KernelStatus LaunchChecksumBlocks(const ChecksumBlocksArgs& a, StreamHandle stream) {
+  if (a.num_blocks == 0) return KernelStatus::Ok();
+  ChecksumBlocksKernel<<<Blocks(a.num_blocks, 128), 128, 0, ToStream(stream)>>>(a);
   return LaunchStatus();
 }
 

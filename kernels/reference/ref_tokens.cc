@@ -5,6 +5,7 @@
 #include "base/validate.h"
 #include "kvc/kernels/record_codec.h"
 #include "kvc/kernels/rope.h"
+#include "kvc/kernels/xxh64.h"
 #include "reference/reference_ops.h"
 
 namespace kvc::kernels::reference {
@@ -48,6 +49,13 @@ void ReadRecords(const ReadRecordsArgs& a) {
       std::memcpy(static_cast<uint8_t*>(a.keys) + r * rec, KeyRecord(a.arena, b, s), rec);
     if (a.values != nullptr)
       std::memcpy(static_cast<uint8_t*>(a.values) + r * rec, ValueRecord(a.arena, b, s), rec);
+  }
+}
+
+void ChecksumBlocks(const ChecksumBlocksArgs& a) {
+  const size_t bb = a.arena.layout.block_bytes;
+  for (int32_t i = 0; i < a.num_blocks; ++i) {
+    a.checksums[i] = Xxh64(static_cast<const uint8_t*>(a.arena.base) + a.blocks[i] * bb, bb);
   }
 }
 

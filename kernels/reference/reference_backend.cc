@@ -23,6 +23,7 @@ class ReferenceBackend final : public internal::HostBackend {
   KVC_REF_OP(ReadRecords, ReadRecordsArgs)
   KVC_REF_OP(Gather, GatherArgs)
   KVC_REF_OP(Rerotate, RerotateArgs)
+  KVC_REF_OP(ChecksumBlocks, ChecksumBlocksArgs)
   KVC_REF_OP(SnapKvScore, SnapKvScoreArgs)
   KVC_REF_OP(AccumulateScores, AccumulateScoresArgs)
   KVC_REF_OP(Select, SelectArgs)

@@ -12,6 +12,7 @@ void ReadTokens(const ReadTokensArgs& a);
 void ReadRecords(const ReadRecordsArgs& a);
 void Gather(const GatherArgs& a);
 void Rerotate(const RerotateArgs& a);
+void ChecksumBlocks(const ChecksumBlocksArgs& a);
 void SnapKvScore(const SnapKvScoreArgs& a);
 void AccumulateScores(const AccumulateScoresArgs& a);
 void Select(const SelectArgs& a);

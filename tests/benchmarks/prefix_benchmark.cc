@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
   const int sharers = std::max(1, absl::GetFlag(FLAGS_sharers));
   const int64_t token_layer_bytes = int64_t{heads} * dim * 2;  // keys, f16
   const int64_t doc_bytes = 2 * token_layer_bytes * layers * tokens;
-  const int per_message = static_cast<int>(std::max<int64_t>(1, (int64_t{1} << 20) / token_layer_bytes));
+  const int per_message =
+      static_cast<int>(std::max<int64_t>(1, (int64_t{1} << 20) / token_layer_bytes));
 
   kvc::cachesvc::ServerOptions options;
   options.listen = "127.0.0.1:0";

@@ -4,14 +4,16 @@
 // cached until a live allocation needs their room; a corrupted block, another salt, model,
 // tenant or format is never served; holders return to zero and the pool to empty.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "cachesvc/core/kv_store.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/cachesvc/compression_fixture.h"
-#include "common/status_macros.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvc::cachesvc {
@@ -174,7 +176,8 @@ TEST_F(PrefixCacheTest, EveryMutationCopiesOnWrite) {
       {"streaming (evicts, compacts, re-rotates)", compress(Streaming(4, 20))},
       {"streaming 4+60 (holes inside shared blocks)", compress(Streaming(4, 60))},
       {"int4 conversion", compress(int4)},
-      {"h2o after attend", [&](KvStore& s, const std::string& id) {
+      {"h2o after attend",
+       [&](KvStore& s, const std::string& id) {
          AttendParams at;
          at.sequence_id = id;
          at.dtype = DType::kF32;
@@ -184,7 +187,8 @@ TEST_F(PrefixCacheTest, EveryMutationCopiesOnWrite) {
          KVC_RETURN_IF_ERROR(s.Attend(at).status());
          return compress(h2o)(s, id);
        }},
-      {"append", [&](KvStore&, const std::string& id) {
+      {"append",
+       [&](KvStore&, const std::string& id) {
          AppendLikeA(id, 96, 30);
          return absl::OkStatus();
        }},
@@ -301,8 +305,8 @@ TEST(PrefixCacheQuotaTest, AttachIsChargedToTheTenantAndRefusedOverQuota) {
 }
 
 TEST_F(PrefixCacheTest, BadPrefixRequestsNameTheField) {
-  EXPECT_THAT(CreateWith(Prefix(ids_, "", "")), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                          "prefix.model"));
+  EXPECT_THAT(CreateWith(Prefix(ids_, "", "")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "prefix.model"));
   EXPECT_THAT(CreateWith(Prefix(ids_, std::string(129, 's'))),
               StatusIs(absl::StatusCode::kInvalidArgument, "prefix.salt"));
   std::vector<int32_t> bad = ids_;
@@ -374,8 +378,7 @@ TEST(PrefixCacheModelTest, HoldersReturnToZeroAfterRandomSharing) {
       KVC_ASSERT_OK(store.Compress(p));
     } else {
       KVC_ASSERT_OK(store.Release(id));
-      live.erase(std::find_if(live.begin(), live.end(),
-                              [&](const Live& e) { return e.id == id; }));
+      live.erase(std::find_if(live.begin(), live.end(), [&](const Live& e) { return e.id == id; }));
     }
   }
   for (const Live& l : live) KVC_ASSERT_OK(store.Release(l.id));
@@ -391,6 +394,50 @@ TEST(PrefixCacheModelTest, HoldersReturnToZeroAfterRandomSharing) {
   EXPECT_EQ(pool->used_bytes(), 0);
   EXPECT_EQ(pool->shares().frozen_blocks(), 0);
   EXPECT_EQ(store.PrefixCacheStats("")->entries, 0);
+}
+
+// Four threads attach, append, compress, publish and release on one pool at once (TSan runs
+// this): every sharer still reads the published bytes, and afterwards every block goes back.
+TEST(PrefixCacheThreadTest, ConcurrentSharersSeeThePublishedBytesAndLeakNothing) {
+  const Geometry g;
+  Fixture f(g);
+  KvStore& store = *f.store;
+  const std::vector<int32_t> doc = TokenIds(64, 3);
+  KVC_ASSERT_OK(f.AppendAll(0, 64));
+  KVC_ASSERT_OK(store.PublishPrefix(PublishPrefixParams{"", f.id, Prefix(doc)}));
+  const Dump want = Read(store, f.id, 64);
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0}, failed{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<uint32_t>(t));
+      for (int i = 0; i < 25; ++i) {
+        CreateSequenceParams p;
+        p.prefix = Prefix(doc);
+        auto s = store.CreateSequence(p);
+        if (!s.ok() || s->attached_tokens != 64) {
+          ++failed;
+          continue;
+        }
+        if (!(Read(store, s->id, 64) == want)) ++wrong;
+        CompressParams c;
+        c.sequence_id = s->id;
+        c.spec = Streaming(2, 8 + static_cast<int>(rng() % 40));
+        if (!store.Compress(c).ok()) ++failed;
+        if (!store.Release(s->id).ok()) ++failed;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(Read(store, f.id, 64), want) << "the publisher's bytes never changed";
+  KVC_ASSERT_OK(store.Release(f.id));
+  BlockPool* pool = *store.FindPool("");
+  std::vector<BlockId> out;
+  EXPECT_THAT(pool->AllocateOrReclaim(StorageFormat::kF32, int64_t{1} << 30, &out),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(pool->used_bytes(), 0);
 }
 
 }  // namespace

@@ -32,6 +32,9 @@ METRICS = {
     "kvc_tenant_sequences", "kvc_tenant_used_bytes", "kvc_tenant_quota_bytes",
     "kvc_tenant_quota_sequences", "kvc_tenant_call_limit_refusals_total", "kvc_auth_failures_total",
     "kvc_shard_info",
+    "kvc_prefix_lookups_total", "kvc_prefix_lookup_tokens_total", "kvc_prefix_misses_total",
+    "kvc_prefix_attached_tokens_total", "kvc_prefix_entries_total", "kvc_prefix_cache_entries",
+    "kvc_prefix_cache_bytes",
 }
 HISTOGRAMS = {"kvc_rpc_duration_seconds"}
 # Counters that exist only once something happened (no eviction policy ran in the live test).

@@ -271,6 +271,32 @@ TEST_P(HostileInputTest, AMegabyteStringInAnyFieldGetsTheContractsCodeAndAShortM
   ExpectShort(Attend(attend), GrpcCode::NOT_FOUND, "Attend.sequence_id");
   ExpectShort(AttendStream(attend), GrpcCode::NOT_FOUND, "AttendStream.sequence_id");
 
+  // The prefix cache: a huge model id or salt is the caller's mistake, a huge pool or
+  // sequence id names nothing; nothing is created or cached.
+  create.Clear();
+  create.mutable_prefix()->set_model(huge);
+  create.mutable_prefix()->add_token_ids(1);
+  ExpectShort(Create(create), GrpcCode::INVALID_ARGUMENT, "CreateSequence.prefix.model");
+  create.mutable_prefix()->set_model("m");
+  create.mutable_prefix()->set_salt(huge);
+  ExpectShort(Create(create), GrpcCode::INVALID_ARGUMENT, "CreateSequence.prefix.salt");
+  pb::PublishPrefixRequest publish;
+  publish.set_sequence_id(huge);
+  publish.mutable_prefix()->set_model("m");
+  pb::PublishPrefixResponse published;
+  ExpectShort(kv_->PublishPrefix(Ctx().get(), publish, &published), GrpcCode::NOT_FOUND,
+              "PublishPrefix.sequence_id");
+  publish.set_sequence_id(id);
+  publish.mutable_prefix()->set_model(huge);
+  ExpectShort(kv_->PublishPrefix(Ctx().get(), publish, &published), GrpcCode::INVALID_ARGUMENT,
+              "PublishPrefix.prefix.model");
+  pb::LookupPrefixRequest lookup;
+  lookup.set_pool(huge);
+  lookup.mutable_prefix()->set_model("m");
+  pb::LookupPrefixResponse looked;
+  ExpectShort(kv_->LookupPrefix(Ctx().get(), lookup, &looked), GrpcCode::NOT_FOUND,
+              "LookupPrefix.pool");
+
   pb::GetPoolStatsRequest stats;
   stats.set_pool(huge);
   pb::PoolStats pool_stats;
@@ -359,6 +385,12 @@ TEST_P(HostileInputTest, EveryEnumOutsideTheContractIsInvalidArgument) {
     ExpectShort(compressed, GrpcCode::INVALID_ARGUMENT, "Compress.spec." + field);
     EXPECT_THAT(compressed.error_message(), HasSubstr(field)) << compressed.error_message();
   }
+  pb::LookupPrefixRequest lookup;
+  lookup.mutable_prefix()->set_model("m");
+  lookup.set_storage(kBadFormat);
+  pb::LookupPrefixResponse looked;
+  ExpectShort(kv_->LookupPrefix(Ctx().get(), lookup, &looked), GrpcCode::INVALID_ARGUMENT,
+              "LookupPrefix.storage");
   pb::CompressRequest compress;
   compress.set_sequence_id(id);
   compress.mutable_spec()->mutable_h2o()->set_heavy(4);

@@ -73,6 +73,8 @@ grep -q '^total: 6 sequences on 3 of 3 shards (2 shown; raise --limit)$' <<<"$ou
 out=$("${C[@]}" stats)
 echo "$out"
 grep -Eq '^total +\(all\) +192\.0 MiB ' <<<"$out" || fail "stats: total capacity"
+grep -Eq ' PREFIX_ENTRIES +PREFIX_CACHED +PREFIX_HIT_RATE *$' <<<"$out" || fail "stats: prefix columns"
+grep -Eq '^total .* 0 +0 B +- \(0 of 0 tokens\) *$' <<<"$out" || fail "stats: total prefix cache"
 # SEQUENCES follows the used/total BLOCKS column (sizes like "1.0 MiB" hold a space).
 seqs() { awk -v who="$1" '$1 ~ who { for (i = 2; i < NF; ++i) if ($i ~ /^[0-9]+\/[0-9]+$/) s += $(i+1) } END {print s+0}'; }
 [ "$(seqs '^total$' <<<"$out")" = 6 ] || fail "stats: total sequences"
@@ -99,6 +101,9 @@ if cmd == "stats":
               "fetched_bytes_total"):
         assert int(t[k]) == sum(int(r[k]) for r in res), (k, t[k])
     assert int(t["sequences"]) == 6 and int(t["visible_tokens"]) == 6 * 64, t
+    for k in ("entries", "cached_bytes", "unreferenced_bytes", "lookups", "hit_tokens",
+              "lookup_tokens", "checksum_misses", "evicted_entries"):
+        assert int(t["prefix_cache"][k]) == sum(int(r["prefix_cache"][k]) for r in res), k
 elif cmd == "pools":
     (p,) = t["pools"]
     assert p["name"] == "default" and int(p["sequences"]) == 6, p

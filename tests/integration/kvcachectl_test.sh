@@ -38,6 +38,22 @@ grep -Eq '^sequences +2$' <<<"$out" || fail "stats: sequences"
 grep -Eq '^visible tokens +200$' <<<"$out" || fail "stats: visible tokens"
 python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["sequences"])==2 and int(d["used_bytes"])>0, d' \
   <<<"$("$CTL" --target="$KVC_TARGET" --json stats)" || fail "stats --json"
+# The prefix cache's figures (nothing published here: zeros, and no hit rate before a lookup).
+grep -Eq '^prefix entries +0$' <<<"$out" || fail "stats: prefix entries"
+grep -Eq '^prefix cached +0 B$' <<<"$out" || fail "stats: prefix cached bytes"
+grep -Eq '^prefix unreferenced +0 B$' <<<"$out" || fail "stats: prefix unreferenced bytes"
+grep -Eq '^prefix lookups +0 \(0 hits\)$' <<<"$out" || fail "stats: prefix lookups"
+grep -Eq '^prefix hit rate +- \(0 of 0 tokens\)$' <<<"$out" || fail "stats: prefix hit rate"
+grep -Eq '^prefix attached tokens +0$' <<<"$out" || fail "stats: prefix attached tokens"
+grep -Eq '^prefix checksum misses +0$' <<<"$out" || fail "stats: prefix checksum misses"
+grep -Eq '^prefix evicted entries +0$' <<<"$out" || fail "stats: prefix evicted entries"
+"$CTL" --target="$KVC_TARGET" --json --pool=default stats | python3 -c '
+import json, sys
+p = json.load(sys.stdin)["prefix_cache"]
+keys = {"lookups", "hits", "lookup_tokens", "hit_tokens", "attached_tokens", "checksum_misses",
+        "published_entries", "evicted_entries", "entries", "cached_bytes", "unreferenced_bytes"}
+assert set(p) == keys, sorted(p)
+assert all(int(v) == 0 for v in p.values()), p' || fail "stats --json: prefix_cache"
 
 # sequence show / --sort / evict / drain
 first=$("$CTL" --target="$KVC_TARGET" --json sequences --sort=id | python3 -c 'import json,sys; print(json.load(sys.stdin)["sequences"][0]["sequence_id"])')

@@ -121,16 +121,14 @@ TEST(PrefixServiceTest, SecondRequestAttachesTheDocumentAndAppendsOnlyItsQuestio
 
   const std::string response = ::kvc::testing::HttpGet(t.server->metrics_address(), "/metrics");
   const std::string body = response.substr(response.find("\r\n\r\n") + 3);
-  EXPECT_EQ(Sample(body, R"(kvc_prefix_lookup_tokens_total{pool="small",result="hit"})"),
-            3 * 192);
-  EXPECT_EQ(Sample(body, R"(kvc_prefix_lookup_tokens_total{pool="small",result="miss"})"),
-            2 * 192);
+  EXPECT_EQ(Sample(body, R"(kvc_prefix_lookup_tokens_total{pool="small",result="hit"})"), 3 * 192);
+  EXPECT_EQ(Sample(body, R"(kvc_prefix_lookup_tokens_total{pool="small",result="miss"})"), 2 * 192);
   EXPECT_EQ(Sample(body, R"(kvc_prefix_misses_total{pool="small",reason="no_prefix"})"), 2);
-  EXPECT_EQ(Sample(body, R"(kvc_prefix_cache_bytes{pool="small",state="shared"})"),
-            12 * 8 * 2048);
+  EXPECT_EQ(Sample(body, R"(kvc_prefix_cache_bytes{pool="small",state="shared"})"), 12 * 8 * 2048);
   EXPECT_EQ(
-      Sample(body,
-             R"(kvc_rpc_requests_total{code="OK",method="PublishPrefix",service="KvCacheService"})"),
+      Sample(
+          body,
+          R"(kvc_rpc_requests_total{code="OK",method="PublishPrefix",service="KvCacheService"})"),
       2);
 }
 
@@ -146,8 +144,7 @@ TEST(PrefixServiceTest, BadRequestsGetTheFieldNamed) {
   o.policy = client::CompressionSpec().WithStorage(client::StorageFormat::kInt4G32);
   o.policy.residual_tokens = 16;
   EXPECT_THAT(c.CreateSequence(o), StatusIs(Code::kFailedPrecondition, "residual"));
-  EXPECT_THAT(c.PublishPrefix("s-0000000000000000", Doc(Ids(32, 0))),
-              StatusIs(Code::kNotFound));
+  EXPECT_THAT(c.PublishPrefix("s-0000000000000000", Doc(Ids(32, 0))), StatusIs(Code::kNotFound));
   EXPECT_THAT(c.LookupPrefix("nopool", Doc(Ids(32, 0))),
               StatusIs(Code::kNotFound, "pool 'nopool' not found"));
 }

@@ -7,6 +7,7 @@
 
 #include "check_framework.h"
 #include "kvc/kernels/rope.h"
+#include "kvc/kernels/xxh64.h"
 #include "test_support.h"
 
 namespace kvc::kernels::testing {
@@ -227,6 +228,74 @@ KVC_BACKEND_CHECK(ReadRecordsMatchesReference) {
       }
     }
   }
+}
+
+// ChecksumBlocks: for every block listed (in any order, repeats allowed) the XXH64 of its
+// bytes, the same as the reference and as Xxh64 over the arena on the host; output past the
+// last block untouched.
+KVC_BACKEND_CHECK(ChecksumBlocksMatchesReference) {
+  std::mt19937 rng(16);
+  for (StorageFormat f : AllFormats()) {
+    for (int d : {64, 128}) {
+      const BlockLayout l = MakeBlockLayout(f, d, 16);
+      const LaneSpec lanes = MakeLanes(l, {1, 40, 16}, 2, rng);
+      const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
+      std::vector<int32_t> ids;
+      for (int32_t b = 0; b < lanes.num_blocks; ++b) ids.push_back(b);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      ids.push_back(ids.front());  // a repeat
+      const int32_t n = static_cast<int32_t>(ids.size());
+      const std::vector<uint64_t> guard(static_cast<size_t>(n) + 1, 0x5a5a5a5a5a5a5a5aull);
+      std::vector<uint64_t> got[2];
+      KernelBackend* backends[2] = {ctx.reference, ctx.backend};
+      for (int i = 0; i < 2; ++i) {
+        Session s(*backends[i], ctx);
+        ChecksumBlocksArgs a;
+        a.arena = PagedArena{s.UploadBytes(arena.data(), arena.size()), l, lanes.num_blocks};
+        a.num_blocks = n;
+        a.blocks = s.Upload(ids);
+        a.checksums = s.Upload(guard);
+        if (!ctx.ExpectOk(backends[i]->ChecksumBlocks(a, StreamHandle{}), "ChecksumBlocks")) return;
+        got[i] = s.Download(a.checksums, guard.size());
+      }
+      const std::string what = Str("checksum ", ShapeName(l));
+      ctx.Expect(got[0] == got[1], what + ": same as the reference");
+      for (int32_t i = 0; i < n; ++i) {
+        const uint64_t want =
+            Xxh64(arena.data() + static_cast<size_t>(ids[i]) * l.block_bytes, l.block_bytes);
+        if (got[1][i] != want) {
+          ctx.Fail(Str(what, ": block ", ids[i], " is not XXH64 of its bytes"));
+          break;
+        }
+      }
+      ctx.Expect(got[1][n] == guard[n], what + ": nothing written past the last block");
+    }
+  }
+}
+
+// Xxh64 is the xxHash specification's XXH64 (seed 0): libxxhash 0.8.1's answers, lengths
+// covering every tail path (0, 1, 3, 32+ with 8-, 4- and 1-byte tails, a 2 KiB block).
+KVC_SPEC_CHECK(Xxh64KnownAnswers) {
+  struct Case {
+    std::string text;
+    uint64_t want;
+  };
+  const Case cases[] = {
+      {"", 0xef46db3751d8e999ull},
+      {"a", 0xd24ec4f1a98c6e5bull},
+      {"abc", 0x44bc2cf5ad770999ull},
+      {"Nobody ever got fired for hashing with xxHash.", 0x91373142335357b1ull},
+      {"0123456789abcdef0123456789abcdef0123456789", 0xa76190c3acf08a1cull},
+  };
+  for (const Case& c : cases) {
+    ctx.Expect(Xxh64(c.text.data(), c.text.size()) == c.want, Str("XXH64 of '", c.text, "'"));
+  }
+  std::vector<uint8_t> block(2048);
+  for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<uint8_t>(i * 131 + 7);
+  ctx.Expect(Xxh64(block.data(), 2048) == 0xafd8cdfc2fae9426ull, "XXH64 of a 2048-byte block");
+  ctx.Expect(Xxh64(block.data(), 2047) == 0x3d8451e546ad6268ull, "XXH64 of 2047 bytes");
+  block[1000] ^= 1;
+  ctx.Expect(Xxh64(block.data(), 2048) != 0xafd8cdfc2fae9426ull, "one flipped bit changes it");
 }
 
 // On one backend: the records ReadRecords returns are the bytes its WriteTokens stored.

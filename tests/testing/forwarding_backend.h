@@ -60,6 +60,7 @@ class ForwardingBackend : public kernels::KernelBackend {
   KVC_FORWARD_OP(SnapKvScore, SnapKvScoreArgs)
   KVC_FORWARD_OP(AccumulateScores, AccumulateScoresArgs)
   KVC_FORWARD_OP(Select, SelectArgs)
+  KVC_FORWARD_OP(ChecksumBlocks, ChecksumBlocksArgs)
   KVC_FORWARD_OP(AllocateBudgets, AllocateBudgetsArgs)
   KVC_FORWARD_OP(DecodeAttention, DecodeAttentionArgs)
 #undef KVC_FORWARD_OP

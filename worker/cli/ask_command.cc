@@ -51,15 +51,21 @@ std::string JsonString(const std::string& s) {
 }  // namespace
 
 absl::Status RunAsk(int argc, char** argv) {
-  auto flags = Flags::Parse(
-      argc, argv, 2,
-      {"model", "threads", "prompt-file", "questions-file", "reuse", "model-id", "salt",
-       "max-new-tokens", "chunk", "policy", "storage", "target", "pool", "json", "tls-ca",
-       "tls-cert", "tls-key", "tls-server-name", "token-file", "kv"},
-      {"reuse"});
+  auto flags = Flags::Parse(argc, argv, 2, {"model",       "threads",
+                                            "prompt-file", "questions-file",
+                                            "reuse",       "model-id",
+                                            "salt",        "max-new-tokens",
+                                            "chunk",       "policy",
+                                            "storage",     "target",
+                                            "pool",        "json",
+                                            "tls-ca",      "tls-cert",
+                                            "tls-key",     "tls-server-name",
+                                            "token-file",  "kv"},
+                            {"reuse"});
   if (!flags.ok()) return flags.status();
   if (flags->Get("kv", "kvcached") != "kvcached") {
-    return absl::InvalidArgumentError("kvc-worker ask keeps the KV cache in kvcached (--kv=kvcached)");
+    return absl::InvalidArgumentError(
+        "kvc-worker ask keeps the KV cache in kvcached (--kv=kvcached)");
   }
   if (!flags->Has("prompt-file") || !flags->Has("questions-file")) {
     return absl::InvalidArgumentError("give --prompt-file DOC and --questions-file FILE");
@@ -102,10 +108,9 @@ absl::Status RunAsk(int argc, char** argv) {
     // The last prompt token always runs (its logits give the first answer token).
     client::Prefix wanted{model_id, flags->Get("salt", ""),
                           std::vector<int32_t>(ids.begin(), ids.end() - 1)};
-    auto created = ServiceKvCache::Create(client.get(), flags->Get("pool", ""),
-                                          (*model)->config().kv_geometry(), *policy,
-                                          /*always_fetch=*/false, (*model)->pool(),
-                                          reuse ? &wanted : nullptr);
+    auto created = ServiceKvCache::Create(
+        client.get(), flags->Get("pool", ""), (*model)->config().kv_geometry(), *policy,
+        /*always_fetch=*/false, (*model)->pool(), reuse ? &wanted : nullptr);
     if (!created.ok()) return created.status();
     ServiceKvCache& kv = **created;
     kv.ExpectPrompt(static_cast<int64_t>(ids.size()));
@@ -133,8 +138,8 @@ absl::Status RunAsk(int argc, char** argv) {
           "{\"question\":%s,\"prompt_tokens\":%d,\"attached_tokens\":%d,\"published_tokens\":%d,"
           "\"ttft_s\":%.4f,\"prefill_s\":%.4f,\"answer\":%s,\"reuse\":%s}\n",
           JsonString(questions[q]), ids.size(), kv.attached_tokens(),
-          kv.published().published_tokens, ttft, result->prefill_seconds,
-          JsonString(result->text), reuse ? "true" : "false");
+          kv.published().published_tokens, ttft, result->prefill_seconds, JsonString(result->text),
+          reuse ? "true" : "false");
     }
   }
   return absl::OkStatus();

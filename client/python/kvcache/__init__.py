@@ -1,7 +1,8 @@
 """kvcache: Python client of kvcached, the kvcache.v1 KV-cache service.
 
 Client (synchronous) and AsyncClient (asyncio) expose every KvCacheService and AdminService
-call with NumPy arrays for keys, values and queries; errors are kvcache.errors exceptions
+call with NumPy arrays for keys, values and queries (and the prefix cache: Prefix,
+lookup_prefix, publish_prefix, create_sequence(prefix=...)); errors are kvcache.errors exceptions
 named after the gRPC status codes.
 """
 
@@ -11,6 +12,7 @@ from kvcache.errors import *  # noqa: F401,F403  (the exception classes)
 from kvcache.errors import KvCacheError
 from kvcache.types import (H2O, AppendResult, AppendStreamResult, AttendResult,
                            CompressionSpec, DType, FetchedChunk, FetchedHead, FetchResult,
-                           LayerQueries, ReleaseResult, SnapKV, StorageFormat, StreamingLLM)
+                           LayerQueries, PoolStats, Prefix, PrefixCacheStats, PublishResult,
+                           ReleaseResult, SnapKV, StorageFormat, StreamingLLM)
 
 __version__ = "0.1.0"

@@ -12,7 +12,8 @@ import numpy as np
 
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache.types import (NUMPY_DTYPE, AttendResult, DType, DTypeLike, FetchedChunk,
-                           FetchedHead, FetchResult, LayerQueries, StorageFormat, parse_dtype)
+                           FetchedHead, FetchResult, LayerQueries, Prefix, StorageFormat,
+                           parse_dtype)
 
 KV_SERVICE = "/kvcache.v1.KvCacheService/"
 ADMIN_SERVICE = "/kvcache.v1.AdminService/"
@@ -173,3 +174,10 @@ def compress_queries(queries: Optional[Sequence[LayerQueries]]) -> List[svc.Laye
         out.append(svc.LayerQueries(layer=lq.layer, dtype=int(q_dtype), queries=q.tobytes(),
                                     positions=list(lq.positions)))
     return out
+
+
+def prefix_spec(prefix: Prefix) -> svc.PrefixSpec:
+    """The PrefixSpec of a kvcache.Prefix (TypeError for anything else)."""
+    if not isinstance(prefix, Prefix):
+        raise TypeError(f"prefix must be a kvcache.Prefix, not {type(prefix).__name__}")
+    return prefix.to_proto()

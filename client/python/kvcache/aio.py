@@ -26,7 +26,8 @@ from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
 from kvcache.errors import Aborted, Cancelled, FailedPrecondition, from_rpc_error
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
-                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, ReleaseResult)
+                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, Prefix,
+                           PublishResult, ReleaseResult, StorageLike, parse_storage)
 
 T = TypeVar("T")
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -90,12 +91,15 @@ class AsyncClient:
 
     async def create_sequence(self, *, pool: str = "", tenant: str = "", sequence_id: str = "",
                               policy: Optional[CompressionSpec] = None,
+                              prefix: Optional[Prefix] = None,
                               timeout: Optional[float] = None) -> types_pb2.SequenceInfo:
         """See Client.create_sequence."""
         request = svc.CreateSequenceRequest(pool=pool, tenant=tenant,
                                             client_sequence_id=sequence_id)
         if policy is not None:
             request.policy.CopyFrom(policy.to_proto())
+        if prefix is not None:
+            request.prefix.CopyFrom(_codec.prefix_spec(prefix))
         return await self._call(self._kv.CreateSequence, request, timeout, retry=False)
 
     async def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
@@ -184,6 +188,22 @@ class AsyncClient:
     def attend_session(self, *, timeout: Optional[float] = None) -> "AsyncAttendSession":
         """``async with client.attend_session() as s: await s.attend(...)``."""
         return AsyncAttendSession(self, timeout)
+
+    async def lookup_prefix(self, prefix: Prefix, pool: str = "", storage: StorageLike = None,
+                            *, timeout: Optional[float] = None) -> int:
+        """See Client.lookup_prefix."""
+        request = svc.LookupPrefixRequest(pool=pool, prefix=_codec.prefix_spec(prefix),
+                                          storage=int(parse_storage(storage)))
+        r = await self._call(self._kv.LookupPrefix, request, timeout, retry=True)
+        return r.cached_tokens
+
+    async def publish_prefix(self, seq: Any, prefix: Prefix, *,
+                             timeout: Optional[float] = None) -> PublishResult:
+        """See Client.publish_prefix."""
+        request = svc.PublishPrefixRequest(sequence_id=sequence_id(seq),
+                                           prefix=_codec.prefix_spec(prefix))
+        r = await self._call(self._kv.PublishPrefix, request, timeout, retry=True)
+        return PublishResult(r.published_tokens, r.new_tokens)
 
     async def list_pools(self, *, timeout: Optional[float] = None) -> List[types_pb2.PoolInfo]:
         """See Client.list_pools."""

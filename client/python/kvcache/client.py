@@ -6,10 +6,11 @@
         kv = client.fetch(seq)            # kv[(layer, kv_head)].keys: [n, head_dim]
 
 Every call has a deadline (`timeout`, seconds; per call `timeout=`). Failures raise the
-kvcache.errors exception named after the gRPC status code. Only idempotent reads
-(get_sequence, fetch before its first chunk, list_pools, pool_stats, list_sequences,
-list_tenants, drain) are retried, only on UNAVAILABLE, with exponential backoff: the same
-rules as the C++ client (client/src/kv_cache_client.cc). Thread-safe: share one Client.
+kvcache.errors exception named after the gRPC status code. Only idempotent calls
+(get_sequence, fetch before its first chunk, lookup_prefix, publish_prefix, list_pools,
+pool_stats, list_sequences, list_tenants, drain) are retried, only on UNAVAILABLE, with
+exponential backoff: the same rules as the C++ client (client/src/kv_cache_client.cc).
+Thread-safe: share one Client.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
 from kvcache.errors import Aborted, Cancelled, FailedPrecondition, from_rpc_error
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
-                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, ReleaseResult)
+                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, Prefix,
+                           PublishResult, ReleaseResult, StorageLike, parse_storage)
 
 T = TypeVar("T")
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -107,14 +109,20 @@ class Client:
 
     def create_sequence(self, *, pool: str = "", tenant: str = "", sequence_id: str = "",
                         policy: Optional[CompressionSpec] = None,
+                        prefix: Optional[Prefix] = None,
                         timeout: Optional[float] = None) -> types_pb2.SequenceInfo:
-        """Creates an empty sequence (pool "" = the server's first). Not retried (a retry
-        after a lost reply would create a second sequence). NotFound (pool), AlreadyExists,
-        InvalidArgument, ResourceExhausted, PermissionDenied (another tenant's name)."""
+        """Creates an empty sequence (pool "" = the server's first). With `prefix` it starts
+        from the longest cached prefix of those tokens: the reply's attached_tokens says how
+        many (also its visible_tokens); append from there. Not retried (a retry after a lost
+        reply would create a second sequence). NotFound (pool), AlreadyExists,
+        InvalidArgument, ResourceExhausted, PermissionDenied (another tenant's name),
+        FailedPrecondition (a prefix with a residual window policy)."""
         request = svc.CreateSequenceRequest(pool=pool, tenant=tenant,
                                             client_sequence_id=sequence_id)
         if policy is not None:
             request.policy.CopyFrom(policy.to_proto())
+        if prefix is not None:
+            request.prefix.CopyFrom(_codec.prefix_spec(prefix))
         return self._call(self._kv.CreateSequence, request, timeout, retry=False)
 
     def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
@@ -220,6 +228,26 @@ class Client:
         """A bidirectional Attend stream for a decode loop; `timeout` covers the session."""
         return AttendSession(self, timeout)
 
+    def lookup_prefix(self, prefix: Prefix, pool: str = "", storage: StorageLike = None, *,
+                      timeout: Optional[float] = None) -> int:
+        """How many leading tokens of `prefix` are cached now in `pool` ("" = the server's
+        first) for a sequence stored in `storage` (None = the pool's raw format): a hint,
+        nothing is held. Whole blocks only. Retried. NotFound (pool), InvalidArgument."""
+        request = svc.LookupPrefixRequest(pool=pool, prefix=_codec.prefix_spec(prefix),
+                                          storage=int(parse_storage(storage)))
+        return self._call(self._kv.LookupPrefix, request, timeout, retry=True).cached_tokens
+
+    def publish_prefix(self, seq: Any, prefix: Prefix, *,
+                       timeout: Optional[float] = None) -> PublishResult:
+        """Publishes the sequence's leading whole blocks that every layer has (and that were
+        never evicted or moved) as `prefix`: its token_ids are the sequence's from position
+        0, those whose keys and values were appended. Publishing again adds nothing: retried.
+        NotFound, InvalidArgument, FailedPrecondition (a raw residual window)."""
+        request = svc.PublishPrefixRequest(sequence_id=sequence_id(seq),
+                                           prefix=_codec.prefix_spec(prefix))
+        r = self._call(self._kv.PublishPrefix, request, timeout, retry=True)
+        return PublishResult(r.published_tokens, r.new_tokens)
+
     # -- AdminService -----------------------------------------------------------------------
 
     def list_pools(self, *, timeout: Optional[float] = None) -> List[types_pb2.PoolInfo]:
@@ -229,7 +257,8 @@ class Client:
 
     def pool_stats(self, pool: str = "", *,
                    timeout: Optional[float] = None) -> admin_pb.PoolStats:
-        """Statistics of one pool ("" = all summed). Retried. NotFound."""
+        """Statistics of one pool ("" = all summed), with its prefix cache's in .prefix_cache
+        (unset in a tenant's own view). Retried. NotFound."""
         return self._call(self._admin.GetPoolStats, admin_pb.GetPoolStatsRequest(pool=pool),
                           timeout, retry=True)
 

@@ -1,8 +1,10 @@
-"""Value types of the Python client: dtypes, storage formats, compression specs, results.
+"""Value types of the Python client: dtypes, storage formats, compression specs, prefixes,
+results.
 
 Metadata replies (SequenceInfo, PoolInfo, PoolStats, ...) are the generated kvcache.v1
-protobuf messages, documented field by field in proto/kvcache/v1/*.proto; the types here are
-the ones that carry tensors (NumPy arrays) or that callers build.
+protobuf messages, documented field by field in proto/kvcache/v1/*.proto (for the prefix
+cache: SequenceInfo.attached_tokens, PoolStats.prefix_cache, a PrefixCacheStats); the types
+here are the ones that carry tensors (NumPy arrays) or that callers build.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from kvcache._proto.kvcache.v1 import admin_service_pb2 as _admin
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as _svc
 from kvcache._proto.kvcache.v1 import types_pb2 as _types
 
@@ -143,6 +146,28 @@ class CompressionSpec:
         return spec
 
 
+@dataclasses.dataclass(frozen=True)
+class Prefix:
+    """A prefix named by its tokens (kvcache.v1.PrefixSpec), from position 0. Cached KV serves
+    it only for the same `model` (an id the caller chooses: name the weights and anything else
+    that changes keys and values), the same `salt`, tenant, pool and storage format. Only
+    whole blocks (PoolInfo.geometry.block_tokens, 16 by default) are cached."""
+
+    model: str                # 1-128 bytes
+    token_ids: Sequence[int]  # each >= 0; a list, tuple or integer NumPy array
+    salt: str = ""            # <= 128 bytes; only the same salt shares
+
+    def to_proto(self) -> _svc.PrefixSpec:
+        if isinstance(self.token_ids, np.ndarray):
+            if self.token_ids.ndim != 1 or self.token_ids.dtype.kind not in "iu":
+                raise TypeError("Prefix.token_ids must be a 1-D integer array, not "
+                                f"{self.token_ids.ndim}-D {self.token_ids.dtype}")
+            ids = self.token_ids.tolist()
+        else:
+            ids = [int(t) for t in self.token_ids]
+        return _svc.PrefixSpec(model=self.model, salt=self.salt, token_ids=ids)
+
+
 @dataclasses.dataclass
 class LayerQueries:
     """Query vectors of one layer for Compress: [n, num_query_heads, head_dim] after RoPE."""
@@ -225,12 +250,21 @@ class ReleaseResult:
     freed_bytes: int
 
 
+@dataclasses.dataclass(frozen=True)
+class PublishResult:
+    published_tokens: int  # leading tokens of the sequence now in the cache (whole blocks)
+    new_tokens: int        # of which this call added (the others were cached already)
+
+
 # Generated messages returned as they are (fields documented in proto/kvcache/v1).
-SequenceInfo = _types.SequenceInfo
+SequenceInfo = _types.SequenceInfo  # .attached_tokens: tokens from the prefix cache
 PoolInfo = _types.PoolInfo
+PoolStats = _admin.PoolStats  # .prefix_cache: a PrefixCacheStats (unset in a tenant's view)
+PrefixCacheStats = _admin.PrefixCacheStats  # hit rate = hit_tokens / lookup_tokens
 CompressResponse = _svc.CompressResponse
 
 __all__ = ["DType", "StorageFormat", "StreamingLLM", "SnapKV", "H2O", "CompressionSpec",
-           "LayerQueries", "AppendResult", "AppendStreamResult", "FetchedChunk", "FetchedHead",
-           "FetchResult", "AttendResult", "ReleaseResult", "SequenceInfo", "PoolInfo",
-           "CompressResponse", "parse_dtype", "parse_storage", "NUMPY_DTYPE"]
+           "Prefix", "LayerQueries", "AppendResult", "AppendStreamResult", "FetchedChunk",
+           "FetchedHead", "FetchResult", "AttendResult", "ReleaseResult", "PublishResult",
+           "SequenceInfo", "PoolInfo", "PoolStats", "PrefixCacheStats", "CompressResponse",
+           "parse_dtype", "parse_storage", "NUMPY_DTYPE"]

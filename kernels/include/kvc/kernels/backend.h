@@ -74,6 +74,7 @@ class KernelBackend {
   virtual KernelStatus ReadRecords(const ReadRecordsArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus Gather(const GatherArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus Rerotate(const RerotateArgs& args, StreamHandle stream) = 0;
+  virtual KernelStatus ChecksumBlocks(const ChecksumBlocksArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus SnapKvScore(const SnapKvScoreArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus AccumulateScores(const AccumulateScoresArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus Select(const SelectArgs& args, StreamHandle stream) = 0;

@@ -93,6 +93,17 @@ struct RerotateArgs {
   RopeConfig rope;
 };
 
+// XXH64 (seed 0, kvc/kernels/xxh64.h) of each listed block's bytes: the whole block,
+// layout.block_bytes (every slot's records and scales). The prefix cache's corruption check:
+// taken when a block is published, compared when it is attached. The same bytes give the same
+// value on every backend and on the host. Reads only.
+struct ChecksumBlocksArgs {
+  PagedArena arena;
+  int32_t num_blocks = 0;
+  const int32_t* blocks = nullptr;  // [num_blocks], each in [0, arena.num_blocks)
+  uint64_t* checksums = nullptr;    // out [num_blocks]
+};
+
 enum class PoolKind : uint8_t { kMax = 0, kAvg = 1 };
 enum class ScoreMode : uint8_t {
   kOverwrite = 0,   // scores := new score (SnapKV)
