@@ -144,7 +144,7 @@ absl::Status PrefixIndex::Attach(absl::Span<const PrefixKey> keys, StorageFormat
   std::vector<BlockId> all;
   for (const auto& blocks : *attached) all.insert(all.end(), blocks.begin(), blocks.end());
   std::vector<uint64_t> sums;
-  const absl::Status read = BlockChecksums(pool_, format, all, &sums);
+  absl::Status read = BlockChecksums(pool_, format, all, &sums);
   size_t good = 0;
   if (read.ok()) {
     for (size_t at = 0; good < attached->size(); ++good) {

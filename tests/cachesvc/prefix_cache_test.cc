@@ -408,6 +408,7 @@ TEST(PrefixCacheThreadTest, ConcurrentSharersSeeThePublishedBytesAndLeakNothing)
   const Dump want = Read(store, f.id, 64);
   std::vector<std::thread> threads;
   std::atomic<int> wrong{0}, failed{0};
+  threads.reserve(4);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937 rng(static_cast<uint32_t>(t));

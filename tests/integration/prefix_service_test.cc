@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <numeric>
+#include <utility>
 
 #include "gtest/gtest.h"
 #include "tests/testing/http_get.h"
@@ -27,13 +28,17 @@ std::vector<int32_t> Ids(int n, int32_t first) {
   return ids;
 }
 
-client::Prefix Doc(std::vector<int32_t> ids) { return client::Prefix{"smollm2-135m", "", ids}; }
+client::Prefix Doc(std::vector<int32_t> ids) {
+  return client::Prefix{"smollm2-135m", "", std::move(ids)};
+}
 
 absl::Status Prefill(client::KvCacheClient& c, const std::string& id, int64_t start, int n,
                      uint32_t seed) {
   for (int l = 0; l < kLayers; ++l) {
-    const std::string k = MakeKv(seed, l, start, n, kHeads, kDim, kernels::DType::kF16, false);
-    const std::string v = MakeKv(seed, l, start, n, kHeads, kDim, kernels::DType::kF16, true);
+    const std::string k = MakeKv(seed, l, start, n, kHeads, kDim, kernels::DType::kF16,
+                                 /*is_value=*/false);
+    const std::string v = MakeKv(seed, l, start, n, kHeads, kDim, kernels::DType::kF16,
+                                 /*is_value=*/true);
     client::AppendChunk a;
     a.sequence_id = id;
     a.layer = l;

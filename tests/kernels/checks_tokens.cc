@@ -240,8 +240,8 @@ KVC_BACKEND_CHECK(ChecksumBlocksMatchesReference) {
       const BlockLayout l = MakeBlockLayout(f, d, 16);
       const LaneSpec lanes = MakeLanes(l, {1, 40, 16}, 2, rng);
       const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
-      std::vector<int32_t> ids;
-      for (int32_t b = 0; b < lanes.num_blocks; ++b) ids.push_back(b);
+      std::vector<int32_t> ids(static_cast<size_t>(lanes.num_blocks));
+      std::iota(ids.begin(), ids.end(), 0);
       std::shuffle(ids.begin(), ids.end(), rng);
       ids.push_back(ids.front());  // a repeat
       const int32_t n = static_cast<int32_t>(ids.size());
