@@ -12,13 +12,15 @@
 #               CUDA backend on the host simulator (tests/kernels/cudasim) and runs every
 #               pool-parametrized test with KVC_TEST_POOL_DEVICE=cuda:0 (<Test>@cuda_sim)
 #   clang-tsa   clang 14 thread-safety analysis, compile only (scripts/tsa_check.sh)
-#   asan        ASan + UBSan build + every test
-#   tsan        ThreadSanitizer build + every test
+#   asan        ASan + UBSan build (-O1, line tables) + every test
+#   tsan        ThreadSanitizer build (-O1, line tables) + every test but the three model_e2e
+#               scripts (kvc-worker answering through kvcached: minutes each under TSan, and
+#               their threads are the worker's and service's, which other tests cover there)
 #   fuzz        clang 14 libFuzzer build (fuzz preset) + each fuzzer 60 s on its seed corpus
 #               (scripts/run_fuzzers.sh; fails on any finding)
 #
 # A failing stage does not stop the later ones (one CI run reports everything); the exit
-# status is 1 if any stage failed. About 44 minutes on 2 cores from a clean tree (README.md).
+# status is 1 if any stage failed. Timings from a fresh clone are in README.md.
 #
 #   scripts/test.sh                  all of the above (CI)
 #   scripts/test.sh --quick          checks + default + python, for local iterations
