@@ -22,12 +22,6 @@
 namespace kvc::cachesvc {
 namespace {
 
-int64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 absl::Status Released(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("sequence ", Quoted(id), " was released"));
 }
@@ -141,16 +135,10 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
     return absl::InvalidArgumentError(
         absl::StrCat("tenant is ", params.tenant.size(), " bytes; at most 128 are allowed"));
   }
-  if (!params.client_sequence_id.empty() && !IsValidName(params.client_sequence_id)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("client_sequence_id ", Quoted(params.client_sequence_id),
-                     " is invalid: use 1-128 characters from [A-Za-z0-9._:-]"));
-  }
-  KVC_RETURN_IF_ERROR(shard_.CheckClientId(params.client_sequence_id));
+  KVC_RETURN_IF_ERROR(CheckClientId(params.client_sequence_id));
   KVC_RETURN_IF_ERROR(ValidateSpec(params.policy, pool->options().geometry, /*automatic=*/true));
   if (params.prefix) KVC_RETURN_IF_ERROR(ValidatePrefix(*params.prefix, params.policy));
-  std::string id = params.client_sequence_id.empty() ? NewSequenceId()
-                                                     : shard_.Qualify(params.client_sequence_id);
+  std::string id = SequenceIdFor(params.client_sequence_id);
   const int pool_index = PoolIndex(pool);
   PoolUsage* usage = usage_[static_cast<size_t>(pool_index)].get();
   std::shared_ptr<TenantAccount> account = accounts_.Get(params.tenant);
@@ -175,6 +163,19 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
   usage->sequences.fetch_add(1, std::memory_order_relaxed);
   kvc::ReaderMutexLock lock(&sequence->mu());
   return SnapshotLocked(*sequence);
+}
+
+absl::Status KvStore::CheckClientId(const std::string& client_sequence_id) const {
+  if (!client_sequence_id.empty() && !IsValidName(client_sequence_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("client_sequence_id ", Quoted(client_sequence_id),
+                     " is invalid: use 1-128 characters from [A-Za-z0-9._:-]"));
+  }
+  return shard_.CheckClientId(client_sequence_id);
+}
+
+std::string KvStore::SequenceIdFor(const std::string& client_sequence_id) {
+  return client_sequence_id.empty() ? NewSequenceId() : shard_.Qualify(client_sequence_id);
 }
 
 absl::StatusOr<std::shared_ptr<Sequence>> KvStore::FindLive(const std::string& scope,

@@ -75,6 +75,10 @@ class KvStore {
   // visible on every layer, reusable by CreateSequence with the same model, salt and format.
   // FAILED_PRECONDITION for a sequence with a raw residual window.
   absl::StatusOr<PublishPrefixResult> PublishPrefix(const PublishPrefixParams& params);
+  // A new sequence holding everything the source stores now, its whole blocks shared
+  // (copy-on-write) and each partly filled last block copied (sequence_fork.h). Same pool,
+  // tenant and policy as the source. All-or-nothing; UNAVAILABLE while draining.
+  absl::StatusOr<SequenceSnapshot> ForkSequence(const ForkSequenceParams& params);
   // Cache statistics of one pool (empty = every pool summed); NOT_FOUND for an unknown pool.
   absl::StatusOr<PrefixStats> PrefixCacheStats(const std::string& pool) const;
 
@@ -118,6 +122,10 @@ class KvStore {
   absl::StatusOr<ReleaseResult> ReleaseInternal(const std::string& scope, const std::string& id,
                                                 bool evicted);
   std::string NewSequenceId();
+  // INVALID_ARGUMENT for a malformed client_sequence_id, or one naming another shard.
+  absl::Status CheckClientId(const std::string& client_sequence_id) const;
+  // The id a new sequence gets: the caller's (qualified by this shard) or a fresh one.
+  std::string SequenceIdFor(const std::string& client_sequence_id);
   // Shares the longest cached prefix of `prefix` into the new, unpublished sequence `seq`.
   absl::Status AttachPrefix(Sequence& seq, int pool_index, const PrefixSpec& prefix);
   int PoolIndex(const BlockPool* pool) const;

@@ -52,6 +52,12 @@ struct LookupPrefixResult {
   int64_t block_tokens = 0;   // the pool's block size: only whole blocks are cached
 };
 
+struct ForkSequenceParams {
+  std::string scope;
+  std::string sequence_id;         // the source
+  std::string client_sequence_id;  // the fork's id (optional, as in CreateSequenceParams)
+};
+
 struct PublishPrefixParams {
   std::string scope;
   std::string sequence_id;

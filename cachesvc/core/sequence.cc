@@ -1,6 +1,14 @@
 #include "cachesvc/core/sequence.h"
 
+#include <chrono>
+
 namespace kvc::cachesvc {
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 std::vector<Tier> InitialTiers(const PoolGeometry& geometry, const CompressionSpec& policy) {
   const StorageFormat raw = kernels::RawFormatFor(geometry.dtype);

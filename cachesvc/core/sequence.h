@@ -22,6 +22,9 @@ namespace kvc::cachesvc {
 // policy keeps one.
 std::vector<Tier> InitialTiers(const PoolGeometry& geometry, const CompressionSpec& policy);
 
+// Wall-clock milliseconds since the epoch: a new sequence's created_unix_ms.
+int64_t NowUnixMs();
+
 class Sequence {
  public:
   // `scope` is the namespace the id lives in (the authenticated tenant; "" without

@@ -40,6 +40,20 @@ grpc::Status KvCacheServiceImpl::CreateSequence(grpc::ServerContext* context,
   return scope.Finish(grpc::Status::OK);
 }
 
+grpc::Status KvCacheServiceImpl::ForkSequence(grpc::ServerContext* context,
+                                              const pb::ForkSequenceRequest* request,
+                                              pb::SequenceInfo* response) {
+  RpcScope scope(metrics_, kService, "ForkSequence");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  ForkSequenceParams params;
+  KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "ForkSequence"));
+  params.sequence_id = request->sequence_id();
+  params.client_sequence_id = request->client_sequence_id();
+  KVC_ASSIGN_OR_FINISH(const SequenceSnapshot forked, store_->ForkSequence(params));
+  ToProto(forked, response);
+  return scope.Finish(grpc::Status::OK);
+}
+
 grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext* context,
                                         const pb::AppendRequest* request,
                                         pb::AppendResponse* response) {

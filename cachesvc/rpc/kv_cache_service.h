@@ -24,6 +24,9 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
   grpc::Status CreateSequence(grpc::ServerContext* context,
                               const kvcache::v1::CreateSequenceRequest* request,
                               kvcache::v1::SequenceInfo* response) override;
+  grpc::Status ForkSequence(grpc::ServerContext* context,
+                            const kvcache::v1::ForkSequenceRequest* request,
+                            kvcache::v1::SequenceInfo* response) override;
   grpc::Status Append(grpc::ServerContext* context, const kvcache::v1::AppendRequest* request,
                       kvcache::v1::AppendResponse* response) override;
   grpc::Status AppendStream(grpc::ServerContext* context,

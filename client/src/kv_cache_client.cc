@@ -99,6 +99,20 @@ absl::StatusOr<SequenceInfo> KvCacheClient::CreateSequence(const CreateSequenceO
   return FromProto(response);
 }
 
+absl::StatusOr<SequenceInfo> KvCacheClient::ForkSequence(const std::string& sequence_id,
+                                                         const std::string& client_sequence_id,
+                                                         const CallOptions& call) {
+  pb::ForkSequenceRequest request;
+  request.set_sequence_id(sequence_id);
+  request.set_client_sequence_id(client_sequence_id);
+  pb::SequenceInfo response;
+  grpc::ClientContext context;
+  impl_->Prepare(&context, call);
+  const absl::Status status = FromGrpcStatus(impl_->kv->ForkSequence(&context, request, &response));
+  if (!status.ok()) return status;
+  return FromProto(response);
+}
+
 absl::StatusOr<AppendResult> KvCacheClient::Append(const AppendChunk& chunk,
                                                    const CallOptions& call) {
   pb::AppendRequest request;

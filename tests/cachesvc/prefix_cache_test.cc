@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/cachesvc/compression_fixture.h"
+#include "tests/cachesvc/stored_dump.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvc::cachesvc {
@@ -33,36 +34,6 @@ std::vector<int32_t> TokenIds(int n, int seed = 1) {
 PrefixSpec Prefix(const std::vector<int32_t>& ids, const std::string& salt = "",
                   const std::string& model = "smollm2-135m") {
   return PrefixSpec{model, salt, ids};
-}
-
-// Everything a reader gets for a sequence, as stored (records byte for byte) and dense.
-struct Dump {
-  std::vector<std::string> chunks;
-  bool operator==(const Dump& o) const { return chunks == o.chunks; }
-};
-
-// Records of the tokens at positions < `limit` (all by default), per lane in stored order.
-Dump Read(KvStore& store, const std::string& id, int32_t limit = 1 << 30) {
-  std::map<std::pair<int, int>, std::string> lanes;
-  FetchParams f;
-  f.sequence_id = id;
-  f.format = FetchFormat::kStored;
-  EXPECT_THAT(store.Fetch(f,
-                          [&](FetchChunk& c) {
-                            std::string& s = lanes[{c.layer, c.kv_head}];
-                            const size_t rb = static_cast<size_t>(c.record_bytes);
-                            for (int i = 0; i < c.num_tokens; ++i) {
-                              if (c.positions[static_cast<size_t>(i)] >= limit) continue;
-                              absl::StrAppend(&s, c.positions[static_cast<size_t>(i)], ":",
-                                              c.keys.substr(i * rb, rb),
-                                              c.values.substr(i * rb, rb));
-                            }
-                            return true;
-                          }),
-              ::kvc::testing::IsOk());
-  Dump d;
-  for (auto& [lane, records] : lanes) d.chunks.push_back(std::move(records));
-  return d;
 }
 
 class PrefixCacheTest : public ::testing::Test {

@@ -390,6 +390,10 @@ TEST_F(ClientFaultTest, OneMillisecondDeadlinesOnEveryRpcLeakNothing) {
     pb::GetSequenceRequest get;
     get.set_sequence_id("big");
     note("GetSequence", kv_->GetSequence(Ctx(k1ms).get(), get, &info));
+    pb::ForkSequenceRequest fork;
+    fork.set_sequence_id("big");
+    fork.set_client_sequence_id(absl::StrCat("dlf-", r));
+    note("ForkSequence", kv_->ForkSequence(Ctx(k1ms).get(), fork, &info));
 
     pb::CompressRequest compress;
     compress.set_sequence_id(comp);
@@ -476,7 +480,11 @@ TEST_F(ClientFaultTest, OneMillisecondDeadlinesOnEveryRpcLeakNothing) {
     EXPECT_TRUE(first == 512 || first == 128) << first;
     for (int64_t n : comp->stored_tokens()) EXPECT_EQ(n, first) << "a Compress half-applied";
     Release(absl::StrCat("dlc-", r));
-    for (const char* other : {"dlx-", "dle-"}) {
+    if (Get(absl::StrCat("dlf-", r))) {
+      // A fork the caller gave up on is whole or absent: all of big's tokens.
+      EXPECT_EQ(ExpectIntact(absl::StrCat("dlf-", r)), std::vector<int64_t>(kLayers, 2048));
+    }
+    for (const char* other : {"dlx-", "dle-", "dlf-"}) {
       if (Get(absl::StrCat(other, r))) Release(absl::StrCat(other, r));
     }
   }

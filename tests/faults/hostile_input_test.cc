@@ -290,6 +290,15 @@ TEST_P(HostileInputTest, AMegabyteStringInAnyFieldGetsTheContractsCodeAndAShortM
   publish.mutable_prefix()->set_model(huge);
   ExpectShort(kv_->PublishPrefix(Ctx().get(), publish, &published), GrpcCode::INVALID_ARGUMENT,
               "PublishPrefix.prefix.model");
+  pb::ForkSequenceRequest fork;
+  fork.set_sequence_id(huge);
+  pb::SequenceInfo forked;
+  ExpectShort(kv_->ForkSequence(Ctx().get(), fork, &forked), GrpcCode::NOT_FOUND,
+              "ForkSequence.sequence_id");
+  fork.set_sequence_id(id);
+  fork.set_client_sequence_id(huge);
+  ExpectShort(kv_->ForkSequence(Ctx().get(), fork, &forked), GrpcCode::INVALID_ARGUMENT,
+              "ForkSequence.client_sequence_id");
   pb::LookupPrefixRequest lookup;
   lookup.set_pool(huge);
   lookup.mutable_prefix()->set_model("m");

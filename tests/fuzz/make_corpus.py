@@ -76,6 +76,7 @@ def request_seeds():
               ld(6, f16_bytes(2 * 2 * 32, 1)) + ld(7, f16_bytes(2 * 2 * 32, 2)))
     attend = (ld(1, "fz") + vi(2, 1) + vi(3, F32) + ld(4, f32_bytes(4 * 32, 3)) +
               packed(5, [12]) + vi(6, 1))
+    prefix = ld(1, "m") + ld(2, "salt") + packed(3, range(100, 140))
     seeds = {
         "create_int4_streaming": (0, ld(1, "f") + ld(3, "c1") +
                                   ld(4, streaming(2, 4, True) + vi(4, 6) + vi(5, 2))),
@@ -103,6 +104,9 @@ def request_seeds():
         "drain": (13, b""),
         "drain_resume": (13, vi(1, 1)),
         "list_tenants": (14, b""),
+        "fork": (15, ld(1, "fz") + ld(2, "fz-fork")),
+        "lookup_prefix": (16, ld(1, "f") + ld(2, prefix) + vi(3, 6)),
+        "publish_prefix": (17, ld(1, "fz") + ld(2, prefix)),
     }
     return {name: bytes([rpc]) + msg for name, (rpc, msg) in seeds.items()}
 

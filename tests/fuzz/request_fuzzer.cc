@@ -127,11 +127,16 @@ void Cleanup(KvCacheServer& server) {
   for (const auto& s : list->sequences) (void)store.Release(s.id);
   for (const char* pool : {"f", "b"}) {
     auto stats = store.GetPoolStats(pool);
-    if (!stats.ok() || stats->used_blocks != 0 || stats->sequences != 0) {
+    // A published prefix stays cached (held by the index alone, "unreferenced") after its
+    // sequences are gone; anything else still held is a leak.
+    const int64_t held =
+        stats.ok() ? stats->used_bytes - stats->prefix_cache.unreferenced_bytes : -1;
+    if (!stats.ok() || held != 0 || stats->sequences != 0 ||
+        stats->prefix_cache.unreferenced_bytes != stats->prefix_cache.cached_bytes) {
       std::fprintf(stderr,
-                   "request_fuzzer FINDING: pool %s holds %lld blocks, %lld sequences "
-                   "after releasing every sequence\n",
-                   pool, stats.ok() ? static_cast<long long>(stats->used_blocks) : -1LL,
+                   "request_fuzzer FINDING: pool %s holds %lld bytes beyond its unreferenced "
+                   "prefix cache, %lld sequences after releasing every sequence\n",
+                   pool, static_cast<long long>(held),
                    stats.ok() ? static_cast<long long>(stats->sequences) : -1LL);
       std::abort();
     }
@@ -251,6 +256,18 @@ void Send(Harness& h, int rpc, const uint8_t* data, size_t size) {
       return Unary<v1::ListTenantsRequest, v1::ListTenantsResponse>(
           data, size, "ListTenants",
           [&](auto* c, const auto& q, auto* r) { return admin.ListTenants(c, q, r); });
+    case 15:
+      return Unary<v1::ForkSequenceRequest, v1::SequenceInfo>(
+          data, size, "ForkSequence",
+          [&](auto* c, const auto& q, auto* r) { return kv.ForkSequence(c, q, r); });
+    case 16:
+      return Unary<v1::LookupPrefixRequest, v1::LookupPrefixResponse>(
+          data, size, "LookupPrefix",
+          [&](auto* c, const auto& q, auto* r) { return kv.LookupPrefix(c, q, r); });
+    case 17:
+      return Unary<v1::PublishPrefixRequest, v1::PublishPrefixResponse>(
+          data, size, "PublishPrefix",
+          [&](auto* c, const auto& q, auto* r) { return kv.PublishPrefix(c, q, r); });
     default:
       return Unary<v1::GetServerInfoRequest, v1::ServerInfo>(
           data, size, "GetServerInfo",
@@ -258,7 +275,7 @@ void Send(Harness& h, int rpc, const uint8_t* data, size_t size) {
   }
 }
 
-constexpr int kRpcs = 16;
+constexpr int kRpcs = 19;
 
 }  // namespace
 

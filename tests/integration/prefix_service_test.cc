@@ -137,6 +137,55 @@ TEST(PrefixServiceTest, SecondRequestAttachesTheDocumentAndAppendsOnlyItsQuestio
       2);
 }
 
+// A document compressed once (StreamingLLM + INT4: what a query-agnostic compression of a
+// long document looks like to the service) is forked once per question: each fork appends
+// its own question; the document's bytes stay the same for everyone, and the pool holds one
+// compressed document plus each fork's last blocks and question.
+TEST(PrefixServiceTest, ACompressedDocumentIsForkedPerQuestionCopyOnWrite) {
+  auto t = ::kvc::testing::StartTestServer(::kvc::testing::SmallServerOptions());
+  client::KvCacheClient& c = *t.client;
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo doc, c.CreateSequence({}));
+  KVC_ASSERT_OK(Prefill(c, doc.sequence_id, 0, 300, 1));
+  KVC_ASSERT_OK_AND_ASSIGN(
+      client::CompressResult compressed,
+      c.Compress(doc.sequence_id, client::CompressionSpec::StreamingLlm(4, 100).WithStorage(
+                                      client::StorageFormat::kInt4G32)));
+  EXPECT_EQ(compressed.sequence.visible_tokens, 300);
+  const std::vector<std::string> doc_heads = Heads(c, doc.sequence_id, 1 << 30);
+  const int64_t used = c.GetPoolStats("small")->used_bytes;
+  std::vector<std::string> forks;
+  for (int q = 0; q < 3; ++q) {
+    KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo f,
+                             c.ForkSequence(doc.sequence_id, "question-" + std::to_string(q)));
+    EXPECT_EQ(f.sequence_id, "question-" + std::to_string(q));
+    EXPECT_EQ(f.visible_tokens, 300);
+    EXPECT_EQ(f.storage, client::StorageFormat::kInt4G32);
+    EXPECT_EQ(f.bytes, compressed.sequence.bytes);
+    KVC_ASSERT_OK(Prefill(c, f.sequence_id, 300, 12, 10 + static_cast<uint32_t>(q)));
+    forks.push_back(f.sequence_id);
+  }
+  // 104 tokens kept = 6 whole blocks + 8 tokens on each of the 8 lanes. Each fork copied
+  // the partial block and its 12 question tokens filled it and started one more: 2 blocks
+  // per lane in the pool, 1 more than the document in the fork's own bytes.
+  const int64_t block = compressed.sequence.bytes / (7 * kLayers * kHeads);
+  EXPECT_EQ(c.GetSequence(forks[0])->bytes, compressed.sequence.bytes + kLayers * kHeads * block);
+  EXPECT_EQ(c.GetPoolStats("small")->used_bytes, used + 3 * 2 * kLayers * kHeads * block)
+      << "the forks share the document's whole blocks";
+  EXPECT_EQ(Heads(c, doc.sequence_id, 1 << 30), doc_heads);
+  for (const std::string& f : forks) EXPECT_EQ(Heads(c, f, 300), doc_heads);
+  // One fork evicts more; nobody else sees it.
+  KVC_ASSERT_OK(c.Compress(forks[0], client::CompressionSpec::StreamingLlm(4, 20)).status());
+  EXPECT_EQ(Heads(c, doc.sequence_id, 1 << 30), doc_heads);
+  EXPECT_EQ(Heads(c, forks[1], 300), doc_heads);
+  // Releasing everything returns every byte.
+  for (const std::string& f : forks) KVC_ASSERT_OK(c.Release(f));
+  KVC_ASSERT_OK(c.Release(doc.sequence_id));
+  EXPECT_EQ(c.GetPoolStats("small")->used_bytes, 0);
+
+  EXPECT_THAT(c.ForkSequence(doc.sequence_id), StatusIs(Code::kNotFound));
+  EXPECT_THAT(c.ForkSequence(""), StatusIs(Code::kInvalidArgument, "sequence_id"));
+}
+
 TEST(PrefixServiceTest, BadRequestsGetTheFieldNamed) {
   auto t = ::kvc::testing::StartTestServer(::kvc::testing::SmallServerOptions());
   client::KvCacheClient& c = *t.client;

@@ -284,3 +284,56 @@ def test_async_prefix_calls_are_retried() -> None:
             assert counter.calls == 1  # not idempotent
 
     asyncio.run(run())
+
+
+def test_fork_shares_a_compressed_sequence_copy_on_write(pc: kvcache.Client) -> None:
+    """A prefilled document compressed once (StreamingLLM + INT4) is forked per question:
+    each fork starts with the document's bytes, appends its own question, and a change to
+    one fork is never seen by the document or another fork."""
+    doc = pc.create_sequence(pool="f16")
+    _prefill(pc, doc, 0, 100, seed=7)
+    pc.compress(doc, CompressionSpec(eviction=kvcache.StreamingLLM(sinks=4, window=40),
+                                     storage="int4_g32"))
+    before = _head_bytes(pc.fetch(doc), 1 << 30)
+    a = pc.fork_sequence(doc, sequence_id="fork-a")
+    b = pc.fork_sequence(doc.sequence_id)
+    assert a.sequence_id == "fork-a"
+    assert (a.visible_tokens, b.visible_tokens) == (100, 100)
+    assert a.storage == b.storage == pc.get_sequence(doc).storage
+    assert _head_bytes(pc.fetch(a), 1 << 30) == before
+    _prefill(pc, a, 100, 9, seed=8)
+    pc.compress(a, CompressionSpec(eviction=kvcache.StreamingLLM(sinks=2, window=10)))
+    assert _head_bytes(pc.fetch(doc), 1 << 30) == before
+    assert _head_bytes(pc.fetch(b), 1 << 30) == before
+    with pytest.raises(kvcache.AlreadyExists):
+        pc.fork_sequence(doc, sequence_id="fork-a")
+    with pytest.raises(kvcache.InvalidArgument, match="client_sequence_id"):
+        pc.fork_sequence(doc, sequence_id="bad name!")
+    for s in (a, b, doc):
+        pc.release(s)
+    with pytest.raises(kvcache.NotFound):
+        pc.fork_sequence(doc)
+
+
+def test_fork_is_not_retried() -> None:
+    counter = _Counter()
+    with kvcache.Client(_dead_port(), timeout=5, max_attempts=3, initial_backoff=0.01,
+                        interceptors=[counter]) as c:
+        with pytest.raises(kvcache.Unavailable):
+            c.fork_sequence("s-0000000000000000")
+        assert counter.calls == 1  # a retry after a lost reply would fork twice
+
+
+def test_async_fork(prefix_server: Server) -> None:
+    async def run() -> None:
+        async with kvcache.AsyncClient(prefix_server.target, timeout=20) as c:
+            doc = await c.create_sequence(pool="f16")
+            await c.append(doc, 0, 0, random_kv(20, seed=1), random_kv(20, seed=2))
+            fork = await c.fork_sequence(doc)
+            assert list(fork.layer_tokens)[0] == 20
+            await c.release(fork)
+            await c.release(doc)
+            with pytest.raises(kvcache.NotFound):
+                await c.fork_sequence(doc)
+
+    asyncio.run(run())

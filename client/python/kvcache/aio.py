@@ -19,6 +19,7 @@ import numpy as np
 
 from kvcache import _codec
 from kvcache._channel import PathLike, Settings, make_settings, sequence_id
+from kvcache._channel import sequence_id as _id_of  # where a parameter shadows the name
 from kvcache._proto.kvcache.v1 import admin_service_pb2 as admin_pb
 from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
@@ -101,6 +102,13 @@ class AsyncClient:
         if prefix is not None:
             request.prefix.CopyFrom(_codec.prefix_spec(prefix))
         return await self._call(self._kv.CreateSequence, request, timeout, retry=False)
+
+    async def fork_sequence(self, seq: Any, *, sequence_id: str = "",
+                            timeout: Optional[float] = None) -> types_pb2.SequenceInfo:
+        """See Client.fork_sequence."""
+        request = svc.ForkSequenceRequest(sequence_id=_id_of(seq),
+                                          client_sequence_id=sequence_id)
+        return await self._call(self._kv.ForkSequence, request, timeout, retry=False)
 
     async def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
                      values: np.ndarray, *, dtype: DTypeLike = None,

@@ -24,6 +24,7 @@ import numpy as np
 
 from kvcache import _codec
 from kvcache._channel import PathLike, Settings, make_settings, sequence_id
+from kvcache._channel import sequence_id as _id_of  # where a parameter shadows the name
 from kvcache._proto.kvcache.v1 import admin_service_pb2 as admin_pb
 from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
@@ -124,6 +125,17 @@ class Client:
         if prefix is not None:
             request.prefix.CopyFrom(_codec.prefix_spec(prefix))
         return self._call(self._kv.CreateSequence, request, timeout, retry=False)
+
+    def fork_sequence(self, seq: Any, *, sequence_id: str = "",
+                      timeout: Optional[float] = None) -> types_pb2.SequenceInfo:
+        """A new sequence starting with everything `seq` stores now (every layer, compressed
+        or not): whole blocks are shared, and a later change to either sequence copies a
+        shared block first, so the other never sees it. `sequence_id` names the fork
+        (optional). Not retried (a retry after a lost reply would fork twice). NotFound,
+        AlreadyExists, InvalidArgument, ResourceExhausted (pool or quota)."""
+        request = svc.ForkSequenceRequest(sequence_id=_id_of(seq),
+                                          client_sequence_id=sequence_id)
+        return self._call(self._kv.ForkSequence, request, timeout, retry=False)
 
     def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
                values: np.ndarray, *, dtype: DTypeLike = None,

@@ -67,6 +67,12 @@ class KvCacheClient {
 
   absl::StatusOr<SequenceInfo> CreateSequence(const CreateSequenceOptions& options,
                                               const CallOptions& call = {});
+  // A new sequence starting with everything `sequence_id` stores now; whole blocks shared,
+  // copy-on-write (the ForkSequence RPC). `client_sequence_id` names the fork (optional).
+  // Not retried: a lost reply would make a retry fork twice.
+  absl::StatusOr<SequenceInfo> ForkSequence(const std::string& sequence_id,
+                                            const std::string& client_sequence_id = "",
+                                            const CallOptions& call = {});
   absl::StatusOr<AppendResult> Append(const AppendChunk& chunk, const CallOptions& call = {});
   // A client-streaming append for large prefills; see AppendStream.
   std::unique_ptr<AppendStream> StartAppendStream(const CallOptions& call = {});

@@ -1,0 +1,50 @@
+// KvStore::ForkSequence (sequence_fork.h).
+#include "absl/strings/str_cat.h"
+#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/prefix_attach.h"
+#include "cachesvc/core/quote.h"
+#include "cachesvc/core/sequence_fork.h"
+#include "cachesvc/core/snapshot.h"
+#include "common/status_macros.h"
+
+namespace kvc::cachesvc {
+
+absl::StatusOr<SequenceSnapshot> KvStore::ForkSequence(const ForkSequenceParams& p) {
+  if (draining()) {
+    return absl::UnavailableError(
+        "kvcached is draining (shutting down) and takes no new sequences; fork on another "
+        "instance");
+  }
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> source, FindLive(p.scope, p.sequence_id));
+  KVC_RETURN_IF_ERROR(CheckClientId(p.client_sequence_id));
+  std::shared_ptr<TenantAccount> account = accounts_.Get(source->tenant());
+  KVC_RETURN_IF_ERROR(account->AddSequence());
+  auto child = std::make_shared<Sequence>(
+      SequenceIdFor(p.client_sequence_id), source->scope(), source->tenant(), source->pool(),
+      source->pool_index(), source->usage(), std::move(account), source->policy(), NowUnixMs());
+  {
+    // Before the fork is registered: nobody else can see it half-copied.
+    kvc::ReaderMutexLock source_lock(&source->mu());
+    kvc::WriterMutexLock child_lock(&child->mu());
+    absl::Status forked =
+        source->released()
+            ? absl::NotFoundError(absl::StrCat("sequence ", Quoted(p.sequence_id),
+                                               " was released"))
+            : ForkLocked(*source, *child);
+    if (!forked.ok()) {
+      child->account()->RemoveSequence();
+      return forked;
+    }
+  }
+  if (absl::Status inserted = registry_.Insert(child, options_.max_sequences); !inserted.ok()) {
+    kvc::WriterMutexLock lock(&child->mu());
+    DropAttachedLocked(*child);
+    child->account()->RemoveSequence();
+    return inserted;
+  }
+  child->usage()->sequences.fetch_add(1, std::memory_order_relaxed);
+  kvc::ReaderMutexLock lock(&child->mu());
+  return SnapshotLocked(*child);
+}
+
+}  // namespace kvc::cachesvc
