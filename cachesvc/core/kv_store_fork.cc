@@ -28,8 +28,7 @@ absl::StatusOr<SequenceSnapshot> KvStore::ForkSequence(const ForkSequenceParams&
     kvc::WriterMutexLock child_lock(&child->mu());
     absl::Status forked =
         source->released()
-            ? absl::NotFoundError(absl::StrCat("sequence ", Quoted(p.sequence_id),
-                                               " was released"))
+            ? absl::NotFoundError(absl::StrCat("sequence ", Quoted(p.sequence_id), " was released"))
             : ForkLocked(*source, *child);
     if (!forked.ok()) {
       child->account()->RemoveSequence();

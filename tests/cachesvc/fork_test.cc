@@ -19,9 +19,9 @@ namespace {
 
 using ::kvc::testing::StatusIs;
 
-constexpr int kTokens = 100;        // 6 whole blocks of 16 + 4 per lane
-constexpr int64_t kBlock = 8192;    // f32 block: 16 tokens x 64 x 4 bytes x (K + V)
-constexpr int64_t kLanes = 4;       // 2 layers x 2 kv heads
+constexpr int kTokens = 100;      // 6 whole blocks of 16 + 4 per lane
+constexpr int64_t kBlock = 8192;  // f32 block: 16 tokens x 64 x 4 bytes x (K + V)
+constexpr int64_t kLanes = 4;     // 2 layers x 2 kv heads
 
 absl::Status Mutate(KvStore& s, const std::string& id, const CompressionSpec& spec) {
   CompressParams p;
@@ -242,8 +242,9 @@ TEST(ForkModelTest, HoldersReturnToZeroAfterRandomForks) {
         break;
       }
       case 2:
-        KVC_ASSERT_OK(Mutate(*a.store, id, Streaming(2 + static_cast<int>(rng() % 4),
-                                                     10 + static_cast<int>(rng() % 40))));
+        KVC_ASSERT_OK(
+            Mutate(*a.store, id,
+                   Streaming(2 + static_cast<int>(rng() % 4), 10 + static_cast<int>(rng() % 40))));
         live[i].second = Read(*a.store, id);
         break;
       case 3: {

@@ -23,6 +23,8 @@
 namespace kvc {
 namespace {
 
+using ::kvc::testing::MetricSample;
+
 using ::kvc::testing::MakeKv;
 using ::kvc::testing::StatusIs;
 using Code = absl::StatusCode;
@@ -49,13 +51,6 @@ client::AppendChunk Chunk(const std::string& id, int layer, int64_t start, int n
   return c;
 }
 
-// The value of one sample in a Prometheus text exposition, or -1 when absent.
-double Sample(const std::string& text, const std::string& series) {
-  const auto pos = text.find("\n" + series + " ");
-  if (pos == std::string::npos) return -1;
-  return std::stod(text.substr(pos + series.size() + 2));
-}
-
 TEST(OperabilityTest, MetricsReflectTraffic) {
   auto t = ::kvc::testing::StartTestServer(WithMetrics());
   ASSERT_FALSE(t.server->metrics_address().empty());
@@ -71,40 +66,43 @@ TEST(OperabilityTest, MetricsReflectTraffic) {
   ASSERT_NE(response.find("200 OK"), std::string::npos) << response.substr(0, 200);
   const std::string body = response.substr(response.find("\r\n\r\n") + 3);
   EXPECT_EQ(
-      Sample(body, R"(kvc_rpc_requests_total{code="OK",method="Append",service="KvCacheService"})"),
+      MetricSample(body,
+                   R"(kvc_rpc_requests_total{code="OK",method="Append",service="KvCacheService"})"),
       4);
   EXPECT_EQ(
-      Sample(
+      MetricSample(
           body,
           R"(kvc_rpc_requests_total{code="FAILED_PRECONDITION",method="Append",service="KvCacheService"})"),
       1);
   EXPECT_EQ(
-      Sample(body, R"(kvc_rpc_duration_seconds_count{method="Append",service="KvCacheService"})"),
+      MetricSample(body,
+                   R"(kvc_rpc_duration_seconds_count{method="Append",service="KvCacheService"})"),
       5);
   const double payload = 2.0 * kLayers * k.size();
-  EXPECT_EQ(Sample(body, R"(kvc_rpc_received_bytes_total{method="Append"})"), payload);
-  EXPECT_EQ(Sample(body, R"(kvc_rpc_sent_bytes_total{method="Fetch"})"), payload);
+  EXPECT_EQ(MetricSample(body, R"(kvc_rpc_received_bytes_total{method="Append"})"), payload);
+  EXPECT_EQ(MetricSample(body, R"(kvc_rpc_sent_bytes_total{method="Fetch"})"), payload);
   const int64_t block = static_cast<int64_t>(
       kernels::MakeBlockLayout(kernels::StorageFormat::kF16, kDim, 16).block_bytes);
-  EXPECT_EQ(Sample(body, R"(kvc_pool_used_bytes{format="f16",pool="small"})"),
+  EXPECT_EQ(MetricSample(body, R"(kvc_pool_used_bytes{format="f16",pool="small"})"),
             2.0 * kLayers * kHeads * block);
-  EXPECT_EQ(Sample(body, R"(kvc_pool_blocks{pool="small",state="used"})"), 2.0 * kLayers * kHeads);
+  EXPECT_EQ(MetricSample(body, R"(kvc_pool_blocks{pool="small",state="used"})"),
+            2.0 * kLayers * kHeads);
   // The pool's device (cuda:0 when this suite runs on a device pool).
-  EXPECT_EQ(Sample(body, absl::StrCat(R"(kvc_pool_info{device=")", testing::TestPoolDevice(),
-                                      R"(",pool="small"})")),
+  EXPECT_EQ(MetricSample(body, absl::StrCat(R"(kvc_pool_info{device=")", testing::TestPoolDevice(),
+                                            R"(",pool="small"})")),
             1);
   // kvcachectl pools reads the same from ListPools.
   KVC_ASSERT_OK_AND_ASSIGN(std::vector<client::PoolInfo> pools, t.client->ListPools());
   ASSERT_EQ(pools.size(), 1u);
   EXPECT_EQ(pools[0].device, testing::TestPoolDevice());
   EXPECT_EQ(pools[0].used_bytes, 2 * kLayers * kHeads * block);
-  EXPECT_EQ(Sample(body, R"(kvc_sequences{pool="small"})"), 1);
-  EXPECT_EQ(Sample(body, R"(kvc_visible_tokens{pool="small"})"), 20);
-  EXPECT_EQ(Sample(body, R"(kvc_stored_token_heads{pool="small"})"), 20.0 * kLayers * kHeads);
-  EXPECT_NEAR(Sample(body, R"(kvc_compression_ratio{pool="small"})"),
+  EXPECT_EQ(MetricSample(body, R"(kvc_sequences{pool="small"})"), 1);
+  EXPECT_EQ(MetricSample(body, R"(kvc_visible_tokens{pool="small"})"), 20);
+  EXPECT_EQ(MetricSample(body, R"(kvc_stored_token_heads{pool="small"})"), 20.0 * kLayers * kHeads);
+  EXPECT_NEAR(MetricSample(body, R"(kvc_compression_ratio{pool="small"})"),
               payload / (2.0 * kLayers * kHeads * block), 1e-9);
-  EXPECT_EQ(Sample(body, R"(kvc_draining)"), 0);
-  EXPECT_EQ(Sample(body, R"(kvc_build_info{version="0.1.0"})"), 1);
+  EXPECT_EQ(MetricSample(body, R"(kvc_draining)"), 0);
+  EXPECT_EQ(MetricSample(body, R"(kvc_build_info{version="0.1.0"})"), 1);
 }
 
 TEST(OperabilityTest, HealthFollowsDrainAndDrainRefusesNewSequences) {

@@ -16,6 +16,8 @@
 namespace kvc {
 namespace {
 
+using ::kvc::testing::MetricSample;
+
 using ::kvc::testing::MakeKv;
 using ::kvc::testing::StatusIs;
 using Code = absl::StatusCode;
@@ -71,12 +73,6 @@ std::vector<std::string> Heads(client::KvCacheClient& c, const std::string& id, 
   return out;
 }
 
-double Sample(const std::string& text, const std::string& series) {
-  const auto pos = text.find("\n" + series + " ");
-  if (pos == std::string::npos) return -1;
-  return std::stod(text.substr(pos + series.size() + 2));
-}
-
 TEST(PrefixServiceTest, SecondRequestAttachesTheDocumentAndAppendsOnlyItsQuestion) {
   auto options = ::kvc::testing::SmallServerOptions();
   options.metrics_listen = "127.0.0.1:0";
@@ -126,12 +122,15 @@ TEST(PrefixServiceTest, SecondRequestAttachesTheDocumentAndAppendsOnlyItsQuestio
 
   const std::string response = ::kvc::testing::HttpGet(t.server->metrics_address(), "/metrics");
   const std::string body = response.substr(response.find("\r\n\r\n") + 3);
-  EXPECT_EQ(Sample(body, R"(kvc_prefix_lookup_tokens_total{pool="small",result="hit"})"), 3 * 192);
-  EXPECT_EQ(Sample(body, R"(kvc_prefix_lookup_tokens_total{pool="small",result="miss"})"), 2 * 192);
-  EXPECT_EQ(Sample(body, R"(kvc_prefix_misses_total{pool="small",reason="no_prefix"})"), 2);
-  EXPECT_EQ(Sample(body, R"(kvc_prefix_cache_bytes{pool="small",state="shared"})"), 12 * 8 * 2048);
+  EXPECT_EQ(MetricSample(body, R"(kvc_prefix_lookup_tokens_total{pool="small",result="hit"})"),
+            3 * 192);
+  EXPECT_EQ(MetricSample(body, R"(kvc_prefix_lookup_tokens_total{pool="small",result="miss"})"),
+            2 * 192);
+  EXPECT_EQ(MetricSample(body, R"(kvc_prefix_misses_total{pool="small",reason="no_prefix"})"), 2);
+  EXPECT_EQ(MetricSample(body, R"(kvc_prefix_cache_bytes{pool="small",state="shared"})"),
+            12 * 8 * 2048);
   EXPECT_EQ(
-      Sample(
+      MetricSample(
           body,
           R"(kvc_rpc_requests_total{code="OK",method="PublishPrefix",service="KvCacheService"})"),
       2);

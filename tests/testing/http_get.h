@@ -1,4 +1,5 @@
-// A minimal blocking HTTP/1.0 GET for tests (reading /metrics from 127.0.0.1).
+// A minimal blocking HTTP/1.0 GET for tests (reading /metrics from 127.0.0.1), and one
+// sample of the Prometheus text it returns.
 #pragma once
 
 #include <arpa/inet.h>
@@ -37,6 +38,14 @@ inline std::string HttpGet(const std::string& host_port, const std::string& path
   while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) response.append(buf, static_cast<size_t>(n));
   ::close(fd);
   return response;
+}
+
+// The value of one sample (`series` as exposed, labels sorted, e.g.
+// `kvc_x_total{pool="a"}`) in a Prometheus text exposition, or -1 when absent.
+inline double MetricSample(const std::string& text, const std::string& series) {
+  const auto pos = text.find("\n" + series + " ");
+  if (pos == std::string::npos) return -1;
+  return std::stod(text.substr(pos + series.size() + 2));
 }
 
 }  // namespace kvc::testing

@@ -18,6 +18,7 @@
 #include "worker/engine/chat_template.h"
 #include "worker/engine/generator.h"
 #ifdef KVC_WORKER_WITH_SERVICE
+#include "common/json_string.h"
 #include "kvc/client/kv_cache_client.h"
 #include "worker/service/service_kv_cache.h"
 #include "worker/service/service_policy_parse.h"
@@ -31,24 +32,7 @@ absl::Status RunAsk(int, char**) {
       "kvc-worker ask needs kvcached: build the full tree (the client library)");
 }
 #else
-namespace {
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
+namespace {}  // namespace
 
 absl::Status RunAsk(int argc, char** argv) {
   auto flags = Flags::Parse(argc, argv, 2, {"model",       "threads",
@@ -137,9 +121,9 @@ absl::Status RunAsk(int argc, char** argv) {
       json << absl::StrFormat(
           "{\"question\":%s,\"prompt_tokens\":%d,\"attached_tokens\":%d,\"published_tokens\":%d,"
           "\"ttft_s\":%.4f,\"prefill_s\":%.4f,\"answer\":%s,\"reuse\":%s}\n",
-          JsonString(questions[q]), ids.size(), kv.attached_tokens(),
-          kv.published().published_tokens, ttft, result->prefill_seconds, JsonString(result->text),
-          reuse ? "true" : "false");
+          ::kvc::JsonString(questions[q]), ids.size(), kv.attached_tokens(),
+          kv.published().published_tokens, ttft, result->prefill_seconds,
+          ::kvc::JsonString(result->text), reuse ? "true" : "false");
     }
   }
   return absl::OkStatus();

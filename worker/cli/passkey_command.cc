@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/json_string.h"
 #include "worker/cli/commands.h"
 #include "worker/eval/passkey.h"
 #ifdef KVC_WORKER_WITH_SERVICE
@@ -29,15 +30,6 @@
 
 namespace kvc::worker {
 namespace {
-
-std::string JsonString(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) out += c;
-  }
-  return absl::StrCat("\"", out, "\"");
-}
 
 #ifdef KVC_WORKER_WITH_SERVICE
 // A kvcached policy "POLICY[:STORAGE]": a service sequence per case, loaded with the prefilled
@@ -227,8 +219,8 @@ absl::Status RunPasskey(int argc, char** argv) {
   std::string json = absl::StrFormat(
       "{\"kv\": \"%s\", \"haystack\": %s, \"label\": %s, \"chat\": %s, \"question_in_prompt\": "
       "%s, \"seed\": %d, \"seconds\": %.1f, \"scores\": [",
-      where, JsonString(haystack_path), JsonString(label), opt.chat ? "true" : "false",
-      opt.question_in_prompt ? "true" : "false", *seed, seconds);
+      where, ::kvc::JsonString(haystack_path), ::kvc::JsonString(label),
+      opt.chat ? "true" : "false", opt.question_in_prompt ? "true" : "false", *seed, seconds);
   for (size_t i = 0; i < scores->size(); ++i) {
     const PasskeyScore& s = (*scores)[i];
     std::string lps;
@@ -246,7 +238,7 @@ absl::Status RunPasskey(int argc, char** argv) {
             "\"key_slots_kept\": %d, \"key_kept_by_layer\": [%s]}",
             s.policy, s.context_tokens, s.prompt_tokens, s.depth, s.key_index, s.passkey,
             s.answer_logprob, lps, s.teacher_forced_match ? "true" : "false",
-            s.generated_match ? "true" : "false", JsonString(s.generated), s.kv.token_slots,
+            s.generated_match ? "true" : "false", ::kvc::JsonString(s.generated), s.kv.token_slots,
             s.kv.bytes, s.kv.dense_f16_bytes, s.load_seconds, s.answer_seconds, s.key_slots,
             s.key_slots_kept, absl::StrJoin(s.key_kept_by_layer, ", ")));
   }

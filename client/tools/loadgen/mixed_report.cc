@@ -7,29 +7,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/json_string.h"
 
 namespace kvc::loadgen {
 namespace {
 
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 std::string JsonList(const std::vector<std::string>& items) {
   std::vector<std::string> quoted;
   quoted.reserve(items.size());
-  for (const auto& s : items) quoted.push_back(Quote(s));
+  for (const auto& s : items) quoted.push_back(::kvc::JsonString(s));
   return absl::StrCat("[", absl::StrJoin(quoted, ","), "]");
 }
 
@@ -37,11 +23,12 @@ std::string JsonRpcs(const std::map<std::string, RpcSummary>& rpcs) {
   std::vector<std::string> parts;
   for (const auto& [rpc, s] : rpcs) {
     std::vector<std::string> codes;
-    for (const auto& [code, n] : s.codes) codes.push_back(absl::StrCat(Quote(code), ":", n));
+    for (const auto& [code, n] : s.codes)
+      codes.push_back(absl::StrCat(::kvc::JsonString(code), ":", n));
     parts.push_back(absl::StrFormat(
         "%s:{\"count\":%d,\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f,\"codes\":{%s}}",
-        Quote(rpc), s.latency.count, s.latency.p50_ms, s.latency.p99_ms, s.latency.max_ms,
-        absl::StrJoin(codes, ",")));
+        ::kvc::JsonString(rpc), s.latency.count, s.latency.p50_ms, s.latency.p99_ms,
+        s.latency.max_ms, absl::StrJoin(codes, ",")));
   }
   return absl::StrCat("{", absl::StrJoin(parts, ","), "}");
 }
@@ -144,7 +131,7 @@ bool WriteJson(const std::string& path, const MixedReport& r, MixedState& state)
       r.clients, r.duration_s, r.wall_s, r.failed ? "true" : "false", JsonRpcs(r.rpcs));
   std::vector<std::string> codes;
   for (const auto& [code, n] : CodeTotals(r.rpcs))
-    codes.push_back(absl::StrCat(Quote(code), ":", n));
+    codes.push_back(absl::StrCat(::kvc::JsonString(code), ":", n));
   absl::StrAppend(&out, "\"codes\":{", absl::StrJoin(codes, ","), "},\n");
   absl::StrAppendFormat(
       &out,
