@@ -154,13 +154,17 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
       return attached;
     }
   }
+  return Register(sequence);
+}
+
+absl::StatusOr<SequenceSnapshot> KvStore::Register(const std::shared_ptr<Sequence>& sequence) {
   if (absl::Status inserted = registry_.Insert(sequence, options_.max_sequences); !inserted.ok()) {
     kvc::WriterMutexLock lock(&sequence->mu());
     DropAttachedLocked(*sequence);
     sequence->account()->RemoveSequence();
     return inserted;
   }
-  usage->sequences.fetch_add(1, std::memory_order_relaxed);
+  sequence->usage()->sequences.fetch_add(1, std::memory_order_relaxed);
   kvc::ReaderMutexLock lock(&sequence->mu());
   return SnapshotLocked(*sequence);
 }

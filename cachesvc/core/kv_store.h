@@ -126,6 +126,9 @@ class KvStore {
   absl::Status CheckClientId(const std::string& client_sequence_id) const;
   // The id a new sequence gets: the caller's (qualified by this shard) or a fresh one.
   std::string SequenceIdFor(const std::string& client_sequence_id);
+  // Makes a fully built new sequence visible (registry, pool count) and returns its
+  // snapshot; on refusal (id taken, too many sequences) lets go of its blocks and its slot.
+  absl::StatusOr<SequenceSnapshot> Register(const std::shared_ptr<Sequence>& sequence);
   // Shares the longest cached prefix of `prefix` into the new, unpublished sequence `seq`.
   absl::Status AttachPrefix(Sequence& seq, int pool_index, const PrefixSpec& prefix);
   int PoolIndex(const BlockPool* pool) const;

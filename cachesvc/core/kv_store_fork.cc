@@ -1,10 +1,8 @@
 // KvStore::ForkSequence (sequence_fork.h).
 #include "absl/strings/str_cat.h"
 #include "cachesvc/core/kv_store.h"
-#include "cachesvc/core/prefix_attach.h"
 #include "cachesvc/core/quote.h"
 #include "cachesvc/core/sequence_fork.h"
-#include "cachesvc/core/snapshot.h"
 #include "common/status_macros.h"
 
 namespace kvc::cachesvc {
@@ -35,15 +33,7 @@ absl::StatusOr<SequenceSnapshot> KvStore::ForkSequence(const ForkSequenceParams&
       return forked;
     }
   }
-  if (absl::Status inserted = registry_.Insert(child, options_.max_sequences); !inserted.ok()) {
-    kvc::WriterMutexLock lock(&child->mu());
-    DropAttachedLocked(*child);
-    child->account()->RemoveSequence();
-    return inserted;
-  }
-  child->usage()->sequences.fetch_add(1, std::memory_order_relaxed);
-  kvc::ReaderMutexLock lock(&child->mu());
-  return SnapshotLocked(*child);
+  return Register(child);
 }
 
 }  // namespace kvc::cachesvc
