@@ -1,9 +1,11 @@
 #include "cachesvc/core/compress.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "cachesvc/core/eviction_rule.h"
+#include "cachesvc/core/query_model.h"
 #include "cachesvc/core/score.h"
 #include "cachesvc/core/selection.h"
 #include "cachesvc/core/transaction.h"
@@ -14,9 +16,75 @@ namespace {
 
 using Eviction = CompressionSpec::Eviction;
 
+// Ranks by scores computed from the request's queries.
 bool Scoring(const CompressParams& p) {
   return p.spec.eviction == Eviction::kSnapKv ||
          (p.spec.eviction == Eviction::kH2o && !p.queries.empty());
+}
+
+// Checks Expected Attention's query statistics: one entry for every layer, every one with
+// covariance or none, finite values.
+absl::StatusOr<std::vector<const LayerQueryStats*>> ValidateQueryStats(const CompressParams& p,
+                                                                       const PoolGeometry& g) {
+  std::vector<const LayerQueryStats*> by_layer(static_cast<size_t>(g.num_layers), nullptr);
+  if (p.spec.eviction != Eviction::kExpectedAttention) {
+    if (!p.query_stats.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "query_stats were sent but ", EvictionName(p.spec.eviction), " does not use them"));
+    }
+    return by_layer;
+  }
+  if (!p.queries.empty()) {
+    return absl::InvalidArgumentError(
+        "expected_attention scores from query_stats (mean and covariance before RoPE), not "
+        "from queries; send query_stats only");
+  }
+  if (p.query_stats.empty()) {
+    return absl::InvalidArgumentError(
+        "expected_attention needs query_stats: the mean (and covariance) of the context's "
+        "queries before RoPE, per query head, for every layer");
+  }
+  const size_t mean_size = static_cast<size_t>(g.num_query_heads) * g.head_dim;
+  const size_t cov_size = mean_size * g.head_dim;
+  const bool with_cov = !p.query_stats.front().covariance.empty();
+  for (const LayerQueryStats& q : p.query_stats) {
+    if (q.layer < 0 || q.layer >= g.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "query_stats for layer ", q.layer, ": the pool has layers 0..", g.num_layers - 1));
+    }
+    if (by_layer[static_cast<size_t>(q.layer)] != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("query_stats for layer ", q.layer, " were sent twice"));
+    }
+    if (q.mean.size() != mean_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("query_stats for layer ", q.layer, " have a mean of ", q.mean.size(),
+                       " floats; expected ", g.num_query_heads, " query heads x head_dim ",
+                       g.head_dim, " = ", mean_size));
+    }
+    if (q.covariance.empty() == with_cov || (with_cov && q.covariance.size() != cov_size)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "query_stats for layer ", q.layer, " have a covariance of ", q.covariance.size(),
+          " floats; expected ", with_cov ? cov_size : 0, " (", g.num_query_heads,
+          " query heads x head_dim^2 on every layer, or none on every layer)"));
+    }
+    for (absl::Span<const float> values : {q.mean, q.covariance}) {
+      for (const float x : values) {
+        if (!std::isfinite(x)) {
+          return absl::InvalidArgumentError(absl::StrCat("query_stats for layer ", q.layer,
+                                                         " hold a non-finite value (", x, ")"));
+        }
+      }
+    }
+    by_layer[static_cast<size_t>(q.layer)] = &q;
+  }
+  for (int l = 0; l < g.num_layers; ++l) {
+    if (by_layer[static_cast<size_t>(l)] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("query_stats for layer ", l, " are missing; send one entry per layer"));
+    }
+  }
+  return by_layer;
 }
 
 // The tier list after the Compress and where each old tier's tokens enter it.
@@ -124,6 +192,23 @@ absl::StatusOr<std::vector<std::vector<float>>> Score(const Sequence& seq,
   return ScoreLayer(seq.pool(), seq.storage(), layer, r);
 }
 
+// Expected Attention's new scores of one layer: the query model rotated to the positions
+// after the layer's last token.
+absl::StatusOr<std::vector<std::vector<float>>> ScoreExpected(const Sequence& seq,
+                                                              const CompressionSpec& spec,
+                                                              const LayerQueryStats& q, int layer)
+    ABSL_SHARED_LOCKS_REQUIRED(seq.mu()) {
+  const PoolGeometry& g = seq.geometry();
+  QueryModel model = AverageRope(g.rope, g.head_dim, g.num_query_heads, seq.layer_tokens(layer),
+                                 spec.future_positions, q.mean, q.covariance);
+  ExpectedScoreRequest r;
+  r.mean = std::move(model.mean);
+  r.cov = std::move(model.cov);
+  r.min_position = spec.sinks;
+  r.value_norm = spec.value_norm;
+  return ScoreLayerExpected(seq.pool(), seq.storage(), layer, r);
+}
+
 // Splits one lane's concatenated scores (tiers in order) per tier.
 std::vector<std::vector<float>> PerTier(const std::vector<Segment>& lane,
                                         const std::vector<float>& scores) {
@@ -139,21 +224,23 @@ std::vector<std::vector<float>> PerTier(const std::vector<Segment>& lane,
 
 }  // namespace
 
-absl::StatusOr<std::vector<const LayerQueries*>> ValidateCompress(const CompressParams& p,
-                                                                  const PoolGeometry& g) {
+absl::StatusOr<CompressInputs> ValidateCompress(const CompressParams& p, const PoolGeometry& g) {
   const CompressionSpec& spec = p.spec;
   KVC_RETURN_IF_ERROR(ValidateSpec(spec, g, /*automatic=*/false));
+  CompressInputs inputs;
+  KVC_ASSIGN_OR_RETURN(inputs.query_stats, ValidateQueryStats(p, g));
   if (spec.eviction == Eviction::kSnapKv && p.queries.empty()) {
     return absl::InvalidArgumentError(
         "snapkv needs queries: the last `window` query vectors of every layer");
   }
-  std::vector<const LayerQueries*> by_layer(static_cast<size_t>(g.num_layers), nullptr);
+  std::vector<const LayerQueries*>& by_layer = inputs.queries;
+  by_layer.assign(static_cast<size_t>(g.num_layers), nullptr);
   if (!Scoring(p)) {
     if (!p.queries.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "queries were sent but ", EvictionName(spec.eviction), " does not use them"));
     }
-    return by_layer;
+    return inputs;
   }
   for (const LayerQueries& q : p.queries) {
     if (q.layer < 0 || q.layer >= g.num_layers) {
@@ -188,14 +275,15 @@ absl::StatusOr<std::vector<const LayerQueries*>> ValidateCompress(const Compress
           absl::StrCat("queries for layer ", l, " are missing; send one entry per layer"));
     }
   }
-  return by_layer;
+  return inputs;
 }
 
 absl::StatusOr<CompressResult> CompressLocked(Sequence& seq, const CompressParams& p,
-                                              const std::vector<const LayerQueries*>& queries) {
+                                              const CompressInputs& inputs) {
   const CompressionSpec& spec = p.spec;
   const PoolGeometry& g = seq.geometry();
-  const bool scoring = Scoring(p);
+  const bool expected = spec.eviction == Eviction::kExpectedAttention;
+  const bool scoring = Scoring(p) || expected;
   if (spec.eviction == Eviction::kH2o && !scoring && !seq.has_scores()) {
     return absl::FailedPreconditionError(
         "h2o needs accumulated attention scores and this sequence has none: send every prompt "
@@ -210,8 +298,11 @@ absl::StatusOr<CompressResult> CompressLocked(Sequence& seq, const CompressParam
   int64_t evicted = 0;
   for (int l = 0; l < g.num_layers; ++l) {
     std::vector<std::vector<float>> scores;  // per lane, tiers in order
-    if (scoring) {
-      KVC_ASSIGN_OR_RETURN(scores, Score(seq, spec, *queries[static_cast<size_t>(l)], l));
+    if (expected) {
+      KVC_ASSIGN_OR_RETURN(
+          scores, ScoreExpected(seq, spec, *inputs.query_stats[static_cast<size_t>(l)], l));
+    } else if (scoring) {
+      KVC_ASSIGN_OR_RETURN(scores, Score(seq, spec, *inputs.queries[static_cast<size_t>(l)], l));
     }
     std::vector<LaneSelection> selection;
     if (rule.evicts()) {

@@ -12,13 +12,18 @@
 
 namespace kvc::cachesvc {
 
-// The request's queries by layer (null where none were sent), after checking the spec and
-// the queries against the pool (no lock needed).
-absl::StatusOr<std::vector<const LayerQueries*>> ValidateCompress(const CompressParams& params,
-                                                                  const PoolGeometry& geometry);
+// The request's scoring inputs by layer (null where none were sent).
+struct CompressInputs {
+  std::vector<const LayerQueries*> queries;         // SnapKV, H2O
+  std::vector<const LayerQueryStats*> query_stats;  // Expected Attention
+};
+
+// Checks the spec, the queries and the query statistics against the pool (no lock needed).
+absl::StatusOr<CompressInputs> ValidateCompress(const CompressParams& params,
+                                                const PoolGeometry& geometry);
 
 absl::StatusOr<CompressResult> CompressLocked(Sequence& seq, const CompressParams& params,
-                                              const std::vector<const LayerQueries*>& queries)
+                                              const CompressInputs& inputs)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu());
 
 }  // namespace kvc::cachesvc

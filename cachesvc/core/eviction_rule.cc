@@ -34,6 +34,14 @@ EvictionRule ResolveEviction(const CompressionSpec& s) {
       r.budget = s.heavy;
       r.scored = true;
       break;
+    case Eviction::kExpectedAttention:
+      r.sinks = s.sinks;
+      r.recent = s.window;
+      r.budget = s.budget - s.sinks - s.window;
+      r.scored = true;
+      r.adaptive = s.adaptive;
+      r.floor_percent = s.head_floor_percent;
+      break;
   }
   return r;
 }
@@ -64,6 +72,8 @@ const char* EvictionName(Eviction eviction) {
       return "snapkv";
     case Eviction::kH2o:
       return "h2o";
+    case Eviction::kExpectedAttention:
+      return "expected_attention";
   }
   return "?";
 }
@@ -132,6 +142,38 @@ absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool 
                          s.heavy, ", recent ", s.recent));
       }
       break;
+    case Eviction::kExpectedAttention:
+      if (s.sinks < 0 || s.window < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("expected_attention needs sinks >= 0 and window >= 0; got sinks ", s.sinks,
+                         ", window ", s.window));
+      }
+      if (int64_t{s.budget} <= int64_t{s.sinks} + s.window) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "expected_attention.budget is ", s.budget, "; it must be larger than sinks + window (",
+            int64_t{s.sinks} + s.window, ") so some tokens are selected by score"));
+      }
+      if (s.future_positions < 1 || s.future_positions > (1 << 20)) {
+        return absl::InvalidArgumentError(absl::StrCat("expected_attention.future_positions is ",
+                                                       s.future_positions,
+                                                       "; expected 1..1048576 (kvpress: 512)"));
+      }
+      if (s.head_floor_percent < 0 || s.head_floor_percent > 100) {
+        return absl::InvalidArgumentError(absl::StrCat("expected_attention.head_floor_percent is ",
+                                                       s.head_floor_percent,
+                                                       "; expected 0..100 (AdaKV: 20)"));
+      }
+      if (!g.rope.enabled) {
+        return absl::FailedPreconditionError(
+            "expected_attention needs the pool's RoPE parameters (geometry.rope): the query "
+            "statistics are sent before RoPE and rotated to the positions still to come");
+      }
+      if (automatic) {
+        return absl::InvalidArgumentError(
+            "expected_attention needs the context's query statistics, so it cannot be an "
+            "automatic policy; apply it with Compress at the end of the document");
+      }
+      break;
   }
   const int64_t protect = ProtectedRecent(s);
   if (s.residual_tokens > 0 && protect >= 0 && s.residual_tokens > protect) {
@@ -151,6 +193,7 @@ int64_t ProtectedRecent(const CompressionSpec& s) {
       return -1;
     case Eviction::kStreamingLlm:
     case Eviction::kSnapKv:
+    case Eviction::kExpectedAttention:
       return s.window;
     case Eviction::kH2o:
       return s.recent;

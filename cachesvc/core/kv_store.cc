@@ -209,11 +209,10 @@ absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
 
 absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
   KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
-  KVC_ASSIGN_OR_RETURN(const std::vector<const LayerQueries*> queries,
-                       ValidateCompress(p, seq->geometry()));
+  KVC_ASSIGN_OR_RETURN(const CompressInputs inputs, ValidateCompress(p, seq->geometry()));
   kvc::WriterMutexLock lock(&seq->mu());
   if (seq->released()) return Released(p.sequence_id);
-  return CompressLocked(*seq, p, queries);
+  return CompressLocked(*seq, p, inputs);
 }
 
 absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {

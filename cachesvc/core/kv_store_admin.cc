@@ -83,7 +83,8 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
   stats.appended_bytes_total = appended_bytes_.load(std::memory_order_relaxed);
   stats.fetched_bytes_total = fetched_bytes_.load(std::memory_order_relaxed);
   stats.evicted_token_heads.emplace_back("operator", evicted[0]);
-  for (auto why : {Eviction::kStreamingLlm, Eviction::kSnapKv, Eviction::kH2o}) {
+  for (auto why :
+       {Eviction::kStreamingLlm, Eviction::kSnapKv, Eviction::kH2o, Eviction::kExpectedAttention}) {
     stats.evicted_token_heads.emplace_back(EvictionName(why), evicted[static_cast<size_t>(why)]);
   }
   KVC_ASSIGN_OR_RETURN(stats.prefix_cache, PrefixCacheStats(pool_name));

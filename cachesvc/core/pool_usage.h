@@ -11,8 +11,8 @@ namespace kvc::cachesvc {
 
 struct PoolUsage {
   // Causes of eviction counted in evicted_token_heads: 0 = an operator (EvictSequence),
-  // then CompressionSpec::Eviction values (streaming_llm, snapkv, h2o).
-  static constexpr int kEvictionCauses = 4;
+  // then CompressionSpec::Eviction values (streaming_llm, snapkv, h2o, expected_attention).
+  static constexpr int kEvictionCauses = 5;
 
   std::atomic<int64_t> sequences{0};
   std::atomic<int64_t> visible_tokens{0};

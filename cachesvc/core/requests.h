@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "cachesvc/core/tenant_quota.h"
 #include "cachesvc/core/types.h"
 
@@ -132,11 +133,20 @@ struct LayerQueries {
   std::vector<int32_t> positions;  // [n] position of each query
 };
 
+// Statistics of one layer's context queries before RoPE, per query head (Expected
+// Attention). Views into the request, which outlives the call.
+struct LayerQueryStats {
+  int64_t layer = 0;
+  absl::Span<const float> mean;        // [num_query_heads, head_dim]
+  absl::Span<const float> covariance;  // [num_query_heads, head_dim, head_dim]; empty = none
+};
+
 struct CompressParams {
   std::string scope;
   std::string sequence_id;
   CompressionSpec spec;
-  std::vector<LayerQueries> queries;  // SnapKV / H2O: one entry for every layer
+  std::vector<LayerQueries> queries;         // SnapKV / H2O: one entry for every layer
+  std::vector<LayerQueryStats> query_stats;  // Expected Attention: one entry for every layer
 };
 
 struct LayerCompressResult {

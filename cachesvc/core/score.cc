@@ -1,6 +1,7 @@
 #include "cachesvc/core/score.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "cachesvc/core/op_stage.h"
 #include "cachesvc/core/tier_lanes.h"
@@ -24,12 +25,18 @@ kernels::SnapKvScoreArgs ScoreArgs(const PoolGeometry& g, const ScoreRequest& r,
   return a;
 }
 
+// Launches one scoring op over `lanes` of `arena`: key positions and scores (in: the stored
+// ones, out: the new ones) are [num_lanes, lanes.max_tokens] host arrays to stage.
+using ScoreLaunch = std::function<absl::Status(OpStage& stage, const kernels::PagedArena& arena,
+                                               const kernels::LaneTable& lanes,
+                                               const int32_t* key_positions, float* scores)>;
+
 // Lanes whose tokens sit in more than one tier are scored in one f32 copy of the layer
 // (softmax over every stored key needs them in one arena), tiers in order.
 absl::StatusOr<std::vector<std::vector<float>>> ScoreAcrossTiers(BlockPool* pool,
                                                                  const SequenceStorage& st,
                                                                  int layer,
-                                                                 const ScoreRequest& request) {
+                                                                 const ScoreLaunch& launch) {
   const PoolGeometry& g = pool->options().geometry;
   const int heads = g.num_kv_heads, bt = g.block_tokens;
   TierLanes all;
@@ -95,13 +102,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ScoreAcrossTiers(BlockPool* pool
       return pool->backend()->WriteTokens(w, s);
     }));
   }
-  kernels::SnapKvScoreArgs a = ScoreArgs(g, request, stage);
-  a.arena = temp;
-  a.lanes = stage.In(all.view());
-  a.key_positions = stage.In(all.positions.data(), all.positions.size());
-  a.scores = stage.InOut(all.scores.data(), all.scores.size());
-  KVC_RETURN_IF_ERROR(stage.Launch(
-      "SnapKvScore", [&](kernels::StreamHandle s) { return pool->backend()->SnapKvScore(a, s); }));
+  KVC_RETURN_IF_ERROR(
+      launch(stage, temp, stage.In(all.view()), all.positions.data(), all.scores.data()));
   KVC_RETURN_IF_ERROR(stage.Finish());
   std::vector<std::vector<float>> out;
   out.reserve(static_cast<size_t>(heads));
@@ -109,17 +111,15 @@ absl::StatusOr<std::vector<std::vector<float>>> ScoreAcrossTiers(BlockPool* pool
   return out;
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<std::vector<float>>> ScoreLayer(BlockPool* pool,
-                                                           const SequenceStorage& st, int layer,
-                                                           const ScoreRequest& request) {
+absl::StatusOr<std::vector<std::vector<float>>> ScoreLayerWith(BlockPool* pool,
+                                                               const SequenceStorage& st, int layer,
+                                                               const ScoreLaunch& launch) {
   const int heads = st.num_kv_heads();
   int only = -1;
   for (int t = 0; t < static_cast<int>(st.tiers().size()); ++t) {
     for (int h = 0; h < heads; ++h) {
       if (st.lane(layer, h)[static_cast<size_t>(t)].size() == 0) continue;
-      if (only >= 0 && only != t) return ScoreAcrossTiers(pool, st, layer, request);
+      if (only >= 0 && only != t) return ScoreAcrossTiers(pool, st, layer, launch);
       only = t;
     }
   }
@@ -128,13 +128,8 @@ absl::StatusOr<std::vector<std::vector<float>>> ScoreLayer(BlockPool* pool,
   const TierLanes lanes = BuildTierLanes(st, layer, only);
   std::vector<float> scores = lanes.scores;
   OpStage stage(pool);
-  kernels::SnapKvScoreArgs a = ScoreArgs(pool->options().geometry, request, stage);
-  a.arena = pool->arena(st.tiers()[static_cast<size_t>(only)].format);
-  a.lanes = stage.In(lanes.view());
-  a.key_positions = stage.In(lanes.positions.data(), lanes.positions.size());
-  a.scores = stage.InOut(scores.data(), scores.size());
-  KVC_RETURN_IF_ERROR(stage.Launch(
-      "SnapKvScore", [&](kernels::StreamHandle s) { return pool->backend()->SnapKvScore(a, s); }));
+  KVC_RETURN_IF_ERROR(launch(stage, pool->arena(st.tiers()[static_cast<size_t>(only)].format),
+                             stage.In(lanes.view()), lanes.positions.data(), scores.data()));
   KVC_RETURN_IF_ERROR(stage.Finish());
   std::vector<std::vector<float>> out;
   for (int h = 0; h < heads; ++h) {
@@ -142,6 +137,56 @@ absl::StatusOr<std::vector<std::vector<float>>> ScoreLayer(BlockPool* pool,
     out.emplace_back(begin, begin + lanes.num_tokens[static_cast<size_t>(h)]);
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<float>>> ScoreLayer(BlockPool* pool,
+                                                           const SequenceStorage& st, int layer,
+                                                           const ScoreRequest& request) {
+  const PoolGeometry& g = pool->options().geometry;
+  return ScoreLayerWith(
+      pool, st, layer,
+      [&](OpStage& stage, const kernels::PagedArena& arena, const kernels::LaneTable& lanes,
+          const int32_t* positions, float* scores) {
+        kernels::SnapKvScoreArgs a = ScoreArgs(g, request, stage);
+        a.arena = arena;
+        a.lanes = lanes;
+        const size_t n =
+            static_cast<size_t>(g.num_kv_heads) * static_cast<size_t>(lanes.max_tokens);
+        a.key_positions = stage.In(positions, n);
+        a.scores = stage.InOut(scores, n);
+        return stage.Launch("SnapKvScore", [&](kernels::StreamHandle s) {
+          return pool->backend()->SnapKvScore(a, s);
+        });
+      });
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> ScoreLayerExpected(
+    BlockPool* pool, const SequenceStorage& st, int layer, const ExpectedScoreRequest& request) {
+  const PoolGeometry& g = pool->options().geometry;
+  const size_t d = static_cast<size_t>(g.head_dim);
+  const size_t qh = static_cast<size_t>(g.num_query_heads);
+  return ScoreLayerWith(
+      pool, st, layer,
+      [&](OpStage& stage, const kernels::PagedArena& arena, const kernels::LaneTable& lanes,
+          const int32_t* positions, float* scores) {
+        kernels::ExpectedAttentionScoreArgs a;
+        a.arena = arena;
+        a.lanes = lanes;
+        a.group_size = g.num_query_heads / g.num_kv_heads;
+        a.mean = stage.In(request.mean.data(), qh * d);
+        a.cov = request.cov.empty() ? nullptr : stage.In(request.cov.data(), qh * d * d);
+        const size_t n =
+            static_cast<size_t>(g.num_kv_heads) * static_cast<size_t>(lanes.max_tokens);
+        a.key_positions = stage.In(positions, n);
+        a.min_position = request.min_position;
+        a.value_norm = request.value_norm;
+        a.scores = stage.InOut(scores, n);
+        return stage.Launch("ExpectedAttentionScore", [&](kernels::StreamHandle s) {
+          return pool->backend()->ExpectedAttentionScore(a, s);
+        });
+      });
 }
 
 }  // namespace kvc::cachesvc

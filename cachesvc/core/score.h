@@ -1,6 +1,6 @@
-// Scoring for SnapKV and H2O's prefill: each stored token of a layer gets the attention the
-// observation queries pay it (softmax over every stored key of its lane, all tiers), as new
-// score arrays; nothing is written to the sequence (the Compress that asked commits them
+// Scoring for SnapKV, H2O's prefill and Expected Attention: each stored token of a layer gets the
+// attention the observation queries pay it (softmax over every stored key of its lane, all tiers),
+// as new score arrays; nothing is written to the sequence (the Compress that asked commits them
 // with the rest of its change).
 #pragma once
 
@@ -24,9 +24,23 @@ struct ScoreRequest {
   kernels::ScoreMode mode = kernels::ScoreMode::kOverwrite;
 };
 
+// Expected Attention: the query model of every query head ([num_query_heads, head_dim] means,
+// [num_query_heads, head_dim, head_dim] covariances or none), already rotated to the
+// positions still to come.
+struct ExpectedScoreRequest {
+  std::vector<float> mean;
+  std::vector<float> cov;    // empty: no second-order term
+  int32_t min_position = 0;  // tokens below (the sinks) stay out of the softmax, score 0
+  bool value_norm = true;
+};
+
 // Per kv head of `layer`: the new score of every stored token, tiers in order.
 absl::StatusOr<std::vector<std::vector<float>>> ScoreLayer(BlockPool* pool,
                                                            const SequenceStorage& storage,
                                                            int layer, const ScoreRequest& request);
+
+absl::StatusOr<std::vector<std::vector<float>>> ScoreLayerExpected(
+    BlockPool* pool, const SequenceStorage& storage, int layer,
+    const ExpectedScoreRequest& request);
 
 }  // namespace kvc::cachesvc

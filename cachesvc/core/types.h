@@ -52,7 +52,7 @@ struct PoolOptions {
 // One eviction rule x one storage format (x a raw recent residual, not yet served).
 // Set at CreateSequence (applied as appends arrive) or sent with Compress.
 struct CompressionSpec {
-  enum class Eviction : uint8_t { kNone, kStreamingLlm, kSnapKv, kH2o };
+  enum class Eviction : uint8_t { kNone, kStreamingLlm, kSnapKv, kH2o, kExpectedAttention };
   Eviction eviction = Eviction::kNone;
   // StreamingLLM: keep the first `sinks` and the last `window` tokens.
   int sinks = 0;
@@ -71,6 +71,11 @@ struct CompressionSpec {
   // H2O: keep the `heavy` highest-scoring tokens plus the `recent` newest.
   int heavy = 0;
   int recent = 0;
+  // Expected Attention: keep `sinks`, the `window` newest and the best of the rest up to
+  // `budget` per kv head (adaptive as SnapKV's), scored from query statistics with RoPE
+  // averaged over the next `future_positions` positions, times ||v|| when value_norm.
+  int future_positions = 512;
+  bool value_norm = true;
   StorageFormat storage = StorageFormat::kF16;
   bool storage_set = false;  // false = keep the sequence's current format
   int residual_tokens = 0;

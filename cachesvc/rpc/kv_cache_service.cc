@@ -165,6 +165,9 @@ grpc::Status KvCacheServiceImpl::Compress(grpc::ServerContext* context,
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "Compress"));
   for (const auto& q : request->queries())
     scope.AddReceived(static_cast<int64_t>(q.queries().size()));
+  for (const auto& q : request->query_stats()) {
+    scope.AddReceived(static_cast<int64_t>(sizeof(float)) * (q.mean_size() + q.covariance_size()));
+  }
   KVC_ASSIGN_OR_FINISH(const CompressResult result, store_->Compress(params));
   ToProto(result, response);
   auto snapshot = store_->GetSequence(request->sequence_id(), params.scope);

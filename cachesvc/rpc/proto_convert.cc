@@ -133,6 +133,30 @@ absl::StatusOr<CompressionSpec> FromProto(const pb::CompressionSpec& spec) {
       out.heavy = spec.h2o().heavy();
       out.recent = spec.h2o().recent();
       break;
+    case pb::CompressionSpec::kExpectedAttention: {
+      const pb::ExpectedAttentionSpec& e = spec.expected_attention();
+      out.eviction = CompressionSpec::Eviction::kExpectedAttention;
+      out.budget = e.budget();
+      out.window = e.window();
+      out.sinks = e.has_sinks() ? e.sinks() : 4;  // kvpress's n_sink
+      out.future_positions = e.future_positions() == 0 ? 512 : e.future_positions();
+      out.value_norm = !e.skip_value_norm();
+      switch (e.allocation()) {
+        case pb::SnapKvSpec::ALLOCATION_UNSPECIFIED:
+        case pb::SnapKvSpec::ALLOCATION_UNIFORM:
+          out.adaptive = false;
+          break;
+        case pb::SnapKvSpec::ALLOCATION_ADAPTIVE:
+          out.adaptive = true;
+          break;
+        default:
+          return absl::InvalidArgumentError(
+              absl::StrCat("expected_attention.allocation is ", static_cast<int>(e.allocation()),
+                           "; expected ALLOCATION_UNIFORM or ALLOCATION_ADAPTIVE"));
+      }
+      if (e.has_head_floor_percent()) out.head_floor_percent = e.head_floor_percent();
+      break;
+    }
     case pb::CompressionSpec::EVICTION_NOT_SET:
       break;
   }
@@ -166,6 +190,18 @@ void ToProto(const CompressionSpec& s, pb::CompressionSpec* out) {
       out->mutable_h2o()->set_heavy(s.heavy);
       out->mutable_h2o()->set_recent(s.recent);
       break;
+    case CompressionSpec::Eviction::kExpectedAttention: {
+      pb::ExpectedAttentionSpec* e = out->mutable_expected_attention();
+      e->set_budget(s.budget);
+      e->set_window(s.window);
+      e->set_sinks(s.sinks);
+      e->set_future_positions(s.future_positions);
+      e->set_skip_value_norm(!s.value_norm);
+      e->set_allocation(s.adaptive ? pb::SnapKvSpec::ALLOCATION_ADAPTIVE
+                                   : pb::SnapKvSpec::ALLOCATION_UNIFORM);
+      if (s.adaptive) e->set_head_floor_percent(s.head_floor_percent);
+      break;
+    }
     case CompressionSpec::Eviction::kNone:
       break;
   }
@@ -382,6 +418,14 @@ absl::StatusOr<CompressParams> FromProto(const pb::CompressRequest& r) {
     lq.queries = absl::string_view(q.queries().data(), q.queries().size());
     lq.positions.assign(q.positions().begin(), q.positions().end());
     p.queries.push_back(std::move(lq));
+  }
+  for (const auto& q : r.query_stats()) {
+    LayerQueryStats st;
+    st.layer = q.layer();
+    st.mean = absl::MakeConstSpan(q.mean().data(), static_cast<size_t>(q.mean().size()));
+    st.covariance =
+        absl::MakeConstSpan(q.covariance().data(), static_cast<size_t>(q.covariance().size()));
+    p.query_stats.push_back(st);
   }
   return p;
 }

@@ -447,6 +447,14 @@ absl::StatusOr<CompressResult> ClusterClient::Compress(const std::string& sequen
       sequence_id, [&](KvCacheClient& c) { return c.Compress(sequence_id, spec, queries, call); });
 }
 
+absl::StatusOr<CompressResult> ClusterClient::Compress(
+    const std::string& sequence_id, const CompressionSpec& spec,
+    const std::vector<LayerQueryStats>& query_stats, const CallOptions& call) {
+  return impl_->Routed<absl::StatusOr<CompressResult>>(sequence_id, [&](KvCacheClient& c) {
+    return c.Compress(sequence_id, spec, query_stats, call);
+  });
+}
+
 absl::StatusOr<AttendResult> ClusterClient::Attend(const AttendRequest& request,
                                                    const CallOptions& call) {
   return impl_->Routed<absl::StatusOr<AttendResult>>(

@@ -179,6 +179,18 @@ void ToProto(const CompressionSpec& s, pb::CompressionSpec* out) {
       }
       out->mutable_snapkv()->set_pyramid_beta(s.pyramid_beta);
       break;
+    case CompressionSpec::Eviction::kExpectedAttention: {
+      auto* e = out->mutable_expected_attention();
+      e->set_budget(s.budget);
+      e->set_window(s.window);
+      if (s.sinks >= 0) e->set_sinks(s.sinks);
+      e->set_future_positions(s.future_positions);
+      e->set_skip_value_norm(s.skip_value_norm);
+      e->set_allocation(s.adaptive ? pb::SnapKvSpec::ALLOCATION_ADAPTIVE
+                                   : pb::SnapKvSpec::ALLOCATION_UNIFORM);
+      if (s.head_floor_percent >= 0) e->set_head_floor_percent(s.head_floor_percent);
+      break;
+    }
     case CompressionSpec::Eviction::kH2o:
       out->mutable_h2o()->set_heavy(s.heavy);
       out->mutable_h2o()->set_recent(s.recent);

@@ -346,6 +346,27 @@ absl::StatusOr<CompressResult> KvCacheClient::Compress(const std::string& sequen
   return FromProto(response);
 }
 
+absl::StatusOr<CompressResult> KvCacheClient::Compress(
+    const std::string& sequence_id, const CompressionSpec& spec,
+    const std::vector<LayerQueryStats>& query_stats, const CallOptions& call) {
+  pb::CompressRequest request;
+  request.set_sequence_id(sequence_id);
+  ToProto(spec, request.mutable_spec());
+  for (const LayerQueryStats& q : query_stats) {
+    auto* out = request.add_query_stats();
+    out->set_layer(q.layer);
+    out->mutable_mean()->Add(q.mean.begin(), q.mean.end());
+    out->mutable_covariance()->Add(q.covariance.begin(), q.covariance.end());
+  }
+  pb::CompressResponse response;
+  grpc::ClientContext context;
+  impl_->Prepare(&context, call);
+  // Not retried, as above.
+  const absl::Status status = FromGrpcStatus(impl_->kv->Compress(&context, request, &response));
+  if (!status.ok()) return status;
+  return FromProto(response);
+}
+
 absl::StatusOr<AttendResult> KvCacheClient::Attend(const AttendRequest& request,
                                                    const CallOptions& call) {
   pb::AttendRequest message;

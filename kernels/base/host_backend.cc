@@ -60,6 +60,10 @@ KernelStatus CheckHost(const SnapKvScoreArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckSnapKv(a));
   return CheckLaneContents(a.arena, a.lanes);
 }
+KernelStatus CheckHost(const ExpectedAttentionScoreArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckExpectedAttention(a));
+  return CheckLaneContents(a.arena, a.lanes);
+}
 KernelStatus CheckHost(const AccumulateScoresArgs& a) {
   KVC_KERNEL_RETURN_IF_ERROR(CheckAccumulate(a));
   return CheckTokenCounts(a.num_lanes, a.num_tokens, a.max_tokens);

@@ -25,6 +25,7 @@ KernelStatus CheckHost(const ReadRecordsArgs& a);
 KernelStatus CheckHost(const GatherArgs& a);
 KernelStatus CheckHost(const RerotateArgs& a);
 KernelStatus CheckHost(const SnapKvScoreArgs& a);
+KernelStatus CheckHost(const ExpectedAttentionScoreArgs& a);
 KernelStatus CheckHost(const AccumulateScoresArgs& a);
 KernelStatus CheckHost(const SelectArgs& a);
 KernelStatus CheckHost(const AllocateBudgetsArgs& a);

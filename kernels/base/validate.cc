@@ -119,6 +119,18 @@ KernelStatus CheckSnapKv(const SnapKvScoreArgs& a) {
   return KernelStatus::Ok();
 }
 
+KernelStatus CheckExpectedAttention(const ExpectedAttentionScoreArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(CheckArena(a.arena));
+  KVC_KERNEL_RETURN_IF_ERROR(CheckLanesScalar(a.lanes));
+  if (a.group_size <= 0) return KernelStatus::Invalid("group_size must be positive");
+  if (a.min_position < 0) return KernelStatus::Invalid("min_position must be >= 0");
+  if (a.lanes.num_lanes > 0 &&
+      (a.mean == nullptr || a.key_positions == nullptr || a.scores == nullptr)) {
+    return KernelStatus::Invalid("mean, key_positions and scores must be set");
+  }
+  return KernelStatus::Ok();
+}
+
 // The metadata-only ops (no arena, no block lists): per-lane token counts and a row stride.
 static KernelStatus CheckTokenRows(int32_t num_lanes, const int32_t* num_tokens,
                                    int32_t max_tokens) {

@@ -25,6 +25,7 @@ KernelStatus CheckReadRecords(const ReadRecordsArgs& a);
 KernelStatus CheckGather(const GatherArgs& a);
 KernelStatus CheckRerotate(const RerotateArgs& a);
 KernelStatus CheckSnapKv(const SnapKvScoreArgs& a);
+KernelStatus CheckExpectedAttention(const ExpectedAttentionScoreArgs& a);
 KernelStatus CheckAccumulate(const AccumulateScoresArgs& a);
 KernelStatus CheckSelect(const SelectArgs& a);
 KernelStatus CheckAllocateBudgets(const AllocateBudgetsArgs& a);

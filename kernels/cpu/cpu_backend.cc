@@ -26,6 +26,7 @@ class CpuBackend final : public internal::HostBackend {
   KVC_CPU_OP(Rerotate, RerotateArgs)
   KVC_CPU_OP(ChecksumBlocks, ChecksumBlocksArgs)
   KVC_CPU_OP(SnapKvScore, SnapKvScoreArgs)
+  KVC_CPU_OP(ExpectedAttentionScore, ExpectedAttentionScoreArgs)
   KVC_CPU_OP(AccumulateScores, AccumulateScoresArgs)
   KVC_CPU_OP(Select, SelectArgs)
   KVC_CPU_OP(AllocateBudgets, AllocateBudgetsArgs)

@@ -15,6 +15,7 @@ void Gather(ThreadPool& pool, const GatherArgs& a);
 void Rerotate(ThreadPool& pool, const RerotateArgs& a);
 void ChecksumBlocks(ThreadPool& pool, const ChecksumBlocksArgs& a);
 void SnapKvScore(ThreadPool& pool, const SnapKvScoreArgs& a);
+void ExpectedAttentionScore(ThreadPool& pool, const ExpectedAttentionScoreArgs& a);
 void AccumulateScores(ThreadPool& pool, const AccumulateScoresArgs& a);
 void Select(ThreadPool& pool, const SelectArgs& a);
 void AllocateBudgets(ThreadPool& pool, const AllocateBudgetsArgs& a);

@@ -104,6 +104,14 @@ KernelStatus Pointers(const SnapKvScoreArgs& a) {
                          {"key_positions is not device memory", a.key_positions},
                          {"scores is not device memory", a.scores}});
 }
+KernelStatus Pointers(const ExpectedAttentionScoreArgs& a) {
+  KVC_KERNEL_RETURN_IF_ERROR(Lanes(a.lanes));
+  return DevicePointers({{"arena is not device memory", a.arena.base},
+                         {"mean is not device memory", a.mean},
+                         {"cov is not device memory", a.cov},
+                         {"key_positions is not device memory", a.key_positions},
+                         {"scores is not device memory", a.scores}});
+}
 KernelStatus Pointers(const AccumulateScoresArgs& a) {
   return DevicePointers({{"num_tokens is not device memory", a.num_tokens},
                          {"weights is not device memory", a.weights},
@@ -220,6 +228,7 @@ class CudaBackend final : public KernelBackend {
   KVC_CUDA_OP(Rerotate, RerotateArgs, CheckRerotate)
   KVC_CUDA_OP(ChecksumBlocks, ChecksumBlocksArgs, CheckChecksumBlocks)
   KVC_CUDA_OP(SnapKvScore, SnapKvScoreArgs, CheckSnapKv)
+  KVC_CUDA_OP(ExpectedAttentionScore, ExpectedAttentionScoreArgs, CheckExpectedAttention)
   KVC_CUDA_OP(AccumulateScores, AccumulateScoresArgs, CheckAccumulate)
   KVC_CUDA_OP(Select, SelectArgs, CheckSelect)
   KVC_CUDA_OP(AllocateBudgets, AllocateBudgetsArgs, CheckAllocateBudgets)

@@ -15,6 +15,7 @@ KernelStatus LaunchGather(const GatherArgs& a, StreamHandle stream);
 KernelStatus LaunchRerotate(const RerotateArgs& a, StreamHandle stream);
 KernelStatus LaunchChecksumBlocks(const ChecksumBlocksArgs& a, StreamHandle stream);
 KernelStatus LaunchSnapKvScore(const SnapKvScoreArgs& a, StreamHandle stream);
+KernelStatus LaunchExpectedAttentionScore(const ExpectedAttentionScoreArgs& a, StreamHandle stream);
 KernelStatus LaunchAccumulateScores(const AccumulateScoresArgs& a, StreamHandle stream);
 KernelStatus LaunchSelect(const SelectArgs& a, StreamHandle stream);
 KernelStatus LaunchAllocateBudgets(const AllocateBudgetsArgs& a, StreamHandle stream);

@@ -1,4 +1,4 @@
-// Reference SnapKV scoring, H2O accumulation and top-k selection.
+// Reference SnapKV and Expected Attention scoring, H2O accumulation and top-k selection.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -84,6 +84,66 @@ void SnapKvScore(const SnapKvScoreArgs& a) {
     float* dst = a.scores + static_cast<size_t>(lane) * a.lanes.max_tokens;
     for (int32_t t = 0; t < n; ++t)
       dst[t] = a.mode == ScoreMode::kAccumulate ? dst[t] + score[t] : score[t];
+  }
+}
+
+void ExpectedAttentionScore(const ExpectedAttentionScoreArgs& a) {
+  const BlockLayout& l = a.arena.layout;
+  const int d = l.head_dim;
+  const float scale = AttentionScale(d);
+  const float quad_scale = 0.5f / static_cast<float>(d);  // 1 / (2 head_dim)
+  const size_t dd = static_cast<size_t>(d) * d;
+  std::vector<float> v(d), ck(d);
+  for (int32_t lane = 0; lane < a.lanes.num_lanes; ++lane) {
+    const int32_t n = a.lanes.num_tokens[lane];
+    const std::vector<float> keys = LaneKeys(a.arena, a.lanes, lane);
+    const int32_t* pos = a.key_positions + static_cast<size_t>(lane) * a.lanes.max_tokens;
+    std::vector<float> score(n, 0.0f), logits(n);
+    for (int g = 0; g < a.group_size; ++g) {
+      const size_t head = static_cast<size_t>(lane) * a.group_size + g;
+      const float* mean = a.mean + head * d;
+      const float* cov = a.cov != nullptr ? a.cov + head * dd : nullptr;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int32_t t = 0; t < n; ++t) {
+        if (pos[t] < a.min_position) continue;  // a sink: outside the softmax
+        const float* k = &keys[static_cast<size_t>(t) * d];
+        float dot = 0.0f;
+        for (int j = 0; j < d; ++j) dot += k[j] * mean[j];
+        float quad = 0.0f;
+        if (cov != nullptr) {
+          for (int i = 0; i < d; ++i) {  // ck = cov k, then k . ck
+            float row = 0.0f;
+            for (int j = 0; j < d; ++j) row += cov[static_cast<size_t>(i) * d + j] * k[j];
+            ck[i] = row;
+          }
+          for (int i = 0; i < d; ++i) quad += k[i] * ck[i];
+        }
+        logits[t] = dot * scale + quad * quad_scale;
+        m = std::max(m, logits[t]);
+      }
+      if (m == -std::numeric_limits<float>::infinity()) continue;  // no token in the softmax
+      float sum = 0.0f;
+      for (int32_t t = 0; t < n; ++t) {
+        if (pos[t] >= a.min_position) sum += std::exp(logits[t] - m);
+      }
+      for (int32_t t = 0; t < n; ++t) {
+        if (pos[t] >= a.min_position)
+          score[t] += std::exp(logits[t] - m) / sum / static_cast<float>(a.group_size);
+      }
+    }
+    float* dst = a.scores + static_cast<size_t>(lane) * a.lanes.max_tokens;
+    for (int32_t t = 0; t < n; ++t) {
+      float sc = score[t];
+      if (a.value_norm && pos[t] >= a.min_position) {
+        int32_t b, s;
+        LaneTokenSlot(a.lanes, l.block_tokens, lane, t, &b, &s);
+        DequantizeRecord(l.format, d, ValueRecord(a.arena, b, s), v.data());
+        float sq = 0.0f;
+        for (int j = 0; j < d; ++j) sq += v[j] * v[j];
+        sc *= std::sqrt(sq);
+      }
+      dst[t] = sc;
+    }
   }
 }
 

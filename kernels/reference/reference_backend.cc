@@ -25,6 +25,7 @@ class ReferenceBackend final : public internal::HostBackend {
   KVC_REF_OP(Rerotate, RerotateArgs)
   KVC_REF_OP(ChecksumBlocks, ChecksumBlocksArgs)
   KVC_REF_OP(SnapKvScore, SnapKvScoreArgs)
+  KVC_REF_OP(ExpectedAttentionScore, ExpectedAttentionScoreArgs)
   KVC_REF_OP(AccumulateScores, AccumulateScoresArgs)
   KVC_REF_OP(Select, SelectArgs)
   KVC_REF_OP(AllocateBudgets, AllocateBudgetsArgs)

@@ -14,6 +14,7 @@ void Gather(const GatherArgs& a);
 void Rerotate(const RerotateArgs& a);
 void ChecksumBlocks(const ChecksumBlocksArgs& a);
 void SnapKvScore(const SnapKvScoreArgs& a);
+void ExpectedAttentionScore(const ExpectedAttentionScoreArgs& a);
 void AccumulateScores(const AccumulateScoresArgs& a);
 void Select(const SelectArgs& a);
 void AllocateBudgets(const AllocateBudgetsArgs& a);

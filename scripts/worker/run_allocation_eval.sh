@@ -2,7 +2,9 @@
 # Issue 19's budget-allocation grid through kvcached: pass-key retrieval on Emma and the World
 # English Bible with SnapKV's budget spread uniformly, by score across each layer's kv heads
 # (AdaKV, `adasnapkv`), and per layer (PyramidKV, `pyramidkv` / `adapyramidkv`), at the same
-# kept tokens, with INT4 storage. Starts its own kvcached (4 GiB f16 pool) on a free loopback
+# kept tokens, with INT4 storage; and query-agnostic Expected Attention (`expattn` /
+# `adaexpattn`, the same budgets: 4 sinks + a 32-token window included) compressing the context
+# before the question is prefilled (SnapKV's window holds the question). Starts its own kvcached (4 GiB f16 pool) on a free loopback
 # port; writes per-haystack JSON, markdown and logs under $EVAL_OUT
 # (default .cache/eval/allocation). Knobs: EVAL_LENGTHS (1024,2048), EVAL_DEPTHS (9 depths),
 # EVAL_KEYS (3 keys per cell: 2 haystacks x 9 x 3 = 54 cases per length), EVAL_POLICIES.
@@ -21,6 +23,8 @@ CORPUS="$(dirname "${TEXT}")"
 
 DEFAULT_POLICIES="full,snapkv=512:int4,adasnapkv=512:int4,snapkv=256:int4,adasnapkv=256:int4"
 DEFAULT_POLICIES+=",pyramidkv=256:int4,adapyramidkv=256:int4,snapkv=128:int4,adasnapkv=128:int4"
+DEFAULT_POLICIES+=",expattn=512:int4,adaexpattn=512:int4,expattn=256:int4,adaexpattn=256:int4"
+DEFAULT_POLICIES+=",expattn=128:int4,adaexpattn=128:int4"
 POLICIES="${EVAL_POLICIES:-${DEFAULT_POLICIES}}"
 LENGTHS="${EVAL_LENGTHS:-1024,2048}"
 DEPTHS="${EVAL_DEPTHS:-0,0.125,0.25,0.375,0.5,0.625,0.75,0.875,1}"

@@ -25,6 +25,8 @@ POLICIES = [
     ("h2o 128+128", ["--policy", "h2o=128+128"]),
     ("snapkv 256", ["--policy", "snapkv=256"]),
     ("snapkv 256 + int4", ["--policy", "snapkv=256", "--storage", "int4"]),
+    # Query-agnostic: the document is compressed before the question is prefilled.
+    ("expattn 256 + int4", ["--policy", "expattn=256", "--storage", "int4"]),
 ]
 
 

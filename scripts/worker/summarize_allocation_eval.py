@@ -5,7 +5,9 @@ Reads every passkey_*.json under the given directories and prints markdown:
   1. per policy and length: cases, accuracy (key within the generated tokens) with a 95 %
      Wilson interval, mean answer log-probability, KV held vs f16, and the share of the
      pass key's digit tokens the cache still held (when run with --key-tokens);
-  2. paired differences on the same cases (e.g. adasnapkv=256:int4 - snapkv=256:int4):
+  2. paired differences on the same cases (e.g. adasnapkv=256:int4 - snapkv=256:int4,
+     adaexpattn=256:int4 - expattn=256:int4, and query-agnostic expattn=256:int4 -
+     snapkv=256:int4 at the same budget):
      accuracy points and log p, each with a 95 % interval (normal approximation of the paired
      differences), so "adaptive beats uniform" can be read with its uncertainty.
 With --json OUT writes the same numbers; with --plot OUT.png (needs matplotlib) accuracy vs
@@ -61,11 +63,16 @@ def load(dirs):
 
 
 def pairs_of(policies):
-    """(uniform, other) for every adaptive/pyramid policy whose uniform twin ran."""
+    """(uniform, other) for every adaptive/pyramid policy whose uniform twin ran, and
+    (snapkv, expattn) at the same budget and storage (query-aware vs query-agnostic)."""
     out = []
     for p in policies:
-        m = re.match(r"(ada)?(pyramidkv|snapkv)=(.*)", p)
+        m = re.match(r"(ada)?(pyramidkv|snapkv|expattn)=(.*)", p)
         if m and (m.group(1) or m.group(2) == "pyramidkv"):
+            base = ("expattn=" if m.group(2) == "expattn" else "snapkv=") + m.group(3)
+            if base in policies:
+                out.append((base, p))
+        if m and not m.group(1) and m.group(2) == "expattn":
             base = "snapkv=" + m.group(3)
             if base in policies:
                 out.append((base, p))

@@ -22,6 +22,7 @@ using Eviction = CompressionSpec::Eviction;
 
 struct Geometry {
   int layers = 2, heads = 2, qheads = 4, dim = 64, block = 16;
+  double rope_theta = 0;  // > 0: the pool has RoPE settings (NeoX, every dim rotated)
 };
 
 inline KvStoreOptions Options(const Geometry& g, int64_t capacity = int64_t{64} << 20) {
@@ -34,6 +35,10 @@ inline KvStoreOptions Options(const Geometry& g, int64_t capacity = int64_t{64} 
   pool.geometry.head_dim = g.dim;
   pool.geometry.block_tokens = g.block;
   pool.geometry.dtype = DType::kF32;
+  if (g.rope_theta > 0) {
+    pool.geometry.rope.enabled = true;
+    pool.geometry.rope.theta = g.rope_theta;
+  }
   pool.capacity_bytes = capacity;
   KvStoreOptions o;
   o.pools.push_back(pool);

@@ -381,6 +381,11 @@ TEST_P(HostileInputTest, EveryEnumOutsideTheContractIsInvalidArgument) {
   spec.mutable_snapkv()->set_pooling(pb::SnapKvSpec::POOLING_MAX);
   spec.mutable_snapkv()->set_allocation(static_cast<pb::SnapKvSpec::Allocation>(5));
   specs.emplace_back("snapkv.allocation", spec);
+  spec.Clear();
+  spec.mutable_expected_attention()->set_window(4);
+  spec.mutable_expected_attention()->set_budget(16);
+  spec.mutable_expected_attention()->set_allocation(static_cast<pb::SnapKvSpec::Allocation>(3));
+  specs.emplace_back("expected_attention.allocation", spec);
   for (const auto& [field, bad] : specs) {
     pb::CreateSequenceRequest create;
     *create.mutable_policy() = bad;

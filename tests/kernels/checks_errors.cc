@@ -141,8 +141,10 @@ KVC_BACKEND_CHECK(ErrorsWriteNothing) {
     watch.ExpectRejected("gather between formats", ctx.backend->Gather(g, {}));
     watch.ExpectRejected("rerotate with an odd rotary_dim", ctx.backend->Rerotate(r, {}));
   }
-  // Scores: SnapKV with an even pool kernel, AccumulateScores with group 0, Select with a
-  // negative budget or (host) a lane longer than max_tokens; decode with a group of 65.
+  // Scores: SnapKV with an even pool kernel, Expected Attention with group 0, a negative
+  // min_position or no mean, AccumulateScores with group 0, Select with a negative budget or
+  // (host) a lane longer than max_tokens; decode with a group of 65; (host) SnapKV and
+  // Expected Attention with a bad block id.
   {
     const std::vector<int32_t> pos = MakePositions(fx.lanes, /*shuffle=*/false, rng);
     const std::vector<float> init = MakeScores(fx.lanes, rng);
@@ -185,6 +187,26 @@ KVC_BACKEND_CHECK(ErrorsWriteNothing) {
     watch.Add(da.out, static_cast<size_t>(num_lanes) * 65 * l.head_dim * 2);
     watch.Add(da.weights, static_cast<size_t>(num_lanes) * 65 * stride * 4);
     watch.ExpectRejected("snapkv with an even pool kernel", ctx.backend->SnapKvScore(sk, {}));
+    ExpectedAttentionScoreArgs ea;
+    ea.arena = fx.dl.arena;
+    ea.lanes = fx.dl.table;
+    ea.group_size = 2;
+    ea.mean = s.Upload(std::vector<float>(static_cast<size_t>(num_lanes) * 2 * l.head_dim, 1.0f));
+    ea.key_positions = sk.key_positions;
+    ea.min_position = 4;
+    ea.scores = scores;
+    ExpectedAttentionScoreArgs bad_ea = ea;
+    bad_ea.group_size = 0;
+    watch.ExpectRejected("expected attention with group 0",
+                         ctx.backend->ExpectedAttentionScore(bad_ea, {}));
+    bad_ea = ea;
+    bad_ea.min_position = -1;
+    watch.ExpectRejected("expected attention with min_position -1",
+                         ctx.backend->ExpectedAttentionScore(bad_ea, {}));
+    bad_ea = ea;
+    bad_ea.mean = nullptr;
+    watch.ExpectRejected("expected attention without mean",
+                         ctx.backend->ExpectedAttentionScore(bad_ea, {}));
     watch.ExpectRejected("accumulate with group 0", ctx.backend->AccumulateScores(acc, {}));
     watch.ExpectRejected("select with a negative budget", ctx.backend->Select(sel, {}));
     watch.ExpectRejected("decode with group 65", ctx.backend->DecodeAttention(da, {}));
@@ -204,6 +226,9 @@ KVC_BACKEND_CHECK(ErrorsWriteNothing) {
       sk.lanes.block_offsets = s.Upload(offsets);
       sk.lanes.block_ids = s.Upload(ids);
       watch.ExpectRejected("snapkv with a bad block id", ctx.backend->SnapKvScore(sk, {}));
+      ea.lanes = sk.lanes;
+      watch.ExpectRejected("expected attention with a bad block id",
+                           ctx.backend->ExpectedAttentionScore(ea, {}));
     }
   }
 }

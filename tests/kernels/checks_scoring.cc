@@ -1,7 +1,7 @@
-// Backend checks of SnapKV scoring, H2O accumulation and selection, plus a spec check of the
-// selection rules on hand-made inputs. Positions and scores are the caller's arrays
-// [lanes, max_tokens]; max_tokens is padded past the longest lane so that every check also
-// sees that slots past a lane's tokens are left alone (keep: written 0).
+// Backend checks of SnapKV and Expected Attention scoring, H2O accumulation and selection, plus
+// spec checks of Expected Attention and of the selection rules on hand-made inputs. Positions and
+// scores are the caller's arrays [lanes, max_tokens]; max_tokens is padded past the longest lane so
+// that every check also sees that slots past a lane's tokens are left alone (keep: written 0).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -87,6 +87,190 @@ KVC_BACKEND_CHECK(SnapKvMatchesReference) {
     ctx.Expect(Nmse(want, got) < 1e-8, Str(what, ": scores NMSE ", Nmse(want, got)));
     ExpectPaddingUntouched(ctx, what, lanes, init, scores[1]);
     ExpectPaddingUntouched(ctx, what + " (reference)", lanes, init, scores[0]);
+  }
+}
+
+// Query statistics for Expected Attention, per (lane, query head): means N(0, 0.25) and
+// symmetric positive semi-definite covariances 0.5 B B^T / r, B a Gaussian [d, r] (r 32).
+void ExpectedStats(int32_t num_lanes, int group, int d, std::mt19937& rng, std::vector<float>* mean,
+                   std::vector<float>* cov) {
+  *mean = RandomRows(static_cast<int64_t>(num_lanes) * group, d, DataKind::kGaussian, rng);
+  for (float& x : *mean) x *= 0.5f;
+  const int r = 32;
+  const size_t dd = static_cast<size_t>(d) * d;
+  cov->assign(static_cast<size_t>(num_lanes) * group * dd, 0.0f);
+  for (int64_t h = 0; h < static_cast<int64_t>(num_lanes) * group; ++h) {
+    const std::vector<float> b = RandomRows(d, r, DataKind::kGaussian, rng);
+    float* c = cov->data() + h * dd;
+    for (int i = 0; i < d; ++i) {
+      for (int j = 0; j < d; ++j) {
+        float acc = 0.0f;
+        for (int u = 0; u < r; ++u) acc += b[i * r + u] * b[j * r + u];
+        c[i * d + j] = 0.5f * acc / static_cast<float>(r);
+      }
+    }
+  }
+}
+
+KVC_BACKEND_CHECK(ExpectedAttentionMatchesReference) {
+  std::mt19937 rng(24);
+  struct Case {
+    int d, group;
+    bool cov, value_norm;
+    int32_t min_position;
+    std::vector<int32_t> tokens;
+    int block_tokens = 16;
+    bool shuffle = false;  // key positions not in stored order (a compacted lane)
+  };
+  // Empty lanes, lanes with every token below min_position, lanes shorter and longer than a
+  // CUDA tile (16/32 keys) and a CPU item (256), head_dim 48 (the CUDA covariance tiles do not
+  // divide it) and 512 (16-key tiles), block_tokens not a power of two.
+  const Case cases[] = {
+      {128, 1, true, true, 0, {1, 37, 300}},
+      {64, 4, true, false, 4, {100, 0, 16, 3}},
+      {128, 8, false, true, 4, {270, 64}, 16, true},
+      {16, 3, true, true, 2, {45, 5, 0}, 12},
+      {48, 2, true, true, 0, {70, 2}, 8, true},
+      {256, 2, true, false, 1, {70}},
+      {512, 1, true, true, 3, {20, 33}},
+      {64, 2, false, false, 0, {1, 2}},
+  };
+  for (StorageFormat f : AllFormats()) {
+    for (const Case& c : cases) {
+      if (!FormatSupportsHeadDim(f, c.d)) continue;
+      const BlockLayout l = MakeBlockLayout(f, c.d, c.block_tokens);
+      LaneSpec lanes = MakeLanes(l, c.tokens, 1, rng);
+      lanes.max_tokens += 5;
+      const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
+      const std::vector<int32_t> kpos = MakePositions(lanes, c.shuffle, rng);
+      const std::vector<float> init = MakeScores(lanes, rng);
+      const int32_t num_lanes = lanes.num_lanes();
+      std::vector<float> mean, cov;
+      ExpectedStats(num_lanes, c.group, c.d, rng, &mean, &cov);
+      std::vector<float> scores[2];
+      KernelBackend* backends[2] = {ctx.reference, ctx.backend};
+      for (int i = 0; i < 2; ++i) {
+        Session s(*backends[i], ctx);
+        const DeviceLanes dl = UploadLanes(s, lanes, arena);
+        ExpectedAttentionScoreArgs a;
+        a.arena = dl.arena;
+        a.lanes = dl.table;
+        a.group_size = c.group;
+        a.mean = s.Upload(mean);
+        a.cov = c.cov ? s.Upload(cov) : nullptr;
+        a.key_positions = s.Upload(kpos);
+        a.min_position = c.min_position;
+        a.value_norm = c.value_norm;
+        a.scores = s.Upload(init);
+        if (!ctx.ExpectOk(backends[i]->ExpectedAttentionScore(a, StreamHandle{}),
+                          "ExpectedAttentionScore"))
+          return;
+        scores[i] = s.Download(a.scores, init.size());
+        ctx.Expect(s.DownloadBytes(a.arena.base, arena.size()) == arena,
+                   "ExpectedAttentionScore leaves the arena as it is");
+      }
+      const std::string what =
+          Str("expected attention ", ShapeName(l), " G", c.group, c.cov ? " cov" : "",
+              c.value_norm ? " vnorm" : "", " min ", c.min_position);
+      const std::vector<float> want = StoredValues(lanes, scores[0]);
+      const std::vector<float> got = StoredValues(lanes, scores[1]);
+      ctx.Expect(Nmse(want, got) < 1e-8, Str(what, ": scores NMSE ", Nmse(want, got)));
+      ExpectPaddingUntouched(ctx, what, lanes, init, scores[1]);
+      ExpectPaddingUntouched(ctx, what + " (reference)", lanes, init, scores[0]);
+      // Per lane: sinks score exactly 0; without the value norm the rest is a distribution.
+      for (int32_t lane = 0; lane < num_lanes; ++lane) {
+        const size_t row = static_cast<size_t>(lane) * lanes.max_tokens;
+        double sum = 0;
+        int32_t in_softmax = 0;
+        for (int32_t t = 0; t < lanes.tokens[lane]; ++t) {
+          const float x = scores[1][row + t];
+          if (kpos[row + t] < c.min_position) {
+            ctx.Expect(x == 0.0f,
+                       Str(what, ": lane ", lane, " token ", t, " below min_position scores ", x));
+          } else {
+            ctx.Expect(x >= 0.0f && std::isfinite(x),
+                       Str(what, ": lane ", lane, " token ", t, " scores ", x));
+            sum += x;
+            ++in_softmax;
+          }
+        }
+        if (!c.value_norm && in_softmax > 0) {
+          ctx.Expect(std::fabs(sum - 1.0) < 1e-4,
+                     Str(what, ": lane ", lane, " scores sum to ", sum, ", want 1"));
+        }
+      }
+    }
+  }
+}
+
+// Spec: the reference's Expected Attention scores on f32 blocks equal the formula of ops.h
+// computed in double with plain loops (a 4-token lane, the first token a sink, two query heads).
+KVC_SPEC_CHECK(ExpectedAttentionIsExpectedSoftmax) {
+  std::unique_ptr<KernelBackend> ref;
+  if (!ctx.ExpectOk(CreateBackend(BackendKind::kReference, BackendOptions{}, &ref), "create"))
+    return;
+  std::mt19937 rng(25);
+  const int d = 16, group = 2, n = 4, max_tokens = 6;
+  const BlockLayout l = MakeBlockLayout(StorageFormat::kF32, d, 16);
+  const LaneSpec lanes = MakeLanes(l, {n}, 0, rng);
+  std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kGaussian, rng);
+  const PagedArena pa{arena.data(), l, lanes.num_blocks};
+  const int32_t pos[max_tokens] = {0, 1, 2, 3, -1, -1};
+  std::vector<float> mean, cov;
+  ExpectedStats(1, group, d, rng, &mean, &cov);
+  cov[3] += 0.25f;  // not symmetric: k^T C k is still what counts
+  for (int with_cov = 0; with_cov < 2; ++with_cov) {
+    for (int value_norm = 0; value_norm < 2; ++value_norm) {
+      std::vector<float> scores(max_tokens, 7.0f);
+      ExpectedAttentionScoreArgs a;
+      a.arena = pa;
+      a.lanes = LaneTable{1, lanes.offsets.data(), lanes.ids.data(), &n, max_tokens};
+      a.group_size = group;
+      a.mean = mean.data();
+      a.cov = with_cov ? cov.data() : nullptr;
+      a.key_positions = pos;
+      a.min_position = 1;
+      a.value_norm = value_norm != 0;
+      a.scores = scores.data();
+      ctx.ExpectOk(ref->ExpectedAttentionScore(a, StreamHandle{}), "ExpectedAttentionScore");
+      // The formula: logit_t = k.mean / sqrt(d) + k^T C k / (2d) over tokens 1..3.
+      std::vector<double> want(n, 0.0);
+      for (int g = 0; g < group; ++g) {
+        std::vector<double> logit(n, 0.0);
+        for (int t = 1; t < n; ++t) {
+          const uint8_t* k = KeyRecord(pa, lanes.ids[0], t);
+          double dot = 0, quad = 0;
+          for (int i = 0; i < d; ++i) {
+            dot += static_cast<double>(LoadF32(k + 4 * i)) * mean[g * d + i];
+            for (int j = 0; j < d; ++j) {
+              quad += static_cast<double>(LoadF32(k + 4 * i)) * cov[(g * d + i) * d + j] *
+                      LoadF32(k + 4 * j);
+            }
+          }
+          logit[t] = dot / std::sqrt(static_cast<double>(d)) + (with_cov ? quad / (2.0 * d) : 0);
+        }
+        double m = -1e300, sum = 0;
+        for (int t = 1; t < n; ++t) m = std::max(m, logit[t]);
+        for (int t = 1; t < n; ++t) sum += std::exp(logit[t] - m);
+        for (int t = 1; t < n; ++t) want[t] += std::exp(logit[t] - m) / sum / group;
+      }
+      for (int t = 1; t < n && value_norm; ++t) {
+        const uint8_t* v = ValueRecord(pa, lanes.ids[0], t);
+        double sq = 0;
+        for (int j = 0; j < d; ++j)
+          sq += static_cast<double>(LoadF32(v + 4 * j)) * LoadF32(v + 4 * j);
+        want[t] *= std::sqrt(sq);
+      }
+      const std::string what =
+          Str("expected attention", with_cov ? " with cov" : "", value_norm ? " with ||v||" : "");
+      ctx.Expect(scores[0] == 0.0f, Str(what, ": the sink scores ", scores[0], ", want 0"));
+      for (int t = 1; t < n; ++t) {
+        ctx.Expect(std::fabs(scores[t] - want[t]) <= 1e-5 * (1.0 + std::fabs(want[t])),
+                   Str(what, ": token ", t, " scores ", scores[t], ", want ", want[t]));
+      }
+      ctx.Expect(scores[4] == 7.0f && scores[5] == 7.0f,
+                 Str(what, ": slots past num_tokens are left as they are"));
+    }
   }
 }
 

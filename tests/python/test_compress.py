@@ -9,7 +9,8 @@ import pytest
 
 import kvcache
 from conftest import HEAD_DIM, KV_HEADS, LAYERS, Q_HEADS, random_kv
-from kvcache import H2O, CompressionSpec, LayerQueries, SnapKV, StreamingLLM
+from kvcache import (H2O, CompressionSpec, ExpectedAttention, LayerQueries, LayerQueryStats,
+                     SnapKV, StreamingLLM)
 
 
 def _fill(client: kvcache.Client, n: int, policy=None, pool: str = "f16"):
@@ -148,4 +149,28 @@ def test_h2o_after_attend_and_residual_policy(client: kvcache.Client) -> None:
         assert got.positions.tolist() == list(range(4)) + list(range(40, 64))
         np.testing.assert_array_equal(got.keys[-8:], sent[layer][0][56:, head])
         assert np.abs(got.keys[:-8] - sent[layer][0][got.positions[:-8], head]).max() > 0
+    client.release(seq)
+
+
+def test_expected_attention_ranks_by_query_statistics(client: kvcache.Client) -> None:
+    # A zero mean and no covariance give every non-sink token the same expected attention, so
+    # the ||v|| factor decides: the three tokens with planted large values are kept.
+    n, planted = 64, [10, 20, 30]
+    seq = client.create_sequence(pool="f16")
+    for layer in range(LAYERS):
+        k, v = random_kv(n, seed=layer), random_kv(n, seed=50 + layer)
+        v[planted] *= 50
+        client.append(seq, layer, 0, k, v)
+    stats = [LayerQueryStats(layer, np.zeros((Q_HEADS, HEAD_DIM), np.float32))
+             for layer in range(LAYERS)]
+    spec = CompressionSpec(eviction=ExpectedAttention(window=8, budget=4 + 8 + 3))
+    with pytest.raises(kvcache.InvalidArgument, match="query_stats for layer 1 are missing"):
+        client.compress(seq, spec, query_stats=stats[:1])
+    with pytest.raises(ValueError, match="covariance must be"):
+        client.compress(seq, spec, query_stats=[
+            LayerQueryStats(0, stats[0].mean, np.zeros((Q_HEADS, HEAD_DIM), np.float32))])
+    r = client.compress(seq, spec, query_stats=stats)
+    assert [s.token_heads_after for s in r.layers] == [15 * KV_HEADS] * LAYERS
+    for got in client.fetch(seq).heads.values():
+        assert sorted(got.positions.tolist()) == [0, 1, 2, 3] + planted + list(range(56, 64))
     client.release(seq)

@@ -58,6 +58,7 @@ class ForwardingBackend : public kernels::KernelBackend {
   KVC_FORWARD_OP(Gather, GatherArgs)
   KVC_FORWARD_OP(Rerotate, RerotateArgs)
   KVC_FORWARD_OP(SnapKvScore, SnapKvScoreArgs)
+  KVC_FORWARD_OP(ExpectedAttentionScore, ExpectedAttentionScoreArgs)
   KVC_FORWARD_OP(AccumulateScores, AccumulateScoresArgs)
   KVC_FORWARD_OP(Select, SelectArgs)
   KVC_FORWARD_OP(ChecksumBlocks, ChecksumBlocksArgs)

@@ -207,6 +207,73 @@ TEST_F(ModelFixtureTest, GreedyChatAnswerNamesParis) {
   EXPECT_NE(result->text.find("Paris"), std::string::npos) << result->text;
 }
 
+// Records the CommitStep ends a cache sees.
+class CommitRecorder : public KvCache {
+ public:
+  explicit CommitRecorder(KvCache* inner) : inner_(inner) {}
+  const KvGeometry& geometry() const override { return inner_->geometry(); }
+  absl::Status Append(int32_t layer, absl::Span<const int32_t> positions,
+                      absl::Span<const float> keys, absl::Span<const float> values) override {
+    return inner_->Append(layer, positions, keys, values);
+  }
+  absl::Status Attend(int32_t layer, absl::Span<const float> queries,
+                      absl::Span<const int32_t> positions, absl::Span<float> out) override {
+    return inner_->Attend(layer, queries, positions, out);
+  }
+  absl::StatusOr<LayerKv> Fetch(int32_t layer) override { return inner_->Fetch(layer); }
+  absl::Status CommitStep(int32_t end) override {
+    commits.push_back(end);
+    return inner_->CommitStep(end);
+  }
+  int64_t StoredTokenSlots() const override { return inner_->StoredTokenSlots(); }
+  std::string Describe() const override { return "commit recorder"; }
+
+  std::vector<int32_t> commits;
+
+ private:
+  KvCache* inner_;
+};
+
+// A document's end (prefill_split) ends a prefill chunk, so a cache can compress the document
+// before the question is prefilled; tokens already in the cache are committed first.
+TEST_F(ModelFixtureTest, PrefillSplitEndsAChunkAndCachedTokensAreCommittedFirst) {
+  const std::vector<int32_t>& ids = cases_[2].ids;
+  ASSERT_GT(ids.size(), 60u);
+  const int32_t n = static_cast<int32_t>(ids.size());
+  LocalKvCache local(model_->config().kv_geometry(), nullptr, model_->pool());
+  CommitRecorder kv(&local);
+  GenerateOptions opt;
+  opt.max_new_tokens = 1;
+  opt.prefill_chunk = 16;
+  opt.prefill_split = 37;
+  auto split = Generate(*model_, kv, ids, opt);
+  ASSERT_TRUE(split.ok()) << split.status();
+  std::vector<int32_t> expect = {16, 32, 37};
+  for (int32_t end = 37 + 16; end < n; end += 16) expect.push_back(end);
+  expect.push_back(n);
+  EXPECT_EQ(kv.commits, expect);
+  // The same answer as without the split.
+  LocalKvCache plain(model_->config().kv_geometry(), nullptr, model_->pool());
+  opt.prefill_split = 0;
+  auto unsplit = Generate(*model_, plain, ids, opt);
+  ASSERT_TRUE(unsplit.ok()) << unsplit.status();
+  EXPECT_EQ(split->tokens, unsplit->tokens);
+
+  // 20 tokens already cached (as if attached from kvcached's prefix cache).
+  LocalKvCache attached(model_->config().kv_geometry(), nullptr, model_->pool());
+  ASSERT_TRUE(
+      model_->Forward(absl::MakeConstSpan(ids).subspan(0, 20), 0, attached, LogitsMode::kNone)
+          .ok());
+  CommitRecorder rest(&attached);
+  opt.cached_prompt_tokens = 20;
+  opt.prefill_split = 30;
+  ASSERT_TRUE(Generate(*model_, rest, ids, opt).ok());
+  ASSERT_GE(rest.commits.size(), 3u);
+  EXPECT_EQ(rest.commits[0], 20);
+  EXPECT_EQ(rest.commits[1], 30);
+  EXPECT_EQ(rest.commits[2], 46);
+}
+
 TEST_F(ModelFixtureTest, SinkWindowCacheStaysBoundedWhileDecoding) {
   const KvGeometry g = model_->config().kv_geometry();
   LocalKvCache kv(g, MakeLocalSinkWindowPolicy(4, 28), model_->pool());

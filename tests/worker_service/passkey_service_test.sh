@@ -3,8 +3,10 @@
 # --kv=kvcached), on two ~512-token cases of Persuasion: the full f16 cache must name both
 # keys; StreamingLLM 4+60 (the needle evicted) must lose them by far in log-probability;
 # SnapKV 128 + INT4 must hold at least 8x fewer bytes than the full cache and keep more of
-# the answer than StreamingLLM; every sequence must be released. Skips (exit 77) when the
-# model or the text is missing.
+# the answer than StreamingLLM; Expected Attention 128 + INT4 (query-agnostic: the context is
+# compressed before the question is prefilled; needs kvcached's ExpectedAttentionSpec) must
+# hold at least 8x fewer bytes and see the context alone; every sequence must be released.
+# Skips (exit 77) when the model or the text is missing.
 # usage: passkey_service_test.sh KVCACHED KVC_WORKER REPO_ROOT
 set -euo pipefail
 KVCACHED=$1 WORKER=$2 ROOT=$3
@@ -16,7 +18,7 @@ json=$(mktemp)
 trap 'kill -9 $KVC_PID 2>/dev/null || true; rm -f "$KVC_LOG" "$json"' EXIT
 "$WORKER" passkey --kv=kvcached --target="$KVC_TARGET" --model="$MODEL" --haystack-file "$TEXT" \
   --lengths 512 --depths 0.2,0.5 --seed 1234 \
-  --policies full,snapkv=128:int4,streaming=4+60 --json "$json"
+  --policies full,snapkv=128:int4,streaming=4+60,expattn=128:int4 --json "$json"
 python3 - "$json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -28,6 +30,13 @@ def check(ok, what):
     if not ok:
         fails.append(what)
 full, snap, stream = by["full"], by["snapkv=128:int4"], by["streaming=4+60"]
+for f, e in zip(full, by["expattn=128:int4"]):
+    tag = "depth %.1f" % f["depth"]
+    check(e["kv_bytes"] * 8 < f["kv_bytes"], tag + ": Expected Attention 128 + INT4 >= 8x smaller")
+    check(e["prompt_tokens"] == e["context_tokens"] < f["prompt_tokens"],
+          tag + ": Expected Attention compressed the context alone")
+    print("%s: Expected Attention 128 + INT4: log p %.2f (full %.2f, StreamingLLM 4+60 and "
+          "SnapKV 128 in the table above)" % (tag, e["answer_logprob"], f["answer_logprob"]))
 for f, c, w in zip(full, snap, stream):
     tag = "depth %.1f" % f["depth"]
     check(f["teacher_forced_match"] and f["generated_match"], tag + ": full cache names the key")

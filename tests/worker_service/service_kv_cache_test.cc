@@ -1,22 +1,29 @@
 // The engine's two KV caches agree: ServiceKvCache (KV cache in a real kvcached over gRPC)
 // gives the same attention as the local in-memory cache, on the decode path (the service's
 // Attend) and the prefill path (Fetch + local attention), and SnapKV at the end of the
-// prompt shrinks what the service holds.
+// prompt shrinks what the service holds. Expected Attention (query-agnostic) compresses a
+// document before its question with the statistics of the document's queries (these tests need
+// kvcached's ExpectedAttentionSpec).
 #include "worker/service/service_kv_cache.h"
 
+#include <algorithm>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
 #include "worker/engine/local_kv_cache.h"
+#include "worker/engine/query_stats.h"
+#include "worker/service/service_policy_parse.h"
 
 namespace kvc::worker {
 namespace {
 
 constexpr int kLayers = 2, kHeads = 2, kQHeads = 4, kDim = 64;
+constexpr float kTheta = 10000.0f;
 
-cachesvc::ServerOptions F32Pool() {
+cachesvc::ServerOptions F32Pool(bool rope = false) {
   cachesvc::ServerOptions o;
   o.listen = "127.0.0.1:0";
   cachesvc::PoolOptions pool;
@@ -27,6 +34,10 @@ cachesvc::ServerOptions F32Pool() {
   pool.geometry.num_query_heads = kQHeads;
   pool.geometry.head_dim = kDim;
   pool.geometry.dtype = kernels::DType::kF32;  // exact storage: both caches must agree closely
+  if (rope) {  // Expected Attention rotates the statistics with the pool's RoPE
+    pool.geometry.rope.enabled = true;
+    pool.geometry.rope.theta = kTheta;
+  }
   o.store.pools.push_back(pool);
   return o;
 }
@@ -39,20 +50,22 @@ std::vector<float> Gaussian(size_t n, uint32_t seed) {
   return v;
 }
 
-KvGeometry Geometry() {
+KvGeometry Geometry(float rope_theta = 0.0f) {
   KvGeometry g;
   g.num_layers = kLayers;
   g.num_kv_heads = kHeads;
   g.num_q_heads = kQHeads;
   g.head_dim = kDim;
+  g.rope_theta = rope_theta;
   return g;
 }
 
 // Runs a prefill of `prompt` tokens in chunks, then `decode` single-token steps, on `kv`,
-// returning every attention output in order.
-std::vector<float> Drive(KvCache& kv, int prompt, int chunk, int decode) {
+// returning every attention output in order. With `start`, the positions before it are in
+// the cache already (attached) and the prefill runs from there.
+std::vector<float> Drive(KvCache& kv, int prompt, int chunk, int decode, int start = 0) {
   std::vector<float> outputs;
-  int32_t pos = 0;
+  int32_t pos = start;
   auto step = [&](int n) {
     std::vector<int32_t> positions(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = pos + i;
@@ -70,9 +83,25 @@ std::vector<float> Drive(KvCache& kv, int prompt, int chunk, int decode) {
     pos += n;
     EXPECT_THAT(kv.CommitStep(pos), ::kvc::testing::IsOk());
   };
-  for (int done = 0; done < prompt; done += chunk) step(std::min(chunk, prompt - done));
+  for (int done = start; done < prompt; done += chunk) step(std::min(chunk, prompt - done));
   for (int i = 0; i < decode; ++i) step(1);
   return outputs;
+}
+
+// The queries Drive makes at [begin, end) of every layer, summarized as Expected Attention's.
+std::vector<QueryStats> DriveStats(int prompt, int chunk, int32_t begin, int32_t end) {
+  QueryStatsAccumulator acc(Geometry(kTheta));
+  for (int32_t pos = 0; pos < prompt; pos += chunk) {
+    const int n = std::min(chunk, prompt - pos);
+    std::vector<int32_t> positions(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) positions[static_cast<size_t>(i)] = pos + i;
+    for (int l = 0; l < kLayers; ++l) {
+      const auto q = Gaussian(static_cast<size_t>(n) * kQHeads * kDim,
+                              55 + 100 * l + static_cast<uint32_t>(pos));
+      EXPECT_THAT(acc.Add(l, q, positions, begin, end), ::kvc::testing::IsOk());
+    }
+  }
+  return acc.Finish();
 }
 
 TEST(ServiceKvCacheTest, MatchesTheLocalCacheOnPrefillAndDecode) {
@@ -205,6 +234,145 @@ TEST(ServiceKvCacheTest, LoadingAPrefilledPromptEqualsPrefillingThroughTheServic
     ASSERT_THAT(loaded->Attend(1, q, pos, absl::MakeSpan(out_b)), ::kvc::testing::IsOk());
     for (size_t i = 0; i < q.size(); ++i) ASSERT_NEAR(out_a[i], out_b[i], 1e-5) << i;
   }
+}
+
+ServicePolicy ExpectedAttentionPolicy(int window, int budget) {
+  auto policy = ParseServicePolicy(absl::StrCat("expattn=", budget, "/", window), "int4");
+  EXPECT_THAT(policy, ::kvc::testing::IsOk());
+  return *policy;
+}
+
+// Expected Attention with a document (100 tokens) and a question (20): compressed when the
+// document is complete, from the statistics of the document's queries after the 4 sinks (the
+// question's never enter them), then the question and the answer are appended.
+TEST(ServiceKvCacheTest, ExpectedAttentionCompressesTheDocumentBeforeTheQuestion) {
+  auto t = ::kvc::testing::StartTestServer(F32Pool(/*rope=*/true));
+  kernels::ThreadPool threads(2);
+  const ServicePolicy policy = ExpectedAttentionPolicy(8, 24);
+  KVC_ASSERT_OK_AND_ASSIGN(
+      auto service,
+      ServiceKvCache::Create(t.client.get(), "", Geometry(kTheta), policy, false, &threads));
+  service->ExpectPrompt(120);
+  service->ExpectDocument(100);
+  EXPECT_TRUE(service->CompressesAtDocumentEnd());
+  Drive(*service, 120, 20, 3);  // a chunk ends at the document's end (prefill_split)
+  const std::vector<QueryStats> expect = DriveStats(120, 20, 4, 100);
+  const std::vector<QueryStats>& sent = service->query_stats();
+  ASSERT_EQ(sent.size(), static_cast<size_t>(kLayers));
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_EQ(sent[l].count, 96);
+    EXPECT_EQ(sent[l].mean, expect[l].mean);
+    EXPECT_EQ(sent[l].covariance, expect[l].covariance);
+  }
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo info, service->Info());
+  EXPECT_EQ(info.storage, client::StorageFormat::kInt4G32);
+  for (int64_t n : info.stored_tokens) EXPECT_EQ(n, 24 + 20 + 3);  // budget + question + answer
+  EXPECT_EQ(info.visible_tokens, 123);
+  // The sinks and the document's last `window` tokens stay.
+  for (int l = 0; l < kLayers; ++l) {
+    KVC_ASSERT_OK_AND_ASSIGN(LayerKv kv, service->Fetch(l));
+    for (const HeadKv& h : kv.heads) {
+      for (int32_t p : {0, 1, 2, 3, 92, 99, 100, 119, 122}) {
+        EXPECT_TRUE(std::binary_search(h.positions.begin(), h.positions.end(), p)) << p;
+      }
+    }
+  }
+}
+
+// The passkey harness's way (a local prefill, its statistics, LoadPrompt) leaves the service
+// holding what prefilling through the service does.
+TEST(ServiceKvCacheTest, ExpectedAttentionLoadedEqualsPrefilledThroughTheService) {
+  auto t = ::kvc::testing::StartTestServer(F32Pool(/*rope=*/true));
+  kernels::ThreadPool threads(2);
+  const ServicePolicy policy = ExpectedAttentionPolicy(8, 24);
+  KVC_ASSERT_OK_AND_ASSIGN(auto engine, ServiceKvCache::Create(t.client.get(), "", Geometry(kTheta),
+                                                               policy, false, &threads));
+  engine->ExpectPrompt(100);
+  Drive(*engine, 100, 32, 0);
+  LocalKvCache local(Geometry(kTheta), nullptr, &threads);
+  Drive(local, 100, 32, 0);
+  KVC_ASSERT_OK_AND_ASSIGN(auto loaded, ServiceKvCache::Create(t.client.get(), "", Geometry(kTheta),
+                                                               policy, false, &threads));
+  EXPECT_THAT(loaded->LoadPrompt(local, 100, {}, {}, 37),
+              ::kvc::testing::StatusIs(absl::StatusCode::kFailedPrecondition, "UseQueryStats"));
+  KVC_ASSERT_OK_AND_ASSIGN(loaded, ServiceKvCache::Create(t.client.get(), "", Geometry(kTheta),
+                                                          policy, false, &threads));
+  ASSERT_THAT(loaded->UseQueryStats(DriveStats(100, 32, 4, 100)), ::kvc::testing::IsOk());
+  ASSERT_THAT(loaded->LoadPrompt(local, 100, {}, {}, /*chunk_tokens=*/37), ::kvc::testing::IsOk());
+  for (int l = 0; l < kLayers; ++l) {
+    KVC_ASSERT_OK_AND_ASSIGN(LayerKv a, engine->Fetch(l));
+    KVC_ASSERT_OK_AND_ASSIGN(LayerKv b, loaded->Fetch(l));
+    for (int h = 0; h < kHeads; ++h) {
+      EXPECT_EQ(a.heads[h].positions, b.heads[h].positions) << "layer " << l << " head " << h;
+      EXPECT_EQ(a.heads[h].positions.size(), 24u);
+    }
+  }
+}
+
+// ask --reuse: the first request publishes the document's blocks before compressing it; a
+// later one attaches them (their queries never pass through its cache) and compresses with
+// the first request's statistics, as soon as the attached tokens are committed.
+TEST(ServiceKvCacheTest, ExpectedAttentionOnAnAttachedDocumentTakesGivenStatistics) {
+  auto t = ::kvc::testing::StartTestServer(F32Pool(/*rope=*/true));
+  kernels::ThreadPool threads(2);
+  const ServicePolicy policy = ExpectedAttentionPolicy(8, 24);
+  std::vector<int32_t> ids(80);
+  for (int i = 0; i < 80; ++i) ids[static_cast<size_t>(i)] = 1000 + i;
+  const client::Prefix prefix{"test-model", "", ids};
+  KVC_ASSERT_OK_AND_ASSIGN(auto first, ServiceKvCache::Create(t.client.get(), "", Geometry(kTheta),
+                                                              policy, false, &threads));
+  first->ExpectPrompt(80);
+  first->ExpectDocument(64);
+  first->PublishAtPromptEnd(prefix);
+  Drive(*first, 80, 16, 0);
+  EXPECT_EQ(first->published().published_tokens, 64);  // the raw document, before compression
+  ASSERT_EQ(first->query_stats().size(), static_cast<size_t>(kLayers));
+  EXPECT_EQ(first->query_stats()[0].count, 60);
+
+  for (bool give : {false, true}) {
+    SCOPED_TRACE(give ? "statistics given" : "no statistics");
+    client::Prefix wanted = prefix;
+    wanted.token_ids.pop_back();
+    KVC_ASSERT_OK_AND_ASSIGN(
+        auto later, ServiceKvCache::Create(t.client.get(), "", Geometry(kTheta), policy, false,
+                                           &threads, &wanted));
+    ASSERT_EQ(later->attached_tokens(), 64);
+    later->ExpectPrompt(80);
+    later->ExpectDocument(64);
+    if (!give) {
+      EXPECT_THAT(later->CommitStep(64),
+                  ::kvc::testing::StatusIs(absl::StatusCode::kFailedPrecondition, "prefix cache"));
+      continue;
+    }
+    ASSERT_THAT(later->UseQueryStats(first->query_stats()), ::kvc::testing::IsOk());
+    ASSERT_THAT(later->CommitStep(64), ::kvc::testing::IsOk());  // Generate's first step
+    Drive(*later, 80, 16, 0, /*start=*/64);
+    KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo info, later->Info());
+    for (int64_t n : info.stored_tokens) EXPECT_EQ(n, 24 + 16);
+    // The same document tokens survive as in the first request.
+    for (int l = 0; l < kLayers; ++l) {
+      KVC_ASSERT_OK_AND_ASSIGN(LayerKv a, first->Fetch(l));
+      KVC_ASSERT_OK_AND_ASSIGN(LayerKv b, later->Fetch(l));
+      for (int h = 0; h < kHeads; ++h) EXPECT_EQ(a.heads[h].positions, b.heads[h].positions);
+    }
+  }
+}
+
+// The service rotates the statistics with the pool's RoPE: it must be the model's.
+TEST(ServiceKvCacheTest, ExpectedAttentionRefusesAPoolWithAnotherRope) {
+  const ServicePolicy policy = ExpectedAttentionPolicy(8, 24);
+  auto plain = ::kvc::testing::StartTestServer(F32Pool(/*rope=*/false));
+  EXPECT_THAT(
+      ServiceKvCache::Create(plain.client.get(), "", Geometry(kTheta), policy, false, nullptr),
+      ::kvc::testing::StatusIs(absl::StatusCode::kFailedPrecondition, "RoPE: none"));
+  auto rope = ::kvc::testing::StartTestServer(F32Pool(/*rope=*/true));
+  EXPECT_THAT(
+      ServiceKvCache::Create(rope.client.get(), "", Geometry(2 * kTheta), policy, false, nullptr),
+      ::kvc::testing::StatusIs(absl::StatusCode::kFailedPrecondition, "base 10000"));
+  KVC_EXPECT_OK(
+      ServiceKvCache::Create(rope.client.get(), "", Geometry(kTheta), policy, false, nullptr));
+  // Policies that need no RoPE do not ask.
+  KVC_EXPECT_OK(ServiceKvCache::Create(plain.client.get(), "", Geometry(), {}, false, nullptr));
 }
 
 TEST(ServiceKvCacheTest, RefusesAPoolOfAnotherShape) {

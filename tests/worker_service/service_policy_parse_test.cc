@@ -54,6 +54,69 @@ TEST(ServicePolicyParseTest, AdaptiveAndPyramidSnapKv) {
               StatusIs(absl::StatusCode::kInvalidArgument, "adasnapkv="));
 }
 
+TEST(ServicePolicyParseTest, ExpectedAttention) {
+  using Eviction = client::CompressionSpec::Eviction;
+  KVC_ASSERT_OK_AND_ASSIGN(ServicePolicy p, ParseServicePolicy("expattn=256", ""));
+  EXPECT_TRUE(p.compress_at_prompt_end);
+  EXPECT_TRUE(p.query_agnostic());
+  EXPECT_EQ(p.at_prompt_end.eviction, Eviction::kExpectedAttention);
+  EXPECT_EQ(p.at_prompt_end.budget, 256);  // sinks and window included
+  EXPECT_EQ(p.at_prompt_end.window, 32);   // as SnapKV's
+  EXPECT_EQ(p.at_prompt_end.sinks, 4);     // named: the worker's statistics leave them out
+  EXPECT_EQ(p.sinks(), 4);
+  EXPECT_FALSE(p.at_prompt_end.adaptive);
+  EXPECT_EQ(p.at_prompt_end.storage, StorageFormat::kPoolDefault);
+  EXPECT_EQ(p.automatic.eviction, Eviction::kNone);  // nothing runs on every append
+  EXPECT_EQ(p.query_window, 0);                      // no observation window to keep
+  // With a storage format (passkey's expattn=256:int4 is this) and a raw residual.
+  KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("expattn=128/16", "int4+raw16"));
+  EXPECT_EQ(p.at_prompt_end.budget, 128);
+  EXPECT_EQ(p.at_prompt_end.window, 16);
+  EXPECT_EQ(p.at_prompt_end.storage, StorageFormat::kInt4G32);
+  EXPECT_EQ(p.at_prompt_end.residual_tokens, 16);
+  EXPECT_EQ(p.automatic.storage, StorageFormat::kPoolDefault);  // prefill stays raw
+  KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("expattn=64/0", "fp8"));
+  EXPECT_EQ(p.at_prompt_end.window, 0);  // kvpress's: sinks only
+  // AdaKV: the layer's budget shared across its kv heads by score.
+  KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("adaexpattn=256", "int4"));
+  EXPECT_TRUE(p.query_agnostic());
+  EXPECT_TRUE(p.at_prompt_end.adaptive);
+  EXPECT_EQ(p.at_prompt_end.head_floor_percent, -1);  // the server's default
+  EXPECT_EQ(p.at_prompt_end.budget, 256);
+  EXPECT_EQ(p.at_prompt_end.window, 32);
+  EXPECT_EQ(p.at_prompt_end.storage, StorageFormat::kInt4G32);
+  // SnapKV and H2O are not query-agnostic.
+  KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("snapkv=256", ""));
+  EXPECT_FALSE(p.query_agnostic());
+  KVC_ASSERT_OK_AND_ASSIGN(p, ParseServicePolicy("h2o=128+128", ""));
+  EXPECT_FALSE(p.query_agnostic());
+}
+
+TEST(ServicePolicyParseTest, BadExpectedAttention) {
+  using absl::StatusCode;
+  EXPECT_THAT(ParseServicePolicy("expattn=", ""),
+              StatusIs(StatusCode::kInvalidArgument, "bad number ''"));
+  EXPECT_THAT(ParseServicePolicy("expattn=x", ""),
+              StatusIs(StatusCode::kInvalidArgument, "bad number 'x'"));
+  EXPECT_THAT(ParseServicePolicy("expattn=-5", ""),
+              StatusIs(StatusCode::kInvalidArgument, "bad number '-5'"));
+  EXPECT_THAT(ParseServicePolicy("expattn=256/32/7", ""),
+              StatusIs(StatusCode::kInvalidArgument, "malformed"));
+  // The budget holds the 4 sinks and the window and leaves room to choose.
+  EXPECT_THAT(ParseServicePolicy("expattn=36", ""),
+              StatusIs(StatusCode::kInvalidArgument, "must exceed the 4 sinks + the window (32)"));
+  EXPECT_THAT(ParseServicePolicy("expattn=20/16", ""),
+              StatusIs(StatusCode::kInvalidArgument, "must exceed"));
+  KVC_EXPECT_OK(ParseServicePolicy("expattn=37", ""));
+  EXPECT_THAT(ParseServicePolicy("xexpattn=128", ""),
+              StatusIs(StatusCode::kInvalidArgument, "adaexpattn="));
+  EXPECT_THAT(ParseServicePolicy("expattn=256", "int3"),
+              StatusIs(StatusCode::kInvalidArgument, "unknown --storage"));
+  // The list of policies names it.
+  EXPECT_THAT(ParseServicePolicy("expected=256", ""),
+              StatusIs(StatusCode::kInvalidArgument, "[ada]expattn=BUDGET[/WINDOW]"));
+}
+
 TEST(ServicePolicyParseTest, BadFlagsSayWhatIsExpected) {
   EXPECT_THAT(ParseServicePolicy("", "int4+raw"),
               StatusIs(absl::StatusCode::kInvalidArgument, "number of raw recent tokens"));

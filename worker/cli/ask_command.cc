@@ -3,6 +3,11 @@
 // document and publishes it to kvcached's prefix cache, the later ones attach its cached
 // blocks and prefill only what follows. Prints each answer with its time to first token, so
 // the same command without --reuse is the baseline (the answers must be the same).
+// A query-agnostic policy (--policy expattn=...) compresses each request's document before its
+// question is prefilled (ServiceKvCache::ExpectDocument), from the document's queries only, so
+// every question reads the same compressed document. With --reuse the document's whole blocks
+// are published before that compression; the first request prefills the whole document (its
+// queries give the statistics) and the later ones attach it and reuse those statistics.
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -83,6 +88,11 @@ absl::Status RunAsk(int argc, char** argv) {
   std::unique_ptr<client::KvCacheClient> client = std::move(*connected);
   std::ofstream json;
   if (flags->Has("json")) json.open(flags->Get("json", ""));
+  // Query-agnostic policy with --reuse: the document's query statistics from the first request
+  // (empty until then).
+  std::vector<QueryStats> document_stats;
+  const std::vector<int32_t> document_ids =
+      tok.Encode(ChatDocumentPrefix(*document), /*parse_special=*/true);
 
   for (size_t q = 0; q < questions.size(); ++q) {
     const std::string text = ApplyChatTemplate({{"user", *document + "\n\n" + questions[q]}},
@@ -92,14 +102,25 @@ absl::Status RunAsk(int argc, char** argv) {
     // The last prompt token always runs (its logits give the first answer token).
     client::Prefix wanted{model_id, flags->Get("salt", ""),
                           std::vector<int32_t>(ids.begin(), ids.end() - 1)};
+    // Attached tokens pass no queries through the cache: a query-agnostic policy attaches only
+    // once it has the document's statistics.
+    const bool attach = reuse && (!policy->query_agnostic() || !document_stats.empty());
     auto created = ServiceKvCache::Create(
         client.get(), flags->Get("pool", ""), (*model)->config().kv_geometry(), *policy,
-        /*always_fetch=*/false, (*model)->pool(), reuse ? &wanted : nullptr);
+        /*always_fetch=*/false, (*model)->pool(), attach ? &wanted : nullptr);
     if (!created.ok()) return created.status();
     ServiceKvCache& kv = **created;
     kv.ExpectPrompt(static_cast<int64_t>(ids.size()));
+    const int64_t document_tokens = DocumentTokens(document_ids, ids);
+    kv.ExpectDocument(document_tokens);
     if (reuse) kv.PublishAtPromptEnd(client::Prefix{model_id, flags->Get("salt", ""), ids});
     GenerateOptions opt;
+    if (kv.CompressesAtDocumentEnd()) {
+      opt.prefill_split = document_tokens;
+      if (!document_stats.empty()) {
+        if (auto s = kv.UseQueryStats(document_stats); !s.ok()) return s;
+      }
+    }
     opt.max_new_tokens = static_cast<int32_t>(*max_new);
     opt.prefill_chunk = static_cast<int32_t>(*chunk);
     opt.stop_ids = {tok.eos_id(), tok.TokenId("<|endoftext|>")};
@@ -112,6 +133,9 @@ absl::Status RunAsk(int argc, char** argv) {
     };
     auto result = Generate(**model, kv, ids, opt);
     if (!result.ok()) return result.status();
+    if (reuse && kv.CompressesAtDocumentEnd() && document_stats.empty()) {
+      document_stats = kv.query_stats();
+    }
     std::cout << absl::StrFormat(
         "question %d: %d prompt tokens, %d attached from the prefix cache, %d prefilled, "
         "time to first token %.3f s\n  Q: %s\n  A: %s\n",

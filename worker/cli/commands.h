@@ -36,6 +36,13 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // A null policy means the full cache. InvalidArgument on anything else.
 absl::StatusOr<std::unique_ptr<LocalEvictionPolicy>> ParsePolicy(const std::string& spec);
 
+// How many leading tokens of the prompt `ids` belong to a document it starts with: the longest
+// common prefix of `ids` and `document_ids`, the tokens of the prompt's text up to the
+// document's end (a token merged across the boundary goes to what follows).
+int64_t DocumentTokens(const std::vector<int32_t>& document_ids, const std::vector<int32_t>& ids);
+// The text of ApplyChatTemplate({{"user", document + rest}}, ...) up to the end of `document`.
+std::string ChatDocumentPrefix(const std::string& document);
+
 // --model and --threads, with a hint to fetch the model when it is missing.
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const Flags& flags);
 

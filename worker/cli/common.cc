@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "worker/cli/commands.h"
+#include "worker/engine/chat_template.h"
 
 namespace kvc::worker {
 
@@ -36,6 +37,22 @@ absl::StatusOr<std::unique_ptr<LocalEvictionPolicy>> ParsePolicy(const std::stri
   return absl::InvalidArgumentError(absl::StrCat(
       "bad policy '", spec,
       "': use full, window=W, streaming=S+W or streaming-rerotate=S+W (e.g. streaming=4+1020)"));
+}
+
+int64_t DocumentTokens(const std::vector<int32_t>& document_ids, const std::vector<int32_t>& ids) {
+  size_t n = 0;
+  while (n < document_ids.size() && n < ids.size() && document_ids[n] == ids[n]) ++n;
+  return static_cast<int64_t>(n);
+}
+
+std::string ChatDocumentPrefix(const std::string& document) {
+  std::string text = ApplyChatTemplate({{"user", document}}, /*add_generation_prompt=*/false);
+  const std::string tail = "<|im_end|>\n";  // what closes the user turn
+  if (text.size() >= tail.size() &&
+      text.compare(text.size() - tail.size(), tail.size(), tail) == 0) {
+    text.resize(text.size() - tail.size());
+  }
+  return text;
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LoadModel(const Flags& flags) {

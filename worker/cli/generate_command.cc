@@ -1,6 +1,7 @@
 // kvc-worker generate: answer a prompt (or a document + question) with the KV cache in
 // kvcached (--kv=kvcached) or in a local cache, and report tokens/s and the KV held against a
-// full f16 cache.
+// full f16 cache. With --prompt-file and --question, a query-agnostic kvcached policy
+// (--policy expattn=...) compresses the document before the question is prefilled.
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -36,11 +37,15 @@ absl::Status RunGenerate(int argc, char** argv) {
       {"raw"});
   if (!flags.ok()) return flags.status();
   std::string prompt = flags->Get("prompt", "");
+  std::string document;  // the prompt's leading document when a question follows it
   if (flags->Has("prompt-file")) {
     auto text = ReadFile(flags->Get("prompt-file", ""));
     if (!text.ok()) return text.status();
     prompt = *text;
-    if (flags->Has("question")) prompt += "\n\n" + flags->Get("question", "");
+    if (flags->Has("question")) {
+      document = prompt;
+      prompt += "\n\n" + flags->Get("question", "");
+    }
   }
   if (prompt.empty()) return absl::InvalidArgumentError("give --prompt or --prompt-file");
   auto model = LoadModel(*flags);
@@ -52,6 +57,11 @@ absl::Status RunGenerate(int argc, char** argv) {
   const std::vector<int32_t> ids = tok.Encode(text, /*parse_special=*/!raw);
 
   const std::string where = flags->Get("kv", "local");
+  // Where the document ends in `ids` (kvcached's query-agnostic policies compress there).
+  [[maybe_unused]] const int64_t document_tokens =
+      document.empty() || where != "kvcached"
+          ? 0
+          : DocumentTokens(tok.Encode(raw ? document : ChatDocumentPrefix(document), !raw), ids);
 #ifdef KVC_WORKER_WITH_SERVICE
   // Declared before the cache: the cache releases its sequence through the client.
   std::unique_ptr<client::KvCacheClient> client;
@@ -75,6 +85,7 @@ absl::Status RunGenerate(int argc, char** argv) {
           absl::StrCat("kvcached at ", KvcachedTarget(*flags), ": ", created.status().message()));
     }
     (*created)->ExpectPrompt(static_cast<int64_t>(ids.size()));
+    (*created)->ExpectDocument(document_tokens);
     service = created->get();
     store = std::move(*created);
   }
@@ -107,6 +118,12 @@ absl::Status RunGenerate(int argc, char** argv) {
   }
   opt.max_new_tokens = static_cast<int32_t>(*max_new);
   opt.prefill_chunk = static_cast<int32_t>(*chunk);
+#ifdef KVC_WORKER_WITH_SERVICE
+  // A chunk ends where the document does: it is compressed before the question comes.
+  if (service != nullptr && service->CompressesAtDocumentEnd()) {
+    opt.prefill_split = document_tokens;
+  }
+#endif
   opt.sampling = {static_cast<float>(*temp), static_cast<int32_t>(*top_k),
                   static_cast<float>(*top_p), static_cast<uint64_t>(*seed)};
   const std::string attention = flags->Get("attention", "store");

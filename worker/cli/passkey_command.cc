@@ -1,8 +1,9 @@
 // kvc-worker passkey: passkey retrieval grid (lengths x depths x policies), with the policies'
 // caches held locally (--kv=local: full, window=W, streaming=S+W) or in kvcached
 // (--kv=kvcached: POLICY[:STORAGE] with the service policies of `generate`, e.g. full:fp8,
-// snapkv=1024:int4, h2o=256+256, streaming=4+508). Progress goes to stderr, a markdown table
-// to stdout, every number to --json.
+// snapkv=1024:int4, expattn=256:int4, h2o=256+256, streaming=4+508; the query-agnostic
+// expattn compresses the context before the question is prefilled). Progress goes to stderr, a
+// markdown table to stdout, every number to --json.
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -44,13 +45,23 @@ absl::StatusOr<PasskeyPolicy> ServicePasskeyPolicy(const std::string& name,
   PasskeyPolicy p;
   p.name = name;
   p.observation_queries = policy->query_window;
+  p.query_agnostic = policy->query_agnostic();
+  if (p.query_agnostic && policy->sinks() != kExpectedAttentionSinks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": the harness's query statistics leave out ", kExpectedAttentionSinks, " sinks"));
+  }
   const ServicePolicy sp = *policy;
   p.load = [=](const PrefilledPrompt& prompt) -> absl::StatusOr<std::unique_ptr<KvCache>> {
     auto store = ServiceKvCache::Create(client, pool, model->config().kv_geometry(), sp,
                                         /*always_fetch=*/false, model->pool());
     if (!store.ok()) return store.status();
-    if (auto s = (*store)->LoadPrompt(*prompt.kv, prompt.prompt_tokens, prompt.window_queries,
-                                      prompt.window_positions);
+    // Expected Attention: the context alone, with its queries' statistics.
+    if (sp.query_agnostic()) {
+      if (auto s = (*store)->UseQueryStats(prompt.query_stats); !s.ok()) return s;
+    }
+    if (auto s = (*store)->LoadPrompt(
+            *prompt.kv, sp.query_agnostic() ? prompt.context_tokens : prompt.prompt_tokens,
+            prompt.window_queries, prompt.window_positions);
         !s.ok()) {
       return s;
     }
@@ -151,7 +162,8 @@ absl::Status RunPasskey(int argc, char** argv) {
   opt.seed = static_cast<uint64_t>(*seed);
   opt.chat = flags->Has("chat");
   opt.count_key_tokens = flags->Has("key-tokens");
-  // kvcached: the engine's way (generate --kv=kvcached): the question is part of the prompt.
+  // kvcached: the engine's way (generate --kv=kvcached): the question is part of the prompt
+  // (query-agnostic policies compress the context alone).
   opt.question_in_prompt = where == "kvcached" || flags->Has("question-in-prompt");
   const std::string label = flags->Get("label", "");
   opt.on_progress = [&](const std::string& line) {

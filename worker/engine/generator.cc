@@ -28,8 +28,17 @@ absl::StatusOr<GenerateResult> Generate(LlamaModel& model, KvCache& kv,
     return absl::InvalidArgumentError(
         "cached_prompt_tokens must leave at least the last prompt token to run");
   }
-  for (int64_t start = options.cached_prompt_tokens; start < result.prompt_tokens; start += chunk) {
-    const int64_t len = std::min(chunk, result.prompt_tokens - start);
+  if (options.cached_prompt_tokens > 0) {
+    // The attached tokens are complete in every layer: a policy due there runs now.
+    if (auto s = kv.CommitStep(static_cast<int32_t>(options.cached_prompt_tokens)); !s.ok()) {
+      return s;
+    }
+  }
+  const int64_t split = options.prefill_split;
+  for (int64_t start = options.cached_prompt_tokens, len = 0; start < result.prompt_tokens;
+       start += len) {
+    len = std::min(chunk, result.prompt_tokens - start);
+    if (start < split && split < start + len) len = split - start;
     const bool last = start + len == result.prompt_tokens;
     auto out = model.Forward(prompt.subspan(static_cast<size_t>(start), static_cast<size_t>(len)),
                              static_cast<int32_t>(start), kv,

@@ -25,6 +25,10 @@ struct GenerateOptions {
   // kvcached's prefix cache): prefill starts after them. At most prompt size - 1: the last
   // prompt token is always run, for its logits.
   int64_t cached_prompt_tokens = 0;
+  // > 0: a prefill chunk ends at this prompt position (a document's end, where a cache may
+  // compress the document before the question after it is prefilled; ServiceKvCache's
+  // ExpectDocument).
+  int64_t prefill_split = 0;
 };
 
 struct GenerateResult {
@@ -37,8 +41,9 @@ struct GenerateResult {
 };
 
 // Prefills `prompt` at positions 0.. into `kv` (empty, or holding the first
-// options.cached_prompt_tokens), then decodes. InvalidArgument for an
-// empty prompt; model and cache errors pass through.
+// options.cached_prompt_tokens: CommitStep(cached_prompt_tokens) first tells the cache they are
+// complete), then decodes. InvalidArgument for an empty prompt; model and cache errors pass
+// through.
 absl::StatusOr<GenerateResult> Generate(LlamaModel& model, KvCache& kv,
                                         absl::Span<const int32_t> prompt,
                                         const GenerateOptions& options);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -22,14 +23,19 @@ double Since(std::chrono::steady_clock::time_point t0) {
 }
 
 // The full-cache prefill cache: forwards to a LocalKvCache and keeps the newest `window`
-// queries of every layer (what a compressing engine remembers for SnapKV/H2O).
+// queries of every layer (what a compressing engine remembers for SnapKV/H2O) and, with
+// `stats_end` > 0, the statistics of the queries at positions [kExpectedAttentionSinks,
+// stats_end) (Expected Attention's).
 class RecordingKvCache : public KvCache {
  public:
-  RecordingKvCache(LocalKvCache* inner, int32_t window)
+  RecordingKvCache(LocalKvCache* inner, int32_t window, int32_t stats_end = 0)
       : inner_(inner),
         window_(static_cast<size_t>(std::max(window, 1))),
         queries_(static_cast<size_t>(inner->geometry().num_layers)),
-        positions_(queries_.size()) {}
+        positions_(queries_.size()),
+        stats_end_(stats_end) {
+    if (stats_end_ > 0) stats_.emplace(inner->geometry());
+  }
 
   const KvGeometry& geometry() const override { return inner_->geometry(); }
   absl::Status Append(int32_t layer, absl::Span<const int32_t> positions,
@@ -49,6 +55,13 @@ class RecordingKvCache : public KvCache {
       p.erase(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(drop));
       q.erase(q.begin(), q.begin() + static_cast<std::ptrdiff_t>(drop * row));
     }
+    if (stats_) {
+      if (auto s =
+              stats_->Add(layer, queries, query_positions, kExpectedAttentionSinks, stats_end_);
+          !s.ok()) {
+        return s;
+      }
+    }
     return inner_->Attend(layer, queries, query_positions, out);
   }
   absl::StatusOr<LayerKv> Fetch(int32_t layer) override { return inner_->Fetch(layer); }
@@ -60,12 +73,17 @@ class RecordingKvCache : public KvCache {
 
   std::vector<std::vector<float>>& queries() { return queries_; }
   std::vector<std::vector<int32_t>>& positions() { return positions_; }
+  std::vector<QueryStats> query_stats() const {
+    return stats_ ? stats_->Finish() : std::vector<QueryStats>{};
+  }
 
  private:
   LocalKvCache* inner_;
   size_t window_;
   std::vector<std::vector<float>> queries_;
   std::vector<std::vector<int32_t>> positions_;
+  int32_t stats_end_;
+  std::optional<QueryStatsAccumulator> stats_;
 };
 
 // Feeds `tokens` from `start` in chunks; returns the logits of the last fed token.
@@ -231,10 +249,13 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
         const auto t_prefill = std::chrono::steady_clock::now();
         LocalKvCache full(model.config().kv_geometry(), nullptr, model.pool());
         int32_t observed = options.observation_window;
+        bool stats = false;
         for (const PasskeyPolicy& policy : policies) {
           observed = std::max(observed, policy.observation_queries);
+          stats = stats || policy.query_agnostic;
         }
-        RecordingKvCache recorder(&full, observed);
+        RecordingKvCache recorder(&full, observed,
+                                  stats ? static_cast<int32_t>(context.size()) : 0);
         auto prompt_logits = Feed(model, recorder, prompt, 0, options.prefill_chunk);
         if (!prompt_logits.ok()) return prompt_logits.status();
         PrefilledPrompt prefilled;
@@ -243,6 +264,8 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
         prefilled.window_queries = std::move(recorder.queries());
         prefilled.window_positions = std::move(recorder.positions());
         prefilled.key_positions = KeyPositions(tok, prompt, passkey);
+        prefilled.context_tokens = static_cast<int32_t>(context.size());
+        prefilled.query_stats = recorder.query_stats();
         if (options.on_progress) {
           options.on_progress(
               absl::StrFormat("prefilled %d tokens (context %d, depth %.2f, key %d) in %.1f s",
@@ -250,10 +273,15 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
         }
 
         for (const PasskeyPolicy& policy : policies) {
+          // The question is prefilled after the policy ran (through its cache), or it was
+          // part of the prompt.
+          const bool question_after = !options.question_in_prompt || policy.query_agnostic;
+          const int32_t policy_prompt =
+              static_cast<int32_t>(question_after ? context.size() : prompt.size());
           PasskeyScore s;
           s.policy = policy.name;
           s.context_tokens = static_cast<int64_t>(context.size());
-          s.prompt_tokens = static_cast<int64_t>(prompt.size());
+          s.prompt_tokens = policy_prompt;
           s.depth = depth;
           s.key_index = key;
           s.passkey = passkey;
@@ -273,9 +301,9 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
           t0 = std::chrono::steady_clock::now();
           // The prediction for the first answer token: from the prompt's prefill, or from the
           // question fed after the policy ran.
-          int32_t pos = static_cast<int32_t>(prompt.size());
+          int32_t pos = policy_prompt;
           std::vector<float> logits = *prompt_logits;
-          if (!options.question_in_prompt) {
+          if (question_after) {
             auto q = Feed(model, **kv, question, pos, options.prefill_chunk);
             if (!q.ok()) return q.status();
             logits = std::move(*q);
@@ -313,9 +341,9 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
             kv->reset();  // a kvcached sequence is released before the next is made
             auto fresh = policy.load(prefilled);
             if (!fresh.ok()) return fresh.status();
-            int32_t gpos = static_cast<int32_t>(prompt.size());
+            int32_t gpos = policy_prompt;
             std::vector<float> first = *prompt_logits;
-            if (!options.question_in_prompt) {
+            if (question_after) {
               auto q = Feed(model, **fresh, question, gpos, options.prefill_chunk);
               if (!q.ok()) return q.status();
               first = std::move(*q);

@@ -2,7 +2,9 @@
 // local f32 cache); the prefilled K/V then go to one cache per policy, which applies the policy
 // as an engine would when the prompt is complete (a local cache clones and evicts; the
 // kvcached-backed cache loads the K/V into a service sequence and compresses there with the
-// prompt's last observation-window queries). The answer is scored from each cache:
+// prompt's last observation-window queries; a query-agnostic policy, Expected Attention, takes
+// the context alone with its queries' statistics, and the question is prefilled after it).
+// The answer is scored from each cache:
 //  * teacher-forced: log-probability and argmax match of the answer tokens after the lead-in
 //    "The pass key is" (works for weak models); the answer tokens are fed one decode step at a
 //    time (through the cache's Attend, i.e. the service's for kvcached);
@@ -19,6 +21,7 @@
 #include "worker/engine/llama_model.h"
 #include "worker/engine/local_kv_cache.h"
 #include "worker/engine/local_policy.h"
+#include "worker/engine/query_stats.h"
 
 namespace kvc::worker {
 
@@ -44,6 +47,11 @@ struct PrefilledPrompt {
   std::vector<std::vector<int32_t>> window_positions;
   // Prompt positions of the pass key's digit tokens (both mentions in the needle).
   std::vector<int32_t> key_positions;
+  // The context's length (== prompt_tokens unless the question is in the prompt) and, when a
+  // policy is query_agnostic, the statistics of its queries before RoPE ([layer]; positions
+  // [kExpectedAttentionSinks, context_tokens)).
+  int32_t context_tokens = 0;
+  std::vector<QueryStats> query_stats;
 };
 
 // What the cache of a policy holds after the policy ran at the end of the prompt.
@@ -62,6 +70,10 @@ struct PasskeyPolicy {
   // The newest prompt queries per layer the policy needs (SnapKV's window); the prefill records
   // max(this, PasskeyOptions::observation_window).
   int32_t observation_queries = 0;
+  // Query-agnostic (Expected Attention): `load` takes the context alone (context_tokens, with
+  // PrefilledPrompt::query_stats) and the question is prefilled after it, through the
+  // compressed cache, even with PasskeyOptions::question_in_prompt.
+  bool query_agnostic = false;
 };
 
 // A local baseline: clones the full cache under `make()` (nullptr = full) and commits.
@@ -75,7 +87,8 @@ PasskeyPolicy LocalPasskeyPolicy(const PolicySpec& spec);
 struct PasskeyScore {
   std::string policy;
   int64_t context_tokens = 0;  // context (instruction + haystack + needle), as tokens
-  int64_t prompt_tokens = 0;   // what was prefilled before the policy ran
+  int64_t prompt_tokens = 0;   // what was prefilled before the policy ran (a query-agnostic
+                               // policy: the context)
   double depth = 0;
   int key_index = 0;  // which of PasskeyOptions::keys_per_cell
   std::string passkey;
@@ -109,7 +122,7 @@ struct PasskeyOptions {
   // The prompt that is prefilled and compressed: false = the context only (the question comes
   // after the policy ran, as a prefill chunk); true = context + question, as `kvc-worker
   // generate` prefills a document with its question (SnapKV's observation window is then the
-  // question).
+  // question). Query-agnostic policies always take the context alone.
   bool question_in_prompt = false;
   int32_t observation_window = 32;  // prompt queries kept per layer for PrefilledPrompt
   // Fetch every layer after each policy ran and count the pass key's tokens it holds

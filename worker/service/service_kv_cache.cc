@@ -1,6 +1,7 @@
 #include "worker/service/service_kv_cache.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -29,6 +30,23 @@ absl::StatusOr<std::unique_ptr<ServiceKvCache>> ServiceKvCache::Create(
                      g.num_kv_heads, " kv heads (", g.num_query_heads, " query heads) x head_dim ",
                      g.head_dim, " but the model needs ", geometry.num_layers, " x ",
                      geometry.num_kv_heads, " (", geometry.num_q_heads, ") x ", geometry.head_dim));
+  }
+  if (policy.query_agnostic()) {
+    // The service rotates the statistics (taken before RoPE) with the pool's RoPE: it must be
+    // the engine's (rotate-half over the whole head, the model's base).
+    const client::RopeInfo& rope = g.rope;
+    const bool same = rope.enabled && !rope.gptj_style &&
+                      (rope.rotary_dim == 0 || rope.rotary_dim == geometry.head_dim) &&
+                      std::abs(rope.theta - geometry.rope_theta) <= 1e-6 * geometry.rope_theta;
+    if (!same) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Expected Attention needs pool '", info->name, "' to rotate keys as the model does (",
+          "RoPE base ", geometry.rope_theta, ", rotate-half over all ", geometry.head_dim,
+          " dims); the pool's RoPE: ",
+          rope.enabled ? absl::StrCat("base ", rope.theta, rope.gptj_style ? ", GPT-J pairs" : "",
+                                      ", rotary dims ", rope.rotary_dim)
+                       : std::string("none")));
+    }
   }
   std::unique_ptr<ServiceKvCache> store(
       new ServiceKvCache(client, geometry, policy, always_fetch, pool_threads));
@@ -128,7 +146,19 @@ absl::Status ServiceKvCache::Attend(int32_t layer, absl::Span<const float> queri
   // Prompt queries: every multi-token chunk, and a one-token chunk inside the expected prompt.
   const bool prompt_chunk =
       query_positions.size() > 1 || (prompt_tokens_ > 0 && query_positions.back() < prompt_tokens_);
-  if (prompt_chunk && policy_.compress_at_prompt_end && !compressed_) {
+  if (stats_ && !compressed_ && !given_stats_) {
+    // Expected Attention: every prompt (document) query after the sinks, summarized.
+    const int64_t point = CompressionPoint();
+    if (point > 0) {
+      const int32_t first = std::max(base_position_, 0);
+      if (auto s = stats_->Add(layer, queries, query_positions, first + policy_.sinks(),
+                               static_cast<int32_t>(point));
+          !s.ok()) {
+        return s;
+      }
+    }
+  } else if (prompt_chunk && policy_.compress_at_prompt_end && !compressed_ &&
+             !policy_.query_agnostic()) {
     // Remember the newest prompt queries of this layer for SnapKV's observation window.
     auto& q = window_queries_[static_cast<size_t>(layer)];
     auto& p = window_positions_[static_cast<size_t>(layer)];
@@ -165,7 +195,65 @@ absl::Status ServiceKvCache::Attend(int32_t layer, absl::Span<const float> queri
   return absl::OkStatus();
 }
 
+int64_t ServiceKvCache::CompressionPoint() const {
+  if (CompressesAtDocumentEnd()) {
+    return prompt_tokens_ > 0 ? std::min(document_tokens_, prompt_tokens_) : document_tokens_;
+  }
+  return prompt_tokens_;
+}
+
+absl::Status ServiceKvCache::UseQueryStats(std::vector<QueryStats> stats) {
+  const size_t mean = static_cast<size_t>(geometry_.num_q_heads) * geometry_.head_dim;
+  const size_t cov = mean * static_cast<size_t>(geometry_.head_dim);
+  if (stats.size() != static_cast<size_t>(geometry_.num_layers)) {
+    return absl::InvalidArgumentError("query statistics must cover every layer");
+  }
+  for (const QueryStats& s : stats) {
+    if (s.mean.size() != mean || (s.covariance.size() != cov && !s.covariance.empty()) ||
+        s.covariance.empty() != stats[0].covariance.empty()) {
+      return absl::InvalidArgumentError(
+          "query statistics: mean [q heads, head_dim] and covariance [q heads, head_dim, "
+          "head_dim] (every layer, or none) per layer");
+    }
+  }
+  given_stats_ = std::move(stats);
+  return absl::OkStatus();
+}
+
+absl::Status ServiceKvCache::CompressWithQueryStats() {
+  const int32_t first = std::max(base_position_, 0);
+  if (!given_stats_ && attached_tokens_ > first + policy_.sinks()) {
+    // The attached tokens' queries never came through Attend.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Expected Attention needs statistics of the whole prompt's queries, but ", attached_tokens_,
+        " tokens came from the prefix cache; give their statistics with UseQueryStats"));
+  }
+  const bool given = given_stats_.has_value();
+  std::vector<QueryStats> stats = given ? std::move(*given_stats_) : stats_->Finish();
+  if (!given && stats[0].count == 0 && CompressionPoint() > first + policy_.sinks()) {
+    // Queries that never came through Attend (the `fetch` attention path).
+    return absl::FailedPreconditionError("no prompt queries were seen for Expected Attention");
+  }
+  given_stats_.reset();
+  std::vector<client::LayerQueryStats> layers;
+  layers.reserve(stats.size());
+  for (size_t l = 0; l < stats.size(); ++l) {
+    // A prompt of sinks only has no statistics: zeros (then nothing is left to evict).
+    client::LayerQueryStats q;
+    q.layer = static_cast<int>(l);
+    q.mean = stats[l].mean;
+    q.covariance = stats[l].covariance;
+    layers.push_back(std::move(q));
+  }
+  auto r = client_->Compress(sequence_id_, policy_.at_prompt_end, layers);
+  compressed_ = true;
+  sent_stats_ = std::move(stats);
+  stats_.reset();
+  return r.ok() ? absl::OkStatus() : r.status();
+}
+
 absl::Status ServiceKvCache::CompressAtPromptEnd() {
+  if (policy_.query_agnostic()) return CompressWithQueryStats();
   std::vector<client::LayerQueries> queries;
   for (int32_t l = 0; l < geometry_.num_layers; ++l) {
     const auto& q = window_queries_[static_cast<size_t>(l)];
@@ -202,8 +290,13 @@ absl::Status ServiceKvCache::LoadPrompt(KvCache& source, int32_t prompt_tokens,
   const size_t d = static_cast<size_t>(geometry_.head_dim);
   const size_t row = static_cast<size_t>(geometry_.num_q_heads) * d;
   if (base_position_ >= 0) return absl::FailedPreconditionError("LoadPrompt into a used cache");
-  if (policy_.compress_at_prompt_end &&
-      (window_queries.size() != layers || window_positions.size() != layers)) {
+  if (policy_.query_agnostic()) {
+    if (!given_stats_) {
+      return absl::FailedPreconditionError(
+          "LoadPrompt: Expected Attention needs the prompt's query statistics (UseQueryStats)");
+    }
+  } else if (policy_.compress_at_prompt_end &&
+             (window_queries.size() != layers || window_positions.size() != layers)) {
     return absl::InvalidArgumentError("LoadPrompt needs observation queries for every layer");
   }
   ExpectPrompt(prompt_tokens);
@@ -213,7 +306,7 @@ absl::Status ServiceKvCache::LoadPrompt(KvCache& source, int32_t prompt_tokens,
     if (!kv.ok()) return kv.status();
     const size_t n = static_cast<size_t>(prompt_tokens);
     for (const HeadKv& h : kv->heads) {
-      bool dense = h.positions.size() == n;
+      bool dense = h.positions.size() >= n;
       for (size_t t = 0; dense && t < n; ++t) dense = h.positions[t] == static_cast<int32_t>(t);
       if (!dense) {
         return absl::FailedPreconditionError(
@@ -234,7 +327,7 @@ absl::Status ServiceKvCache::LoadPrompt(KvCache& source, int32_t prompt_tokens,
       }
       if (auto s = Append(l, positions, k, v); !s.ok()) return s;
     }
-    if (policy_.compress_at_prompt_end) {
+    if (policy_.compress_at_prompt_end && !policy_.query_agnostic()) {
       // What Attend would have kept from the prefill: the newest query_window queries.
       const auto& q = window_queries[static_cast<size_t>(l)];
       const auto& p = window_positions[static_cast<size_t>(l)];
@@ -253,14 +346,15 @@ absl::Status ServiceKvCache::LoadPrompt(KvCache& source, int32_t prompt_tokens,
 }
 
 absl::Status ServiceKvCache::CommitStep(int32_t end_position) {
-  if (publish_ && prompt_tokens_ > 0 && end_position >= prompt_tokens_) {
+  // The prompt's end, or the document's for a query-agnostic policy.
+  const int64_t point = CompressionPoint();
+  if (publish_ && point > 0 && end_position >= point) {
     auto published = client_->PublishPrefix(sequence_id_, *publish_);
     publish_.reset();
     if (!published.ok()) return published.status();
     published_ = *published;
   }
-  if (policy_.compress_at_prompt_end && !compressed_ && prompt_tokens_ > 0 &&
-      end_position >= prompt_tokens_) {
+  if (policy_.compress_at_prompt_end && !compressed_ && point > 0 && end_position >= point) {
     return CompressAtPromptEnd();
   }
   return absl::OkStatus();

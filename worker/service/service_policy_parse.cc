@@ -122,6 +122,32 @@ absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
     out.at_prompt_end.residual_tokens = residual;
     out.compress_at_prompt_end = true;
     out.query_window = window;
+  } else if (absl::StrContains(p, "expattn=")) {
+    // expattn=BUDGET[/WINDOW]: Expected Attention (query-agnostic; kvpress's sinks 4). The
+    // budget counts the 4 sinks and the recent window, which is 32 unless given: SnapKV's
+    // observation window, so the same budget keeps the same tokens per kv head as snapkv=.
+    // adaexpattn: the budget shared across each layer's kv heads by score (AdaKV).
+    const bool adaptive = absl::ConsumePrefix(&p, "ada");
+    if (!absl::ConsumePrefix(&p, "expattn=")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad ", what, "; use expattn= or adaexpattn=BUDGET[/WINDOW]"));
+    }
+    auto n = Numbers(p, '/', 2, what);
+    if (!n.ok()) return n.status();
+    const int budget = (*n)[0];
+    const int window = n->size() > 1 ? (*n)[1] : 32;
+    if (budget <= kExpectedAttentionSinks + window) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad ", what, ": the budget must exceed the ", kExpectedAttentionSinks,
+                       " sinks + the window (", window, ") it includes"));
+    }
+    // As SnapKV: prefill stays raw, survivors are converted (and the residual set) at Compress.
+    out.at_prompt_end = CompressionSpec::ExpectedAttention(window, budget, kExpectedAttentionSinks)
+                            .WithStorage(*format);
+    if (adaptive) out.at_prompt_end.Adaptive();
+    out.at_prompt_end.residual_tokens = residual;
+    out.compress_at_prompt_end = true;
+    out.query_window = 0;  // statistics of every prompt query instead
   } else if (absl::ConsumePrefix(&p, "h2o=")) {
     auto n = Numbers(p, '+', 2, what);
     if (!n.ok()) return n.status();
@@ -136,7 +162,8 @@ absl::StatusOr<ServicePolicy> ParseServicePolicy(const std::string& policy,
     return absl::InvalidArgumentError(
         absl::StrCat("bad ", what,
                      "; use full, streaming=SINKS+WINDOW, [ada]snapkv=BUDGET[/WINDOW], "
-                     "[ada]pyramidkv=BUDGET[/WINDOW] or h2o=HEAVY+RECENT"));
+                     "[ada]pyramidkv=BUDGET[/WINDOW], [ada]expattn=BUDGET[/WINDOW] or "
+                     "h2o=HEAVY+RECENT"));
   }
   return out;
 }

@@ -11,8 +11,9 @@ from kvcache.client import AppendStream, AttendSession, Client
 from kvcache.errors import *  # noqa: F401,F403  (the exception classes)
 from kvcache.errors import KvCacheError
 from kvcache.types import (H2O, AppendResult, AppendStreamResult, AttendResult,
-                           CompressionSpec, DType, FetchedChunk, FetchedHead, FetchResult,
-                           LayerQueries, PoolStats, Prefix, PrefixCacheStats, PublishResult,
-                           ReleaseResult, SnapKV, StorageFormat, StreamingLLM)
+                           CompressionSpec, DType, ExpectedAttention, FetchedChunk, FetchedHead,
+                           FetchResult, LayerQueries, LayerQueryStats, PoolStats, Prefix,
+                           PrefixCacheStats, PublishResult, ReleaseResult, SnapKV, StorageFormat,
+                           StreamingLLM)
 
 __version__ = "0.1.0"

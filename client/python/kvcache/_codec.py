@@ -12,8 +12,8 @@ import numpy as np
 
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache.types import (NUMPY_DTYPE, AttendResult, DType, DTypeLike, FetchedChunk,
-                           FetchedHead, FetchResult, LayerQueries, Prefix, StorageFormat,
-                           parse_dtype)
+                           FetchedHead, FetchResult, LayerQueries, LayerQueryStats, Prefix,
+                           StorageFormat, parse_dtype)
 
 KV_SERVICE = "/kvcache.v1.KvCacheService/"
 ADMIN_SERVICE = "/kvcache.v1.AdminService/"
@@ -173,6 +173,25 @@ def compress_queries(queries: Optional[Sequence[LayerQueries]]) -> List[svc.Laye
         q, q_dtype = wire_array(lq.queries, lq.dtype, f"layer {lq.layer} queries")
         out.append(svc.LayerQueries(layer=lq.layer, dtype=int(q_dtype), queries=q.tobytes(),
                                     positions=list(lq.positions)))
+    return out
+
+
+def compress_query_stats(stats: Optional[Sequence[LayerQueryStats]]) -> List[svc.LayerQueryStats]:
+    out = []
+    for st in stats or []:
+        mean = np.asarray(st.mean, dtype=np.float32)
+        if mean.ndim != 2:
+            raise ValueError(f"layer {st.layer} mean must be [num_query_heads, head_dim]; "
+                             f"got {mean.shape}")
+        m = svc.LayerQueryStats(layer=st.layer, mean=mean.ravel().tolist())
+        if st.covariance is not None:
+            cov = np.asarray(st.covariance, dtype=np.float32)
+            if cov.shape != (mean.shape[0], mean.shape[1], mean.shape[1]):
+                raise ValueError(f"layer {st.layer} covariance must be [num_query_heads, head_dim, "
+                                 f"head_dim] = {(mean.shape[0], mean.shape[1], mean.shape[1])}; "
+                                 f"got {cov.shape}")
+            m.covariance.extend(cov.ravel().tolist())
+        out.append(m)
     return out
 
 

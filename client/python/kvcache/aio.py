@@ -27,8 +27,8 @@ from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
 from kvcache.errors import Aborted, Cancelled, FailedPrecondition, from_rpc_error
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
-                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, Prefix,
-                           PublishResult, ReleaseResult, StorageLike, parse_storage)
+                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
+                           Prefix, PublishResult, ReleaseResult, StorageLike, parse_storage)
 
 T = TypeVar("T")
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -178,10 +178,12 @@ class AsyncClient:
 
     async def compress(self, seq: Any, spec: CompressionSpec,
                        queries: Optional[Sequence[LayerQueries]] = None, *,
+                       query_stats: Optional[Sequence[LayerQueryStats]] = None,
                        timeout: Optional[float] = None) -> svc.CompressResponse:
         """See Client.compress."""
         request = svc.CompressRequest(sequence_id=sequence_id(seq), spec=spec.to_proto(),
-                                      queries=_codec.compress_queries(queries))
+                                      queries=_codec.compress_queries(queries),
+                                      query_stats=_codec.compress_query_stats(query_stats))
         return await self._call(self._kv.Compress, request, timeout, retry=False)
 
     async def attend(self, seq: Any, layer: int, queries: np.ndarray, positions: Sequence[int],

@@ -32,8 +32,8 @@ from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
 from kvcache.errors import Aborted, Cancelled, FailedPrecondition, from_rpc_error
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
-                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, Prefix,
-                           PublishResult, ReleaseResult, StorageLike, parse_storage)
+                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
+                           Prefix, PublishResult, ReleaseResult, StorageLike, parse_storage)
 
 T = TypeVar("T")
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -217,12 +217,15 @@ class Client:
 
     def compress(self, seq: Any, spec: CompressionSpec,
                  queries: Optional[Sequence[LayerQueries]] = None, *,
+                 query_stats: Optional[Sequence[LayerQueryStats]] = None,
                  timeout: Optional[float] = None) -> svc.CompressResponse:
         """Evicts and/or converts what the sequence stores. SnapKV needs the last `window`
-        queries of every layer; H2O may take every prompt query. All-or-nothing; not retried.
+        queries of every layer; H2O may take every prompt query; ExpectedAttention needs
+        `query_stats` of every layer. All-or-nothing; not retried.
         InvalidArgument (spec, queries), FailedPrecondition (H2O without scores), ..."""
         request = svc.CompressRequest(sequence_id=sequence_id(seq), spec=spec.to_proto(),
-                                      queries=_codec.compress_queries(queries))
+                                      queries=_codec.compress_queries(queries),
+                                      query_stats=_codec.compress_query_stats(query_stats))
         return self._call(self._kv.Compress, request, timeout, retry=False)
 
     def attend(self, seq: Any, layer: int, queries: np.ndarray, positions: Sequence[int], *,

@@ -112,10 +112,26 @@ class H2O:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExpectedAttention:
+    """Query-agnostic (kvpress ExpectedAttentionPress): keep `budget` tokens per kv head
+    (including `sinks` and the newest `window`), scored by the attention that queries drawn
+    from the context's query statistics can be expected to pay (compress(query_stats=...)). The
+    pool needs RoPE settings: the service averages the rotation over `future_positions`."""
+
+    window: int
+    budget: int
+    sinks: Optional[int] = None  # None = the server's default, 4
+    future_positions: int = 0    # 0 = 512
+    value_norm: bool = True      # multiply by ||v|| (kvpress's use_vnorm)
+    adaptive: bool = False       # AdaKV, as SnapKV's
+    head_floor_percent: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class CompressionSpec:
     """One eviction rule x one storage format x an optional raw recent residual."""
 
-    eviction: Union[StreamingLLM, SnapKV, H2O, None] = None
+    eviction: Union[StreamingLLM, SnapKV, H2O, ExpectedAttention, None] = None
     storage: StorageLike = None
     residual_tokens: int = 0
 
@@ -141,8 +157,19 @@ class CompressionSpec:
                 spec.snapkv.head_floor_percent = e.head_floor_percent
         elif isinstance(e, H2O):
             spec.h2o.CopyFrom(_types.H2oSpec(heavy=e.heavy, recent=e.recent))
+        elif isinstance(e, ExpectedAttention):
+            allocation = (_types.SnapKvSpec.ALLOCATION_ADAPTIVE if e.adaptive
+                          else _types.SnapKvSpec.ALLOCATION_UNIFORM)
+            spec.expected_attention.CopyFrom(_types.ExpectedAttentionSpec(
+                budget=e.budget, window=e.window, future_positions=e.future_positions,
+                skip_value_norm=not e.value_norm, allocation=allocation))
+            if e.sinks is not None:
+                spec.expected_attention.sinks = e.sinks
+            if e.head_floor_percent is not None:
+                spec.expected_attention.head_floor_percent = e.head_floor_percent
         elif e is not None:
-            raise TypeError(f"eviction must be StreamingLLM, SnapKV, H2O or None, not {e!r}")
+            raise TypeError("eviction must be StreamingLLM, SnapKV, H2O, ExpectedAttention or "
+                            f"None, not {e!r}")
         return spec
 
 
@@ -176,6 +203,17 @@ class LayerQueries:
     queries: np.ndarray
     positions: Sequence[int]
     dtype: DTypeLike = None  # None: from the array (float16/float32); bf16 needs 'bf16'
+
+
+@dataclasses.dataclass
+class LayerQueryStats:
+    """Statistics of one layer's context queries BEFORE RoPE, for ExpectedAttention: `mean`
+    [num_query_heads, head_dim] and optionally `covariance` [num_query_heads, head_dim,
+    head_dim] (on every layer or none), sent as float32."""
+
+    layer: int
+    mean: np.ndarray
+    covariance: Optional[np.ndarray] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -119,6 +119,10 @@ class ClusterClient {
                                           const CompressionSpec& spec,
                                           const std::vector<LayerQueries>& queries = {},
                                           const CallOptions& call = {});
+  absl::StatusOr<CompressResult> Compress(const std::string& sequence_id,
+                                          const CompressionSpec& spec,
+                                          const std::vector<LayerQueryStats>& query_stats,
+                                          const CallOptions& call = {});
   absl::StatusOr<AttendResult> Attend(const AttendRequest& request, const CallOptions& call = {});
   // A decode-loop stream to the shard of `sequence_id`.
   std::unique_ptr<AttendSession> StartAttendSession(const std::string& sequence_id,

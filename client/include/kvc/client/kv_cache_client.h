@@ -96,6 +96,11 @@ class KvCacheClient {
                                           const CompressionSpec& spec,
                                           const std::vector<LayerQueries>& queries = {},
                                           const CallOptions& call = {});
+  // Expected Attention: `query_stats` for every layer.
+  absl::StatusOr<CompressResult> Compress(const std::string& sequence_id,
+                                          const CompressionSpec& spec,
+                                          const std::vector<LayerQueryStats>& query_stats,
+                                          const CallOptions& call = {});
   // Decode attention of one layer computed by the service over the stored KV.
   absl::StatusOr<AttendResult> Attend(const AttendRequest& request, const CallOptions& call = {});
   // One stream for a decode loop (one Attend per layer per step); see AttendSession.

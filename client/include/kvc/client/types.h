@@ -137,12 +137,12 @@ struct TenantUsage {
 // One eviction rule x one storage format x an optional raw recent residual
 // (kvcache.v1.CompressionSpec).
 struct CompressionSpec {
-  enum class Eviction { kNone, kStreamingLlm, kSnapKv, kH2o };
+  enum class Eviction { kNone, kStreamingLlm, kSnapKv, kH2o, kExpectedAttention };
   Eviction eviction = Eviction::kNone;
-  int sinks = 0;   // StreamingLLM
-  int window = 0;  // StreamingLLM recent window; SnapKV observation window
+  int sinks = 0;   // StreamingLLM; Expected Attention (-1 = the server's default, 4)
+  int window = 0;  // StreamingLLM/Expected Attention recent window; SnapKV observation window
   bool rerotate_keys = false;
-  int budget = 0;            // SnapKV tokens kept per kv head (including the window)
+  int budget = 0;  // SnapKV/Expected Attention tokens kept per kv head (incl. window, sinks)
   int pooling_kernel = 13;   // SnapKV (measured default; the paper: 7)
   bool pooling_avg = false;  // SnapKV: avg instead of max pooling
   // SnapKV: share each layer's selections across its kv heads by score (AdaKV), every head
@@ -152,6 +152,10 @@ struct CompressionSpec {
   int pyramid_beta = 0;  // SnapKV: >= 2 gives lower layers more (PyramidKV: 20); 0 = flat
   int heavy = 0;         // H2O
   int recent = 0;        // H2O
+  // Expected Attention: RoPE averaged over this many next positions (0 = 512); rank without
+  // the ||v|| factor when skip_value_norm.
+  int future_positions = 0;
+  bool skip_value_norm = false;
   StorageFormat storage = StorageFormat::kPoolDefault;  // kPoolDefault = keep
   // The newest tokens of every lane kept raw, quantized as they age out; must fit in the
   // eviction's recent window. A Compress may set it only on a sequence still stored raw.
@@ -179,7 +183,17 @@ struct CompressionSpec {
     s.recent = recent;
     return s;
   }
-  // SnapKV's budget shared across a layer's kv heads by score (AdaKV).
+  // Query-agnostic: scores from statistics of the context's queries (Compress's query_stats),
+  // so one compressed document serves any question.
+  static CompressionSpec ExpectedAttention(int window, int budget, int sinks = -1) {
+    CompressionSpec s;
+    s.eviction = Eviction::kExpectedAttention;
+    s.window = window;
+    s.budget = budget;
+    s.sinks = sinks;
+    return s;
+  }
+  // SnapKV's or Expected Attention's budget shared across a layer's kv heads by score (AdaKV).
   CompressionSpec& Adaptive(int floor_percent = -1) {
     adaptive = true;
     head_floor_percent = floor_percent;
@@ -221,6 +235,13 @@ struct LayerQueries {
   const void* queries = nullptr;
   size_t bytes = 0;
   std::vector<int32_t> positions;
+};
+
+// Statistics of one layer's context queries BEFORE RoPE, for Expected Attention.
+struct LayerQueryStats {
+  int layer = 0;
+  std::vector<float> mean;        // [num_query_heads, head_dim]
+  std::vector<float> covariance;  // [num_query_heads, head_dim, head_dim]; empty = mean only
 };
 
 struct LayerCompressStats {

@@ -76,6 +76,8 @@ class KernelBackend {
   virtual KernelStatus Rerotate(const RerotateArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus ChecksumBlocks(const ChecksumBlocksArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus SnapKvScore(const SnapKvScoreArgs& args, StreamHandle stream) = 0;
+  virtual KernelStatus ExpectedAttentionScore(const ExpectedAttentionScoreArgs& args,
+                                              StreamHandle stream) = 0;
   virtual KernelStatus AccumulateScores(const AccumulateScoresArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus Select(const SelectArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus AllocateBudgets(const AllocateBudgetsArgs& args, StreamHandle stream) = 0;

@@ -134,6 +134,31 @@ struct SnapKvScoreArgs {
                             // num_tokens are left as they are
 };
 
+// Expected Attention scores (kvpress ExpectedAttentionPress), query-agnostic: the queries
+// still to come are modelled per query head as a Gaussian with mean `mean` and covariance
+// `cov` (the caller already averaged them over the future positions' RoPE rotations), and a
+// token's score is the attention it can expect, E[exp(q.k / sqrt(d))] =
+// exp(k.mean / sqrt(d) + k^T cov k / (2 d)), normalized like attention. For each query head
+// g of a lane's group: logit_t = k_t . mean_g / sqrt(head_dim) + k_t^T cov_g k_t /
+// (2 head_dim) for the lane's stored tokens t with key position >= min_position (the sinks,
+// always kept, stay out of the softmax as in kvpress); p = softmax over those t; score_t =
+// mean over g of p_t, times ||v_t||_2 when value_norm. Stored tokens below min_position get
+// score 0. Keys and values are read in the stored format; f32 accumulation. Scores are
+// overwritten.
+struct ExpectedAttentionScoreArgs {
+  PagedArena arena;
+  LaneTable lanes;
+  int32_t group_size = 1;                  // query heads per kv head
+  const float* mean = nullptr;             // [num_lanes, group_size, head_dim]
+  const float* cov = nullptr;              // [num_lanes, group_size, head_dim, head_dim], or null:
+                                           // no second-order term
+  const int32_t* key_positions = nullptr;  // [num_lanes, lanes.max_tokens] of stored tokens
+  int32_t min_position = 0;                // >= 0
+  bool value_norm = true;
+  float* scores = nullptr;  // out [num_lanes, lanes.max_tokens]; slots past a lane's
+                            // num_tokens are left as they are
+};
+
 // Adds one decode step's attention weights to the per-token H2O scores: scores[l, t] +=
 // mean over g of weights[l, g, t], for t < num_tokens[l]. Touches no KV memory.
 struct AccumulateScoresArgs {
