@@ -70,7 +70,9 @@ TEST(ExpectedAttentionTest, AveragedRotationIsTheMeanOfTheExplicitRotations) {
         }
       }
       // Past the rotary dims nothing moves.
-      if (rotary > 0) EXPECT_EQ(m.mean[d - 1], mean[d - 1]);
+      if (rotary > 0) {
+        EXPECT_EQ(m.mean[d - 1], mean[d - 1]);
+      }
     }
   }
 }
@@ -221,7 +223,7 @@ TEST(ExpectedAttentionTest, ScoresAcrossAQuantizedTierAndARawResidual) {
   policy.residual_tokens = 16;
   Fixture f(Roped(), policy);
   KVC_ASSERT_OK(f.AppendAll(0, kTokens));
-  const Stats stats(f.geom, true);
+  const Stats stats(f.geom, /*with_cov=*/true);
   // The reference scores the dequantized keys Fetch returns: the kernel reads the same INT8.
   ExpectReferenceSelection(f, stats, Expected(4, 16, 48));
   KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot s, f.store->GetSequence(f.id));
@@ -231,7 +233,7 @@ TEST(ExpectedAttentionTest, ScoresAcrossAQuantizedTierAndARawResidual) {
 TEST(ExpectedAttentionTest, AdaptiveKeepsTheLayerTotal) {
   Fixture f(Roped());
   KVC_ASSERT_OK(f.AppendAll(0, kTokens));
-  const Stats stats(f.geom, true);
+  const Stats stats(f.geom, /*with_cov=*/true);
   CompressionSpec spec = Expected(4, 16, 60);
   spec.adaptive = true;
   KVC_ASSERT_OK(f.store->Compress(stats.Params(f.id, spec)));
@@ -246,9 +248,9 @@ TEST(ExpectedAttentionTest, AdaptiveKeepsTheLayerTotal) {
 TEST(ExpectedAttentionTest, MalformedRequestsAreRefusedAndChangeNothing) {
   Fixture f(Roped());
   KVC_ASSERT_OK(f.AppendAll(0, kTokens));
-  const Stats stats(f.geom, true);
+  const Stats stats(f.geom, /*with_cov=*/true);
   const CompressionSpec spec = Expected(4, 16, 60);
-  auto refused = [&](CompressParams p, absl::StatusCode code, const std::string& says) {
+  auto refused = [&](const CompressParams& p, absl::StatusCode code, const std::string& says) {
     const absl::Status s = f.store->Compress(p).status();
     EXPECT_THAT(s, StatusIs(code)) << says;
     EXPECT_NE(s.message().find(says), std::string::npos) << s.message();
