@@ -79,6 +79,26 @@ pb::StorageFormat ToProto(StorageFormat format) {
   return pb::STORAGE_FORMAT_UNSPECIFIED;
 }
 
+namespace {
+
+// SnapKV's and Expected Attention's allocation: true for ADAPTIVE (AdaKV); an unknown value is
+// refused (coercing it would run a policy the caller did not ask for).
+absl::StatusOr<bool> AdaptiveFromProto(pb::SnapKvSpec::Allocation allocation, const char* field) {
+  switch (allocation) {
+    case pb::SnapKvSpec::ALLOCATION_UNSPECIFIED:
+    case pb::SnapKvSpec::ALLOCATION_UNIFORM:
+      return false;
+    case pb::SnapKvSpec::ALLOCATION_ADAPTIVE:
+      return true;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " is ", static_cast<int>(allocation),
+                       "; expected ALLOCATION_UNIFORM or ALLOCATION_ADAPTIVE"));
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<CompressionSpec> FromProto(const pb::CompressionSpec& spec) {
   CompressionSpec out;
   switch (spec.eviction_case()) {
@@ -110,18 +130,9 @@ absl::StatusOr<CompressionSpec> FromProto(const pb::CompressionSpec& spec) {
                                                          static_cast<int>(spec.snapkv().pooling()),
                                                          "; expected POOLING_MAX or POOLING_AVG"));
       }
-      switch (spec.snapkv().allocation()) {
-        case pb::SnapKvSpec::ALLOCATION_UNSPECIFIED:
-        case pb::SnapKvSpec::ALLOCATION_UNIFORM:
-          out.adaptive = false;
-          break;
-        case pb::SnapKvSpec::ALLOCATION_ADAPTIVE:
-          out.adaptive = true;
-          break;
-        default:
-          return absl::InvalidArgumentError(
-              absl::StrCat("snapkv.allocation is ", static_cast<int>(spec.snapkv().allocation()),
-                           "; expected ALLOCATION_UNIFORM or ALLOCATION_ADAPTIVE"));
+      {  // a block: the macro declares a variable inside this case
+        KVC_ASSIGN_OR_RETURN(out.adaptive,
+                             AdaptiveFromProto(spec.snapkv().allocation(), "snapkv.allocation"));
       }
       if (spec.snapkv().has_head_floor_percent()) {
         out.head_floor_percent = spec.snapkv().head_floor_percent();
@@ -141,19 +152,8 @@ absl::StatusOr<CompressionSpec> FromProto(const pb::CompressionSpec& spec) {
       out.sinks = e.has_sinks() ? e.sinks() : 4;  // kvpress's n_sink
       out.future_positions = e.future_positions() == 0 ? 512 : e.future_positions();
       out.value_norm = !e.skip_value_norm();
-      switch (e.allocation()) {
-        case pb::SnapKvSpec::ALLOCATION_UNSPECIFIED:
-        case pb::SnapKvSpec::ALLOCATION_UNIFORM:
-          out.adaptive = false;
-          break;
-        case pb::SnapKvSpec::ALLOCATION_ADAPTIVE:
-          out.adaptive = true;
-          break;
-        default:
-          return absl::InvalidArgumentError(
-              absl::StrCat("expected_attention.allocation is ", static_cast<int>(e.allocation()),
-                           "; expected ALLOCATION_UNIFORM or ALLOCATION_ADAPTIVE"));
-      }
+      KVC_ASSIGN_OR_RETURN(out.adaptive,
+                           AdaptiveFromProto(e.allocation(), "expected_attention.allocation"));
       if (e.has_head_floor_percent()) out.head_floor_percent = e.head_floor_percent();
       break;
     }
