@@ -145,13 +145,17 @@ absl::StatusOr<bool> ReadRange(const Sequence& seq, const FetchParams& p, const 
 }  // namespace
 
 absl::Status FetchSequence(const std::shared_ptr<Sequence>& seq, const FetchParams& p,
-                           const FetchSink& sink, std::atomic<int64_t>* fetched_bytes) {
+                           const FetchSink& sink, const SharedReadCheck& check,
+                           std::atomic<int64_t>* fetched_bytes) {
   KVC_ASSIGN_OR_RETURN(const std::vector<int> layers, FetchLayers(p, *seq));
   const DType dtype = p.dtype.value_or(seq->geometry().dtype);
   FetchPlan plan;
   {
     kvc::ReaderMutexLock lock(&seq->mu());
     if (seq->released()) return Gone(*seq);
+    // Shared blocks never change bytes (copy-on-write), so what is checked here is what the
+    // ranges below read; the generation check covers everything else.
+    KVC_RETURN_IF_ERROR(CheckSharedReads(*seq, layers, check));
     plan = PlanFetch(*seq, p, layers, dtype);
   }
   // Each chunk is held back until the next one exists, so the last one can say so.

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "cachesvc/core/requests.h"
 #include "cachesvc/core/sequence.h"
+#include "cachesvc/core/shared_read_check.h"
 
 namespace kvc::cachesvc {
 
@@ -21,9 +22,11 @@ inline constexpr int64_t kMinChunkBytes = int64_t{4} << 10;
 inline constexpr int64_t kMaxChunkBytes = int64_t{3} << 20;
 
 // Streams `params` of `seq` to `sink`; adds the payload bytes served to *fetched_bytes.
+// Shared blocks are checked first (shared_read_check.h): DATA_LOSS before anything is sent.
 // INVALID_ARGUMENT for a bad layer, NOT_FOUND once released, ABORTED as above, CANCELLED when
 // the sink returns false.
 absl::Status FetchSequence(const std::shared_ptr<Sequence>& seq, const FetchParams& params,
-                           const FetchSink& sink, std::atomic<int64_t>* fetched_bytes);
+                           const FetchSink& sink, const SharedReadCheck& check,
+                           std::atomic<int64_t>* fetched_bytes);
 
 }  // namespace kvc::cachesvc

@@ -36,6 +36,11 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreOptions& o
     return absl::InvalidArgumentError(
         absl::StrCat("max_sequences is ", options.max_sequences, "; expected >= 1"));
   }
+  if (options.verify_shared_reads_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("verify_shared_reads_every is ",
+                                                   options.verify_shared_reads_every,
+                                                   "; expected >= 1 (1 = verify every read)"));
+  }
   std::unique_ptr<KvStore> store(new KvStore(options));
   KVC_ASSIGN_OR_RETURN(store->shard_,
                        ShardIdentity::Create(options.shard_name, options.shard_weight));
@@ -204,7 +209,9 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
 
 absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
   KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
-  return FetchSequence(seq, p, sink, &fetched_bytes_);
+  const SharedReadCheck check{prefixes_[static_cast<size_t>(seq->pool_index())].get(),
+                              read_sampler_.Next()};
+  return FetchSequence(seq, p, sink, check, &fetched_bytes_);
 }
 
 absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
@@ -221,6 +228,10 @@ absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {
   // A writer lock: the step's weights are added to the stored tokens' scores.
   kvc::WriterMutexLock lock(&seq->mu());
   if (seq->released()) return Released(p.sequence_id);
+  const SharedReadCheck check{prefixes_[static_cast<size_t>(seq->pool_index())].get(),
+                              read_sampler_.Next()};
+  const int layer = static_cast<int>(p.layer);
+  KVC_RETURN_IF_ERROR(CheckSharedReads(*seq, absl::MakeConstSpan(&layer, 1), check));
   return AttendLocked(*seq, p, dtype, options_.max_response_bytes);
 }
 

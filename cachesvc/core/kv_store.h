@@ -22,6 +22,7 @@
 #include "cachesvc/core/requests.h"
 #include "cachesvc/core/sequence_registry.h"
 #include "cachesvc/core/shard_identity.h"
+#include "cachesvc/core/shared_read_check.h"
 #include "cachesvc/core/tenant_account.h"
 #include "cachesvc/core/tenant_quota.h"
 #include "cachesvc/core/types.h"
@@ -47,6 +48,9 @@ struct KvStoreOptions {
   // Cluster identity (ShardIdentity): empty = a single server whose ids stay local.
   std::string shard_name;
   double shard_weight = 1.0;
+  // 1 in N Fetch and Attend calls re-checksums the prefix-cache blocks it reads
+  // (shared_read_check.h); 1 = every read.
+  int64_t verify_shared_reads_every = 64;
   StoreHooks hooks;
 };
 
@@ -116,7 +120,9 @@ class KvStore {
 
  private:
   explicit KvStore(const KvStoreOptions& options)
-      : options_(options), accounts_(options.quotas, static_cast<int>(options.pools.size())) {}
+      : options_(options),
+        accounts_(options.quotas, static_cast<int>(options.pools.size())),
+        read_sampler_(options.verify_shared_reads_every) {}
   absl::StatusOr<std::shared_ptr<Sequence>> FindLive(const std::string& scope,
                                                      const std::string& id) const;
   absl::StatusOr<ReleaseResult> ReleaseInternal(const std::string& scope, const std::string& id,
@@ -147,6 +153,7 @@ class KvStore {
   TenantAccounts accounts_;
   std::atomic<int64_t> appended_bytes_{0};
   std::atomic<int64_t> fetched_bytes_{0};
+  ReadSampler read_sampler_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> id_counter_{0};
   uint64_t id_salt_ = 0;

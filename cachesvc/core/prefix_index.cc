@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "cachesvc/core/op_stage.h"
 #include "common/check.h"
@@ -208,6 +209,7 @@ int64_t PrefixIndex::Publish(absl::Span<const PrefixKey> keys, absl::Span<const 
     if (!inserted) continue;  // published by another sequence meanwhile
     // The index becomes a holder; the sequence that wrote the blocks stays one.
     pool_->shares().Freeze(format, it->second.blocks, /*extra_holders=*/1);
+    pool_->shares().SetChecksums(format, it->second.blocks, it->second.checksums);
     cached_bytes_ += EntryBytes(it->second);
     if (it->second.has_parent) {
       auto parent = entries_.find(it->second.parent);
@@ -217,6 +219,24 @@ int64_t PrefixIndex::Publish(absl::Span<const PrefixKey> keys, absl::Span<const 
   }
   published_.fetch_add(added, std::memory_order_relaxed);
   return added;
+}
+
+int64_t PrefixIndex::DropCorrupt(StorageFormat format, absl::Span<const BlockId> blocks) {
+  const absl::flat_hash_set<BlockId> bad(blocks.begin(), blocks.end());
+  kvc::MutexLock lock(&mu_);
+  std::vector<PrefixKey> doomed;  // a rare event: a scan of the index is fine
+  for (const auto& [key, e] : entries_) {
+    if (e.format != format) continue;
+    for (BlockId b : e.blocks) {
+      if (bad.contains(b)) {
+        doomed.push_back(key);
+        break;
+      }
+    }
+  }
+  for (const PrefixKey& key : doomed) EraseLocked(entries_.find(key));
+  checksum_misses_.fetch_add(static_cast<int64_t>(doomed.size()), std::memory_order_relaxed);
+  return static_cast<int64_t>(doomed.size());
 }
 
 int64_t PrefixIndex::Reclaim(int64_t bytes) {
@@ -250,6 +270,7 @@ PrefixStats PrefixIndex::stats() const {
   s.hit_tokens = hit_tokens_.load(std::memory_order_relaxed);
   s.attached_tokens = attached_tokens_.load(std::memory_order_relaxed);
   s.checksum_misses = checksum_misses_.load(std::memory_order_relaxed);
+  s.corrupt_reads = corrupt_reads_.load(std::memory_order_relaxed);
   s.published_entries = published_.load(std::memory_order_relaxed);
   s.evicted_entries = evicted_.load(std::memory_order_relaxed);
   kvc::MutexLock lock(&mu_);

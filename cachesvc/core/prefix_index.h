@@ -94,6 +94,12 @@ class PrefixIndex {
                   StorageFormat format, const std::vector<std::vector<BlockId>>& blocks,
                   const std::vector<std::vector<uint64_t>>& checksums);
 
+  // A read found `blocks` corrupt (shared_read_check.h): removes every entry holding one of
+  // them, counted as checksum misses. Returns entries removed.
+  int64_t DropCorrupt(StorageFormat format, absl::Span<const BlockId> blocks);
+  // A Fetch or Attend refused because it would read a corrupt shared block.
+  void CountCorruptRead() { corrupt_reads_.fetch_add(1, std::memory_order_relaxed); }
+
   // Evicts unused entries (least recently used leaves first) until at least `bytes` went
   // back to the pool or none is left; returns the bytes freed.
   int64_t Reclaim(int64_t bytes);
@@ -122,7 +128,7 @@ class PrefixIndex {
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> lookups_{0}, hits_{0}, lookup_tokens_{0}, hit_tokens_{0},
-      attached_tokens_{0}, checksum_misses_{0}, published_{0}, evicted_{0};
+      attached_tokens_{0}, checksum_misses_{0}, published_{0}, evicted_{0}, corrupt_reads_{0};
 };
 
 }  // namespace kvc::cachesvc

@@ -62,6 +62,10 @@ struct PrefixFamilies {
       "(reason checksum: dropped, never served).");
   prometheus::MetricFamily attached = CounterFamily(
       "kvc_prefix_attached_tokens_total", "Tokens new sequences started with from the cache.");
+  prometheus::MetricFamily corrupt_reads = CounterFamily(
+      "kvc_prefix_corrupt_reads_total",
+      "Fetch and Attend calls refused (DATA_LOSS): a shared block they would read failed its "
+      "checksum.");
   prometheus::MetricFamily entries_total =
       CounterFamily("kvc_prefix_entries_total",
                     "Cache entries (one block of every lane), by event: "
@@ -83,6 +87,7 @@ struct PrefixFamilies {
     AddSample(&misses, {{"pool", pool}, {"reason", "checksum"}},
               static_cast<double>(s.checksum_misses));
     AddSample(&attached, {{"pool", pool}}, static_cast<double>(s.attached_tokens));
+    AddSample(&corrupt_reads, {{"pool", pool}}, static_cast<double>(s.corrupt_reads));
     AddSample(&entries_total, {{"pool", pool}, {"event", "published"}},
               static_cast<double>(s.published_entries));
     AddSample(&entries_total, {{"pool", pool}, {"event", "evicted"}},
@@ -94,7 +99,8 @@ struct PrefixFamilies {
               static_cast<double>(s.unreferenced_bytes));
   }
   void AppendTo(std::vector<prometheus::MetricFamily>* families) {
-    for (auto* f : {&lookups, &tokens, &misses, &attached, &entries_total, &entries, &bytes}) {
+    for (auto* f : {&lookups, &tokens, &misses, &attached, &corrupt_reads, &entries_total, &entries,
+                    &bytes}) {
       families->push_back(std::move(*f));
     }
   }

@@ -176,6 +176,14 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
     return absl::InvalidArgumentError("config max_sequences must be >= 0");
   }
   if (config.max_sequences() > 0) options.store.max_sequences = config.max_sequences();
+  if (config.verify_shared_reads_every() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config verify_shared_reads_every is ", config.verify_shared_reads_every(),
+                     "; expected 0 (the default, 64) or N >= 1 (1 in N reads)"));
+  }
+  if (config.verify_shared_reads_every() > 0) {
+    options.store.verify_shared_reads_every = config.verify_shared_reads_every();
+  }
   if (config.pools().empty()) {
     return absl::InvalidArgumentError("config has no pools: add at least one `pools { ... }`");
   }

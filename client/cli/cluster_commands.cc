@@ -281,6 +281,7 @@ pb::PoolStats SumStats(const std::vector<ShardAnswer>& answers,
       t->set_entries(t->entries() + c.entries());
       t->set_cached_bytes(t->cached_bytes() + c.cached_bytes());
       t->set_unreferenced_bytes(t->unreferenced_bytes() + c.unreferenced_bytes());
+      t->set_corrupt_reads(t->corrupt_reads() + c.corrupt_reads());
     }
     // A tenant's view: the tenant and its per-shard limits are the same on every shard.
     if (!s.tenant().empty()) {

@@ -203,6 +203,7 @@ void PrintStats(const pb::PoolStats& s) {
     table.AddRow({"prefix hit rate", PrefixHitRate(c)});
     table.AddRow({"prefix attached tokens", absl::StrCat(c.attached_tokens())});
     table.AddRow({"prefix checksum misses", absl::StrCat(c.checksum_misses())});
+    table.AddRow({"prefix corrupt reads refused", absl::StrCat(c.corrupt_reads())});
     table.AddRow({"prefix evicted entries", absl::StrCat(c.evicted_entries())});
   }
   std::cout << table.Render();

@@ -138,12 +138,18 @@ PoolStats FromProto(const pb::PoolStats& in) {
   s.quota_bytes = in.quota_bytes();
   s.quota_sequences = in.quota_sequences();
   const pb::PrefixCacheStats& c = in.prefix_cache();
-  s.prefix_cache = {c.lookups(),           c.hits(),
-                    c.lookup_tokens(),     c.hit_tokens(),
-                    c.attached_tokens(),   c.checksum_misses(),
-                    c.published_entries(), c.evicted_entries(),
-                    c.entries(),           c.cached_bytes(),
-                    c.unreferenced_bytes()};
+  s.prefix_cache = {c.lookups(),
+                    c.hits(),
+                    c.lookup_tokens(),
+                    c.hit_tokens(),
+                    c.attached_tokens(),
+                    c.checksum_misses(),
+                    c.published_entries(),
+                    c.evicted_entries(),
+                    c.entries(),
+                    c.cached_bytes(),
+                    c.unreferenced_bytes(),
+                    c.corrupt_reads()};
   return s;
 }
 

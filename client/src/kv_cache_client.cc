@@ -322,6 +322,22 @@ absl::StatusOr<ReleaseResult> KvCacheClient::Release(const std::string& sequence
   return ReleaseResult{response.freed_blocks(), response.freed_bytes()};
 }
 
+namespace {
+
+absl::StatusOr<CompressResult> SendCompress(const KvCacheClient::Impl& impl,
+                                            const pb::CompressRequest& request,
+                                            const CallOptions& call) {
+  pb::CompressResponse response;
+  grpc::ClientContext context;
+  impl.Prepare(&context, call);
+  // Not retried: a second Compress after a lost reply would evict again.
+  const absl::Status status = FromGrpcStatus(impl.kv->Compress(&context, request, &response));
+  if (!status.ok()) return status;
+  return FromProto(response);
+}
+
+}  // namespace
+
 absl::StatusOr<CompressResult> KvCacheClient::Compress(const std::string& sequence_id,
                                                        const CompressionSpec& spec,
                                                        const std::vector<LayerQueries>& queries,
@@ -337,13 +353,7 @@ absl::StatusOr<CompressResult> KvCacheClient::Compress(const std::string& sequen
                      q.queries != nullptr ? q.bytes : 0);
     out->mutable_positions()->Add(q.positions.begin(), q.positions.end());
   }
-  pb::CompressResponse response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
-  // Not retried: a second Compress after a lost reply would evict again.
-  const absl::Status status = FromGrpcStatus(impl_->kv->Compress(&context, request, &response));
-  if (!status.ok()) return status;
-  return FromProto(response);
+  return SendCompress(*impl_, request, call);
 }
 
 absl::StatusOr<CompressResult> KvCacheClient::Compress(
@@ -358,13 +368,7 @@ absl::StatusOr<CompressResult> KvCacheClient::Compress(
     out->mutable_mean()->Add(q.mean.begin(), q.mean.end());
     out->mutable_covariance()->Add(q.covariance.begin(), q.covariance.end());
   }
-  pb::CompressResponse response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
-  // Not retried, as above.
-  const absl::Status status = FromGrpcStatus(impl_->kv->Compress(&context, request, &response));
-  if (!status.ok()) return status;
-  return FromProto(response);
+  return SendCompress(*impl_, request, call);
 }
 
 absl::StatusOr<AttendResult> KvCacheClient::Attend(const AttendRequest& request,

@@ -142,6 +142,7 @@ TEST(ServerConfigTest, ParsesSecurityAndRefusesInconsistentSettings) {
         }
         quotas { tenant: "a" max_bytes_per_pool: 1024 max_sequences: 2 }
         quotas { tenant: "*" max_streams: 4 }
+        verify_shared_reads_every: 1
       )pb"));
   EXPECT_TRUE(o.tls.enabled());
   EXPECT_TRUE(o.tls.require_client_cert);
@@ -151,6 +152,7 @@ TEST(ServerConfigTest, ParsesSecurityAndRefusesInconsistentSettings) {
   ASSERT_EQ(o.store.quotas.size(), 2u);
   EXPECT_EQ(QuotaFor(o.store.quotas, "a").max_sequences, 2);
   EXPECT_EQ(QuotaFor(o.store.quotas, "zz").max_streams, 4);
+  EXPECT_EQ(o.store.verify_shared_reads_every, 1);
   KVC_EXPECT_OK(CheckExposure(o));
 
   const std::string pool =
@@ -167,6 +169,7 @@ TEST(ServerConfigTest, ParsesSecurityAndRefusesInconsistentSettings) {
            R"pb(tls { cert_file: "/c" key_file: "/k" client_ca_file: "/ca" }
                 auth { client_identities { san: "x" tenant: "a/b" } })pb",
            R"pb(quotas { tenant: "a" max_sequences: -1 })pb",
+           R"pb(verify_shared_reads_every: -1)pb",
            R"pb(quotas { tenant: "a" }
                 quotas { tenant: "a" })pb",
            R"pb(auth { tokens_file: "/t" reload_interval_seconds: 100000 })pb",

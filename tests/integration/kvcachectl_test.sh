@@ -51,7 +51,8 @@ grep -Eq '^prefix evicted entries +0$' <<<"$out" || fail "stats: prefix evicted 
 import json, sys
 p = json.load(sys.stdin)["prefix_cache"]
 keys = {"lookups", "hits", "lookup_tokens", "hit_tokens", "attached_tokens", "checksum_misses",
-        "published_entries", "evicted_entries", "entries", "cached_bytes", "unreferenced_bytes"}
+        "published_entries", "evicted_entries", "entries", "cached_bytes", "unreferenced_bytes",
+        "corrupt_reads"}
 assert set(p) == keys, sorted(p)
 assert all(int(v) == 0 for v in p.values()), p' || fail "stats --json: prefix_cache"
 

@@ -1,7 +1,7 @@
 // The prefix cache through the real client and gRPC server: an engine publishes a prefilled
 // document, a second request attaches it and appends only its question, both read the same
-// bytes; lookups, hit rate and cache bytes show in GetPoolStats and Prometheus; the errors a
-// caller gets name the field.
+// bytes; lookups, hit rate and cache bytes show in GetPoolStats and Prometheus; a corrupt
+// shared block is refused with DATA_LOSS; the errors a caller gets name the field.
 #include <grpcpp/grpcpp.h>
 
 #include <numeric>
@@ -183,6 +183,51 @@ TEST(PrefixServiceTest, ACompressedDocumentIsForkedPerQuestionCopyOnWrite) {
 
   EXPECT_THAT(c.ForkSequence(doc.sequence_id), StatusIs(Code::kNotFound));
   EXPECT_THAT(c.ForkSequence(""), StatusIs(Code::kInvalidArgument, "sequence_id"));
+}
+
+// A shared block whose bytes change after publishing (a memory fault, flipped here through
+// the pool's backend) is found by a verified read and never served again: the engine gets
+// DATA_LOSS with nothing streamed, the cache stops offering the prefix, and operators see it.
+TEST(PrefixServiceTest, ACorruptSharedBlockIsRefusedWithDataLoss) {
+  auto options = ::kvc::testing::SmallServerOptions();
+  options.metrics_listen = "127.0.0.1:0";
+  options.store.verify_shared_reads_every = 1;
+  auto t = ::kvc::testing::StartTestServer(options);
+  client::KvCacheClient& c = *t.client;
+  const std::vector<int32_t> doc = Ids(64, 7);
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo first, c.CreateSequence({}));
+  KVC_ASSERT_OK(Prefill(c, first.sequence_id, 0, 64, 1));
+  KVC_ASSERT_OK(c.PublishPrefix(first.sequence_id, Doc(doc)).status());
+  client::CreateSequenceOptions o;
+  o.prefix = Doc(doc);
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo second, c.CreateSequence(o));
+  ASSERT_EQ(second.attached_tokens, 64);
+  KVC_ASSERT_OK(c.Fetch(second.sequence_id, {}).status());
+
+  cachesvc::BlockPool* pool = *t.server->store()->FindPool("small");
+  const kernels::PagedArena arena = pool->arena(kernels::StorageFormat::kF16);
+  ASSERT_TRUE(pool->backend()
+                  ->Memset(static_cast<char*>(arena.base) + 10, 0x5a, 1, kernels::StreamHandle{})
+                  .ok());
+  ASSERT_TRUE(pool->backend()->Synchronize(kernels::StreamHandle{}).ok());
+  EXPECT_THAT(c.Fetch(second.sequence_id, {}),
+              StatusIs(Code::kDataLoss, "no longer match the checksum"));
+  EXPECT_THAT(c.Fetch(first.sequence_id, {}), StatusIs(Code::kDataLoss));
+  EXPECT_EQ(*c.LookupPrefix("", Doc(doc)), 0);
+  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats, c.GetPoolStats("small"));
+  EXPECT_EQ(stats.prefix_cache.corrupt_reads, 2);
+  EXPECT_EQ(stats.prefix_cache.checksum_misses, 1);
+  const std::string response = ::kvc::testing::HttpGet(t.server->metrics_address(), "/metrics");
+  const std::string body = response.substr(response.find("\r\n\r\n") + 3);
+  EXPECT_EQ(MetricSample(body, R"(kvc_prefix_corrupt_reads_total{pool="small"})"), 2);
+  EXPECT_EQ(MetricSample(body, R"(kvc_prefix_misses_total{pool="small",reason="checksum"})"), 1);
+  // The engine's way out: release and prefill again; the new blocks serve.
+  KVC_ASSERT_OK(c.Release(second.sequence_id));
+  KVC_ASSERT_OK(c.Release(first.sequence_id));
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo again, c.CreateSequence(o));
+  EXPECT_EQ(again.attached_tokens, 0);
+  KVC_ASSERT_OK(Prefill(c, again.sequence_id, 0, 64, 1));
+  KVC_ASSERT_OK(c.Fetch(again.sequence_id, {}).status());
 }
 
 TEST(PrefixServiceTest, BadRequestsGetTheFieldNamed) {
