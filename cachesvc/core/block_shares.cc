@@ -64,6 +64,13 @@ bool BlockShares::Frozen(StorageFormat format, BlockId block) const {
   return shares_[static_cast<size_t>(format)].contains(block);
 }
 
+bool BlockShares::Published(StorageFormat format, BlockId block) const {
+  kvc::MutexLock lock(&mu_);
+  const auto& map = shares_[static_cast<size_t>(format)];
+  auto it = map.find(block);
+  return it != map.end() && it->second.has_checksum;
+}
+
 int64_t BlockShares::Holders(StorageFormat format, BlockId block) const {
   kvc::MutexLock lock(&mu_);
   const auto& map = shares_[static_cast<size_t>(format)];

@@ -38,6 +38,9 @@ class BlockShares {
   void Drop(StorageFormat format, absl::Span<const BlockId> blocks, std::vector<BlockId>* last);
 
   bool Frozen(StorageFormat format, BlockId block) const;
+  // Frozen with a checksum: the prefix index holds it, or held it until the entry was dropped
+  // (a fork freezes blocks without one).
+  bool Published(StorageFormat format, BlockId block) const;
   // Appends the blocks among `blocks` that have a recorded checksum, and that checksum.
   void Checksummed(StorageFormat format, absl::Span<const BlockId> blocks,
                    std::vector<BlockId>* which, std::vector<uint64_t>* checksums) const;

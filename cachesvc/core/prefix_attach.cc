@@ -120,15 +120,16 @@ absl::StatusOr<PublishPrefixResult> PublishLocked(Sequence& seq, PrefixIndex& in
   std::vector<std::vector<BlockId>> blocks;
   for (size_t k = 0; k < missing.size(); ++k) {
     std::vector<BlockId> entry;
-    bool frozen = false;
+    bool published = false;
     for (int lane = 0; lane < lanes; ++lane) {
       entry.push_back(st.lane(lane)[0].blocks[missing[k]]);
-      frozen = frozen || seq.pool()->shares().Frozen(format, entry.back());
+      published = published || seq.pool()->shares().Published(format, entry.back());
     }
-    // A block is in one entry at most: a frozen block under a key that is not cached came
+    // A block is in one entry at most: a published block under a key that is not cached came
     // from another prefix (the caller's token ids are not the ones it attached with) or from
-    // an entry dropped as corrupt. Publish nothing from there on.
-    if (frozen) {
+    // an entry dropped as corrupt. Publish nothing from there on. Blocks a fork froze were
+    // never published: they are immutable like any published block, so they may be.
+    if (published) {
       result.published_tokens = static_cast<int64_t>(missing[k]) * bt;
       missing.resize(k);
       break;

@@ -95,6 +95,32 @@ TEST_F(ForkTest, ForkSharesWholeBlocksAndServesTheSameBytes) {
   EXPECT_EQ(store().GetSequence(a_->id)->visible_tokens, kTokens + 7);
 }
 
+// Blocks a fork froze are immutable like published ones, so either side may publish them
+// afterwards; a later sequence attaches them and reads the same bytes.
+TEST_F(ForkTest, ForkedBlocksCanBePublishedAndAttached) {
+  KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot b, Fork(a_->id));
+  std::vector<int32_t> ids(kTokens);
+  for (int i = 0; i < kTokens; ++i) ids[static_cast<size_t>(i)] = 1000 + i;
+  const PrefixSpec prefix{"smollm2-135m", "", ids};
+  KVC_ASSERT_OK_AND_ASSIGN(const PublishPrefixResult published,
+                           store().PublishPrefix(PublishPrefixParams{"", b.id, prefix}));
+  EXPECT_EQ(published.published_tokens, 96);
+  EXPECT_EQ(published.new_tokens, 96);
+  const int64_t used = Used();
+  CreateSequenceParams p;
+  p.prefix = prefix;
+  KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot c, store().CreateSequence(p));
+  EXPECT_EQ(c.attached_tokens, 96);
+  EXPECT_EQ(Used(), used) << "attaching copies nothing";
+  EXPECT_EQ(Read(store(), c.id), Read(store(), a_->id, 96));
+  // The source publishing the same blocks adds nothing: they are cached already.
+  KVC_ASSERT_OK_AND_ASSIGN(const PublishPrefixResult again,
+                           store().PublishPrefix(PublishPrefixParams{"", a_->id, prefix}));
+  EXPECT_EQ(again.new_tokens, 0);
+  for (const std::string& id : {a_->id, b.id, c.id}) KVC_ASSERT_OK(store().Release(id, ""));
+  EXPECT_EQ(Used(), 6 * kLanes * kBlock) << "only the cache's 6 entries stay";
+}
+
 TEST_F(ForkTest, EveryMutationOfEitherSideCopiesOnWrite) {
   struct Case {
     const char* name;
