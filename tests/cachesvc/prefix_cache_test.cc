@@ -122,6 +122,29 @@ TEST_F(PrefixCacheTest, OtherSaltModelTenantOrFormatNeverHits) {
   EXPECT_EQ(c->attached_tokens, 0);
 }
 
+// A document stored in INT4 from its first token (a query-agnostic compression) is cached and
+// attached like an f16 one, by sequences that store INT4 too.
+TEST(PrefixCacheFormatTest, AnInt4DocumentIsPublishedAndAttached) {
+  CompressionSpec int4;
+  int4.storage = StorageFormat::kInt4G32;
+  int4.storage_set = true;
+  Fixture a(Geometry{}, int4);
+  KVC_ASSERT_OK(a.AppendAll(0, kTokens));
+  const std::vector<int32_t> ids = TokenIds(kTokens);
+  KVC_ASSERT_OK_AND_ASSIGN(const PublishPrefixResult published,
+                           a.store->PublishPrefix(PublishPrefixParams{"", a.id, Prefix(ids)}));
+  EXPECT_EQ(published.new_tokens, 96);
+  const int64_t used = a.store->ListPools()[0].used_bytes;
+  CreateSequenceParams p;
+  p.policy = int4;
+  p.prefix = Prefix(ids);
+  KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot b, a.store->CreateSequence(p));
+  EXPECT_EQ(b.attached_tokens, 96);
+  EXPECT_EQ(b.storage, StorageFormat::kInt4G32);
+  EXPECT_EQ(a.store->ListPools()[0].used_bytes, used) << "attaching copies nothing";
+  EXPECT_EQ(Read(*a.store, b.id), Read(*a.store, a.id, 96));
+}
+
 // Every mutation of one sharer leaves the other's bytes as they were.
 TEST_F(PrefixCacheTest, EveryMutationCopiesOnWrite) {
   struct Case {

@@ -5,10 +5,11 @@
 # be the same, the later requests must attach most of their prompt, and the pass key must be
 # found. Skips (exit 77) when the model or the text is missing.
 # With a query-agnostic POLICY (expattn=B, needs kvcached's ExpectedAttentionSpec) every
-# request compresses the document before its question: the first publishes only the
-# document's blocks (before compressing), the later ones attach exactly those and reuse the
-# first's query statistics, and the answers must still match the plain run's (the pass key
-# is not required: the compressed document may have lost it).
+# request compresses the document before its question; with --reuse only the first does: it
+# publishes the document's raw blocks (before compressing) and keeps the compressed document,
+# which the later requests fork (all of the document, none of the question), and the answers
+# must still match the plain run's (the pass key is not required: the compressed document may
+# have lost it).
 # usage: ask_reuse_test.sh KVCACHED KVC_WORKER REPO_ROOT [POLICY]
 set -euo pipefail
 KVCACHED=$1 WORKER=$2 ROOT=$3 POLICY=${4:-full}
@@ -51,20 +52,29 @@ for p, r in zip(plain, reuse):
     assert p["answer"] == r["answer"], f"answers differ: {p['answer']!r} vs {r['answer']!r}"
     assert p["attached_tokens"] == 0, p
 assert reuse[0]["attached_tokens"] == 0, reuse[0]
+for p in plain:
+    assert p["forked_tokens"] == 0, p
 if agnostic:
     # The document's whole blocks only (published before the compression): not the question.
     doc = reuse[0]["published_tokens"]
     assert reuse[0]["prompt_tokens"] - 64 <= doc <= reuse[0]["prompt_tokens"] - 16, reuse[0]
+    assert reuse[0]["forked_tokens"] == 0, reuse[0]
+    # The later ones fork the kept compressed document: every document token, whole blocks
+    # and the partial last one, and nothing of the question.
     for r in reuse[1:]:
-        assert r["attached_tokens"] == doc, (r, doc)
+        assert r["attached_tokens"] == 0, r
+        assert doc <= r["forked_tokens"] < doc + 16, (r, doc)
+        assert r["forked_tokens"] == reuse[1]["forked_tokens"], r
 else:
+    assert all(r["forked_tokens"] == 0 for r in reuse), reuse
     assert reuse[0]["published_tokens"] >= reuse[0]["prompt_tokens"] - 16, reuse[0]
     for r in reuse[1:]:
         assert r["attached_tokens"] >= r["prompt_tokens"] - 48, r
     assert "68142" in reuse[0]["answer"] and "68142" in reuse[2]["answer"], reuse
 ttft = lambda rows: sum(r["ttft_s"] for r in rows[1:]) / (len(rows) - 1)
-print(f"ask_reuse_test: OK (answers identical; questions 2-3 attach "
-      f"{reuse[1]['attached_tokens']}/{reuse[1]['prompt_tokens']} and "
-      f"{reuse[2]['attached_tokens']}/{reuse[2]['prompt_tokens']} tokens; time to first token "
+reused = lambda r: r["attached_tokens"] + r["forked_tokens"]
+print(f"ask_reuse_test: OK (answers identical; questions 2-3 reuse "
+      f"{reused(reuse[1])}/{reuse[1]['prompt_tokens']} and "
+      f"{reused(reuse[2])}/{reuse[2]['prompt_tokens']} tokens; time to first token "
       f"{ttft(plain):.2f} s -> {ttft(reuse):.2f} s)")
 PY

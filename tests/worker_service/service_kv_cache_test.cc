@@ -358,6 +358,44 @@ TEST(ServiceKvCacheTest, ExpectedAttentionOnAnAttachedDocumentTakesGivenStatisti
   }
 }
 
+// ask --reuse with a query-agnostic policy: the first request keeps its compressed document
+// (a fork taken right after the compression, before the question); later requests fork it
+// and start after the document, compressing nothing, and read the same document KV.
+TEST(ServiceKvCacheTest, AKeptCompressedDocumentIsForkedByLaterRequests) {
+  auto t = ::kvc::testing::StartTestServer(F32Pool(/*rope=*/true));
+  kernels::ThreadPool threads(2);
+  const ServicePolicy policy = ExpectedAttentionPolicy(8, 24);
+  KVC_ASSERT_OK_AND_ASSIGN(auto first, ServiceKvCache::Create(t.client.get(), "", Geometry(kTheta),
+                                                              policy, false, &threads));
+  first->ExpectPrompt(80);
+  first->ExpectDocument(64);
+  first->KeepDocument();
+  Drive(*first, 80, 16, 0);
+  const std::string kept = first->kept_document();
+  ASSERT_FALSE(kept.empty());
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo kept_info, t.client->GetSequence(kept));
+  EXPECT_EQ(kept_info.visible_tokens, 64) << "the document, not the question";
+  for (int64_t n : kept_info.stored_tokens) EXPECT_EQ(n, 24);
+
+  KVC_ASSERT_OK_AND_ASSIGN(auto later, ServiceKvCache::Fork(t.client.get(), kept, Geometry(kTheta),
+                                                            policy, false, &threads));
+  EXPECT_EQ(later->forked_tokens(), 64);
+  later->ExpectPrompt(80);
+  Drive(*later, 80, 16, 0, /*start=*/64);
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo info, later->Info());
+  for (int64_t n : info.stored_tokens) EXPECT_EQ(n, 24 + 16) << "compressed once, not again";
+  for (int l = 0; l < kLayers; ++l) {
+    KVC_ASSERT_OK_AND_ASSIGN(LayerKv a, first->Fetch(l));
+    KVC_ASSERT_OK_AND_ASSIGN(LayerKv b, later->Fetch(l));
+    for (int h = 0; h < kHeads; ++h) EXPECT_EQ(a.heads[h].positions, b.heads[h].positions);
+  }
+  later.reset();
+  first.reset();
+  KVC_ASSERT_OK_AND_ASSIGN(kept_info, t.client->GetSequence(kept));
+  EXPECT_EQ(kept_info.visible_tokens, 64) << "the kept document is the caller's to release";
+  KVC_ASSERT_OK(t.client->Release(kept));
+}
+
 // The service rotates the statistics with the pool's RoPE: it must be the model's.
 TEST(ServiceKvCacheTest, ExpectedAttentionRefusesAPoolWithAnotherRope) {
   const ServicePolicy policy = ExpectedAttentionPolicy(8, 24);

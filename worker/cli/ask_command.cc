@@ -5,9 +5,11 @@
 // the same command without --reuse is the baseline (the answers must be the same).
 // A query-agnostic policy (--policy expattn=...) compresses each request's document before its
 // question is prefilled (ServiceKvCache::ExpectDocument), from the document's queries only, so
-// every question reads the same compressed document. With --reuse the document's whole blocks
-// are published before that compression; the first request prefills the whole document (its
-// queries give the statistics) and the later ones attach it and reuse those statistics.
+// every question reads the same compressed document. With --reuse the document is compressed
+// once: the first request prefills and compresses it, publishes its raw whole blocks (before
+// compressing, for other engines) and forks the compressed document into a sequence kept for
+// the command's lifetime (ServiceKvCache::KeepDocument); the later requests fork that
+// sequence (copy-on-write: they share its blocks) and prefill only their question.
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -88,9 +91,13 @@ absl::Status RunAsk(int argc, char** argv) {
   std::unique_ptr<client::KvCacheClient> client = std::move(*connected);
   std::ofstream json;
   if (flags->Has("json")) json.open(flags->Get("json", ""));
-  // Query-agnostic policy with --reuse: the document's query statistics from the first request
-  // (empty until then).
-  std::vector<QueryStats> document_stats;
+  // Query-agnostic policy with --reuse: the compressed document the first request kept (empty
+  // until then), released when the command ends.
+  const bool keep_document = reuse && policy->query_agnostic();
+  std::string kept_document;
+  absl::Cleanup release_kept = [&client, &kept_document] {
+    if (!kept_document.empty()) (void)client->Release(kept_document);
+  };
   const std::vector<int32_t> document_ids =
       tok.Encode(ChatDocumentPrefix(*document), /*parse_special=*/true);
 
@@ -102,29 +109,29 @@ absl::Status RunAsk(int argc, char** argv) {
     // The last prompt token always runs (its logits give the first answer token).
     client::Prefix wanted{model_id, flags->Get("salt", ""),
                           std::vector<int32_t>(ids.begin(), ids.end() - 1)};
-    // Attached tokens pass no queries through the cache: a query-agnostic policy attaches only
-    // once it has the document's statistics.
-    const bool attach = reuse && (!policy->query_agnostic() || !document_stats.empty());
-    auto created = ServiceKvCache::Create(
-        client.get(), flags->Get("pool", ""), (*model)->config().kv_geometry(), *policy,
-        /*always_fetch=*/false, (*model)->pool(), attach ? &wanted : nullptr);
+    const bool fork = keep_document && !kept_document.empty();
+    auto created =
+        fork ? ServiceKvCache::Fork(client.get(), kept_document, (*model)->config().kv_geometry(),
+                                    *policy, /*always_fetch=*/false, (*model)->pool())
+             : ServiceKvCache::Create(client.get(), flags->Get("pool", ""),
+                                      (*model)->config().kv_geometry(), *policy,
+                                      /*always_fetch=*/false, (*model)->pool(),
+                                      reuse && !keep_document ? &wanted : nullptr);
     if (!created.ok()) return created.status();
     ServiceKvCache& kv = **created;
     kv.ExpectPrompt(static_cast<int64_t>(ids.size()));
     const int64_t document_tokens = DocumentTokens(document_ids, ids);
-    kv.ExpectDocument(document_tokens);
-    if (reuse) kv.PublishAtPromptEnd(client::Prefix{model_id, flags->Get("salt", ""), ids});
     GenerateOptions opt;
-    if (kv.CompressesAtDocumentEnd()) {
-      opt.prefill_split = document_tokens;
-      if (!document_stats.empty()) {
-        if (auto s = kv.UseQueryStats(document_stats); !s.ok()) return s;
-      }
+    if (!fork) {
+      kv.ExpectDocument(document_tokens);
+      if (reuse) kv.PublishAtPromptEnd(client::Prefix{model_id, flags->Get("salt", ""), ids});
+      if (kv.CompressesAtDocumentEnd()) opt.prefill_split = document_tokens;
+      if (keep_document) kv.KeepDocument();
     }
     opt.max_new_tokens = static_cast<int32_t>(*max_new);
     opt.prefill_chunk = static_cast<int32_t>(*chunk);
     opt.stop_ids = {tok.eos_id(), tok.TokenId("<|endoftext|>")};
-    opt.cached_prompt_tokens = kv.attached_tokens();
+    opt.cached_prompt_tokens = fork ? kv.forked_tokens() : kv.attached_tokens();
     double ttft = -1;
     opt.on_token = [&](int32_t) {
       if (ttft < 0) {
@@ -133,19 +140,24 @@ absl::Status RunAsk(int argc, char** argv) {
     };
     auto result = Generate(**model, kv, ids, opt);
     if (!result.ok()) return result.status();
-    if (reuse && kv.CompressesAtDocumentEnd() && document_stats.empty()) {
-      document_stats = kv.query_stats();
+    if (keep_document && kept_document.empty()) {
+      kept_document = kv.kept_document();
+      if (kept_document.empty()) {
+        return absl::InternalError("the first request's compressed document was not kept");
+      }
     }
+    const int64_t reused = kv.attached_tokens() + kv.forked_tokens();
     std::cout << absl::StrFormat(
-        "question %d: %d prompt tokens, %d attached from the prefix cache, %d prefilled, "
-        "time to first token %.3f s\n  Q: %s\n  A: %s\n",
-        q + 1, ids.size(), kv.attached_tokens(), ids.size() - kv.attached_tokens(), ttft,
+        "question %d: %d prompt tokens, %d attached from the prefix cache, %d from the kept "
+        "compressed document, %d prefilled, time to first token %.3f s\n  Q: %s\n  A: %s\n",
+        q + 1, ids.size(), kv.attached_tokens(), kv.forked_tokens(), ids.size() - reused, ttft,
         questions[q], result->text);
     if (json.is_open()) {
       json << absl::StrFormat(
-          "{\"question\":%s,\"prompt_tokens\":%d,\"attached_tokens\":%d,\"published_tokens\":%d,"
-          "\"ttft_s\":%.4f,\"prefill_s\":%.4f,\"answer\":%s,\"reuse\":%s}\n",
-          ::kvc::JsonString(questions[q]), ids.size(), kv.attached_tokens(),
+          "{\"question\":%s,\"prompt_tokens\":%d,\"attached_tokens\":%d,\"forked_tokens\":%d,"
+          "\"published_tokens\":%d,\"ttft_s\":%.4f,\"prefill_s\":%.4f,\"answer\":%s,"
+          "\"reuse\":%s}\n",
+          ::kvc::JsonString(questions[q]), ids.size(), kv.attached_tokens(), kv.forked_tokens(),
           kv.published().published_tokens, ttft, result->prefill_seconds,
           ::kvc::JsonString(result->text), reuse ? "true" : "false");
     }

@@ -69,6 +69,20 @@ absl::StatusOr<std::unique_ptr<ServiceKvCache>> ServiceKvCache::Create(
   return store;
 }
 
+absl::StatusOr<std::unique_ptr<ServiceKvCache>> ServiceKvCache::Fork(
+    client::KvCacheClient* client, const std::string& source, const KvGeometry& geometry,
+    const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads) {
+  auto seq = client->ForkSequence(source);
+  if (!seq.ok()) return seq.status();
+  std::unique_ptr<ServiceKvCache> store(
+      new ServiceKvCache(client, geometry, policy, always_fetch, pool_threads));
+  store->sequence_id_ = seq->sequence_id;
+  store->forked_tokens_ = seq->visible_tokens;
+  store->base_position_ = 0;  // the source's tokens sit at the engine's positions 0..
+  store->compressed_ = true;  // the source went through the policy already
+  return store;
+}
+
 ServiceKvCache::~ServiceKvCache() {
   if (!sequence_id_.empty()) (void)client_->Release(sequence_id_);
 }
@@ -355,7 +369,12 @@ absl::Status ServiceKvCache::CommitStep(int32_t end_position) {
     published_ = *published;
   }
   if (policy_.compress_at_prompt_end && !compressed_ && point > 0 && end_position >= point) {
-    return CompressAtPromptEnd();
+    if (absl::Status s = CompressAtPromptEnd(); !s.ok()) return s;
+    if (keep_document_ && CompressesAtDocumentEnd()) {
+      auto kept = client_->ForkSequence(sequence_id_);
+      if (!kept.ok()) return kept.status();
+      kept_document_ = kept->sequence_id;
+    }
   }
   return absl::OkStatus();
 }

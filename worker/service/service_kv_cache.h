@@ -59,6 +59,13 @@ class ServiceKvCache : public KvCache {
       client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
       const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads,
       const client::Prefix* prefix = nullptr);
+  // Starts from a fork of `source`, a live sequence of the same pool and policy that already
+  // went through its compression (e.g. a document kept by KeepDocument): the fork holds what
+  // `source` stores now, whole blocks shared copy-on-write, and nothing compresses again. The
+  // engine prefills from forked_tokens() on (the source's visible tokens, at positions 0..).
+  static absl::StatusOr<std::unique_ptr<ServiceKvCache>> Fork(
+      client::KvCacheClient* client, const std::string& source, const KvGeometry& geometry,
+      const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads);
   ServiceKvCache(const ServiceKvCache&) = delete;
   ServiceKvCache& operator=(const ServiceKvCache&) = delete;
   ~ServiceKvCache() override;  // releases the sequence
@@ -88,6 +95,14 @@ class ServiceKvCache : public KvCache {
   // there), first publish the whole blocks stored so far under `prefix` (its token ids are the
   // prompt's), before any compression changes them.
   void PublishAtPromptEnd(client::Prefix prefix) { publish_ = std::move(prefix); }
+  // Right after the compression at the document's end (CompressesAtDocumentEnd), fork the
+  // compressed document into a sequence of its own, before the question is prefilled: later
+  // requests Fork it instead of prefilling and compressing the document again. The caller
+  // owns (and releases) kept_document(), empty until then.
+  void KeepDocument() { keep_document_ = true; }
+  const std::string& kept_document() const { return kept_document_; }
+  // Tokens the sequence started with from Fork (0 otherwise).
+  int64_t forked_tokens() const { return forked_tokens_; }
   // Expected Attention: compress with these statistics ([num_layers]) instead of the ones this
   // cache accumulates, e.g. a document's from an earlier request when this sequence attached
   // the document's blocks from the prefix cache (their queries never pass through here).
@@ -160,6 +175,9 @@ class ServiceKvCache : public KvCache {
   int64_t attend_calls_ = 0;
   int64_t fetch_calls_ = 0;
   int64_t attached_tokens_ = 0;
+  int64_t forked_tokens_ = 0;
+  bool keep_document_ = false;
+  std::string kept_document_;
   std::optional<client::Prefix> publish_;
   client::PublishResult published_;
 };
