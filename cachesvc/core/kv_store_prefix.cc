@@ -62,6 +62,7 @@ absl::StatusOr<PrefixStats> KvStore::PrefixCacheStats(const std::string& pool) c
     sum.attached_tokens += s.attached_tokens;
     sum.checksum_misses += s.checksum_misses;
     sum.corrupt_reads += s.corrupt_reads;
+    sum.evicted_misses += s.evicted_misses;
     sum.published_entries += s.published_entries;
     sum.evicted_entries += s.evicted_entries;
     sum.entries += s.entries;

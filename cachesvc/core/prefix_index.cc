@@ -111,12 +111,31 @@ bool PrefixIndex::UnusedLocked(const Entry& e) const {
   return true;
 }
 
+void PrefixIndex::RememberEvictedLocked(const PrefixKey& key) {
+  if (!evicted_keys_.insert(key).second) return;
+  evicted_order_.push_back(key);
+  if (evicted_order_.size() > kRememberEvicted) {
+    evicted_keys_.erase(evicted_order_.front());
+    evicted_order_.pop_front();
+  }
+}
+
+void PrefixIndex::CountMissLocked(absl::Span<const PrefixKey> keys) {
+  if (!keys.empty() && evicted_keys_.contains(keys[0])) {
+    evicted_misses_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 int64_t PrefixIndex::Lookup(absl::Span<const PrefixKey> keys) {
   kvc::MutexLock lock(&mu_);
   size_t n = 0;
   while (n < keys.size() && entries_.contains(keys[n])) ++n;
   lookups_.fetch_add(1, std::memory_order_relaxed);
-  if (n > 0) hits_.fetch_add(1, std::memory_order_relaxed);
+  if (n > 0) {
+    hits_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    CountMissLocked(keys);
+  }
   const int64_t bt = pool_->options().geometry.block_tokens;
   lookup_tokens_.fetch_add(static_cast<int64_t>(keys.size()) * bt, std::memory_order_relaxed);
   hit_tokens_.fetch_add(static_cast<int64_t>(n) * bt, std::memory_order_relaxed);
@@ -138,6 +157,7 @@ absl::Status PrefixIndex::Attach(absl::Span<const PrefixKey> keys, StorageFormat
       attached->push_back(it->second.blocks);
       expected.push_back(it->second.checksums);
     }
+    if (attached->empty()) CountMissLocked(keys);
   }
   // Verify outside the index lock (reading blocks may take a while), all blocks in one op;
   // the holds keep the blocks from going back to the pool meanwhile, and frozen blocks are
@@ -256,6 +276,7 @@ int64_t PrefixIndex::Reclaim(int64_t bytes) {
       auto it = entries_.find(key);
       freed += EntryBytes(it->second);
       EraseLocked(it);
+      RememberEvictedLocked(key);
       evicted_.fetch_add(1, std::memory_order_relaxed);
     }
   }
@@ -271,6 +292,7 @@ PrefixStats PrefixIndex::stats() const {
   s.attached_tokens = attached_tokens_.load(std::memory_order_relaxed);
   s.checksum_misses = checksum_misses_.load(std::memory_order_relaxed);
   s.corrupt_reads = corrupt_reads_.load(std::memory_order_relaxed);
+  s.evicted_misses = evicted_misses_.load(std::memory_order_relaxed);
   s.published_entries = published_.load(std::memory_order_relaxed);
   s.evicted_entries = evicted_.load(std::memory_order_relaxed);
   kvc::MutexLock lock(&mu_);

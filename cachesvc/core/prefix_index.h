@@ -26,11 +26,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "cachesvc/core/block_pool.h"
@@ -116,6 +118,11 @@ class PrefixIndex {
     uint64_t last_used = 0;
     int64_t children = 0;
   };
+  // Remembers a key Reclaim evicted (the newest kRememberEvicted), so a lookup that then
+  // matches nothing can say why.
+  void RememberEvictedLocked(const PrefixKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a lookup of `keys` that matched nothing: evicted or no prefix.
+  void CountMissLocked(absl::Span<const PrefixKey> keys) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes an entry and lets go of its blocks.
   void EraseLocked(absl::flat_hash_map<PrefixKey, Entry>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -126,9 +133,14 @@ class PrefixIndex {
   mutable kvc::Mutex mu_;
   absl::flat_hash_map<PrefixKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+  // Recently evicted keys, oldest first in evicted_order_ (16 bytes each in both).
+  static constexpr size_t kRememberEvicted = size_t{1} << 16;
+  absl::flat_hash_set<PrefixKey> evicted_keys_ ABSL_GUARDED_BY(mu_);
+  std::deque<PrefixKey> evicted_order_ ABSL_GUARDED_BY(mu_);
   int64_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> lookups_{0}, hits_{0}, lookup_tokens_{0}, hit_tokens_{0},
-      attached_tokens_{0}, checksum_misses_{0}, published_{0}, evicted_{0}, corrupt_reads_{0};
+      attached_tokens_{0}, checksum_misses_{0}, published_{0}, evicted_{0}, corrupt_reads_{0},
+      evicted_misses_{0};
 };
 
 }  // namespace kvc::cachesvc

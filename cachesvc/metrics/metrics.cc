@@ -58,8 +58,9 @@ struct PrefixFamilies {
       "kvc_prefix_lookup_tokens_total", "Tokens asked for (whole blocks), by result: hit, miss.");
   prometheus::MetricFamily misses = CounterFamily(
       "kvc_prefix_misses_total",
-      "Lookups that matched nothing (reason no_prefix) and cached blocks found corrupt "
-      "(reason checksum: dropped, never served).");
+      "Lookups that matched nothing, by why: evicted (their first block was cached and "
+      "evicted since), no_prefix (never cached for this tenant, salt, model and layout); and "
+      "cached blocks found corrupt (reason checksum: dropped, never served).");
   prometheus::MetricFamily attached = CounterFamily(
       "kvc_prefix_attached_tokens_total", "Tokens new sequences started with from the cache.");
   prometheus::MetricFamily corrupt_reads = CounterFamily(
@@ -83,7 +84,9 @@ struct PrefixFamilies {
     AddSample(&tokens, {{"pool", pool}, {"result", "miss"}},
               static_cast<double>(s.lookup_tokens - s.hit_tokens));
     AddSample(&misses, {{"pool", pool}, {"reason", "no_prefix"}},
-              static_cast<double>(s.lookups - s.hits));
+              static_cast<double>(s.lookups - s.hits - s.evicted_misses));
+    AddSample(&misses, {{"pool", pool}, {"reason", "evicted"}},
+              static_cast<double>(s.evicted_misses));
     AddSample(&misses, {{"pool", pool}, {"reason", "checksum"}},
               static_cast<double>(s.checksum_misses));
     AddSample(&attached, {{"pool", pool}}, static_cast<double>(s.attached_tokens));

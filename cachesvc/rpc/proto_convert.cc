@@ -338,6 +338,7 @@ void ToProto(const PoolStatsSnapshot& s, pb::PoolStats* out) {
     p->set_cached_bytes(c.cached_bytes);
     p->set_unreferenced_bytes(c.unreferenced_bytes);
     p->set_corrupt_reads(c.corrupt_reads);
+    p->set_evicted_misses(c.evicted_misses);
   }
 }
 

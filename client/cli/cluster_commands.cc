@@ -282,6 +282,7 @@ pb::PoolStats SumStats(const std::vector<ShardAnswer>& answers,
       t->set_cached_bytes(t->cached_bytes() + c.cached_bytes());
       t->set_unreferenced_bytes(t->unreferenced_bytes() + c.unreferenced_bytes());
       t->set_corrupt_reads(t->corrupt_reads() + c.corrupt_reads());
+      t->set_evicted_misses(t->evicted_misses() + c.evicted_misses());
     }
     // A tenant's view: the tenant and its per-shard limits are the same on every shard.
     if (!s.tenant().empty()) {

@@ -199,7 +199,9 @@ void PrintStats(const pb::PoolStats& s) {
     table.AddRow({"prefix entries", absl::StrCat(c.entries())});
     table.AddRow({"prefix cached", FormatBytes(c.cached_bytes())});
     table.AddRow({"prefix unreferenced", FormatBytes(c.unreferenced_bytes())});
-    table.AddRow({"prefix lookups", absl::StrCat(c.lookups(), " (", c.hits(), " hits)")});
+    table.AddRow(
+        {"prefix lookups", absl::StrCat(c.lookups(), " (", c.hits(), " hits, ", c.evicted_misses(),
+                                        " missed an evicted prefix)")});
     table.AddRow({"prefix hit rate", PrefixHitRate(c)});
     table.AddRow({"prefix attached tokens", absl::StrCat(c.attached_tokens())});
     table.AddRow({"prefix checksum misses", absl::StrCat(c.checksum_misses())});

@@ -149,7 +149,8 @@ PoolStats FromProto(const pb::PoolStats& in) {
                     c.entries(),
                     c.cached_bytes(),
                     c.unreferenced_bytes(),
-                    c.corrupt_reads()};
+                    c.corrupt_reads(),
+                    c.evicted_misses()};
   return s;
 }
 

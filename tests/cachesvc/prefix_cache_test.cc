@@ -244,6 +244,33 @@ TEST(PrefixCacheCapacityTest, CachedBlocksGiveWayToLiveAllocations) {
   EXPECT_LT(s.entries, 6);
 }
 
+// A lookup that matches nothing because its prefix was evicted is counted as such; one that
+// never was cached is not.
+TEST(PrefixCacheCapacityTest, ALookupOfAnEvictedPrefixSaysSo) {
+  // A pool of exactly one 100-token sequence: the next one needs all of the cache's room.
+  const Geometry g;
+  const int64_t per_seq = int64_t{7} * g.layers * g.heads * 2 * 16 * 64 * 4;
+  Fixture a(g, {}, per_seq);
+  KVC_ASSERT_OK(a.AppendAll(0, kTokens));
+  const std::vector<int32_t> ids = TokenIds(kTokens);
+  KVC_ASSERT_OK(a.store->PublishPrefix(PublishPrefixParams{"", a.id, Prefix(ids)}));
+  KVC_ASSERT_OK(a.store->Release(a.id));
+  KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot b, a.store->CreateSequence({}));
+  a.id = b.id;
+  KVC_ASSERT_OK(a.AppendAll(0, kTokens));
+  PrefixStats s = *a.store->PrefixCacheStats("");
+  ASSERT_EQ(s.evicted_entries, 6);
+  EXPECT_EQ(s.evicted_misses, 0);
+  LookupPrefixParams p;
+  p.prefix = Prefix(ids);
+  EXPECT_EQ(a.store->LookupPrefix(p)->cached_tokens, 0);
+  p.prefix = Prefix(TokenIds(kTokens, /*seed=*/2));
+  EXPECT_EQ(a.store->LookupPrefix(p)->cached_tokens, 0);
+  s = *a.store->PrefixCacheStats("");
+  EXPECT_EQ(s.lookups - s.hits, 2);
+  EXPECT_EQ(s.evicted_misses, 1) << "only the first was cached once";
+}
+
 TEST_F(PrefixCacheTest, CorruptBlockIsAMissNeverServed) {
   // Flip one byte of the first block A wrote (lane 0, tokens 0-15: entry 0), through the
   // pool's backend so a device pool works the same.

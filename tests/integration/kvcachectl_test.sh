@@ -42,7 +42,7 @@ python3 -c 'import json,sys; d=json.load(sys.stdin); assert int(d["sequences"])=
 grep -Eq '^prefix entries +0$' <<<"$out" || fail "stats: prefix entries"
 grep -Eq '^prefix cached +0 B$' <<<"$out" || fail "stats: prefix cached bytes"
 grep -Eq '^prefix unreferenced +0 B$' <<<"$out" || fail "stats: prefix unreferenced bytes"
-grep -Eq '^prefix lookups +0 \(0 hits\)$' <<<"$out" || fail "stats: prefix lookups"
+grep -Eq '^prefix lookups +0 \(0 hits, 0 missed an evicted prefix\)$' <<<"$out" || fail "stats: prefix lookups"
 grep -Eq '^prefix hit rate +- \(0 of 0 tokens\)$' <<<"$out" || fail "stats: prefix hit rate"
 grep -Eq '^prefix attached tokens +0$' <<<"$out" || fail "stats: prefix attached tokens"
 grep -Eq '^prefix checksum misses +0$' <<<"$out" || fail "stats: prefix checksum misses"
@@ -52,7 +52,7 @@ import json, sys
 p = json.load(sys.stdin)["prefix_cache"]
 keys = {"lookups", "hits", "lookup_tokens", "hit_tokens", "attached_tokens", "checksum_misses",
         "published_entries", "evicted_entries", "entries", "cached_bytes", "unreferenced_bytes",
-        "corrupt_reads"}
+        "corrupt_reads", "evicted_misses"}
 assert set(p) == keys, sorted(p)
 assert all(int(v) == 0 for v in p.values()), p' || fail "stats --json: prefix_cache"
 

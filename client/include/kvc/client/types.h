@@ -109,7 +109,8 @@ struct PoolStats {
     int64_t lookups = 0, hits = 0, lookup_tokens = 0, hit_tokens = 0, attached_tokens = 0;
     int64_t checksum_misses = 0, published_entries = 0, evicted_entries = 0, entries = 0;
     int64_t cached_bytes = 0, unreferenced_bytes = 0;
-    int64_t corrupt_reads = 0;  // reads refused: a shared block failed its checksum
+    int64_t corrupt_reads = 0;   // reads refused: a shared block failed its checksum
+    int64_t evicted_misses = 0;  // lookups that matched nothing: first block evicted since
   } prefix_cache;
 };
 
