@@ -219,6 +219,11 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
   KVC_ASSIGN_OR_RETURN(const CompressInputs inputs, ValidateCompress(p, seq->geometry()));
   kvc::WriterMutexLock lock(&seq->mu());
   if (seq->released()) return Released(p.sequence_id);
+  // Compress reads the shared blocks (scores) and copies their survivors into blocks of the
+  // sequence's own, which carry no checksum: a corrupt block must be caught before that.
+  const SharedReadCheck check{prefixes_[static_cast<size_t>(seq->pool_index())].get(),
+                              read_sampler_.Next()};
+  KVC_RETURN_IF_ERROR(CheckSharedReads(*seq, {}, check));
   return CompressLocked(*seq, p, inputs);
 }
 

@@ -1,10 +1,12 @@
 // Reads never serve a corrupt shared block (issue 14, "correctness by design"). A block
 // published in the prefix cache is frozen with the checksum taken when it was published
-// (block_shares.h). Before a Fetch or Attend reads a sequence, SharedReadCheck:
+// (block_shares.h). Before a Fetch, Attend or Compress reads a sequence (Compress would copy
+// what survives into blocks of the sequence's own, which carry no checksum), SharedReadCheck:
 //   - refuses, at once, a read that touches a block already found corrupt (any sequence that
 //     attached it; cheap: nothing is looked up while no block is marked);
 //   - on a sampled fraction of reads (1 in KvStoreOptions::verify_shared_reads_every),
 //     recomputes the checksum of every checksummed block the read touches and compares.
+//     Fetch, Attend and Compress calls count toward the same store-wide sampler.
 // A mismatch marks the block corrupt, drops the prefix-cache entries holding it (later
 // lookups miss) and fails the read with DATA_LOSS; nothing of the read is sent. Blocks a
 // sequence wrote itself carry no checksum: only shared bytes are checked.

@@ -126,7 +126,7 @@ struct PrefixStats {
   int64_t hit_tokens = 0;       // tokens found
   int64_t attached_tokens = 0;  // tokens attached to new sequences
   int64_t checksum_misses = 0;  // entries found corrupt (dropped, counted as misses)
-  int64_t corrupt_reads = 0;    // Fetch/Attend calls refused: a shared block failed its checksum
+  int64_t corrupt_reads = 0;    // Fetch/Attend/Compress refused: a shared block failed checksum
   int64_t evicted_misses = 0;   // lookups that matched nothing: their first block was evicted
   int64_t published_entries = 0;
   int64_t evicted_entries = 0;

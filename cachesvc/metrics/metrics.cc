@@ -65,8 +65,8 @@ struct PrefixFamilies {
       "kvc_prefix_attached_tokens_total", "Tokens new sequences started with from the cache.");
   prometheus::MetricFamily corrupt_reads = CounterFamily(
       "kvc_prefix_corrupt_reads_total",
-      "Fetch and Attend calls refused (DATA_LOSS): a shared block they would read failed its "
-      "checksum.");
+      "Fetch, Attend and Compress calls refused (DATA_LOSS): a shared block they would read "
+      "failed its checksum.");
   prometheus::MetricFamily entries_total =
       CounterFamily("kvc_prefix_entries_total",
                     "Cache entries (one block of every lane), by event: "

@@ -1,5 +1,5 @@
 // Reads of shared (prefix-cache) blocks re-verify their checksums on a sampled fraction of
-// Fetch and Attend calls (KvStoreOptions::verify_shared_reads_every): a block whose bytes
+// Fetch, Attend and Compress calls (KvStoreOptions::verify_shared_reads_every): a block whose bytes
 // changed after it was published is never served once found, to any sequence that shares it;
 // it leaves the cache, the refusal is counted, and the block's mark goes with its last holder.
 #include <random>
@@ -100,8 +100,15 @@ TEST_F(SharedReadCheckTest, CorruptSharedBlockIsNeverServedOnceFound) {
   EXPECT_THAT(AttendStatus(b_, 0), StatusIs(absl::StatusCode::kDataLoss));
   KVC_EXPECT_OK(FetchStatus(b_, {1}));
   KVC_EXPECT_OK(AttendStatus(b_, 1));
+  // Compress would copy the corrupt bytes into blocks of B's own, beyond any later check.
+  CompressParams cp;
+  cp.sequence_id = b_;
+  cp.spec.storage = StorageFormat::kInt8;
+  cp.spec.storage_set = true;
+  EXPECT_THAT(store_().Compress(cp).status(), StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(store_().GetSequence(b_, "")->storage, StorageFormat::kF32) << "nothing changed";
   const PrefixStats s = *store_().PrefixCacheStats("");
-  EXPECT_EQ(s.corrupt_reads, 3);
+  EXPECT_EQ(s.corrupt_reads, 4);
   EXPECT_EQ(s.checksum_misses, 1) << "the entry holding the block";
   EXPECT_EQ(s.entries, 5);
   LookupPrefixParams p;
