@@ -48,6 +48,7 @@ int Main(int argc, char** argv) {
            "             [--kv local|kvcached --target HOST:PORT --storage F]\n"
            "  passkey    [--haystack-file FILE] [--lengths 1024,2048] [--depths 0,0.5,1]\n"
            "             [--keys N] [--answer-tokens N (8)] [--key-tokens] [--chat]\n"
+           "             [--cases-out FILE]  (write the cases' token ids as JSON lines; no run)\n"
            "             [--question-in-prompt]\n"
            "             [--json OUT]\n"
            "             [--policies full,window=512,streaming=4+508]  (local)\n"

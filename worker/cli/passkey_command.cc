@@ -82,17 +82,35 @@ absl::StatusOr<PasskeyPolicy> ServicePasskeyPolicy(const std::string& name,
 }
 #endif
 
+// --cases-out: the grid as JSON lines, {"length", "depth", "key_index", "passkey", "context",
+// "question", "answer"} (token ids), for another engine to run the same cases
+// (scripts/eval/kvpress_side_by_side.py); nothing is prefilled.
+absl::Status WriteCases(const LlamaModel& model, const std::string& haystack,
+                        const PasskeyOptions& opt, const std::string& path) {
+  std::ofstream out(path);
+  for (const PasskeyCase& c : MakePasskeyCases(model.tokenizer(), haystack, opt)) {
+    out << absl::StrFormat(
+        "{\"length\": %d, \"depth\": %g, \"key_index\": %d, \"passkey\": \"%s\", "
+        "\"context\": [%s], \"question\": [%s], \"answer\": [%s]}\n",
+        c.length, c.depth, c.key_index, c.passkey, absl::StrJoin(c.context, ", "),
+        absl::StrJoin(c.question, ", "), absl::StrJoin(c.answer, ", "));
+  }
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write --cases-out file ", path));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunPasskey(int argc, char** argv) {
-  auto flags =
-      Flags::Parse(argc, argv, 2,
-                   {"model",      "threads",       "haystack-file", "lengths", "depths",
-                    "policies",   "chunk",         "seed",          "json",    "chat",
-                    "kv",         "target",        "pool",          "keys",    "question-in-prompt",
-                    "label",      "tls-ca",        "tls-cert",      "tls-key", "tls-server-name",
-                    "token-file", "answer-tokens", "key-tokens"},
-                   {"chat", "question-in-prompt", "key-tokens"});
+  auto flags = Flags::Parse(
+      argc, argv, 2,
+      {"model",      "threads",       "haystack-file", "lengths",  "depths",
+       "policies",   "chunk",         "seed",          "json",     "chat",
+       "kv",         "target",        "pool",          "keys",     "question-in-prompt",
+       "label",      "tls-ca",        "tls-cert",      "tls-key",  "tls-server-name",
+       "token-file", "answer-tokens", "key-tokens",    "cases-out"},
+      {"chat", "question-in-prompt", "key-tokens"});
   if (!flags.ok()) return flags.status();
   const std::string haystack_path =
       flags->Get("haystack-file", KVC_REPO_ROOT "/.cache/corpus/emma.txt");
@@ -165,6 +183,8 @@ absl::Status RunPasskey(int argc, char** argv) {
   // kvcached: the engine's way (generate --kv=kvcached): the question is part of the prompt
   // (query-agnostic policies compress the context alone).
   opt.question_in_prompt = where == "kvcached" || flags->Has("question-in-prompt");
+  if (flags->Has("cases-out"))
+    return WriteCases(**model, *haystack, opt, flags->Get("cases-out", ""));
   const std::string label = flags->Get("label", "");
   opt.on_progress = [&](const std::string& line) {
     std::cerr << "[passkey] " << label << (label.empty() ? "" : " ") << line << "\n";

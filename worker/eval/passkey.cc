@@ -221,145 +221,158 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
   return RunPasskey(model, haystack, local, options);
 }
 
-absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const std::string& haystack,
-                                                     const std::vector<PasskeyPolicy>& policies,
-                                                     const PasskeyOptions& options) {
-  const BpeTokenizer& tok = model.tokenizer();
-  const int64_t vocab = model.config().vocab_size;
+std::vector<PasskeyCase> MakePasskeyCases(const BpeTokenizer& tok, const std::string& haystack,
+                                          const PasskeyOptions& options) {
   std::mt19937_64 rng(options.seed);
-  std::vector<PasskeyScore> scores;
+  std::vector<PasskeyCase> cases;
   for (int64_t length : options.lengths) {
     for (double depth : options.depths) {
       for (int key = 0; key < std::max(options.keys_per_cell, 1); ++key) {
-        const std::string passkey = std::to_string(10000 + rng() % 90000);
-        PasskeyPrompt p = MakePasskeyPrompt(tok, haystack, length, depth, passkey);
+        PasskeyCase c{length, depth, key, std::to_string(10000 + rng() % 90000), {}, {}, {}};
+        PasskeyPrompt p = MakePasskeyPrompt(tok, haystack, length, depth, c.passkey);
         if (options.chat) {
           p.context = absl::StrCat("<|im_start|>system\n", kSmolLmDefaultSystem,
                                    "<|im_end|>\n<|im_start|>user\n", p.context);
           p.question =
               "\n\nWhat is the pass key?<|im_end|>\n<|im_start|>assistant\nThe pass key is";
         }
-        const std::vector<int32_t> context = tok.Encode(p.context, options.chat);
-        const std::vector<int32_t> question = tok.Encode(p.question, options.chat);
-        const std::vector<int32_t> answer = tok.Encode(p.answer, /*parse_special=*/false);
-        std::vector<int32_t> prompt = context;
-        if (options.question_in_prompt)
-          prompt.insert(prompt.end(), question.begin(), question.end());
-
-        const auto t_prefill = std::chrono::steady_clock::now();
-        LocalKvCache full(model.config().kv_geometry(), nullptr, model.pool());
-        int32_t observed = options.observation_window;
-        bool stats = false;
-        for (const PasskeyPolicy& policy : policies) {
-          observed = std::max(observed, policy.observation_queries);
-          stats = stats || policy.query_agnostic;
-        }
-        RecordingKvCache recorder(&full, observed,
-                                  stats ? static_cast<int32_t>(context.size()) : 0);
-        auto prompt_logits = Feed(model, recorder, prompt, 0, options.prefill_chunk);
-        if (!prompt_logits.ok()) return prompt_logits.status();
-        PrefilledPrompt prefilled;
-        prefilled.kv = &full;
-        prefilled.prompt_tokens = static_cast<int32_t>(prompt.size());
-        prefilled.window_queries = std::move(recorder.queries());
-        prefilled.window_positions = std::move(recorder.positions());
-        prefilled.key_positions = KeyPositions(tok, prompt, passkey);
-        prefilled.context_tokens = static_cast<int32_t>(context.size());
-        prefilled.query_stats = recorder.query_stats();
-        if (options.on_progress) {
-          options.on_progress(
-              absl::StrFormat("prefilled %d tokens (context %d, depth %.2f, key %d) in %.1f s",
-                              prompt.size(), context.size(), depth, key, Since(t_prefill)));
-        }
-
-        for (const PasskeyPolicy& policy : policies) {
-          // The question is prefilled after the policy ran (through its cache), or it was
-          // part of the prompt.
-          const bool question_after = !options.question_in_prompt || policy.query_agnostic;
-          const int32_t policy_prompt =
-              static_cast<int32_t>(question_after ? context.size() : prompt.size());
-          PasskeyScore s;
-          s.policy = policy.name;
-          s.context_tokens = static_cast<int64_t>(context.size());
-          s.prompt_tokens = policy_prompt;
-          s.depth = depth;
-          s.key_index = key;
-          s.passkey = passkey;
-          auto t0 = std::chrono::steady_clock::now();
-          auto kv = policy.load(prefilled);
-          if (!kv.ok()) return kv.status();
-          if (policy.footprint) {
-            auto f = policy.footprint(**kv, prefilled);
-            if (!f.ok()) return f.status();
-            s.kv = *f;
-          }
-          s.kv_slots = s.kv.token_slots;
-          if (options.count_key_tokens && !prefilled.key_positions.empty()) {
-            if (auto c = CountKeyTokens(**kv, prefilled.key_positions, s); !c.ok()) return c;
-          }
-          s.load_seconds = Since(t0);
-          t0 = std::chrono::steady_clock::now();
-          // The prediction for the first answer token: from the prompt's prefill, or from the
-          // question fed after the policy ran.
-          int32_t pos = policy_prompt;
-          std::vector<float> logits = *prompt_logits;
-          if (question_after) {
-            auto q = Feed(model, **kv, question, pos, options.prefill_chunk);
-            if (!q.ok()) return q.status();
-            logits = std::move(*q);
-            pos += static_cast<int32_t>(question.size());
-          }
-          // Teacher forcing, one decode step per answer token.
-          s.teacher_forced_match = true;
-          size_t diverged = answer.size();
-          for (size_t i = 0; i < answer.size(); ++i) {
-            const double lp = LogProb(logits.data(), vocab, answer[i]);
-            s.token_logprob.push_back(lp);
-            s.answer_logprob += lp;
-            if (ArgMax(logits) != answer[i] && diverged == answer.size()) diverged = i;
-            if (i + 1 == answer.size()) break;
-            const int32_t one[1] = {answer[i]};
-            auto step = model.Forward(one, pos++, **kv, LogitsMode::kLast);
-            if (!step.ok()) return step.status();
-            logits = std::move(*step);
-          }
-          s.teacher_forced_match = diverged == answer.size();
-          // Greedy decoding makes the same steps while it agrees with the answer: continue
-          // this cache after a full match, else decode again from a fresh cache.
-          std::vector<int32_t> generated;
-          if (s.teacher_forced_match &&
-              static_cast<int32_t>(answer.size()) >= options.answer_max_tokens) {
-            generated = answer;
-          } else if (s.teacher_forced_match) {
-            const int32_t one[1] = {answer.back()};
-            auto step = model.Forward(one, pos++, **kv, LogitsMode::kLast);
-            if (!step.ok()) return step.status();
-            auto g = Greedy(model, **kv, std::move(*step), pos, options.answer_max_tokens, answer);
-            if (!g.ok()) return g.status();
-            generated = std::move(*g);
-          } else {
-            kv->reset();  // a kvcached sequence is released before the next is made
-            auto fresh = policy.load(prefilled);
-            if (!fresh.ok()) return fresh.status();
-            int32_t gpos = policy_prompt;
-            std::vector<float> first = *prompt_logits;
-            if (question_after) {
-              auto q = Feed(model, **fresh, question, gpos, options.prefill_chunk);
-              if (!q.ok()) return q.status();
-              first = std::move(*q);
-              gpos += static_cast<int32_t>(question.size());
-            }
-            auto g = Greedy(model, **fresh, std::move(first), gpos, options.answer_max_tokens, {});
-            if (!g.ok()) return g.status();
-            generated = std::move(*g);
-          }
-          s.generated = tok.Decode(generated);
-          s.generated_match = s.generated.find(passkey) != std::string::npos;
-          s.answer_seconds = Since(t0);
-          if (options.on_score) options.on_score(s);
-          scores.push_back(std::move(s));
-        }
+        c.context = tok.Encode(p.context, options.chat);
+        c.question = tok.Encode(p.question, options.chat);
+        c.answer = tok.Encode(p.answer, /*parse_special=*/false);
+        cases.push_back(std::move(c));
       }
+    }
+  }
+  return cases;
+}
+
+absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const std::string& haystack,
+                                                     const std::vector<PasskeyPolicy>& policies,
+                                                     const PasskeyOptions& options) {
+  const BpeTokenizer& tok = model.tokenizer();
+  const int64_t vocab = model.config().vocab_size;
+  std::vector<PasskeyScore> scores;
+  for (const PasskeyCase& c : MakePasskeyCases(tok, haystack, options)) {
+    const double depth = c.depth;
+    const int key = c.key_index;
+    const std::string& passkey = c.passkey;
+    const std::vector<int32_t>& context = c.context;
+    const std::vector<int32_t>& question = c.question;
+    const std::vector<int32_t>& answer = c.answer;
+    std::vector<int32_t> prompt = context;
+    if (options.question_in_prompt) prompt.insert(prompt.end(), question.begin(), question.end());
+
+    const auto t_prefill = std::chrono::steady_clock::now();
+    LocalKvCache full(model.config().kv_geometry(), nullptr, model.pool());
+    int32_t observed = options.observation_window;
+    bool stats = false;
+    for (const PasskeyPolicy& policy : policies) {
+      observed = std::max(observed, policy.observation_queries);
+      stats = stats || policy.query_agnostic;
+    }
+    RecordingKvCache recorder(&full, observed, stats ? static_cast<int32_t>(context.size()) : 0);
+    auto prompt_logits = Feed(model, recorder, prompt, 0, options.prefill_chunk);
+    if (!prompt_logits.ok()) return prompt_logits.status();
+    PrefilledPrompt prefilled;
+    prefilled.kv = &full;
+    prefilled.prompt_tokens = static_cast<int32_t>(prompt.size());
+    prefilled.window_queries = std::move(recorder.queries());
+    prefilled.window_positions = std::move(recorder.positions());
+    prefilled.key_positions = KeyPositions(tok, prompt, passkey);
+    prefilled.context_tokens = static_cast<int32_t>(context.size());
+    prefilled.query_stats = recorder.query_stats();
+    if (options.on_progress) {
+      options.on_progress(
+          absl::StrFormat("prefilled %d tokens (context %d, depth %.2f, key %d) in %.1f s",
+                          prompt.size(), context.size(), depth, key, Since(t_prefill)));
+    }
+
+    for (const PasskeyPolicy& policy : policies) {
+      // The question is prefilled after the policy ran (through its cache), or it was
+      // part of the prompt.
+      const bool question_after = !options.question_in_prompt || policy.query_agnostic;
+      const int32_t policy_prompt =
+          static_cast<int32_t>(question_after ? context.size() : prompt.size());
+      PasskeyScore s;
+      s.policy = policy.name;
+      s.context_tokens = static_cast<int64_t>(context.size());
+      s.prompt_tokens = policy_prompt;
+      s.depth = depth;
+      s.key_index = key;
+      s.passkey = passkey;
+      auto t0 = std::chrono::steady_clock::now();
+      auto kv = policy.load(prefilled);
+      if (!kv.ok()) return kv.status();
+      if (policy.footprint) {
+        auto f = policy.footprint(**kv, prefilled);
+        if (!f.ok()) return f.status();
+        s.kv = *f;
+      }
+      s.kv_slots = s.kv.token_slots;
+      if (options.count_key_tokens && !prefilled.key_positions.empty()) {
+        if (auto c = CountKeyTokens(**kv, prefilled.key_positions, s); !c.ok()) return c;
+      }
+      s.load_seconds = Since(t0);
+      t0 = std::chrono::steady_clock::now();
+      // The prediction for the first answer token: from the prompt's prefill, or from the
+      // question fed after the policy ran.
+      int32_t pos = policy_prompt;
+      std::vector<float> logits = *prompt_logits;
+      if (question_after) {
+        auto q = Feed(model, **kv, question, pos, options.prefill_chunk);
+        if (!q.ok()) return q.status();
+        logits = std::move(*q);
+        pos += static_cast<int32_t>(question.size());
+      }
+      // Teacher forcing, one decode step per answer token.
+      s.teacher_forced_match = true;
+      size_t diverged = answer.size();
+      for (size_t i = 0; i < answer.size(); ++i) {
+        const double lp = LogProb(logits.data(), vocab, answer[i]);
+        s.token_logprob.push_back(lp);
+        s.answer_logprob += lp;
+        if (ArgMax(logits) != answer[i] && diverged == answer.size()) diverged = i;
+        if (i + 1 == answer.size()) break;
+        const int32_t one[1] = {answer[i]};
+        auto step = model.Forward(one, pos++, **kv, LogitsMode::kLast);
+        if (!step.ok()) return step.status();
+        logits = std::move(*step);
+      }
+      s.teacher_forced_match = diverged == answer.size();
+      // Greedy decoding makes the same steps while it agrees with the answer: continue
+      // this cache after a full match, else decode again from a fresh cache.
+      std::vector<int32_t> generated;
+      if (s.teacher_forced_match &&
+          static_cast<int32_t>(answer.size()) >= options.answer_max_tokens) {
+        generated = answer;
+      } else if (s.teacher_forced_match) {
+        const int32_t one[1] = {answer.back()};
+        auto step = model.Forward(one, pos++, **kv, LogitsMode::kLast);
+        if (!step.ok()) return step.status();
+        auto g = Greedy(model, **kv, std::move(*step), pos, options.answer_max_tokens, answer);
+        if (!g.ok()) return g.status();
+        generated = std::move(*g);
+      } else {
+        kv->reset();  // a kvcached sequence is released before the next is made
+        auto fresh = policy.load(prefilled);
+        if (!fresh.ok()) return fresh.status();
+        int32_t gpos = policy_prompt;
+        std::vector<float> first = *prompt_logits;
+        if (question_after) {
+          auto q = Feed(model, **fresh, question, gpos, options.prefill_chunk);
+          if (!q.ok()) return q.status();
+          first = std::move(*q);
+          gpos += static_cast<int32_t>(question.size());
+        }
+        auto g = Greedy(model, **fresh, std::move(first), gpos, options.answer_max_tokens, {});
+        if (!g.ok()) return g.status();
+        generated = std::move(*g);
+      }
+      s.generated = tok.Decode(generated);
+      s.generated_match = s.generated.find(passkey) != std::string::npos;
+      s.answer_seconds = Since(t0);
+      if (options.on_score) options.on_score(s);
+      scores.push_back(std::move(s));
     }
   }
   return scores;

@@ -132,6 +132,20 @@ struct PasskeyOptions {
   std::function<void(const std::string&)> on_progress;  // prefill progress, may be empty
 };
 
+// One case of the grid: the token ids every policy is given.
+struct PasskeyCase {
+  int64_t length = 0;  // the requested context length (PasskeyOptions::lengths)
+  double depth = 0;
+  int key_index = 0;
+  std::string passkey;
+  std::vector<int32_t> context, question, answer;  // answer: " 71432" as tokens
+};
+
+// The grid RunPasskey runs, in its order (lengths x depths x keys; pass keys drawn from
+// options.seed): `kvc-worker passkey --cases-out` hands it to other engines (kvpress).
+std::vector<PasskeyCase> MakePasskeyCases(const BpeTokenizer& tok, const std::string& haystack,
+                                          const PasskeyOptions& options);
+
 absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const std::string& haystack,
                                                      const std::vector<PasskeyPolicy>& policies,
                                                      const PasskeyOptions& options);
