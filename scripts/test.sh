@@ -6,8 +6,10 @@
 #   checks      layering (check_deps.sh) and formatting (format.sh --check)
 #   tidy        clang-tidy on the C++ files changed by the last commit (scripts/tidy.sh)
 #   default     Release build (CUDA kernels too where nvcc exists) + every test with ctest
-#   python      the Python client (client/python) pip-installed into a fresh venv under
-#               build/python-venv, and pytest tests/python against build/cachesvc/kvcached
+#   python      the Python client (client/python[hf]: with torch and transformers, ~5.6 GB)
+#               pip-installed into a fresh venv under build/python-venv, and pytest tests/python
+#               against build/cachesvc/kvcached (and build/worker/kvc-worker, for the
+#               transformers tests' token ids and answers)
 #   cudasim     the core and service suites on a device pool: the cudasim preset builds the
 #               CUDA backend on the host simulator (tests/kernels/cudasim) and runs every
 #               pool-parametrized test with KVC_TEST_POOL_DEVICE=cuda:0 (<Test>@cuda_sim)
@@ -99,7 +101,7 @@ python_client() {
   fi
   rm -rf "$venv"
   python3 -m venv "$venv" &&
-    "$venv/bin/pip" install --quiet ./client/python pytest &&
+    "$venv/bin/pip" install --quiet "./client/python[hf]" pytest &&
     KVCACHED=build/cachesvc/kvcached "$venv/bin/python" -m pytest -q -p no:cacheprovider \
       tests/python
 }

@@ -1,0 +1,324 @@
+"""A Hugging Face transformers `Cache` whose keys and values live in kvcached.
+
+    import kvcache, kvcache.hf
+    client = kvcache.Client("127.0.0.1:50051")
+    spec = kvcache.CompressionSpec(eviction=kvcache.SnapKV(window=32, budget=256), storage="int4_g32")
+    with kvcache.hf.KvcachedCache(model, client, pool="smollm2", compression=spec) as cache:
+        out = model.generate(input_ids, cache=cache, max_new_tokens=32, do_sample=False)
+    # (transformers < 5.24: past_key_values=cache)
+
+Every layer's new keys and values are appended to one kvcached sequence, and the attention
+reads the layer back from kvcached (Fetch, dequantized to float32), so the model attends to
+exactly what the service stores: compressed, quantized and all. Nothing is kept on the client
+between forward passes.
+
+Compression runs inside the service: with `compression=`, the cache compresses the sequence at
+the start of the first single-token forward after a prefill (the first decode step of
+`generate`), or when `compress()` is called. The queries SnapKV and H2O need, and the query
+statistics Expected Attention needs, are captured from the model's attention modules while the
+prompt is prefilled (forward pre-hooks that recompute the query projection and its RoPE, as
+kvpress does), so any attention implementation works.
+
+Positions: kvcached keeps the logical length (every token ever appended) after eviction, and
+so does this cache (`get_seq_length`), so new tokens get the positions they would have had
+without compression; the mask places the kept tokens just below them (`get_mask_sizes`).
+
+Limits (each refused with a clear error): batch size 1; a layer whose kv heads keep different
+token counts (adaptive budgets, AdaKV) cannot be handed to transformers' attention, which
+takes one key length per layer; beam search and cropping are not supported.
+
+Needs torch and transformers (`pip install ./client/python[hf]`); importing `kvcache` alone
+does not.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from kvcache.client import Client
+from kvcache.types import (H2O, CompressionSpec, ExpectedAttention, LayerQueries, LayerQueryStats,
+                           SnapKV)
+
+# Expected Attention's statistics skip the first positions (attention sinks), as kvc-worker's.
+_STATS_SKIP_POSITIONS = 4
+
+
+def _check_batch(x: torch.Tensor) -> None:
+    if x.shape[0] != 1:
+        raise ValueError(f"KvcachedCache holds one sequence; got batch size {x.shape[0]}")
+
+
+class KvcachedLayer(CacheLayerMixin):
+    """One model layer of a KvcachedCache: appends to kvcached, reads the layer back."""
+
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, owner: "KvcachedCache", layer: int):
+        super().__init__()
+        self._owner = owner
+        self._layer = layer
+        self.length = 0  # logical tokens appended (positions 0 .. length-1)
+        self.kept = 0    # tokens per kv head kvcached returned at the last read
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.dtype = key_states.dtype
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        _check_batch(key_states)
+        # [1, kv_heads, n, head_dim] -> kvcached's [n, kv_heads, head_dim], float32 on the wire
+        # (the service converts to the pool's dtype).
+        keys = key_states[0].transpose(0, 1).detach().to("cpu", torch.float32).contiguous()
+        values = value_states[0].transpose(0, 1).detach().to("cpu", torch.float32).contiguous()
+        o = self._owner
+        o.client.append(o.sequence, self._layer, self.length, keys.numpy(), values.numpy())
+        self.length += keys.shape[0]
+        self.keys, self.values = o._read_layer(self._layer)
+        self.kept = self.keys.shape[-2]
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query: Any) -> tuple[int, int]:
+        # The kept tokens sit just below the new ones: kv index i is position
+        # (length - kept) + i, so the causal mask among the new tokens stays right after
+        # eviction shortened the cache. transformers < 5.24 passes the new tokens'
+        # cache_position tensor instead of their count.
+        n = query.shape[0] if isinstance(query, torch.Tensor) else int(query)
+        return self.kept + n, self.length - self.kept
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def get_max_cache_shape(self) -> int:  # transformers < 5.24's name of get_max_length
+        return -1
+
+    def reset(self) -> None:
+        raise NotImplementedError("KvcachedCache cannot be reset; close it and make a new one")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("KvcachedCache holds one sequence: no beam search")
+
+
+class _QueryRecorder:
+    """Captures, per layer, what compression needs from the prompt's queries: the newest
+    `window` queries after RoPE (SnapKV), all of them (H2O), or the mean and covariance of the
+    queries before RoPE (Expected Attention)."""
+
+    def __init__(self, spec: Optional[CompressionSpec], num_layers: int):
+        e = spec.eviction if spec is not None else None
+        self.window = e.window if isinstance(e, SnapKV) else (-1 if isinstance(e, H2O) else 0)
+        self.stats = isinstance(e, ExpectedAttention)
+        self.queries: Dict[int, torch.Tensor] = {}    # layer -> [n, heads, dim] after RoPE
+        self.positions: Dict[int, torch.Tensor] = {}  # layer -> [n]
+        self.sums: Dict[int, torch.Tensor] = {}       # layer -> [heads, dim] (float64)
+        self.outer: Dict[int, torch.Tensor] = {}      # layer -> [heads, dim, dim] (float64)
+        self.count = [0] * num_layers
+
+    @property
+    def needed(self) -> bool:
+        return self.window != 0 or self.stats
+
+    def record(self, module: torch.nn.Module, hidden: torch.Tensor, cos: torch.Tensor,
+               sin: torch.Tensor, start: int) -> None:
+        layer, head_dim = module.layer_idx, module.head_dim
+        n = hidden.shape[1]
+        first = 0 if self.window <= 0 or self.stats else max(0, n - self.window)
+        with torch.no_grad():
+            q = module.q_proj(hidden[:, first:]).view(1, n - first, -1, head_dim).transpose(1, 2)
+            if self.stats:
+                self._accumulate(layer, q[0].transpose(0, 1), start + first)
+                return
+            rope = importlib.import_module(type(module).__module__).apply_rotary_pos_emb
+            q, _ = rope(q, q, cos[:, first:], sin[:, first:])
+        q = q[0].transpose(0, 1).to(torch.float32)  # [n, heads, dim]
+        pos = torch.arange(start + first, start + n, dtype=torch.int64)
+        if layer in self.queries:
+            q = torch.cat([self.queries[layer], q])
+            pos = torch.cat([self.positions[layer], pos])
+        if self.window > 0:
+            q, pos = q[-self.window:], pos[-self.window:]
+        self.queries[layer], self.positions[layer] = q, pos
+
+    def _accumulate(self, layer: int, q: torch.Tensor, start: int) -> None:
+        q = q[max(0, _STATS_SKIP_POSITIONS - start):].to(torch.float64)  # [n, heads, dim]
+        if q.shape[0] == 0:
+            return
+        s = q.sum(0)
+        o = torch.einsum("nhd,nhe->hde", q, q)
+        self.sums[layer] = self.sums[layer] + s if layer in self.sums else s
+        self.outer[layer] = self.outer[layer] + o if layer in self.outer else o
+        self.count[layer] += q.shape[0]
+
+    def layer_queries(self) -> List[LayerQueries]:
+        return [LayerQueries(layer, self.queries[layer].numpy(),
+                             self.positions[layer].tolist()) for layer in sorted(self.queries)]
+
+    def layer_stats(self) -> List[LayerQueryStats]:
+        out = []
+        for layer in sorted(self.sums):
+            n = self.count[layer]
+            mean = self.sums[layer] / n
+            cov = self.outer[layer] / n - torch.einsum("hd,he->hde", mean, mean)
+            out.append(LayerQueryStats(layer, mean.to(torch.float32).numpy(),
+                                       cov.to(torch.float32).numpy()))
+        return out
+
+    def clear(self) -> None:
+        self.queries.clear()
+        self.positions.clear()
+        self.sums.clear()
+        self.outer.clear()
+        self.count = [0] * len(self.count)
+
+
+class KvcachedCache(Cache):
+    """A transformers Cache backed by one kvcached sequence (see the module docstring).
+
+    Args:
+        model: the transformers causal LM (its config sizes the cache; its attention modules
+            get forward pre-hooks while compression still needs the prompt's queries).
+        client: a connected kvcache.Client.
+        pool: the kvcached pool; its geometry must match the model (checked here).
+        compression: compressed inside kvcached at the first decode step after a prefill.
+        tenant, sequence_id: passed to CreateSequence.
+    """
+
+    def __init__(self, model: torch.nn.Module, client: Client, *, pool: str = "",
+                 compression: Optional[CompressionSpec] = None, tenant: str = "",
+                 sequence_id: str = ""):
+        config = model.config.get_text_config(decoder=True)
+        self.num_layers = config.num_hidden_layers
+        self._check_pool(client, pool, config)
+        self.client = client
+        self.compression = compression
+        self.compressed = False
+        self.compress_response: Any = None
+        self._recorder = _QueryRecorder(compression, self.num_layers)
+        self._hooks: List[Any] = []
+        self._prefilled = False
+        self.sequence = client.create_sequence(pool=pool, tenant=tenant, sequence_id=sequence_id)
+        super().__init__(layers=[KvcachedLayer(self, i) for i in range(self.num_layers)])
+        if compression is not None:
+            self._hooks.append(model.register_forward_pre_hook(self._before_forward,
+                                                               with_kwargs=True))
+            if self._recorder.needed:
+                for module in model.modules():
+                    if hasattr(module, "q_proj") and hasattr(module, "layer_idx"):
+                        self._hooks.append(module.register_forward_pre_hook(
+                            self._record_queries, with_kwargs=True))
+
+    @staticmethod
+    def _check_pool(client: Client, pool: str, config: Any) -> None:
+        pools = client.list_pools()
+        info = next((p for p in pools if p.name == pool), None) if pool else (
+            pools[0] if pools else None)
+        if info is None:
+            raise ValueError(f"kvcached has no pool {pool!r} (pools: "
+                             f"{', '.join(p.name for p in pools) or 'none'})")
+        g = info.geometry
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads)
+        want = (config.num_hidden_layers, config.num_key_value_heads,
+                config.num_attention_heads, head_dim)
+        have = (g.num_layers, g.num_kv_heads, g.num_query_heads, g.head_dim)
+        if want != have:
+            raise ValueError(f"pool {info.name!r} has (layers, kv heads, query heads, head_dim) "
+                             f"{have}; the model needs {want}")
+
+    # --- compression -----------------------------------------------------------------------
+
+    def _before_forward(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        x = kwargs.get("input_ids", args[0] if args else None)
+        if x is None:
+            x = kwargs.get("inputs_embeds")
+        n = x.shape[1] if x is not None else 0
+        if n > 1:
+            self._prefilled = True
+        elif n == 1 and self._prefilled and not self.compressed:
+            self.compress()
+
+    def _record_queries(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.compressed:
+            return
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        _check_batch(hidden)
+        cos, sin = kwargs["position_embeddings"]
+        self._recorder.record(module, hidden, cos, sin, self.layers[module.layer_idx].length)
+
+    def compress(self, spec: Optional[CompressionSpec] = None) -> Any:
+        """Compresses the sequence in kvcached now (by `spec`, else the cache's compression),
+        with the queries captured so far; returns the CompressResponse. Later reads see the
+        compressed cache. Errors are the service's (kvcache.errors)."""
+        spec = spec or self.compression
+        if spec is None:
+            raise ValueError("no CompressionSpec: pass one here or as compression=")
+        r = self._recorder
+        if isinstance(spec.eviction, (SnapKV, H2O)) and not r.queries:
+            raise ValueError(f"{type(spec.eviction).__name__} needs the prompt's queries: give "
+                             "the cache compression= before the prefill")
+        if isinstance(spec.eviction, ExpectedAttention) and not r.sums:
+            raise ValueError("ExpectedAttention needs the prompt's query statistics: give the "
+                             "cache compression= before the prefill")
+        queries = r.layer_queries() if isinstance(spec.eviction, (SnapKV, H2O)) else None
+        stats = r.layer_stats() if isinstance(spec.eviction, ExpectedAttention) else None
+        self.compress_response = self.client.compress(self.sequence, spec, queries,
+                                                      query_stats=stats)
+        self.compressed = True
+        r.clear()
+        for layer in self.layers:  # the kept counts the next mask needs
+            layer.keys, layer.values = self._read_layer(layer._layer)
+            layer.kept = layer.keys.shape[-2]
+        return self.compress_response
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def _read_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer as kvcached stores it, [1, kv_heads, kept, head_dim] in the model's
+        dtype. include_unfinished: the other layers have not appended this step's tokens yet."""
+        lay = self.layers[layer]
+        got = self.client.fetch(self.sequence, layers=[layer], dtype="f32",
+                                include_unfinished=True)
+        heads = sorted(h for (l, h) in got.heads if l == layer)
+        counts = {h: got[(layer, h)].keys.shape[0] for h in heads}
+        if len(set(counts.values())) > 1:
+            raise NotImplementedError(
+                f"layer {layer} keeps different token counts per kv head {counts} (adaptive "
+                "budgets): transformers' attention takes one key length per layer; use uniform "
+                "budgets with this cache")
+        keys = torch.from_numpy(np.stack([got[(layer, h)].keys for h in heads]))
+        values = torch.from_numpy(np.stack([got[(layer, h)].values for h in heads]))
+        dtype = getattr(lay, "dtype", torch.float32)
+        device = getattr(lay, "device", "cpu")
+        return (keys.unsqueeze(0).to(device, dtype), values.unsqueeze(0).to(device, dtype))
+
+    # --- lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Removes the model hooks and releases the kvcached sequence (idempotent)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        if self.sequence is not None:
+            self.client.release(self.sequence)
+            self.sequence = None
+
+    def __enter__(self) -> "KvcachedCache":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("KvcachedCache cannot crop: kvcached appends only")
