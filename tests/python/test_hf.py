@@ -189,3 +189,26 @@ def test_worker_passkey_cases_out_is_the_grid_it_runs(tmp_path):
         ctx, ans = c["context"], c["answer"]
         assert abs(len(ctx) - c["length"]) <= 8
         assert any(ctx[i:i + len(ans)] == ans for i in range(len(ctx))), c["passkey"]
+
+
+@pytest.mark.parametrize("eviction,kept", [
+    (kvcache.SnapKV(window=8, budget=24), 24),
+    (kvcache.H2O(heavy=16, recent=8), 24),
+    (kvcache.StreamingLLM(sinks=4, window=20), 24),
+    (kvcache.ExpectedAttention(window=8, budget=24), 24),
+])
+def test_every_policy_compresses_at_the_first_decode_step(model, hf_client, eviction, kept,
+                                                          tmp_path):
+    """The queries (SnapKV: the window, H2O: all of them) or query statistics (Expected
+    Attention) captured during the prefill reach kvcached, which keeps `kept` tokens per head;
+    decoding then continues from the compressed cache."""
+    ids = worker_ids(FILLER * 3, tmp_path)
+    spec = kvcache.CompressionSpec(eviction=eviction, storage="int8")
+    with kvcache.hf.KvcachedCache(model, hf_client, pool="smollm2-f32", compression=spec) as cache:
+        with torch.no_grad():
+            model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False,
+                           **{CACHE_ARG: cache})
+        assert cache.compressed
+        info = hf_client.get_sequence(cache.sequence)
+    assert list(info.stored_tokens) == [kept + 3] * 90  # + the 3 decoded tokens appended
+    assert info.visible_tokens == len(ids) + 3

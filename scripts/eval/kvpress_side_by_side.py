@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""kvpress and kvcached side by side on the same model, the same token ids, the same kept tokens.
+
+SmolLM2-135M-Instruct runs in transformers (CPU, float32, from the project's GGUF) for both
+engines; only the KV cache differs:
+  * kvpress (NVIDIA, PyPI): its presses compress a transformers DynamicCache during the prefill
+    (SnapKV with kvpress's defaults, window 64 and kernel 5, and with kvcached's, window 32 and
+    kernel 13; StreamingLLM; Expected Attention; Knorm). The cache stays in the model's dtype.
+  * kvcached through kvcache.hf.KvcachedCache: the same policies (SnapKV window 32 kernel 13
+    max-pooled, kvcached's default, and with kvpress's average pooling at both windows;
+    StreamingLLM 4 sinks; Expected Attention), compressed inside the service, stored as f16 or
+    INT4 (int4_g32).
+Every setting keeps the same tokens per kv head (--budget; kvpress: compression_ratio chosen so
+that compute_n_kept gives exactly that). The cases are kvc-worker's pass-key grid
+(`kvc-worker passkey --cases-out`), the answer is greedy, scored when the pass key appears in
+the first --answer-tokens generated tokens. Two placements of the question:
+  * outside: the context is prefilled and compressed, then the question is prefilled through
+    the compressed cache (kvpress's pipeline does this);
+  * inside: context + question are prefilled and compressed together (SnapKV's window then
+    holds the question; kvc-worker generate does this).
+Writes one JSON line per (case, setting, placement) to --out and prints a markdown table.
+
+Needs a venv with kvpress and the kvcache client with its [hf] extra (kvpress pins
+transformers < 5.3; kvcache.hf works with 5.2), a kvcached with a pool of the model's geometry
+(f16 is what the bytes below assume), and the cases file. See docs/EVALUATION.md for the
+exact commands and the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import transformers
+from transformers import DynamicCache
+
+import kvcache
+import kvcache.hf
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SETTINGS = ["hf-full", "kvpress-snapkv", "kvpress-snapkv-w32k13", "kvpress-streaming",
+            "kvpress-expattn", "kvpress-knorm", "kvcached-full", "kvcached-snapkv",
+            "kvcached-snapkv-int4", "kvcached-streaming-int4", "kvcached-expattn-int4",
+            "kvcached-snapkv-avg-w64k5", "kvcached-snapkv-avg-w32k13"]
+
+
+def forward(model: Any, cache: Any, ids: List[int], pos: int) -> torch.Tensor:
+    """Last logits of `ids` fed at positions pos.. . Explicit positions, as kvpress's pipeline
+    passes them: a compressed DynamicCache is shorter than the positions it covers (kvcached's
+    cache counts positions itself; the same ids make no difference there)."""
+    positions = torch.arange(pos, pos + len(ids)).unsqueeze(0)
+    return model(torch.tensor([ids]), past_key_values=cache, position_ids=positions).logits[0, -1]
+
+
+def greedy(model: Any, cache: Any, logits: torch.Tensor, n: int, eos: int, pos: int,
+           done: Callable[[List[int]], bool]) -> List[int]:
+    """Up to n greedy tokens; stops at EOS or once `done` (the pass key was said: the rest
+    cannot change the score)."""
+    out: List[int] = []
+    for _ in range(n):
+        t = int(torch.argmax(logits))
+        out.append(t)
+        if t == eos or len(out) == n or done(out):
+            break
+        logits = forward(model, cache, [t], pos)
+        pos += 1
+    return out
+
+
+def kvpress_setting(name: str, budget: int, prompt_len: int) -> Optional[Any]:
+    import kvpress
+    ratio = 1.0 - (budget + 0.5) / prompt_len  # compute_n_kept: int(n * (1 - ratio)) = budget
+    return {
+        "kvpress-snapkv": lambda: kvpress.SnapKVPress(compression_ratio=ratio),
+        "kvpress-snapkv-w32k13": lambda: kvpress.SnapKVPress(compression_ratio=ratio,
+                                                             window_size=32, kernel_size=13),
+        "kvpress-streaming": lambda: kvpress.StreamingLLMPress(compression_ratio=ratio, n_sink=4),
+        "kvpress-expattn": lambda: kvpress.ExpectedAttentionPress(compression_ratio=ratio),
+        "kvpress-knorm": lambda: kvpress.KnormPress(compression_ratio=ratio),
+    }[name]()
+
+
+def kvcached_spec(name: str, budget: int) -> Optional[kvcache.CompressionSpec]:
+    return {
+        "kvcached-full": None,
+        "kvcached-snapkv": kvcache.CompressionSpec(eviction=kvcache.SnapKV(32, budget)),
+        "kvcached-snapkv-int4": kvcache.CompressionSpec(eviction=kvcache.SnapKV(32, budget),
+                                                        storage="int4_g32"),
+        # kvpress's SnapKV: average pooling (kvcached's default is max), window 64 kernel 5
+        # (kvpress's defaults) or kvcached's window and kernel.
+        "kvcached-snapkv-avg-w64k5": kvcache.CompressionSpec(
+            eviction=kvcache.SnapKV(64, budget, pooling_kernel=5, pooling="avg")),
+        "kvcached-snapkv-avg-w32k13": kvcache.CompressionSpec(
+            eviction=kvcache.SnapKV(32, budget, pooling_kernel=13, pooling="avg")),
+        "kvcached-streaming-int4": kvcache.CompressionSpec(
+            eviction=kvcache.StreamingLLM(sinks=4, window=budget - 4), storage="int4_g32"),
+        "kvcached-expattn-int4": kvcache.CompressionSpec(
+            eviction=kvcache.ExpectedAttention(window=32, budget=budget), storage="int4_g32"),
+    }[name]
+
+
+def run_one(model: Any, client: kvcache.Client, pool: str, setting: str, case: Dict[str, Any],
+            inside: bool, budget: int, answer_tokens: int, eos: int,
+            done: Callable[[List[int]], bool]) -> Dict[str, Any]:
+    ctx, question = case["context"], case["question"]
+    prompt = ctx + question if inside else ctx
+    cfg = model.config
+    dense_f16 = lambda kept: kept * cfg.num_hidden_layers * cfg.num_key_value_heads * (
+        cfg.hidden_size // cfg.num_attention_heads) * 2 * 2
+    t0 = time.time()
+    with torch.no_grad():
+        if setting.startswith("kvcached"):
+            spec = kvcached_spec(setting, budget)
+            with kvcache.hf.KvcachedCache(model, client, pool=pool, compression=spec) as cache:
+                logits = model(torch.tensor([prompt]), past_key_values=cache).logits[0, -1]
+                if spec is not None:
+                    cache.compress()
+                info = client.get_sequence(cache.sequence)
+                kept = max(info.stored_tokens)
+                held = info.bytes
+                if not inside:
+                    logits = forward(model, cache, question, len(prompt))
+                gen = greedy(model, cache, logits, answer_tokens, eos, len(ctx) + len(question), done)
+        else:
+            cache = DynamicCache()
+            press = None if setting == "hf-full" else kvpress_setting(setting, budget, len(prompt))
+            if press is None:
+                logits = model(torch.tensor([prompt]), past_key_values=cache).logits[0, -1]
+            else:
+                with press(model):
+                    logits = model(torch.tensor([prompt]), past_key_values=cache).logits[0, -1]
+            kept = cache.layers[0].keys.shape[-2]
+            held = dense_f16(kept)  # kvpress keeps the model's dtype: counted as f16
+            if not inside:
+                logits = forward(model, cache, question, len(prompt))
+            gen = greedy(model, cache, logits, answer_tokens, eos, len(ctx) + len(question), done)
+    return {"setting": setting, "placement": "inside" if inside else "outside",
+            "length": case["length"], "depth": case["depth"], "key_index": case["key_index"],
+            "passkey": case["passkey"], "prompt_tokens": len(prompt), "kept_per_head": kept,
+            "bytes": held, "f16_bytes": dense_f16(len(prompt)), "generated": gen,
+            "seconds": round(time.time() - t0, 2)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", required=True, help="kvc-worker passkey --cases-out file")
+    ap.add_argument("--target", required=True, help="kvcached host:port")
+    ap.add_argument("--pool", required=True, help="a pool of the model's geometry (f16)")
+    ap.add_argument("--budget", type=int, default=256, help="tokens kept per kv head")
+    ap.add_argument("--answer-tokens", type=int, default=32)
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--placements", default="outside,inside")
+    ap.add_argument("--out", required=True, help="JSON lines (appended; finished rows skipped)")
+    ap.add_argument("--model-dir", default=str(REPO / ".cache" / "models"))
+    args = ap.parse_args()
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model_dir, gguf_file=GGUF)
+    model.eval()
+    tok = transformers.AutoTokenizer.from_pretrained(args.model_dir, gguf_file=GGUF)
+    cases = [json.loads(line) for line in open(args.cases)]
+    out = pathlib.Path(args.out)
+    done = set()
+    if out.exists():
+        for line in out.read_text().splitlines():
+            r = json.loads(line)
+            done.add((r["setting"], r["placement"], r["case"]))
+    settings = args.settings.split(",")
+    with kvcache.Client(args.target, timeout=120) as client, out.open("a") as f:
+        for index, case in enumerate(cases):
+            for placement in args.placements.split(","):
+                for setting in settings:
+                    key = (setting, placement, index)
+                    if key in done:
+                        continue
+                    r = run_one(model, client, args.pool, setting, case, placement == "inside",
+                                args.budget, args.answer_tokens, tok.eos_token_id,
+                                lambda ids: case["passkey"] in tok.decode(ids))
+                    r["case"] = index  # line of --cases
+                    r["answer"] = tok.decode(r["generated"])
+                    r["found"] = case["passkey"] in r["answer"]
+                    f.write(json.dumps(r) + "\n")
+                    f.flush()
+                    print(f"{setting:24s} {placement:7s} len {r['prompt_tokens']:5d} depth "
+                          f"{case['depth']:.3f} kept {r['kept_per_head']:5d} "
+                          f"{r['f16_bytes'] / max(r['bytes'], 1):5.1f}x found {r['found']:d} "
+                          f"{r['seconds']:5.1f} s {r['answer'][:40]!r}", file=sys.stderr)
+    summarize(out)
+    return 0
+
+
+def summarize(path: pathlib.Path) -> None:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    table: Dict[Tuple[str, str], List[Dict[str, Any]]] = {}
+    for r in rows:
+        table.setdefault((r["setting"], r["placement"]), []).append(r)
+    print("| setting | question | found | kept per head | KV vs f16 |")
+    print("| --- | --- | --- | --- | --- |")
+    for (setting, placement), rs in sorted(table.items(), key=lambda x: (x[0][1], x[0][0])):
+        found = sum(r["found"] for r in rs)
+        ratio = sum(r["f16_bytes"] / max(r["bytes"], 1) for r in rs) / len(rs)
+        kept = sum(r["kept_per_head"] for r in rs) / len(rs)
+        print(f"| {setting} | {placement} | {found}/{len(rs)} | {kept:.0f} | {ratio:.1f}x |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
