@@ -73,6 +73,14 @@ def greedy(model: Any, cache: Any, logits: torch.Tensor, n: int, eos: int, pos: 
     return out
 
 
+# (kvpress setting, kvcached setting) that run the same algorithm at the same kept tokens.
+PAIRS = [("hf-full", "kvcached-full"), ("kvpress-snapkv", "kvcached-snapkv-avg-w64k5"),
+         ("kvpress-snapkv-w32k13", "kvcached-snapkv-avg-w32k13"),
+         ("kvpress-snapkv-w32k13", "kvcached-snapkv"),
+         ("kvpress-streaming", "kvcached-streaming-int4"),
+         ("kvpress-expattn", "kvcached-expattn-int4")]
+
+
 def kvpress_setting(name: str, budget: int, prompt_len: int) -> Optional[Any]:
     import kvpress
     ratio = 1.0 - (budget + 0.5) / prompt_len  # compute_n_kept: int(n * (1 - ratio)) = budget
@@ -158,7 +166,11 @@ def main() -> int:
     ap.add_argument("--placements", default="outside,inside")
     ap.add_argument("--out", required=True, help="JSON lines (appended; finished rows skipped)")
     ap.add_argument("--model-dir", default=str(REPO / ".cache" / "models"))
+    ap.add_argument("--summary-only", action="store_true", help="print the tables of --out")
     args = ap.parse_args()
+    if args.summary_only:
+        summarize(pathlib.Path(args.out))
+        return 0
 
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model_dir, gguf_file=GGUF)
     model.eval()
@@ -206,6 +218,24 @@ def summarize(path: pathlib.Path) -> None:
         ratio = sum(r["f16_bytes"] / max(r["bytes"], 1) for r in rs) / len(rs)
         kept = sum(r["kept_per_head"] for r in rs) / len(rs)
         print(f"| {setting} | {placement} | {found}/{len(rs)} | {kept:.0f} | {ratio:.1f}x |")
+    # The same algorithm in both engines: how often the answers are token for token the same.
+    print("\n| kvpress | kvcached | question | same answer | both found | only kvpress | "
+          "only kvcached |\n| --- | --- | --- | --- | --- | --- | --- |")
+    by_case = {(r["setting"], r["placement"], r["case"]): r for r in rows}
+    for a, b in PAIRS:
+        for placement in ("outside", "inside"):
+            cases = sorted(c for (s, p, c) in by_case if s == a and p == placement and
+                           (b, placement, c) in by_case)
+            if not cases:
+                continue
+            ra = [by_case[(a, placement, c)] for c in cases]
+            rb = [by_case[(b, placement, c)] for c in cases]
+            same = sum(x["generated"] == y["generated"] for x, y in zip(ra, rb))
+            both = sum(x["found"] and y["found"] for x, y in zip(ra, rb))
+            only_a = sum(x["found"] and not y["found"] for x, y in zip(ra, rb))
+            only_b = sum(y["found"] and not x["found"] for x, y in zip(ra, rb))
+            print(f"| {a} | {b} | {placement} | {same}/{len(cases)} | {both} | {only_a} | "
+                  f"{only_b} |")
 
 
 if __name__ == "__main__":

@@ -212,3 +212,19 @@ def test_every_policy_compresses_at_the_first_decode_step(model, hf_client, evic
         info = hf_client.get_sequence(cache.sequence)
     assert list(info.stored_tokens) == [kept + 3] * 90  # + the 3 decoded tokens appended
     assert info.visible_tokens == len(ids) + 3
+
+
+def test_a_failed_append_makes_the_cache_refuse_later_steps(model, hf_client, tmp_path):
+    """The sequence is released behind the cache's back: the next forward fails with the
+    service's NotFound, and every later one says the cache is unusable (never a mix of
+    layers at different lengths)."""
+    ids = worker_ids("The capital of France is", tmp_path)
+    with kvcache.hf.KvcachedCache(model, hf_client, pool="smollm2-f32") as cache:
+        with torch.no_grad():
+            model(torch.tensor([ids]), **{CACHE_ARG: cache})
+            hf_client.release(cache.sequence)
+            with pytest.raises(kvcache.NotFound):
+                model(torch.tensor([[ids[-1]]]), **{CACHE_ARG: cache})
+            with pytest.raises(RuntimeError, match="unusable after an earlier failure"):
+                model(torch.tensor([[ids[-1]]]), **{CACHE_ARG: cache})
+    # Leaving the `with` released nothing more and raised nothing: the sequence was gone.

@@ -23,7 +23,9 @@ Positions: kvcached keeps the logical length (every token ever appended) after e
 so does this cache (`get_seq_length`), so new tokens get the positions they would have had
 without compression; the mask places the kept tokens just below them (`get_mask_sizes`).
 
-Limits (each refused with a clear error): batch size 1; a layer whose kv heads keep different
+Errors are the service's (kvcache.errors). A failed append or read leaves layers at different
+lengths, so the cache refuses every later step (close it and prefill again); a refused
+compress() changes nothing. Limits (each refused with a clear error): batch size 1; a layer whose kv heads keep different
 token counts (adaptive budgets, AdaKV) cannot be handed to transformers' attention, which
 takes one key length per layer; beam search and cropping are not supported.
 
@@ -41,6 +43,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from kvcache.client import Client
+from kvcache.errors import NotFound
 from kvcache.types import (H2O, CompressionSpec, ExpectedAttention, LayerQueries, LayerQueryStats,
                            SnapKV)
 
@@ -81,9 +84,16 @@ class KvcachedLayer(CacheLayerMixin):
         keys = key_states[0].transpose(0, 1).detach().to("cpu", torch.float32).contiguous()
         values = value_states[0].transpose(0, 1).detach().to("cpu", torch.float32).contiguous()
         o = self._owner
-        o.client.append(o.sequence, self._layer, self.length, keys.numpy(), values.numpy())
-        self.length += keys.shape[0]
-        self.keys, self.values = o._read_layer(self._layer)
+        o._check_usable()
+        try:
+            o.client.append(o.sequence, self._layer, self.length, keys.numpy(), values.numpy())
+            self.length += keys.shape[0]
+            self.keys, self.values = o._read_layer(self._layer)
+        except Exception as e:
+            # Some layers may hold this step's tokens and others not: refuse later steps
+            # rather than attend to a cache that no longer matches the model's positions.
+            o._failure = e
+            raise
         self.kept = self.keys.shape[-2]
         return self.keys, self.values
 
@@ -208,6 +218,7 @@ class KvcachedCache(Cache):
         self._recorder = _QueryRecorder(compression, self.num_layers)
         self._hooks: List[Any] = []
         self._prefilled = False
+        self._failure: Optional[BaseException] = None
         self.sequence = client.create_sequence(pool=pool, tenant=tenant, sequence_id=sequence_id)
         super().__init__(layers=[KvcachedLayer(self, i) for i in range(self.num_layers)])
         if compression is not None:
@@ -237,6 +248,14 @@ class KvcachedCache(Cache):
             raise ValueError(f"pool {info.name!r} has (layers, kv heads, query heads, head_dim) "
                              f"{have}; the model needs {want}")
 
+    def _check_usable(self) -> None:
+        if self.sequence is None:
+            raise ValueError("KvcachedCache is closed")
+        if self._failure is not None:
+            raise RuntimeError(f"KvcachedCache is unusable after an earlier failure "
+                               f"({type(self._failure).__name__}: {self._failure}); close it "
+                               "and prefill again") from self._failure
+
     # --- compression -----------------------------------------------------------------------
 
     def _before_forward(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -261,6 +280,7 @@ class KvcachedCache(Cache):
         """Compresses the sequence in kvcached now (by `spec`, else the cache's compression),
         with the queries captured so far; returns the CompressResponse. Later reads see the
         compressed cache. Errors are the service's (kvcache.errors)."""
+        self._check_usable()
         spec = spec or self.compression
         if spec is None:
             raise ValueError("no CompressionSpec: pass one here or as compression=")
@@ -273,13 +293,18 @@ class KvcachedCache(Cache):
                              "cache compression= before the prefill")
         queries = r.layer_queries() if isinstance(spec.eviction, (SnapKV, H2O)) else None
         stats = r.layer_stats() if isinstance(spec.eviction, ExpectedAttention) else None
+        # Compress is all-or-nothing in kvcached: a refusal leaves the cache as it was.
         self.compress_response = self.client.compress(self.sequence, spec, queries,
                                                       query_stats=stats)
         self.compressed = True
         r.clear()
-        for layer in self.layers:  # the kept counts the next mask needs
-            layer.keys, layer.values = self._read_layer(layer._layer)
-            layer.kept = layer.keys.shape[-2]
+        try:
+            for layer in self.layers:  # the kept counts the next mask needs
+                layer.keys, layer.values = self._read_layer(layer._layer)
+                layer.kept = layer.keys.shape[-2]
+        except Exception as e:
+            self._failure = e
+            raise
         return self.compress_response
 
     # --- reads -----------------------------------------------------------------------------
@@ -306,13 +331,17 @@ class KvcachedCache(Cache):
     # --- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Removes the model hooks and releases the kvcached sequence (idempotent)."""
+        """Removes the model hooks and releases the kvcached sequence (idempotent; a sequence
+        that is already gone is not an error)."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
         if self.sequence is not None:
-            self.client.release(self.sequence)
-            self.sequence = None
+            seq, self.sequence = self.sequence, None
+            try:
+                self.client.release(seq)
+            except NotFound:
+                pass  # already gone (released elsewhere, evicted, the server restarted)
 
     def __enter__(self) -> "KvcachedCache":
         return self
