@@ -314,16 +314,22 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
       }
       s.load_seconds = Since(t0);
       t0 = std::chrono::steady_clock::now();
+      // After the policy ran: feeds the question through `cache` when it was not part of the
+      // prompt, moving `pos` past it and `logits` to its last token's prediction.
+      auto feed_question = [&](KvCache& cache, int32_t& at,
+                               std::vector<float>& last) -> absl::Status {
+        if (!question_after) return absl::OkStatus();
+        auto q = Feed(model, cache, question, at, options.prefill_chunk);
+        if (!q.ok()) return q.status();
+        last = std::move(*q);
+        at += static_cast<int32_t>(question.size());
+        return absl::OkStatus();
+      };
       // The prediction for the first answer token: from the prompt's prefill, or from the
       // question fed after the policy ran.
       int32_t pos = policy_prompt;
       std::vector<float> logits = *prompt_logits;
-      if (question_after) {
-        auto q = Feed(model, **kv, question, pos, options.prefill_chunk);
-        if (!q.ok()) return q.status();
-        logits = std::move(*q);
-        pos += static_cast<int32_t>(question.size());
-      }
+      if (auto st = feed_question(**kv, pos, logits); !st.ok()) return st;
       // Teacher forcing, one decode step per answer token.
       s.teacher_forced_match = true;
       size_t diverged = answer.size();
@@ -358,12 +364,7 @@ absl::StatusOr<std::vector<PasskeyScore>> RunPasskey(LlamaModel& model, const st
         if (!fresh.ok()) return fresh.status();
         int32_t gpos = policy_prompt;
         std::vector<float> first = *prompt_logits;
-        if (question_after) {
-          auto q = Feed(model, **fresh, question, gpos, options.prefill_chunk);
-          if (!q.ok()) return q.status();
-          first = std::move(*q);
-          gpos += static_cast<int32_t>(question.size());
-        }
+        if (auto st = feed_question(**fresh, gpos, first); !st.ok()) return st;
         auto g = Greedy(model, **fresh, std::move(first), gpos, options.answer_max_tokens, {});
         if (!g.ok()) return g.status();
         generated = std::move(*g);
