@@ -12,6 +12,7 @@ import secrets
 import subprocess
 import threading
 import time
+import urllib.request
 from typing import Iterator, List
 
 import numpy as np
@@ -21,6 +22,7 @@ import kvcache
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"kvcached listening on (127\.0\.0\.1:\d+)")
+METRICS = re.compile(r"metrics on (http://127\.0\.0\.1:\d+/metrics)")
 
 # Small pools: 4 layers x 2 kv heads (4 query heads) x head_dim 32, one per dtype.
 GEOMETRY = "num_layers: 4 num_kv_heads: 2 num_query_heads: 4 head_dim: 32"
@@ -72,6 +74,16 @@ class Server:
     @property
     def log(self) -> str:
         return "".join(self.lines)
+
+    def rpc_count(self, method: str) -> int:
+        """kvc_rpc_requests_total of `method` (every status code), from the server's
+        Prometheus endpoint."""
+        m = METRICS.search(self.log)
+        assert m, "kvcached logged no metrics address"
+        text = urllib.request.urlopen(m.group(1), timeout=10).read().decode()
+        pattern = re.compile(r'^kvc_rpc_requests_total\{[^}]*method="' + re.escape(method) +
+                             r'"[^}]*\} (\S+)$', re.M)
+        return int(sum(float(v) for v in pattern.findall(text)))
 
     def stop(self) -> None:
         self.proc.kill()

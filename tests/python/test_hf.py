@@ -78,19 +78,27 @@ def hf_client(hf_server: Server) -> Iterator[kvcache.Client]:
         yield c
 
 
-@pytest.mark.parametrize("pool", ["smollm2-f32", "smollm2-f16"])
-def test_greedy_tokens_equal_dynamic_cache(model, hf_client, pool, tmp_path):
+@pytest.mark.parametrize("pool,decode", [("smollm2-f32", "fetch"), ("smollm2-f16", "fetch"),
+                                         ("smollm2-f32", "attend"), ("smollm2-f16", "attend")])
+def test_greedy_tokens_equal_dynamic_cache(model, hf_server, hf_client, pool, decode, tmp_path):
     ids = worker_ids("The capital of France is Paris. The capital of Italy is", tmp_path)
     x = torch.tensor([ids])
+    implementation = model.config._attn_implementation
     with torch.no_grad():
         want = model.generate(x, max_new_tokens=16, do_sample=False,
                               **{CACHE_ARG: transformers.DynamicCache()})
-    with kvcache.hf.KvcachedCache(model, hf_client, pool=pool) as cache:
+    with kvcache.hf.KvcachedCache(model, hf_client, pool=pool, decode=decode) as cache:
+        fetches = hf_server.rpc_count("Fetch")
         with torch.no_grad():
             got = model.generate(x, max_new_tokens=16, do_sample=False, **{CACHE_ARG: cache})
+        fetches = hf_server.rpc_count("Fetch") - fetches
         info = hf_client.get_sequence(cache.sequence)
         seq = cache.sequence
     assert got.tolist() == want.tolist()
+    # The prefill reads every layer back once (30 layers); fetch also does so at each of the
+    # 15 decode steps, attend never: the cache stays in kvcached.
+    assert fetches == (30 if decode == "attend" else 30 * 16)
+    assert model.config._attn_implementation == implementation  # restored by close()
     # The KV lived in kvcached: every token but the last generated one was appended there.
     assert info.visible_tokens == len(ids) + 15
     with pytest.raises(kvcache.NotFound):  # close() released it
@@ -151,6 +159,57 @@ def test_passkey_with_snapkv_int4_answers_as_the_worker(model, hf_client, hf_ser
     assert int(held.group(2)) == len(ids) + 11
     assert abs(float(held.group(1)) * 1e6 - info.bytes) <= 1e3
     assert answer.split(".")[0] == run.stdout.split(".")[0]
+
+
+def test_attend_decode_answers_as_fetch_on_a_compressed_cache(model, hf_server, hf_client,
+                                                             tmp_path):
+    """decode='attend' over a SnapKV + INT4 cache: kvcached's Attend reads the same stored
+    blocks Fetch would hand to transformers, so the greedy tokens are the same, and no layer
+    is fetched after the compression."""
+    ids = torch.tensor([worker_ids(PASSKEY_PROMPT, tmp_path)])
+    spec = kvcache.CompressionSpec(eviction=kvcache.SnapKV(window=32, budget=64),
+                                   storage="int4_g32")
+    out = {}
+    for decode in ("fetch", "attend"):
+        with kvcache.hf.KvcachedCache(model, hf_client, pool="smollm2-f16", compression=spec,
+                                      decode=decode) as cache:
+            fetches = hf_server.rpc_count("Fetch")
+            with torch.no_grad():
+                out[decode] = model.generate(ids, max_new_tokens=12, do_sample=False,
+                                             **{CACHE_ARG: cache}).tolist()
+            fetches = hf_server.rpc_count("Fetch") - fetches
+            assert cache.compressed
+        # prefill + the read after compress; fetch also reads each layer at 11 decode steps
+        assert fetches == (2 * 30 if decode == "attend" else 2 * 30 + 11 * 30)
+    assert out["attend"] == out["fetch"]
+
+
+def test_attend_decode_refuses_what_it_cannot_serve(model, hf_client):
+    with pytest.raises(ValueError, match="decode='fast'; expected 'fetch' or 'attend'"):
+        kvcache.hf.KvcachedCache(model, hf_client, pool="smollm2-f32", decode="fast")
+    implementation = model.config._attn_implementation
+    with kvcache.hf.KvcachedCache(model, hf_client, pool="smollm2-f32", decode="attend"):
+        # A second attend cache would take the model's attention from the first.
+        with pytest.raises(ValueError, match="already has an open KvcachedCache"):
+            kvcache.hf.KvcachedCache(model, hf_client, pool="smollm2-f32", decode="attend")
+    assert model.config._attn_implementation == implementation
+
+
+def test_another_cache_on_the_same_model_is_not_served_by_attend(model, hf_server, hf_client,
+                                                                 tmp_path):
+    """While an attend cache is open, the model decoding with a DynamicCache still attends to
+    its own cache (the wrapper serves only forwards given the attend cache)."""
+    x = torch.tensor([worker_ids("The capital of France is Paris. The capital of Italy is",
+                                 tmp_path)])
+    with torch.no_grad():
+        want = model.generate(x, max_new_tokens=8, do_sample=False,
+                              **{CACHE_ARG: transformers.DynamicCache()})
+        with kvcache.hf.KvcachedCache(model, hf_client, pool="smollm2-f32",
+                                      decode="attend") as cache:
+            model(x, **{CACHE_ARG: cache})  # prefilled: its next single token would attend
+            got = model.generate(x, max_new_tokens=8, do_sample=False,
+                                 **{CACHE_ARG: transformers.DynamicCache()})
+    assert got.tolist() == want.tolist()
 
 
 def test_the_gguf_tokenizer_matches_the_workers_on_numbers(tmp_path):

@@ -7,10 +7,16 @@
         out = model.generate(input_ids, cache=cache, max_new_tokens=32, do_sample=False)
     # (transformers < 5.24: past_key_values=cache)
 
-Every layer's new keys and values are appended to one kvcached sequence, and the attention
-reads the layer back from kvcached (Fetch, dequantized to float32), so the model attends to
-exactly what the service stores: compressed, quantized and all. Nothing is kept on the client
-between forward passes.
+Every layer's new keys and values are appended to one kvcached sequence, and the model attends
+to exactly what the service stores (compressed, quantized and all); nothing is kept on the
+client between forward passes. Two ways to attend, `decode=`:
+  * "fetch" (default): every forward reads the layer back (Fetch, dequantized to float32) and
+    transformers' own attention runs over it;
+  * "attend": prefills and multi-token chunks do the same, but a single-token decode step sends
+    the layer's query to kvcached's Attend (one stream per cache) and gets the attention output
+    back, so the cache never moves. This swaps the model's attention implementation for a
+    wrapper (`kvcached_<implementation>`, the original for everything but those decode steps)
+    while the cache is open, and restores it on close().
 
 Compression runs inside the service: with `compression=`, the cache compresses the sequence at
 the start of the first single-token forward after a prefill (the first decode step of
@@ -36,11 +42,14 @@ does not.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Dict, List, Optional
+import weakref
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from kvcache.client import Client
 from kvcache.errors import NotFound
@@ -54,6 +63,36 @@ _STATS_SKIP_POSITIONS = 4
 def _check_batch(x: torch.Tensor) -> None:
     if x.shape[0] != 1:
         raise ValueError(f"KvcachedCache holds one sequence; got batch size {x.shape[0]}")
+
+
+def _register_attend_wrapper(base: str) -> str:
+    """Registers `kvcached_<base>` with transformers: attention and mask as `base`'s, except
+    that a single-token decode step of a module whose KvcachedCache attends in kvcached gets
+    its output from kvcached's Attend. Idempotent."""
+    name = f"kvcached_{base}"
+    if name in ALL_ATTENTION_FUNCTIONS._global_mapping:
+        return name
+    if base == "eager":
+        module_name = "transformers.models.llama.modeling_llama"
+        original: Callable = importlib.import_module(module_name).eager_attention_forward
+    elif base in ALL_ATTENTION_FUNCTIONS._global_mapping:
+        original = ALL_ATTENTION_FUNCTIONS._global_mapping[base]
+    else:
+        raise ValueError(f"decode='attend' cannot wrap attention implementation {base[:40]!r}")
+
+    def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                  value: torch.Tensor, attention_mask: Optional[torch.Tensor], *args: Any,
+                  **kwargs: Any) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        ref = getattr(module, "_kvcached_cache", None)
+        cache = ref() if ref is not None else None
+        if cache is not None and cache._attending and query.shape[2] == 1:
+            return cache._attend_forward(module, query), None
+        return original(module, query, key, value, attention_mask, *args, **kwargs)
+
+    ALL_ATTENTION_FUNCTIONS.register(name, attention)
+    if base in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[base])
+    return name
 
 
 class KvcachedLayer(CacheLayerMixin):
@@ -85,9 +124,15 @@ class KvcachedLayer(CacheLayerMixin):
         values = value_states[0].transpose(0, 1).detach().to("cpu", torch.float32).contiguous()
         o = self._owner
         o._check_usable()
+        attend = o._attend_step(keys.shape[0])
         try:
             o.client.append(o.sequence, self._layer, self.length, keys.numpy(), values.numpy())
             self.length += keys.shape[0]
+            if attend:
+                # kvcached's Attend reads the layer where it lies (_attend_forward); the
+                # token just appended is kept (nothing evicts inside Append here).
+                self.kept += 1
+                return key_states, value_states
             self.keys, self.values = o._read_layer(self._layer)
         except Exception as e:
             # Some layers may hold this step's tokens and others not: refuse later steps
@@ -207,10 +252,17 @@ class KvcachedCache(Cache):
 
     def __init__(self, model: torch.nn.Module, client: Client, *, pool: str = "",
                  compression: Optional[CompressionSpec] = None, tenant: str = "",
-                 sequence_id: str = ""):
+                 sequence_id: str = "", decode: str = "fetch"):
         config = model.config.get_text_config(decoder=True)
         self.num_layers = config.num_hidden_layers
+        if decode not in ("fetch", "attend"):
+            raise ValueError(f"decode={decode[:32]!r}; expected 'fetch' or 'attend'")
         self._check_pool(client, pool, config)
+        self.decode = decode
+        self._model = model
+        self._restore_attn: Optional[str] = None
+        self._attend_session: Any = None
+        self._attending = False  # this forward is a single-token decode step through Attend
         self.client = client
         self.compression = compression
         self.compressed = False
@@ -221,14 +273,20 @@ class KvcachedCache(Cache):
         self._failure: Optional[BaseException] = None
         self.sequence = client.create_sequence(pool=pool, tenant=tenant, sequence_id=sequence_id)
         super().__init__(layers=[KvcachedLayer(self, i) for i in range(self.num_layers)])
-        if compression is not None:
+        if compression is not None or decode == "attend":
             self._hooks.append(model.register_forward_pre_hook(self._before_forward,
                                                                with_kwargs=True))
-            if self._recorder.needed:
-                for module in model.modules():
-                    if hasattr(module, "q_proj") and hasattr(module, "layer_idx"):
-                        self._hooks.append(module.register_forward_pre_hook(
-                            self._record_queries, with_kwargs=True))
+        if compression is not None and self._recorder.needed:
+            for module in model.modules():
+                if hasattr(module, "q_proj") and hasattr(module, "layer_idx"):
+                    self._hooks.append(module.register_forward_pre_hook(
+                        self._record_queries, with_kwargs=True))
+        if decode == "attend":
+            try:
+                self._install_attend(model, config)
+            except Exception:
+                self.close()
+                raise
 
     @staticmethod
     def _check_pool(client: Client, pool: str, config: Any) -> None:
@@ -259,13 +317,18 @@ class KvcachedCache(Cache):
     # --- compression -----------------------------------------------------------------------
 
     def _before_forward(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if kwargs.get("past_key_values", kwargs.get("cache")) is not self:
+            self._attending = False  # the model runs with another cache (or none)
+            return
         x = kwargs.get("input_ids", args[0] if args else None)
         if x is None:
             x = kwargs.get("inputs_embeds")
         n = x.shape[1] if x is not None else 0
+        self._attending = self.decode == "attend" and n == 1 and self._prefilled
         if n > 1:
             self._prefilled = True
-        elif n == 1 and self._prefilled and not self.compressed:
+        elif (n == 1 and self._prefilled and not self.compressed and
+              self.compression is not None):
             self.compress()
 
     def _record_queries(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -307,6 +370,58 @@ class KvcachedCache(Cache):
             raise
         return self.compress_response
 
+    # --- decode through Attend --------------------------------------------------------------
+
+    def _install_attend(self, model: torch.nn.Module, config: Any) -> None:
+        """Wraps the model's attention implementation so that the attention of a single-token
+        decode step runs in kvcached. kvcached's Attend scales by 1/sqrt(head_dim) and has no
+        softcapping or sliding window: models that need otherwise are refused."""
+        modules = [m for m in model.modules() if hasattr(m, "q_proj") and hasattr(m, "layer_idx")]
+        if not modules:
+            raise ValueError("decode='attend': the model has no attention modules with q_proj "
+                             "and layer_idx")
+        held = getattr(modules[0], "_kvcached_cache", None)
+        if held is not None and held() is not None:
+            raise ValueError("the model already has an open KvcachedCache with "
+                             "decode='attend'; close it first (or use decode='fetch')")
+        head_dim = modules[0].head_dim
+        for m in modules:
+            scaling = getattr(m, "scaling", head_dim ** -0.5)
+            if abs(scaling - head_dim ** -0.5) > 1e-6 or getattr(m, "sliding_window", None) or \
+                    getattr(config, "attn_logit_softcapping", None):
+                raise ValueError("decode='attend' needs plain softmax attention scaled by "
+                                 "1/sqrt(head_dim); use decode='fetch' with this model")
+        current = config._attn_implementation or "eager"
+        base = current[len("kvcached_"):] if current.startswith("kvcached_") else current
+        name = _register_attend_wrapper(base)
+        for m in modules:
+            m._kvcached_cache = weakref.ref(self)
+        self._restore_attn = current
+        self._attend_modules = modules
+        model.config._attn_implementation = name
+
+    def _attend_step(self, n: int) -> bool:
+        """Whether this layer update belongs to a single-token decode step through Attend."""
+        return self._attending and n == 1
+
+    def _attend_forward(self, module: torch.nn.Module, query: torch.Tensor) -> torch.Tensor:
+        """The attention output of one decode token for `module`'s layer, from kvcached:
+        query [1, heads, 1, head_dim] after RoPE -> [1, 1, heads, head_dim]."""
+        self._check_usable()
+        _check_batch(query)
+        layer = self.layers[module.layer_idx]
+        q = query[0].transpose(0, 1).detach().to("cpu", torch.float32).contiguous()
+        try:
+            if self._attend_session is None:
+                self._attend_session = self.client.attend_session()
+            r = self._attend_session.attend(self.sequence, module.layer_idx, q.numpy(),
+                                            [layer.length - 1], dtype="f32")
+        except Exception as e:
+            self._failure = e
+            raise
+        out = torch.from_numpy(np.array(r.output))  # a writable copy (9 x 64 floats)
+        return out.unsqueeze(0).to(query.device, query.dtype)
+
     # --- reads -----------------------------------------------------------------------------
 
     def _read_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -336,6 +451,17 @@ class KvcachedCache(Cache):
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if self._restore_attn is not None:
+            self._model.config._attn_implementation = self._restore_attn
+            for m in self._attend_modules:
+                m.__dict__.pop("_kvcached_cache", None)
+            self._restore_attn = None
+        if self._attend_session is not None:
+            session, self._attend_session = self._attend_session, None
+            try:
+                session.close()
+            except Exception:
+                pass  # the stream's error was raised to the step that met it
         if self.sequence is not None:
             seq, self.sequence = self.sequence, None
             try:
