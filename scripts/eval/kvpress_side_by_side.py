@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -77,6 +78,7 @@ def greedy(model: Any, cache: Any, logits: torch.Tensor, n: int, eos: int, pos: 
 PAIRS = [("hf-full", "kvcached-full"), ("kvpress-snapkv", "kvcached-snapkv-avg-w64k5"),
          ("kvpress-snapkv-w32k13", "kvcached-snapkv-avg-w32k13"),
          ("kvpress-snapkv-w32k13", "kvcached-snapkv"),
+         ("kvpress-streaming", "kvcached-streaming"),
          ("kvpress-streaming", "kvcached-streaming-int4"),
          ("kvpress-expattn", "kvcached-expattn-int4")]
 
@@ -97,6 +99,7 @@ def kvpress_setting(name: str, budget: int, prompt_len: int) -> Optional[Any]:
 def kvcached_spec(name: str, budget: int) -> Optional[kvcache.CompressionSpec]:
     return {
         "kvcached-full": None,
+        "kvcached-int4": kvcache.CompressionSpec(storage="int4_g32"),  # storage only
         "kvcached-snapkv": kvcache.CompressionSpec(eviction=kvcache.SnapKV(32, budget)),
         "kvcached-snapkv-int4": kvcache.CompressionSpec(eviction=kvcache.SnapKV(32, budget),
                                                         storage="int4_g32"),
@@ -106,6 +109,8 @@ def kvcached_spec(name: str, budget: int) -> Optional[kvcache.CompressionSpec]:
             eviction=kvcache.SnapKV(64, budget, pooling_kernel=5, pooling="avg")),
         "kvcached-snapkv-avg-w32k13": kvcache.CompressionSpec(
             eviction=kvcache.SnapKV(32, budget, pooling_kernel=13, pooling="avg")),
+        "kvcached-streaming": kvcache.CompressionSpec(
+            eviction=kvcache.StreamingLLM(sinks=4, window=budget - 4)),
         "kvcached-streaming-int4": kvcache.CompressionSpec(
             eviction=kvcache.StreamingLLM(sinks=4, window=budget - 4), storage="int4_g32"),
         "kvcached-expattn-int4": kvcache.CompressionSpec(
@@ -167,9 +172,15 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="JSON lines (appended; finished rows skipped)")
     ap.add_argument("--model-dir", default=str(REPO / ".cache" / "models"))
     ap.add_argument("--summary-only", action="store_true", help="print the tables of --out")
+    ap.add_argument("--worker-json", default="",
+                    help="comma-separated `kvc-worker passkey --kv=kvcached --json` files, one "
+                         "per --cases-out file in the order --cases concatenates them: compare "
+                         "the C++ worker's answers with these (question inside)")
     args = ap.parse_args()
     if args.summary_only:
         summarize(pathlib.Path(args.out))
+        if args.worker_json:
+            compare_worker(pathlib.Path(args.out), args.worker_json.split(","))
         return 0
 
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model_dir, gguf_file=GGUF)
@@ -236,6 +247,55 @@ def summarize(path: pathlib.Path) -> None:
             only_b = sum(y["found"] and not x["found"] for x, y in zip(ra, rb))
             print(f"| {a} | {b} | {placement} | {same}/{len(cases)} | {both} | {only_a} | "
                   f"{only_b} |")
+
+
+def compare_worker(path: pathlib.Path, worker_files: List[str]) -> None:
+    """The C++ worker (its own f32 engine, KV in kvcached) against transformers on the same
+    token ids, answer by answer. The worker's JSON names no case, so cases are matched by order
+    (each file lists its cases by length, depth and key, as --cases-out wrote them); the pass
+    keys must then agree, which checks the matching. The worker always generates
+    --answer-tokens tokens; this script stops once the key is said, so a found answer is
+    compared as a prefix."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    by_case = {(r["setting"], r["placement"], r["case"]): r for r in rows}
+    worker: Dict[Tuple[str, int], Dict[str, Any]] = {}
+    base = 0
+    for file in worker_files:
+        scores = json.loads(pathlib.Path(file).read_text())["scores"]
+        order: List[Tuple[int, float, int]] = []
+        for s in scores:
+            cell = (s["context_tokens"], s["depth"], s["key_index"])
+            if cell not in order:
+                order.append(cell)
+            worker[(s["policy"], base + order.index(cell))] = s
+        base += len(order)
+    print("\n| kvc-worker (C++) | transformers | same text | same bytes | found: worker / "
+          "transformers |\n| --- | --- | --- | --- | --- |")
+    policies = sorted({p for p, _ in worker})
+    for policy in policies:
+        budget = re.match(r"snapkv=(\d+)(:int4)?$", policy)
+        settings = (["hf-full", "kvcached-full"] if policy == "full" else
+                    ["kvcached-snapkv-int4" if budget.group(2) else "kvcached-snapkv"]
+                    if budget else [])
+        for setting in settings:
+            n = same = same_bytes = found_w = found_t = 0
+            for (p, case), s in sorted(worker.items()):
+                r = by_case.get((setting, "inside", case))
+                if p != policy or r is None:
+                    continue
+                if r["passkey"] != s["passkey"]:
+                    raise SystemExit(f"case {case}: pass key {r['passkey']} here, "
+                                     f"{s['passkey']} in the worker's JSON: files out of order?")
+                n += 1
+                same += (s["generated"].startswith(r["answer"]) if r["found"]
+                         else s["generated"] == r["answer"])
+                same_bytes += setting.startswith("kvcached") and s["kv_bytes"] == r["bytes"]
+                found_w += s["generated_match"]
+                found_t += r["found"]
+            if n:
+                bytes_col = f"{same_bytes}/{n}" if setting.startswith("kvcached") else "-"
+                print(f"| {policy} | {setting} | {same}/{n} | {bytes_col} | {found_w} / "
+                      f"{found_t} |")
 
 
 if __name__ == "__main__":
