@@ -165,7 +165,7 @@ def test_attend_decode_answers_as_fetch_on_a_compressed_cache(model, hf_server, 
                                                              tmp_path):
     """decode='attend' over a SnapKV + INT4 cache: kvcached's Attend reads the same stored
     blocks Fetch would hand to transformers, so the greedy tokens are the same, and no layer
-    is fetched after the compression."""
+    is fetched after the prefill."""
     ids = torch.tensor([worker_ids(PASSKEY_PROMPT, tmp_path)])
     spec = kvcache.CompressionSpec(eviction=kvcache.SnapKV(window=32, budget=64),
                                    storage="int4_g32")
@@ -179,9 +179,47 @@ def test_attend_decode_answers_as_fetch_on_a_compressed_cache(model, hf_server, 
                                              **{CACHE_ARG: cache}).tolist()
             fetches = hf_server.rpc_count("Fetch") - fetches
             assert cache.compressed
-        # prefill + the read after compress; fetch also reads each layer at 11 decode steps
-        assert fetches == (2 * 30 if decode == "attend" else 2 * 30 + 11 * 30)
+        # the prefill; fetch also reads every layer after the compression and at each of the
+        # 11 decode steps after the first
+        assert fetches == (30 if decode == "attend" else 2 * 30 + 11 * 30)
     assert out["attend"] == out["fetch"]
+
+
+def test_adaptive_budgets_decode_through_attend_as_the_worker(model, hf_server, hf_client,
+                                                             tmp_path):
+    """AdaKV budgets leave a layer's kv heads at different lengths: transformers' attention
+    cannot take them (decode='fetch' refuses), kvcached's Attend can. The answer and the bytes
+    held are kvc-worker's with the same policy against the same kvcached."""
+    ids = worker_ids(PASSKEY_PROMPT, tmp_path)
+    spec = kvcache.CompressionSpec(eviction=kvcache.SnapKV(window=32, budget=64, adaptive=True),
+                                   storage="int4_g32")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(MODEL_DIR), gguf_file=GGUF)
+    with kvcache.hf.KvcachedCache(model, hf_client, pool="smollm2-f16", compression=spec) as cache:
+        with torch.no_grad(), pytest.raises(NotImplementedError, match="different token counts"):
+            model.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False,
+                           **{CACHE_ARG: cache})
+    with kvcache.hf.KvcachedCache(model, hf_client, pool="smollm2-f16", compression=spec,
+                                  decode="attend") as cache:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                 **{CACHE_ARG: cache})
+        info = hf_client.get_sequence(cache.sequence)
+    stored = list(info.stored_tokens)
+    assert len(set(stored)) > 1  # the heads really differ
+    assert sum(stored) == (64 + 11) * 90  # the same total budget, + the decoded tokens
+    answer = tokenizer.decode(out[0, len(ids):])
+    prompt = tmp_path / "passkey.txt"
+    prompt.write_text(PASSKEY_PROMPT)
+    run = subprocess.run(
+        [str(worker_binary()), "generate", f"--prompt-file={prompt}", "--raw", "--kv", "kvcached",
+         "--target", hf_server.target, "--pool", "smollm2-f16", "--policy", "adasnapkv=64/32",
+         "--storage", "int4", "--max-new-tokens", "12", "--model", str(MODEL_DIR / GGUF)],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    held = re.search(r"kvcached holds ([0-9.]+) MB of int4_g32 blocks", run.stderr)
+    assert held, run.stderr
+    assert abs(float(held.group(1)) * 1e6 - info.bytes) <= 1e3
+    assert answer.split(".")[0] == run.stdout.split(".")[0], (answer, run.stdout)
 
 
 def test_attend_decode_refuses_what_it_cannot_serve(model, hf_client):

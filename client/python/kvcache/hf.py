@@ -31,9 +31,11 @@ without compression; the mask places the kept tokens just below them (`get_mask_
 
 Errors are the service's (kvcache.errors). A failed append or read leaves layers at different
 lengths, so the cache refuses every later step (close it and prefill again); a refused
-compress() changes nothing. Limits (each refused with a clear error): batch size 1; a layer whose kv heads keep different
-token counts (adaptive budgets, AdaKV) cannot be handed to transformers' attention, which
-takes one key length per layer; beam search and cropping are not supported.
+compress() changes nothing. Limits (each refused with a clear error): batch size 1; a layer
+whose kv heads keep different token counts (adaptive budgets, AdaKV) cannot be handed to
+transformers' attention, which takes one key length per layer, so with such budgets only
+decode="attend" works (kvcached's Attend serves unequal heads) and a multi-token chunk after
+the compression is refused; beam search and cropping are not supported.
 
 Needs torch and transformers (`pip install ./client/python[hf]`); importing `kvcache` alone
 does not.
@@ -362,9 +364,21 @@ class KvcachedCache(Cache):
         self.compressed = True
         r.clear()
         try:
-            for layer in self.layers:  # the kept counts the next mask needs
-                layer.keys, layer.values = self._read_layer(layer._layer)
-                layer.kept = layer.keys.shape[-2]
+            if self.decode == "attend":
+                # Decode attends in kvcached, which serves kv heads of different lengths
+                # (adaptive budgets): nothing is read back, only the kept counts the masks of
+                # a later multi-token chunk need (such a chunk fetches, and refuses unequal
+                # heads there).
+                stored = list(self.client.get_sequence(self.sequence).stored_tokens)
+                heads = len(stored) // self.num_layers
+                for layer in self.layers:
+                    i = layer._layer * heads
+                    layer.kept = max(stored[i:i + heads])
+                    layer.keys = layer.values = None
+            else:
+                for layer in self.layers:  # the kept counts the next mask needs
+                    layer.keys, layer.values = self._read_layer(layer._layer)
+                    layer.kept = layer.keys.shape[-2]
         except Exception as e:
             self._failure = e
             raise
