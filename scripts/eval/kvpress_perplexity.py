@@ -32,13 +32,11 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 import transformers
-from transformers import DynamicCache
 
 import kvcache
-import kvcache.hf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from kvpress_side_by_side import GGUF, REPO, kvcached_spec, kvpress_setting  # noqa: E402
+from kvpress_side_by_side import GGUF, REPO, compressed_prefill, dense_f16_bytes  # noqa: E402
 
 SETTINGS = ["hf-full", "kvcached-full", "kvcached-int4", "kvpress-snapkv",
             "kvpress-snapkv-w32k13", "kvcached-snapkv-avg-w32k13", "kvcached-snapkv",
@@ -75,34 +73,13 @@ def continuation_nll(model: Any, cache: Any, last_logits: torch.Tensor, cont: Li
 def run_one(model: Any, client: kvcache.Client, pool: str, setting: str, ids: List[int],
             context: int, budget: int) -> Dict[str, Any]:
     ctx, cont = ids[:context], ids[context:]
-    cfg = model.config
-    dense_f16 = lambda kept: kept * cfg.num_hidden_layers * cfg.num_key_value_heads * (
-        cfg.hidden_size // cfg.num_attention_heads) * 2 * 2
     t0 = time.time()
-    with torch.no_grad():
-        if setting.startswith("kvcached"):
-            spec = kvcached_spec(setting, budget)
-            with kvcache.hf.KvcachedCache(model, client, pool=pool, compression=spec) as cache:
-                last = model(torch.tensor([ctx]), past_key_values=cache).logits[0, -1]
-                if spec is not None:
-                    cache.compress()
-                info = client.get_sequence(cache.sequence)
-                kept, held = max(info.stored_tokens), info.bytes
-                nll = continuation_nll(model, cache, last, cont, len(ctx))
-        else:
-            cache = DynamicCache()
-            press = None if setting == "hf-full" else kvpress_setting(setting, budget, len(ctx))
-            if press is None:
-                last = model(torch.tensor([ctx]), past_key_values=cache).logits[0, -1]
-            else:
-                with press(model):
-                    last = model(torch.tensor([ctx]), past_key_values=cache).logits[0, -1]
-            kept = cache.layers[0].keys.shape[-2]
-            held = dense_f16(kept)  # kvpress keeps the model's dtype: counted as f16
-            nll = continuation_nll(model, cache, last, cont, len(ctx))
+    with compressed_prefill(model, client, pool, setting, ctx, budget) as (
+            cache, last, kept, held), torch.no_grad():
+        nll = continuation_nll(model, cache, last, cont, len(ctx))
     return {"setting": setting, "context_tokens": len(ctx), "continuation_tokens": len(cont),
-            "kept_per_head": kept, "bytes": held, "f16_bytes": dense_f16(len(ctx)), "nll": nll,
-            "seconds": round(time.time() - t0, 2)}
+            "kept_per_head": kept, "bytes": held, "f16_bytes": dense_f16_bytes(model, len(ctx)),
+            "nll": nll, "seconds": round(time.time() - t0, 2)}
 
 
 def main() -> int:

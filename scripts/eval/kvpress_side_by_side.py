@@ -29,12 +29,13 @@ exact commands and the results.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import re
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import transformers
@@ -118,15 +119,19 @@ def kvcached_spec(name: str, budget: int) -> Optional[kvcache.CompressionSpec]:
     }[name]
 
 
-def run_one(model: Any, client: kvcache.Client, pool: str, setting: str, case: Dict[str, Any],
-            inside: bool, budget: int, answer_tokens: int, eos: int,
-            done: Callable[[List[int]], bool]) -> Dict[str, Any]:
-    ctx, question = case["context"], case["question"]
-    prompt = ctx + question if inside else ctx
+def dense_f16_bytes(model: Any, tokens: int) -> int:
+    """Bytes of `tokens` tokens of every layer's keys and values in f16 (2 x 2 bytes)."""
     cfg = model.config
-    dense_f16 = lambda kept: kept * cfg.num_hidden_layers * cfg.num_key_value_heads * (
+    return tokens * cfg.num_hidden_layers * cfg.num_key_value_heads * (
         cfg.hidden_size // cfg.num_attention_heads) * 2 * 2
-    t0 = time.time()
+
+
+@contextlib.contextmanager
+def compressed_prefill(model: Any, client: kvcache.Client, pool: str, setting: str,
+                       prompt: List[int], budget: int) -> Iterator[Tuple[Any, torch.Tensor, int, int]]:
+    """Prefills `prompt` into the setting's cache and compresses it (kvpress: its press during
+    the prefill; kvcached: Compress in the service once the prompt is in). Yields (cache, last
+    logits, tokens kept per kv head, bytes held); a kvcached sequence is released on exit."""
     with torch.no_grad():
         if setting.startswith("kvcached"):
             spec = kvcached_spec(setting, budget)
@@ -135,28 +140,32 @@ def run_one(model: Any, client: kvcache.Client, pool: str, setting: str, case: D
                 if spec is not None:
                     cache.compress()
                 info = client.get_sequence(cache.sequence)
-                kept = max(info.stored_tokens)
-                held = info.bytes
-                if not inside:
-                    logits = forward(model, cache, question, len(prompt))
-                gen = greedy(model, cache, logits, answer_tokens, eos, len(ctx) + len(question), done)
-        else:
-            cache = DynamicCache()
-            press = None if setting == "hf-full" else kvpress_setting(setting, budget, len(prompt))
-            if press is None:
-                logits = model(torch.tensor([prompt]), past_key_values=cache).logits[0, -1]
-            else:
-                with press(model):
-                    logits = model(torch.tensor([prompt]), past_key_values=cache).logits[0, -1]
-            kept = cache.layers[0].keys.shape[-2]
-            held = dense_f16(kept)  # kvpress keeps the model's dtype: counted as f16
-            if not inside:
-                logits = forward(model, cache, question, len(prompt))
-            gen = greedy(model, cache, logits, answer_tokens, eos, len(ctx) + len(question), done)
+                yield cache, logits, max(info.stored_tokens), info.bytes
+            return
+        cache = DynamicCache()
+        press = None if setting == "hf-full" else kvpress_setting(setting, budget, len(prompt))
+        with press(model) if press is not None else contextlib.nullcontext():
+            logits = model(torch.tensor([prompt]), past_key_values=cache).logits[0, -1]
+        kept = cache.layers[0].keys.shape[-2]
+        # kvpress keeps the model's dtype: counted as f16
+        yield cache, logits, kept, dense_f16_bytes(model, kept)
+
+
+def run_one(model: Any, client: kvcache.Client, pool: str, setting: str, case: Dict[str, Any],
+            inside: bool, budget: int, answer_tokens: int, eos: int,
+            done: Callable[[List[int]], bool]) -> Dict[str, Any]:
+    ctx, question = case["context"], case["question"]
+    prompt = ctx + question if inside else ctx
+    t0 = time.time()
+    with compressed_prefill(model, client, pool, setting, prompt, budget) as (
+            cache, logits, kept, held), torch.no_grad():
+        if not inside:
+            logits = forward(model, cache, question, len(prompt))
+        gen = greedy(model, cache, logits, answer_tokens, eos, len(ctx) + len(question), done)
     return {"setting": setting, "placement": "inside" if inside else "outside",
             "length": case["length"], "depth": case["depth"], "key_index": case["key_index"],
             "passkey": case["passkey"], "prompt_tokens": len(prompt), "kept_per_head": kept,
-            "bytes": held, "f16_bytes": dense_f16(len(prompt)), "generated": gen,
+            "bytes": held, "f16_bytes": dense_f16_bytes(model, len(prompt)), "generated": gen,
             "seconds": round(time.time() - t0, 2)}
 
 
