@@ -11,7 +11,7 @@ import os
 import pathlib
 import re
 import subprocess
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
 import pytest
 
@@ -54,6 +54,25 @@ def worker_ids(text: str, tmp_path: pathlib.Path) -> List[int]:
     out = subprocess.check_output([str(worker_binary()), "tokenize", "--text-file", str(f)],
                                   text=True, timeout=60)
     return [int(x) for x in out.split()]
+
+
+def worker_passkey_int4(server: Server, tmp_path: pathlib.Path,
+                        policy: str) -> Tuple[str, float, int]:
+    """`kvc-worker generate` on PASSKEY_PROMPT with `policy` + INT4, its KV in `server`'s
+    smollm2-f16 pool, 12 new tokens: (its answer, the bytes kvcached held, for how many
+    tokens)."""
+    prompt = tmp_path / "passkey.txt"
+    prompt.write_text(PASSKEY_PROMPT)
+    run = subprocess.run(
+        [str(worker_binary()), "generate", f"--prompt-file={prompt}", "--raw", "--kv", "kvcached",
+         "--target", server.target, "--pool", "smollm2-f16", "--policy", policy,
+         "--storage", "int4", "--max-new-tokens", "12", "--model", str(MODEL_DIR / GGUF)],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    held = re.search(r"kvcached holds ([0-9.]+) MB of int4_g32 blocks for (\d+) tokens",
+                     run.stderr)
+    assert held, run.stderr
+    return run.stdout, float(held.group(1)) * 1e6, int(held.group(2))
 
 
 @pytest.fixture(scope="module")
@@ -143,22 +162,12 @@ def test_passkey_with_snapkv_int4_answers_as_the_worker(model, hf_client, hf_ser
     assert "68259" in answer
     assert list(info.stored_tokens) == [64 + 11] * 90  # budget + the decoded tokens appended
     # kvc-worker with the same settings, against the same kvcached.
-    prompt = tmp_path / "passkey.txt"
-    prompt.write_text(PASSKEY_PROMPT)
-    run = subprocess.run(
-        [str(worker_binary()), "generate", f"--prompt-file={prompt}", "--raw", "--kv", "kvcached",
-         "--target", hf_server.target, "--pool", "smollm2-f16", "--policy", "snapkv=64/32",
-         "--storage", "int4", "--max-new-tokens", "12", "--model", str(MODEL_DIR / GGUF)],
-        capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert "68259" in run.stdout
-    held = re.search(r"kvcached holds ([0-9.]+) MB of int4_g32 blocks for (\d+) tokens",
-                     run.stderr)
-    assert held, run.stderr
+    text, held_bytes, tokens = worker_passkey_int4(hf_server, tmp_path, "snapkv=64/32")
+    assert "68259" in text
     # Same kept tokens, same format: the same bytes (the worker also appended the 12th token).
-    assert int(held.group(2)) == len(ids) + 11
-    assert abs(float(held.group(1)) * 1e6 - info.bytes) <= 1e3
-    assert answer.split(".")[0] == run.stdout.split(".")[0]
+    assert tokens == len(ids) + 11
+    assert abs(held_bytes - info.bytes) <= 1e3
+    assert answer.split(".")[0] == text.split(".")[0]
 
 
 def test_attend_decode_answers_as_fetch_on_a_compressed_cache(model, hf_server, hf_client,
@@ -208,18 +217,9 @@ def test_adaptive_budgets_decode_through_attend_as_the_worker(model, hf_server, 
     assert len(set(stored)) > 1  # the heads really differ
     assert sum(stored) == (64 + 11) * 90  # the same total budget, + the decoded tokens
     answer = tokenizer.decode(out[0, len(ids):])
-    prompt = tmp_path / "passkey.txt"
-    prompt.write_text(PASSKEY_PROMPT)
-    run = subprocess.run(
-        [str(worker_binary()), "generate", f"--prompt-file={prompt}", "--raw", "--kv", "kvcached",
-         "--target", hf_server.target, "--pool", "smollm2-f16", "--policy", "adasnapkv=64/32",
-         "--storage", "int4", "--max-new-tokens", "12", "--model", str(MODEL_DIR / GGUF)],
-        capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    held = re.search(r"kvcached holds ([0-9.]+) MB of int4_g32 blocks", run.stderr)
-    assert held, run.stderr
-    assert abs(float(held.group(1)) * 1e6 - info.bytes) <= 1e3
-    assert answer.split(".")[0] == run.stdout.split(".")[0], (answer, run.stdout)
+    text, held_bytes, _ = worker_passkey_int4(hf_server, tmp_path, "adasnapkv=64/32")
+    assert abs(held_bytes - info.bytes) <= 1e3
+    assert answer.split(".")[0] == text.split(".")[0], (answer, text)
 
 
 def test_attend_decode_refuses_what_it_cannot_serve(model, hf_client):
