@@ -2,11 +2,12 @@
 
 namespace kvc::cachesvc {
 
-void BlockPool::Drop(StorageFormat format, absl::Span<const BlockId> blocks) {
+int64_t BlockPool::Drop(StorageFormat format, absl::Span<const BlockId> blocks) {
   std::vector<BlockId> last;
   last.reserve(blocks.size());
   shares_.Drop(format, blocks, &last);
   if (!last.empty()) Free(format, last);
+  return static_cast<int64_t>(last.size());
 }
 
 absl::Status BlockPool::AllocateOrReclaim(StorageFormat format, int64_t n,

@@ -20,6 +20,13 @@
 
 namespace kvc::cachesvc {
 
+// A host arena a same-node reader can map (host_arena.h): its memfd (owned by the pool) and
+// size in bytes.
+struct SharedArena {
+  int fd = -1;
+  int64_t bytes = 0;
+};
+
 class BlockPool {
  public:
   virtual ~BlockPool() = default;
@@ -36,6 +43,14 @@ class BlockPool {
   virtual kernels::BlockLayout layout(StorageFormat format) const = 0;
   // The arena of `format` for kernel ops. Blocks handed out by Allocate(format) index it.
   virtual kernels::PagedArena arena(StorageFormat format) = 0;
+
+  // The memfd of `format`'s arena, reserved now if it was not yet, for readers on this node
+  // (cachesvc/rpc/local_socket.h). FAILED_PRECONDITION where the arena cannot be shared
+  // (device pools; a host without memfd).
+  virtual absl::StatusOr<SharedArena> ShareArena(StorageFormat /*format*/) {
+    return absl::FailedPreconditionError(
+        "this pool's memory cannot be mapped by another process (device memory)");
+  }
 
   virtual int64_t capacity_bytes() const = 0;
   // Thread-safe momentary values.
@@ -54,8 +69,9 @@ class BlockPool {
   // Which blocks are shared (prefix cache, attached prefixes) and by how many holders.
   BlockShares& shares() { return shares_; }
   const BlockShares& shares() const { return shares_; }
-  // One holder of each block lets go; blocks nobody holds any more return to the pool.
-  void Drop(StorageFormat format, absl::Span<const BlockId> blocks);
+  // One holder of each block lets go; blocks nobody holds any more return to the pool (how
+  // many: the result).
+  int64_t Drop(StorageFormat format, absl::Span<const BlockId> blocks);
 
   // Allocate, but when the pool is full, first asks the reclaimer (the prefix cache) to give
   // back cached blocks nobody uses, then tries once more.

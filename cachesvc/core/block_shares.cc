@@ -49,7 +49,16 @@ void BlockShares::Drop(StorageFormat format, absl::Span<const BlockId> blocks,
       continue;
     }
     KVC_CHECK(it->second.holders >= 1) << "block " << b << " has no holder left";
-    if (--it->second.holders == 0) {
+    --it->second.holders;
+    if (it->second.holders == 1 && !it->second.has_checksum) {
+      // Shared by a fork or a lease only, and now by one holder: nobody else reads it, so
+      // its holder may write it in place again (a published block keeps its checksum and
+      // stays frozen for the prefix index).
+      map.erase(it);
+      frozen_.fetch_sub(1, std::memory_order_relaxed);
+      continue;
+    }
+    if (it->second.holders == 0) {
       // Back to the pool: its next owner rewrites every byte, so the mark goes with it.
       if (it->second.corrupt) corrupt_.fetch_sub(1, std::memory_order_release);
       map.erase(it);

@@ -1,11 +1,12 @@
 // BlockShares: which blocks of a pool are shared and by how many holders. A block published
 // in the prefix index is frozen: from then on no holder writes it in place (the lane planner
 // copies it into a fresh block first: copy-on-write), so every sequence that attached it, and
-// the index itself, keeps seeing the bytes that were checksummed. Frozen stays frozen until
-// the block's last holder drops it and it returns to the pool. A block that was never frozen
-// has exactly one holder (its sequence) and no entry here, so the append and compaction paths
-// of unshared sequences pay one hash lookup per rewritten block at most. A published block
-// also carries the checksum taken when it was published, so reads can re-verify it
+// the index itself, keeps seeing the bytes that were checksummed. A published block stays
+// frozen until its last holder drops it and it returns to the pool; a block frozen without a
+// checksum (shared by a fork or pinned by a lease) thaws when one holder is left. A block that was
+// never frozen has exactly one holder (its sequence) and no entry here, so the append and
+// compaction paths of unshared sequences pay one hash lookup per rewritten block at most. A
+// published block also carries the checksum taken when it was published, so reads can re-verify it
 // (shared_read_check.h), and a block found corrupt stays marked until it returns to the pool.
 // Thread-safe.
 #pragma once

@@ -65,9 +65,23 @@ absl::Status HostBlockPool::ReserveLocked(StorageFormat format) {
   if (a.memory.data() != nullptr) return absl::OkStatus();
   const int64_t block_bytes = static_cast<int64_t>(layout(format).block_bytes);
   a.max_blocks = std::min<int64_t>(options_.capacity_bytes / block_bytes, INT32_MAX);
-  KVC_ASSIGN_OR_RETURN(a.memory,
-                       HostArena::Create(static_cast<size_t>(a.max_blocks * block_bytes)));
+  KVC_ASSIGN_OR_RETURN(
+      a.memory, HostArena::Create(
+                    static_cast<size_t>(a.max_blocks * block_bytes),
+                    absl::StrCat("kvc-", options_.name, "-", kernels::StorageFormatName(format))));
   return absl::OkStatus();
+}
+
+absl::StatusOr<SharedArena> HostBlockPool::ShareArena(StorageFormat format) {
+  KVC_RETURN_IF_ERROR(CheckFormatFits(options_, format));
+  kvc::MutexLock lock(&mu_);
+  KVC_RETURN_IF_ERROR(ReserveLocked(format));
+  const HostArena& memory = arenas_[static_cast<size_t>(format)].memory;
+  if (memory.fd() < 0) {
+    return absl::FailedPreconditionError(
+        "this host has no memfd: the pool's memory cannot be mapped by another process");
+  }
+  return SharedArena{memory.fd(), static_cast<int64_t>(memory.size())};
 }
 
 absl::Status HostBlockPool::Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) {

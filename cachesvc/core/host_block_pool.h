@@ -30,6 +30,7 @@ class HostBlockPool final : public BlockPool {
   StagingPool* staging() override { return nullptr; }
   kernels::BlockLayout layout(StorageFormat format) const override;
   kernels::PagedArena arena(StorageFormat format) override;
+  absl::StatusOr<SharedArena> ShareArena(StorageFormat format) override;
   int64_t capacity_bytes() const override { return options_.capacity_bytes; }
   int64_t used_bytes() const override;
   int64_t used_blocks(StorageFormat format) const override;

@@ -74,6 +74,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreOptions& o
     PrefixIndex* index = store->prefixes_.back().get();
     store->pools_.back()->set_reclaimer([index](int64_t bytes) { return index->Reclaim(bytes); });
   }
+  store->leases_ =
+      std::make_unique<LeaseTable>(options.leases, static_cast<int>(store->pools_.size()));
   store->id_salt_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
   return store;
 }

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "cachesvc/core/block_pool.h"
 #include "cachesvc/core/eviction_rule.h"
+#include "cachesvc/core/lease_table.h"
 #include "cachesvc/core/pool_usage.h"
 #include "cachesvc/core/prefix_index.h"
 #include "cachesvc/core/requests.h"
@@ -51,6 +52,7 @@ struct KvStoreOptions {
   // 1 in N Fetch and Attend calls re-checksums the prefix-cache blocks it reads
   // (shared_read_check.h); 1 = every read.
   int64_t verify_shared_reads_every = 64;
+  LeaseLimits leases;
   StoreHooks hooks;
 };
 
@@ -85,6 +87,31 @@ class KvStore {
   absl::StatusOr<SequenceSnapshot> ForkSequence(const ForkSequenceParams& params);
   // Cache statistics of one pool (empty = every pool summed); NOT_FOUND for an unknown pool.
   absl::StatusOr<PrefixStats> PrefixCacheStats(const std::string& pool) const;
+
+  // Leases (lease_table.h). LeaseSequence pins every block the sequence's requested layers
+  // hold now and describes where each lane's records are; nothing described changes until
+  // the lease ends (mutations of the sequence copy a leased block before writing it, and
+  // Release leaves leased blocks to the lease). NOT_FOUND, INVALID_ARGUMENT (layers, TTL),
+  // RESOURCE_EXHAUSTED (too many leases in this scope).
+  absl::StatusOr<LeaseSnapshot> LeaseSequence(const LeaseParams& params);
+  // The new expiry (unix ms). NOT_FOUND for an unknown, ended or expired lease.
+  absl::StatusOr<int64_t> RenewLease(const std::string& scope, const std::string& lease_id,
+                                     int64_t ttl_ms);
+  // Ends the lease at once; returns the blocks that went back to the pool.
+  absl::StatusOr<int64_t> ReleaseLease(const std::string& scope, const std::string& lease_id);
+  // Lease statistics of one pool (empty = every pool summed); NOT_FOUND for an unknown pool.
+  absl::StatusOr<LeaseStats> LeaseStatsFor(const std::string& pool) const;
+  // The memfd of one arena of pool `pool` (empty = default) for a same-node reader
+  // (cachesvc/rpc/local_socket.h). NOT_FOUND pool, FAILED_PRECONDITION not shareable.
+  absl::StatusOr<SharedArena> ShareArena(const std::string& pool, StorageFormat format);
+  // Where same-node readers get the arenas ("" = nowhere) and the token that names this
+  // server there; set once at startup, before serving.
+  void SetLocalEndpoint(std::string path, std::string token) {
+    local_socket_ = std::move(path);
+    local_token_ = std::move(token);
+  }
+  const std::string& local_socket() const { return local_socket_; }
+  const std::string& local_token() const { return local_token_; }
 
   // `scope`: as in requests.h.
   absl::StatusOr<SequenceSnapshot> GetSequence(const std::string& sequence_id,
@@ -149,6 +176,8 @@ class KvStore {
   std::vector<std::unique_ptr<PoolUsage>> usage_;  // [pool]
   // After pools_: destroyed first, it hands its blocks back to them.
   std::vector<std::unique_ptr<PrefixIndex>> prefixes_;  // [pool]
+  // After pools_ too: ending its leases drops their holders in the pools.
+  std::unique_ptr<LeaseTable> leases_;
   SequenceRegistry registry_;
   TenantAccounts accounts_;
   std::atomic<int64_t> appended_bytes_{0};
@@ -158,6 +187,8 @@ class KvStore {
   std::atomic<uint64_t> id_counter_{0};
   uint64_t id_salt_ = 0;
   ShardIdentity shard_;
+  std::string local_socket_;
+  std::string local_token_;
 };
 
 }  // namespace kvc::cachesvc

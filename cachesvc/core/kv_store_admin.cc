@@ -88,6 +88,7 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
     stats.evicted_token_heads.emplace_back(EvictionName(why), evicted[static_cast<size_t>(why)]);
   }
   KVC_ASSIGN_OR_RETURN(stats.prefix_cache, PrefixCacheStats(pool_name));
+  KVC_ASSIGN_OR_RETURN(stats.leases, LeaseStatsFor(pool_name));
   return stats;
 }
 

@@ -59,6 +59,48 @@ struct ForkSequenceParams {
   std::string client_sequence_id;  // the fork's id (optional, as in CreateSequenceParams)
 };
 
+// Leases (lease_table.h).
+struct LeaseParams {
+  std::string scope;
+  std::string sequence_id;
+  std::vector<int32_t> layers;  // empty = every layer, in order
+  int64_t ttl_ms = 0;           // 0 = the store's default
+};
+
+struct LeasedSegment {
+  StorageFormat format = StorageFormat::kF16;
+  std::vector<BlockId> blocks;  // stored token i: blocks[i / block_tokens], slot i % block_tokens
+  std::vector<int32_t> positions;  // [stored tokens]
+};
+
+// One (layer, kv head) lane: its segments, oldest tier first.
+struct LeasedLane {
+  int32_t layer = 0;
+  int32_t kv_head = 0;
+  std::vector<LeasedSegment> segments;
+};
+
+struct LeaseSnapshot {
+  std::string lease_id;
+  std::string sequence_id;
+  std::string pool;
+  std::string device;
+  int64_t ttl_ms = 0;
+  int64_t expires_unix_ms = 0;
+  int32_t block_tokens = 0;
+  int32_t head_dim = 0;
+  DType dtype = DType::kF16;  // the pool's
+  // The arenas the lanes' blocks live in, one per format used (block b of a format's arena
+  // starts at byte b * layout.block_bytes).
+  std::vector<kernels::BlockLayout> layouts;
+  std::vector<int32_t> layers;              // leased layers, in lane order
+  std::vector<uint64_t> layer_generations;  // [layers]: the generation each layer was at
+  std::vector<int64_t> layer_tokens;        // [layers]: tokens appended to each
+  int64_t visible_tokens = 0;
+  int64_t leased_bytes = 0;       // bytes of the pinned blocks
+  std::vector<LeasedLane> lanes;  // layer-major, kv heads in order
+};
+
 struct PublishPrefixParams {
   std::string scope;
   std::string sequence_id;

@@ -135,6 +135,16 @@ struct PrefixStats {
   int64_t unreferenced_bytes = 0;  // of which only the index holds (evictable)
 };
 
+// Leases of a pool (lease_table.h).
+struct LeaseStats {
+  int64_t active = 0;        // leases live now
+  int64_t leased_bytes = 0;  // bytes of the blocks they pin (some also held by sequences)
+  int64_t granted = 0;       // since start
+  int64_t renewed = 0;
+  int64_t released = 0;  // ended by ReleaseLease
+  int64_t expired = 0;   // ended by their TTL
+};
+
 struct PoolStatsSnapshot {
   std::string pool;  // empty = all pools
   int64_t capacity_bytes = 0;
@@ -156,6 +166,7 @@ struct PoolStatsSnapshot {
   int64_t quota_bytes = 0;
   int64_t quota_sequences = 0;
   PrefixStats prefix_cache;  // pool-wide only
+  LeaseStats leases;         // pool-wide only
 };
 
 }  // namespace kvc::cachesvc

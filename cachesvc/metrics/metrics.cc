@@ -109,6 +109,28 @@ struct PrefixFamilies {
   }
 };
 
+// Leases (lease_table.h): live ones, the bytes they pin, and how they began and ended.
+struct LeaseFamilies {
+  prometheus::MetricFamily active = GaugeFamily("kvc_leases", "Leases live now.");
+  prometheus::MetricFamily bytes = GaugeFamily(
+      "kvc_leased_bytes", "Pool bytes live leases pin (some also held by their sequences).");
+  prometheus::MetricFamily events = CounterFamily(
+      "kvc_lease_events_total",
+      "Lease events, by event: granted, renewed, released (ReleaseLease), expired (TTL).");
+
+  void Add(const std::string& pool, const LeaseStats& s) {
+    AddSample(&active, {{"pool", pool}}, static_cast<double>(s.active));
+    AddSample(&bytes, {{"pool", pool}}, static_cast<double>(s.leased_bytes));
+    AddSample(&events, {{"pool", pool}, {"event", "granted"}}, static_cast<double>(s.granted));
+    AddSample(&events, {{"pool", pool}, {"event", "renewed"}}, static_cast<double>(s.renewed));
+    AddSample(&events, {{"pool", pool}, {"event", "released"}}, static_cast<double>(s.released));
+    AddSample(&events, {{"pool", pool}, {"event", "expired"}}, static_cast<double>(s.expired));
+  }
+  void AppendTo(std::vector<prometheus::MetricFamily>* families) {
+    for (auto* f : {&active, &bytes, &events}) families->push_back(std::move(*f));
+  }
+};
+
 // Reads every pool's usage from the store when Prometheus scrapes.
 class Metrics::PoolCollector : public prometheus::Collectable {
  public:
@@ -132,6 +154,7 @@ class Metrics::PoolCollector : public prometheus::Collectable {
     auto ratio = GaugeFamily("kvc_compression_ratio",
                              "Dense bytes of the visible tokens / bytes held (1 = no saving).");
     PrefixFamilies prefix;
+    LeaseFamilies leases;
     prometheus::MetricFamily evicted;
     evicted.name = "kvc_evicted_tokens_total";
     evicted.help = "Token-heads evicted, by what evicted them.";
@@ -170,10 +193,12 @@ class Metrics::PoolCollector : public prometheus::Collectable {
         AddSample(&evicted, {{"pool", name}, {"policy", policy}}, static_cast<double>(n));
       }
       prefix.Add(name, stats->prefix_cache);
+      leases.Add(name, stats->leases);
     }
     std::vector<prometheus::MetricFamily> families{capacity,  info,    used,   free,  blocks,
                                                    sequences, visible, stored, ratio, evicted};
     prefix.AppendTo(&families);
+    leases.AppendTo(&families);
     CollectTenants(&families);
     return families;
   }

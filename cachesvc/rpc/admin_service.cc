@@ -101,6 +101,8 @@ grpc::Status AdminServiceImpl::GetServerInfo(grpc::ServerContext* context,
   response->set_weight(shard.weight());
   response->set_draining(store_->draining());
   response->set_started_unix_ms(shard.started_unix_ms());
+  response->set_local_socket(store_->local_socket());
+  response->set_local_token(store_->local_token());
   return scope.Finish(grpc::Status::OK);
 }
 

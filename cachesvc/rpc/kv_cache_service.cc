@@ -54,6 +54,42 @@ grpc::Status KvCacheServiceImpl::ForkSequence(grpc::ServerContext* context,
   return scope.Finish(grpc::Status::OK);
 }
 
+grpc::Status KvCacheServiceImpl::LeaseSequence(grpc::ServerContext* context,
+                                               const pb::LeaseRequest* request,
+                                               pb::Lease* response) {
+  RpcScope scope(metrics_, kService, "LeaseSequence");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  LeaseParams params = FromProto(*request);
+  KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "LeaseSequence"));
+  KVC_ASSIGN_OR_FINISH(const LeaseSnapshot lease, store_->LeaseSequence(params));
+  ToProto(lease, response);
+  return scope.Finish(grpc::Status::OK);
+}
+
+grpc::Status KvCacheServiceImpl::RenewLease(grpc::ServerContext* context,
+                                            const pb::RenewLeaseRequest* request,
+                                            pb::RenewLeaseResponse* response) {
+  RpcScope scope(metrics_, kService, "RenewLease");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const std::string lease_scope, access_->ScopeFor(caller, "", "RenewLease"));
+  KVC_ASSIGN_OR_FINISH(const int64_t expires,
+                       store_->RenewLease(lease_scope, request->lease_id(), request->ttl_ms()));
+  response->set_expires_unix_ms(expires);
+  return scope.Finish(grpc::Status::OK);
+}
+
+grpc::Status KvCacheServiceImpl::ReleaseLease(grpc::ServerContext* context,
+                                              const pb::ReleaseLeaseRequest* request,
+                                              pb::ReleaseLeaseResponse* response) {
+  RpcScope scope(metrics_, kService, "ReleaseLease");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const std::string lease_scope,
+                       access_->ScopeFor(caller, "", "ReleaseLease"));
+  KVC_ASSIGN_OR_FINISH(const int64_t freed, store_->ReleaseLease(lease_scope, request->lease_id()));
+  response->set_freed_blocks(freed);
+  return scope.Finish(grpc::Status::OK);
+}
+
 grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext* context,
                                         const pb::AppendRequest* request,
                                         pb::AppendResponse* response) {

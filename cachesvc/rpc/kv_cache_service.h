@@ -27,6 +27,14 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
   grpc::Status ForkSequence(grpc::ServerContext* context,
                             const kvcache::v1::ForkSequenceRequest* request,
                             kvcache::v1::SequenceInfo* response) override;
+  grpc::Status LeaseSequence(grpc::ServerContext* context, const kvcache::v1::LeaseRequest* request,
+                             kvcache::v1::Lease* response) override;
+  grpc::Status RenewLease(grpc::ServerContext* context,
+                          const kvcache::v1::RenewLeaseRequest* request,
+                          kvcache::v1::RenewLeaseResponse* response) override;
+  grpc::Status ReleaseLease(grpc::ServerContext* context,
+                            const kvcache::v1::ReleaseLeaseRequest* request,
+                            kvcache::v1::ReleaseLeaseResponse* response) override;
   grpc::Status Append(grpc::ServerContext* context, const kvcache::v1::AppendRequest* request,
                       kvcache::v1::AppendResponse* response) override;
   grpc::Status AppendStream(grpc::ServerContext* context,

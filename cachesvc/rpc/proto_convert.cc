@@ -339,6 +339,54 @@ void ToProto(const PoolStatsSnapshot& s, pb::PoolStats* out) {
     p->set_unreferenced_bytes(c.unreferenced_bytes);
     p->set_corrupt_reads(c.corrupt_reads);
     p->set_evicted_misses(c.evicted_misses);
+    const LeaseStats& l = s.leases;
+    pb::LeaseStats* q = out->mutable_leases();
+    q->set_active(l.active);
+    q->set_leased_bytes(l.leased_bytes);
+    q->set_granted(l.granted);
+    q->set_renewed(l.renewed);
+    q->set_released(l.released);
+    q->set_expired(l.expired);
+  }
+}
+
+LeaseParams FromProto(const pb::LeaseRequest& r) {
+  return LeaseParams{"", r.sequence_id(), {r.layers().begin(), r.layers().end()}, r.ttl_ms()};
+}
+
+void ToProto(const LeaseSnapshot& l, pb::Lease* out) {
+  out->set_lease_id(l.lease_id);
+  out->set_sequence_id(l.sequence_id);
+  out->set_pool(l.pool);
+  out->set_device(l.device);
+  out->set_ttl_ms(l.ttl_ms);
+  out->set_expires_unix_ms(l.expires_unix_ms);
+  out->set_block_tokens(l.block_tokens);
+  out->set_head_dim(l.head_dim);
+  out->set_dtype(ToProto(l.dtype));
+  for (const kernels::BlockLayout& layout : l.layouts) {
+    pb::LeaseArena* a = out->add_arenas();
+    a->set_format(ToProto(layout.format));
+    a->set_block_bytes(static_cast<int64_t>(layout.block_bytes));
+    a->set_record_bytes(static_cast<int64_t>(layout.record_bytes));
+    a->set_key_offset(static_cast<int64_t>(layout.key_offset));
+    a->set_value_offset(static_cast<int64_t>(layout.value_offset));
+  }
+  out->mutable_layers()->Add(l.layers.begin(), l.layers.end());
+  out->mutable_layer_generations()->Add(l.layer_generations.begin(), l.layer_generations.end());
+  out->mutable_layer_tokens()->Add(l.layer_tokens.begin(), l.layer_tokens.end());
+  out->set_visible_tokens(l.visible_tokens);
+  out->set_leased_bytes(l.leased_bytes);
+  for (const LeasedLane& lane : l.lanes) {
+    pb::LeaseLane* pl = out->add_lanes();
+    pl->set_layer(lane.layer);
+    pl->set_kv_head(lane.kv_head);
+    for (const LeasedSegment& seg : lane.segments) {
+      pb::LeaseSegment* ps = pl->add_segments();
+      ps->set_format(ToProto(seg.format));
+      ps->mutable_blocks()->Add(seg.blocks.begin(), seg.blocks.end());
+      ps->mutable_positions()->Add(seg.positions.begin(), seg.positions.end());
+    }
   }
 }
 

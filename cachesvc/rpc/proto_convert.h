@@ -32,6 +32,9 @@ void ToProto(const SequenceSnapshot& snapshot, kvcache::v1::SequenceInfo* out);
 void ToProto(const PoolSnapshot& snapshot, kvcache::v1::PoolInfo* out);
 void ToProto(const PoolStatsSnapshot& stats, kvcache::v1::PoolStats* out);
 PrefixSpec FromProto(const kvcache::v1::PrefixSpec& prefix);
+// The scope is the caller's: set by the handler.
+LeaseParams FromProto(const kvcache::v1::LeaseRequest& request);
+void ToProto(const LeaseSnapshot& lease, kvcache::v1::Lease* out);
 
 absl::StatusOr<AppendParams> FromProto(const kvcache::v1::AppendRequest& request);
 absl::StatusOr<FetchParams> FromProto(const kvcache::v1::FetchRequest& request);

@@ -4,10 +4,13 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "cachesvc/rpc/access_control.h"
 #include "cachesvc/rpc/admin_service.h"
 #include "cachesvc/rpc/kv_cache_service.h"
+#include "cachesvc/rpc/local_socket.h"
 #include "cachesvc/rpc/tls_credentials.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -46,6 +49,20 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   KvStoreOptions store_options = options.store;
   store_options.max_response_bytes = options.max_message_bytes - (int64_t{16} << 10);
   KVC_ASSIGN_OR_RETURN(server->store_, KvStore::Create(store_options));
+  if (!options.local_socket.empty()) {
+    // A random token: the greeting proves a client reached this server, not another one
+    // listening at the same path on another node or in another run.
+    std::random_device rd;
+    std::string token;
+    for (int i = 0; i < 4; ++i) absl::StrAppend(&token, absl::Hex(rd(), absl::kZeroPad8));
+    LocalSocketOptions local{options.local_socket,
+                             {options.local_socket_uids.begin(), options.local_socket_uids.end()},
+                             token};
+    KVC_ASSIGN_OR_RETURN(server->local_socket_, LocalSocket::Start(local, server->store_.get()));
+    server->store_->SetLocalEndpoint(options.local_socket, token);
+    KVC_LOG(INFO) << "same-node readers map host pools through unix socket "
+                  << options.local_socket;
+  }
   KVC_ASSIGN_OR_RETURN(server->metrics_,
                        Metrics::Create(options.metrics_listen, server->store_.get(),
                                        /*name_all_tenants=*/options.auth.enabled()));

@@ -22,6 +22,7 @@ class AdminServiceImpl;
 class AccessControl;
 class Authenticator;
 class CallLimits;
+class LocalSocket;
 
 class KvCacheServer {
  public:
@@ -66,6 +67,8 @@ class KvCacheServer {
   std::unique_ptr<KvCacheServiceImpl> kv_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  // Declared last: destroyed first, it hands out the store's arenas.
+  std::unique_ptr<LocalSocket> local_socket_;
   std::string address_;
   int port_ = 0;
 };

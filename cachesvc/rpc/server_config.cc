@@ -181,6 +181,9 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
         absl::StrCat("config verify_shared_reads_every is ", config.verify_shared_reads_every(),
                      "; expected 0 (the default, 64) or N >= 1 (1 in N reads)"));
   }
+  options.local_socket = config.local_socket();
+  options.local_socket_uids.assign(config.local_socket_uids().begin(),
+                                   config.local_socket_uids().end());
   if (config.verify_shared_reads_every() > 0) {
     options.store.verify_shared_reads_every = config.verify_shared_reads_every();
   }

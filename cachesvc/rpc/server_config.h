@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cachesvc/core/kv_store.h"
@@ -20,6 +21,9 @@ struct ServerOptions {
   AuthOptions auth;
   // Listening beyond loopback without TLS or without authentication is refused unless set.
   bool insecure = false;
+  // Same-node reads (local_socket.h): "" = off.
+  std::string local_socket;
+  std::vector<uint32_t> local_socket_uids;  // empty = kvcached's own uid
 };
 
 // One host pool named "default", shaped like the reference model (SmolLM2-135M: 30 layers,

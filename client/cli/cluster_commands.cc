@@ -284,6 +284,16 @@ pb::PoolStats SumStats(const std::vector<ShardAnswer>& answers,
       t->set_corrupt_reads(t->corrupt_reads() + c.corrupt_reads());
       t->set_evicted_misses(t->evicted_misses() + c.evicted_misses());
     }
+    if (s.has_leases()) {
+      const pb::LeaseStats& l = s.leases();
+      pb::LeaseStats* t = total.mutable_leases();
+      t->set_active(t->active() + l.active());
+      t->set_leased_bytes(t->leased_bytes() + l.leased_bytes());
+      t->set_granted(t->granted() + l.granted());
+      t->set_renewed(t->renewed() + l.renewed());
+      t->set_released(t->released() + l.released());
+      t->set_expired(t->expired() + l.expired());
+    }
     // A tenant's view: the tenant and its per-shard limits are the same on every shard.
     if (!s.tenant().empty()) {
       total.set_tenant(s.tenant());

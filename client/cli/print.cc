@@ -208,6 +208,14 @@ void PrintStats(const pb::PoolStats& s) {
     table.AddRow({"prefix corrupt reads refused", absl::StrCat(c.corrupt_reads())});
     table.AddRow({"prefix evicted entries", absl::StrCat(c.evicted_entries())});
   }
+  if (s.has_leases()) {
+    const pb::LeaseStats& l = s.leases();
+    table.AddRow(
+        {"leases active", absl::StrCat(l.active(), " pinning ", FormatBytes(l.leased_bytes()))});
+    table.AddRow(
+        {"leases granted", absl::StrCat(l.granted(), " (", l.renewed(), " renewals, ", l.released(),
+                                        " released, ", l.expired(), " expired)")});
+  }
   std::cout << table.Render();
 }
 

@@ -151,7 +151,41 @@ PoolStats FromProto(const pb::PoolStats& in) {
                     c.unreferenced_bytes(),
                     c.corrupt_reads(),
                     c.evicted_misses()};
+  const pb::LeaseStats& l = in.leases();
+  s.leases = {l.active(), l.leased_bytes(), l.granted(), l.renewed(), l.released(), l.expired()};
   return s;
+}
+
+Lease FromProto(const pb::Lease& in) {
+  Lease l;
+  l.lease_id = in.lease_id();
+  l.sequence_id = in.sequence_id();
+  l.pool = in.pool();
+  l.device = in.device();
+  l.ttl_ms = in.ttl_ms();
+  l.expires_unix_ms = in.expires_unix_ms();
+  l.block_tokens = in.block_tokens();
+  l.head_dim = in.head_dim();
+  l.dtype = FromProto(in.dtype());
+  for (const pb::LeaseArena& a : in.arenas()) {
+    l.arenas.push_back({FromProto(a.format()), a.block_bytes(), a.record_bytes(), a.key_offset(),
+                        a.value_offset()});
+  }
+  l.layers.assign(in.layers().begin(), in.layers().end());
+  l.layer_generations.assign(in.layer_generations().begin(), in.layer_generations().end());
+  l.layer_tokens.assign(in.layer_tokens().begin(), in.layer_tokens().end());
+  l.visible_tokens = in.visible_tokens();
+  l.leased_bytes = in.leased_bytes();
+  for (const pb::LeaseLane& lane : in.lanes()) {
+    LeaseLane out{lane.layer(), lane.kv_head(), {}};
+    for (const pb::LeaseSegment& seg : lane.segments()) {
+      out.segments.push_back({FromProto(seg.format()),
+                              {seg.blocks().begin(), seg.blocks().end()},
+                              {seg.positions().begin(), seg.positions().end()}});
+    }
+    l.lanes.push_back(std::move(out));
+  }
+  return l;
 }
 
 void ToProto(const AppendChunk& c, pb::AppendRequest* out) {

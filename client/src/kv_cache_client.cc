@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/channel/channel.h"
 #include "client/src/convert.h"
+#include "client/src/local_reader.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "proto/rpc_status.h"
@@ -24,6 +25,12 @@ struct KvCacheClient::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::KvCacheService::Stub> kv;
   std::unique_ptr<pb::AdminService::Stub> admin;
+
+  // The same-node path, decided on the first Fetch (local_reader.h).
+  absl::Mutex local_mu;
+  bool local_decided ABSL_GUARDED_BY(local_mu) = false;
+  std::unique_ptr<internal::LocalReader> local ABSL_GUARDED_BY(local_mu);
+  std::string data_path ABSL_GUARDED_BY(local_mu) = "grpc (no Fetch yet)";
 
   void Prepare(grpc::ClientContext* context, const CallOptions& call) const {
     const absl::Duration deadline =
@@ -113,6 +120,49 @@ absl::StatusOr<SequenceInfo> KvCacheClient::ForkSequence(const std::string& sequ
   return FromProto(response);
 }
 
+absl::StatusOr<Lease> KvCacheClient::LeaseSequence(const std::string& sequence_id,
+                                                   const std::vector<int32_t>& layers,
+                                                   absl::Duration ttl, const CallOptions& call) {
+  pb::LeaseRequest request;
+  request.set_sequence_id(sequence_id);
+  request.mutable_layers()->Add(layers.begin(), layers.end());
+  request.set_ttl_ms(absl::ToInt64Milliseconds(ttl));
+  pb::Lease response;
+  grpc::ClientContext context;
+  impl_->Prepare(&context, call);
+  const absl::Status status =
+      FromGrpcStatus(impl_->kv->LeaseSequence(&context, request, &response));
+  if (!status.ok()) return status;
+  return FromProto(response);
+}
+
+absl::StatusOr<absl::Time> KvCacheClient::RenewLease(const std::string& lease_id,
+                                                     absl::Duration ttl, const CallOptions& call) {
+  pb::RenewLeaseRequest request;
+  request.set_lease_id(lease_id);
+  request.set_ttl_ms(absl::ToInt64Milliseconds(ttl));
+  pb::RenewLeaseResponse response;
+  const absl::Status status = impl_->Retry([&] {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    return FromGrpcStatus(impl_->kv->RenewLease(&context, request, &response));
+  });
+  if (!status.ok()) return status;
+  return absl::FromUnixMillis(response.expires_unix_ms());
+}
+
+absl::StatusOr<int64_t> KvCacheClient::ReleaseLease(const std::string& lease_id,
+                                                    const CallOptions& call) {
+  pb::ReleaseLeaseRequest request;
+  request.set_lease_id(lease_id);
+  pb::ReleaseLeaseResponse response;
+  grpc::ClientContext context;
+  impl_->Prepare(&context, call);
+  const absl::Status status = FromGrpcStatus(impl_->kv->ReleaseLease(&context, request, &response));
+  if (!status.ok()) return status;
+  return response.freed_blocks();
+}
+
 absl::StatusOr<AppendResult> KvCacheClient::Append(const AppendChunk& chunk,
                                                    const CallOptions& call) {
   pb::AppendRequest request;
@@ -171,9 +221,57 @@ std::unique_ptr<AppendStream> KvCacheClient::StartAppendStream(const CallOptions
   return std::make_unique<GrpcAppendStream>(impl_->kv.get(), *impl_, call);
 }
 
+std::string KvCacheClient::DataPath() const {
+  absl::MutexLock lock(&impl_->local_mu);
+  return impl_->data_path;
+}
+
+internal::LocalReader* KvCacheClient::LocalPath(const CallOptions& call) {
+  absl::MutexLock lock(&impl_->local_mu);
+  if (impl_->local_decided) return impl_->local.get();
+  if (!impl_->options.local_reads) {
+    impl_->local_decided = true;
+    impl_->data_path = "grpc (local_reads is off)";
+    return nullptr;
+  }
+  absl::StatusOr<ServerInfo> info = GetServerInfo(call);
+  // Unreachable now: the next Fetch asks again (the server may be starting). Any other
+  // failure (an older server, a proxy without AdminService) decides for gRPC.
+  impl_->local_decided = !absl::IsUnavailable(info.status()) &&
+                         !absl::IsDeadlineExceeded(info.status());
+  if (!info.ok()) {
+    impl_->data_path = absl::StrCat("grpc (GetServerInfo failed: ", info.status().message(), ")");
+    return nullptr;
+  }
+  if (info->local_socket.empty()) {
+    impl_->data_path = "grpc (the server has no local_socket)";
+    return nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<internal::LocalReader>> reader =
+      internal::LocalReader::Connect(info->local_socket, info->local_token);
+  if (!reader.ok()) {
+    impl_->data_path = absl::StrCat("grpc (", reader.status().message(), ")");
+    return nullptr;
+  }
+  impl_->local = *std::move(reader);
+  impl_->data_path = absl::StrCat("shared-memory (", info->local_socket, ")");
+  return impl_->local.get();
+}
+
 absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const FetchOptions& options,
                                         const std::function<absl::Status(FetchedChunk&)>& on_chunk,
                                         const CallOptions& call) {
+  if (internal::LocalReader* local = LocalPath(call); local != nullptr) {
+    const std::vector<int32_t> layers(options.layers.begin(), options.layers.end());
+    absl::StatusOr<Lease> lease = LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
+    if (!lease.ok()) return lease.status();
+    absl::Status read = lease->device == "cpu" ? local->ReadLeased(*lease, options, on_chunk)
+                                               : absl::UnimplementedError("device pool");
+    // Ending the lease is best effort: if this call fails, the TTL ends it.
+    (void)ReleaseLease(lease->lease_id, call);
+    if (!absl::IsUnimplemented(read)) return read;
+    // A device pool's arenas cannot be mapped here: its records come over gRPC.
+  }
   pb::FetchRequest request;
   request.set_sequence_id(sequence_id);
   for (int layer : options.layers) request.add_layers(layer);
@@ -534,8 +632,9 @@ absl::StatusOr<ServerInfo> KvCacheClient::GetServerInfo(const CallOptions& call)
         impl_->admin->GetServerInfo(&context, pb::GetServerInfoRequest(), &response));
   });
   if (!status.ok()) return status;
-  return ServerInfo{response.shard(), response.incarnation(), response.weight(),
-                    response.draining(), response.started_unix_ms()};
+  return ServerInfo{response.shard(),      response.incarnation(),     response.weight(),
+                    response.draining(),   response.started_unix_ms(), response.local_socket(),
+                    response.local_token()};
 }
 
 }  // namespace kvc::client

@@ -18,6 +18,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -276,6 +277,10 @@ int RunPrefill(Client& client, const kvc::client::PoolInfo* pool,
               static_cast<double>(totals.bytes_out) / totals.fetch_seconds / 1e9);
   std::printf("  wall             %.2f s, %.0f tokens/s end to end\n", wall,
               static_cast<double>(totals.tokens) / wall);
+  if constexpr (std::is_same_v<Client, KvCacheClient>) {
+    // Fetch reads a host pool through shared memory when kvcached is on this node.
+    std::printf("  fetch path       %s\n", client.DataPath().c_str());
+  }
   for (const auto& [shard, st] : totals.shards) {
     if (st.sequences == 0) {
       std::printf("  shard %-10s 0 sequences\n", shard.c_str());

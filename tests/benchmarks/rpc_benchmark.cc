@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -90,9 +91,39 @@ std::string MakeCerts() {
 
 // One AppendStream of `messages` chunks into a new sequence, then one Fetch of all of it;
 // appends the seconds each took. False (reported) on any failure.
+// Times one dense Fetch of the whole sequence through `client`; false (reported) unless every
+// byte arrived and equals the pattern appended.
+bool TimedFetch(kvc::client::KvCacheClient& client, const std::string& id, int64_t chunk_bytes,
+                const std::string& keys, int64_t bytes, std::vector<double>* seconds) {
+  kvc::client::FetchOptions fetch;
+  fetch.max_chunk_bytes = chunk_bytes;
+  int64_t got = 0;
+  bool same = true;
+  const auto t0 = Clock::now();
+  const absl::Status st =
+      client.FetchChunks(id, fetch,
+                         [&](kvc::client::FetchedChunk& c) {
+                           got += static_cast<int64_t>(c.keys.size() + c.values.size());
+                           // Every token's record is the same pattern: spot-check the first one of
+                           // the chunk.
+                           same = same && c.keys.compare(0, 256, keys, 0, 256) == 0;
+                           return absl::OkStatus();
+                         },
+                         {});
+  seconds->push_back(Seconds(t0, Clock::now()));
+  if (!st.ok() || got != bytes || !same) {
+    std::fprintf(stderr, "fetch failed: %s (%lld bytes, %s)\n", st.ToString().c_str(),
+                 static_cast<long long>(got), same ? "same bytes" : "wrong bytes");
+    return false;
+  }
+  return true;
+}
+
 bool AppendThenFetch(kvc::client::KvCacheClient& client, int64_t messages, int tokens_per_message,
                      const std::string& keys, const std::string& values, int64_t bytes,
-                     std::vector<double>* append_seconds, std::vector<double>* fetch_seconds) {
+                     std::vector<double>* append_seconds, std::vector<double>* fetch_seconds,
+                     kvc::client::KvCacheClient* local_client = nullptr,
+                     std::vector<double>* local_seconds = nullptr) {
   auto seq = client.CreateSequence({"bench", "", "", {}, {}});
   if (!seq.ok()) {
     std::fprintf(stderr, "create failed: %s\n", seq.status().ToString().c_str());
@@ -119,21 +150,10 @@ bool AppendThenFetch(kvc::client::KvCacheClient& client, int64_t messages, int t
     return false;
   }
   // Dense fetch, same message size.
-  kvc::client::FetchOptions fetch;
-  fetch.max_chunk_bytes = static_cast<int64_t>(keys.size() + values.size());
-  int64_t got = 0;
-  const auto t1 = Clock::now();
-  const absl::Status st =
-      client.FetchChunks(seq->sequence_id, fetch,
-                         [&](kvc::client::FetchedChunk& c) {
-                           got += static_cast<int64_t>(c.keys.size() + c.values.size());
-                           return absl::OkStatus();
-                         },
-                         {});
-  fetch_seconds->push_back(Seconds(t1, Clock::now()));
-  if (!st.ok() || got != bytes) {
-    std::fprintf(stderr, "fetch failed: %s (%lld bytes)\n", st.ToString().c_str(),
-                 static_cast<long long>(got));
+  const auto chunk_bytes = static_cast<int64_t>(keys.size() + values.size());
+  if (!TimedFetch(client, seq->sequence_id, chunk_bytes, keys, bytes, fetch_seconds)) return false;
+  if (local_client != nullptr &&
+      !TimedFetch(*local_client, seq->sequence_id, chunk_bytes, keys, bytes, local_seconds)) {
     return false;
   }
   (void)client.Release(seq->sequence_id);
@@ -168,6 +188,12 @@ int main(int argc, char** argv) {
   pool.capacity_bytes = bytes + bytes / 8 + (int64_t{64} << 20);
   options.store.pools.push_back(pool);
   options.max_message_bytes = 2 * chunk + (int64_t{1} << 20);
+  // Same-node reads for the second client (host pools only).
+  char socket_dir[] = "/tmp/kvc-rpcbench-XXXXXX";
+  const bool host_pool = pool.device == "cpu";
+  if (host_pool && mkdtemp(socket_dir) != nullptr) {
+    options.local_socket = absl::StrCat(socket_dir, "/kvcached.sock");
+  }
   auto server = kvc::cachesvc::KvCacheServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
@@ -176,7 +202,13 @@ int main(int argc, char** argv) {
   kvc::client::ClientOptions client_options;
   client_options.target = (*server)->address();
   client_options.max_message_bytes = options.max_message_bytes;
+  client_options.local_reads = false;  // the gRPC path
   auto client = kvc::client::KvCacheClient::Connect(client_options);
+  kvc::client::ClientOptions local_options = client_options;
+  local_options.local_reads = true;
+  std::unique_ptr<kvc::client::KvCacheClient> local_client;
+  if (!options.local_socket.empty())
+    local_client = *kvc::client::KvCacheClient::Connect(local_options);
 
   // The same kvcached over TLS (server certificate only, as most deployments start).
   const bool tls = absl::GetFlag(FLAGS_tls);
@@ -224,7 +256,7 @@ int main(int argc, char** argv) {
   std::vector<char> src(static_cast<size_t>(bytes), 1), dst(static_cast<size_t>(bytes), 0);
 
   std::vector<double> t_raw_up, t_raw_down, t_append, t_fetch, t_memcpy;
-  std::vector<double> t_tls_append, t_tls_fetch;
+  std::vector<double> t_tls_append, t_tls_fetch, t_local_fetch;
   for (int r = 0; r < rounds; ++r) {
     {  // raw upload
       rb::Blob blob;
@@ -249,7 +281,7 @@ int main(int argc, char** argv) {
       }
     }
     if (!AppendThenFetch(**client, messages, tokens_per_message, keys, values, bytes, &t_append,
-                         &t_fetch)) {
+                         &t_fetch, local_client.get(), &t_local_fetch)) {
       return 1;
     }
     if (tls && !AppendThenFetch(*tls_client, messages, tokens_per_message, keys, values, bytes,
@@ -297,6 +329,13 @@ int main(int argc, char** argv) {
               raw_down / memcpy_gbs);
   std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache Fetch (dense f16)", fetch, fetch / raw_down,
               fetch / memcpy_gbs);
+  double local_fetch = 0;
+  if (local_client != nullptr) {
+    local_fetch = gb / Median(t_local_fetch);
+    std::printf("%-34s %10.3f %14.3f %12.3f  (%s)\n", "kvcache Fetch, same-node mapping",
+                local_fetch, local_fetch / raw_down, local_fetch / memcpy_gbs,
+                local_client->DataPath().c_str());
+  }
   double tls_append = 0, tls_fetch = 0;
   if (tls) {
     tls_append = gb / Median(t_tls_append);
@@ -315,12 +354,17 @@ int main(int argc, char** argv) {
         "\"raw_upload_gbps\": %.4f, \"append_gbps\": %.4f, \"append_vs_raw\": %.4f, "
         "\"raw_download_gbps\": %.4f, \"fetch_gbps\": %.4f, \"fetch_vs_raw\": %.4f, "
         "\"tls_append_gbps\": %.4f, \"tls_append_vs_plaintext\": %.4f, "
-        "\"tls_fetch_gbps\": %.4f, \"tls_fetch_vs_plaintext\": %.4f}\n",
+        "\"tls_fetch_gbps\": %.4f, \"tls_fetch_vs_plaintext\": %.4f, "
+        "\"local_fetch_gbps\": %.4f, \"local_fetch_vs_memcpy\": %.4f}\n",
         static_cast<long long>(bytes), static_cast<long long>(payload_per_message), rounds,
         memcpy_gbs, raw_up, append, append / raw_up, raw_down, fetch, fetch / raw_down, tls_append,
-        tls ? tls_append / append : 0.0, tls_fetch, tls ? tls_fetch / fetch : 0.0);
+        tls ? tls_append / append : 0.0, tls_fetch, tls ? tls_fetch / fetch : 0.0, local_fetch,
+        local_fetch / memcpy_gbs);
   }
   raw_server->Shutdown();
+  local_client.reset();
+  server->reset();  // removes its socket file
+  if (!options.local_socket.empty()) std::filesystem::remove_all(socket_dir);
   if (!certs.empty()) (void)std::system(absl::StrCat("rm -rf ", certs).c_str());
   return 0;
 }

@@ -279,6 +279,31 @@ class ClientFaultTest : public ::testing::Test {
   std::unique_ptr<pb::AdminService::Stub> admin_;
 };
 
+// A reader process holding a lease (renewed every 100 ms, TTL 1 s) is SIGKILLed after its
+// sequence was released: the leased blocks stay pinned while the lease lives, then expire
+// without any call and the pool returns to its baseline.
+TEST_F(ClientFaultTest, KilledLeaseHolderPinsNothingPastItsTtl) {
+  const int64_t baseline_bytes = Stats().used_bytes();
+  Fill("lease-kill", 8 * kChunk);
+  const int64_t filled = Stats().used_bytes();
+  ASSERT_GT(filled, baseline_bytes);
+  RunAndKill("lease", "lease-kill", "leased", std::chrono::milliseconds(300));
+  Release("lease-kill");
+  EXPECT_EQ(Stats().leases().active(), 1);
+  EXPECT_GE(Stats().leases().renewed(), 1) << "the client renewed before it was killed";
+  EXPECT_EQ(Stats().used_bytes(), filled) << "the dead client's lease still pins its blocks";
+  const auto until = Clock::now() + std::chrono::seconds(20);
+  while (Stats().used_bytes() != baseline_bytes && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(Stats().used_bytes(), baseline_bytes) << "expired leases return their blocks";
+  const pb::LeaseStats leases = Stats().leases();
+  EXPECT_EQ(leases.active(), 0);
+  EXPECT_EQ(leases.expired(), 1);
+  EXPECT_EQ(leases.leased_bytes(), 0);
+  ASSERT_TRUE(server_->Alive());
+}
+
 TEST_F(ClientFaultTest, KilledMidAppendStreamLeavesWholeMessagesAndFreesTheStream) {
   const int64_t baseline_bytes = Stats().used_bytes();
   std::mt19937 rng(1234);

@@ -3,6 +3,8 @@
 //   fault_client append TARGET SEQUENCE   AppendStream of deterministic KV, layer by layer,
 //                                         kChunk tokens a message, never finished
 //   fault_client fetch TARGET SEQUENCE    Fetch in the smallest chunks, read slowly
+//   fault_client lease TARGET SEQUENCE    LeaseSequence with a 1 s TTL, renewed every
+//                                         100 ms (a reader that dies leaves its last TTL)
 // Geometry and payloads are shared with the test through fault_geometry.h.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -61,11 +63,40 @@ int RunFetch(pb::KvCacheService::Stub& stub, const std::string& id) {
   return 1;
 }
 
+int RunLease(pb::KvCacheService::Stub& stub, const std::string& id) {
+  pb::LeaseRequest request;
+  request.set_sequence_id(id);
+  request.set_ttl_ms(1000);
+  pb::Lease lease;
+  {
+    grpc::ClientContext context;
+    const grpc::Status s = stub.LeaseSequence(&context, request, &lease);
+    if (!s.ok()) {
+      std::fprintf(stderr, "lease refused: %s\n", s.error_message().c_str());
+      return 1;
+    }
+  }
+  Say("leased");
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pb::RenewLeaseRequest renew;
+    renew.set_lease_id(lease.lease_id());
+    renew.set_ttl_ms(1000);
+    pb::RenewLeaseResponse renewed;
+    grpc::ClientContext context;
+    const grpc::Status s = stub.RenewLease(&context, renew, &renewed);
+    if (!s.ok()) {
+      std::fprintf(stderr, "renew refused: %s\n", s.error_message().c_str());
+      return 1;
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: fault_client append|fetch TARGET SEQUENCE\n");
+    std::fprintf(stderr, "usage: fault_client append|fetch|lease TARGET SEQUENCE\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -73,6 +104,7 @@ int main(int argc, char** argv) {
       pb::KvCacheService::NewStub(grpc::CreateChannel(argv[2], grpc::InsecureChannelCredentials()));
   if (mode == "append") return RunAppend(*stub, argv[3]);
   if (mode == "fetch") return RunFetch(*stub, argv[3]);
+  if (mode == "lease") return RunLease(*stub, argv[3]);
   std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
   return 2;
 }

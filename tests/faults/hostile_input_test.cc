@@ -299,6 +299,29 @@ TEST_P(HostileInputTest, AMegabyteStringInAnyFieldGetsTheContractsCodeAndAShortM
   fork.set_client_sequence_id(huge);
   ExpectShort(kv_->ForkSequence(Ctx().get(), fork, &forked), GrpcCode::INVALID_ARGUMENT,
               "ForkSequence.client_sequence_id");
+  pb::LeaseRequest lease;
+  lease.set_sequence_id(huge);
+  pb::Lease leased;
+  ExpectShort(kv_->LeaseSequence(Ctx().get(), lease, &leased), GrpcCode::NOT_FOUND,
+              "LeaseSequence.sequence_id");
+  lease.set_sequence_id(id);
+  lease.set_ttl_ms(-1);
+  ExpectShort(kv_->LeaseSequence(Ctx().get(), lease, &leased), GrpcCode::INVALID_ARGUMENT,
+              "LeaseSequence.ttl_ms");
+  lease.set_ttl_ms(0);
+  lease.add_layers(1 << 30);
+  ExpectShort(kv_->LeaseSequence(Ctx().get(), lease, &leased), GrpcCode::INVALID_ARGUMENT,
+              "LeaseSequence.layers");
+  pb::RenewLeaseRequest renew;
+  renew.set_lease_id(huge);
+  pb::RenewLeaseResponse renewed;
+  ExpectShort(kv_->RenewLease(Ctx().get(), renew, &renewed), GrpcCode::NOT_FOUND,
+              "RenewLease.lease_id");
+  pb::ReleaseLeaseRequest release_lease;
+  release_lease.set_lease_id(huge);
+  pb::ReleaseLeaseResponse lease_released;
+  ExpectShort(kv_->ReleaseLease(Ctx().get(), release_lease, &lease_released), GrpcCode::NOT_FOUND,
+              "ReleaseLease.lease_id");
   pb::LookupPrefixRequest lookup;
   lookup.set_pool(huge);
   lookup.mutable_prefix()->set_model("m");

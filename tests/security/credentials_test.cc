@@ -106,6 +106,8 @@ TEST(BearerTokenTest, SentOnUnaryAndStreamingCalls) {
   EXPECT_THAT(server.service().calls(),
               ElementsAre(Pair("/kvcache.v1.KvCacheService/CreateSequence", bearer),
                           Pair("/kvcache.v1.KvCacheService/AppendStream", bearer),
+                          // The first Fetch asks whether the server offers same-node reads.
+                          Pair("/kvcache.v1.AdminService/GetServerInfo", bearer),
                           Pair("/kvcache.v1.KvCacheService/Fetch", bearer),
                           Pair("/kvcache.v1.KvCacheService/AttendStream", bearer),
                           Pair("/kvcache.v1.AdminService/ListPools", bearer)));

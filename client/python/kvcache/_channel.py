@@ -80,3 +80,13 @@ def sequence_id(seq: object) -> str:
     if isinstance(sid, str):
         return sid
     raise TypeError(f"expected a sequence id or a SequenceInfo, not {type(seq).__name__}")
+
+
+def lease_id(lease: object) -> str:
+    """A lease id from a str or a Lease (.lease_id)."""
+    if isinstance(lease, str):
+        return lease
+    lid = getattr(lease, "lease_id", None)
+    if isinstance(lid, str):
+        return lid
+    raise TypeError(f"expected a lease id or a Lease, not {type(lease).__name__}")

@@ -19,6 +19,7 @@ import numpy as np
 
 from kvcache import _codec
 from kvcache._channel import PathLike, Settings, make_settings, sequence_id
+from kvcache._channel import lease_id as _lease_id
 from kvcache._channel import sequence_id as _id_of  # where a parameter shadows the name
 from kvcache._proto.kvcache.v1 import admin_service_pb2 as admin_pb
 from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
@@ -109,6 +110,26 @@ class AsyncClient:
         request = svc.ForkSequenceRequest(sequence_id=_id_of(seq),
                                           client_sequence_id=sequence_id)
         return await self._call(self._kv.ForkSequence, request, timeout, retry=False)
+
+    async def lease_sequence(self, seq: Any, layers: Optional[Sequence[int]] = None, *,
+                             ttl_ms: int = 0, timeout: Optional[float] = None) -> svc.Lease:
+        """See Client.lease_sequence."""
+        request = svc.LeaseRequest(sequence_id=_id_of(seq), layers=list(layers or []),
+                                   ttl_ms=ttl_ms)
+        return await self._call(self._kv.LeaseSequence, request, timeout, retry=False)
+
+    async def renew_lease(self, lease: Any, *, ttl_ms: int = 0,
+                          timeout: Optional[float] = None) -> int:
+        """See Client.renew_lease."""
+        request = svc.RenewLeaseRequest(lease_id=_lease_id(lease), ttl_ms=ttl_ms)
+        r = await self._call(self._kv.RenewLease, request, timeout, retry=True)
+        return r.expires_unix_ms
+
+    async def release_lease(self, lease: Any, *, timeout: Optional[float] = None) -> int:
+        """See Client.release_lease."""
+        request = svc.ReleaseLeaseRequest(lease_id=_lease_id(lease))
+        r = await self._call(self._kv.ReleaseLease, request, timeout, retry=False)
+        return r.freed_blocks
 
     async def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
                      values: np.ndarray, *, dtype: DTypeLike = None,

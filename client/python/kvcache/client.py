@@ -24,6 +24,7 @@ import numpy as np
 
 from kvcache import _codec
 from kvcache._channel import PathLike, Settings, make_settings, sequence_id
+from kvcache._channel import lease_id as _lease_id
 from kvcache._channel import sequence_id as _id_of  # where a parameter shadows the name
 from kvcache._proto.kvcache.v1 import admin_service_pb2 as admin_pb
 from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
@@ -262,6 +263,30 @@ class Client:
                                            prefix=_codec.prefix_spec(prefix))
         r = self._call(self._kv.PublishPrefix, request, timeout, retry=True)
         return PublishResult(r.published_tokens, r.new_tokens)
+
+    def lease_sequence(self, seq: Any, layers: Optional[Sequence[int]] = None, *,
+                       ttl_ms: int = 0, timeout: Optional[float] = None) -> svc.Lease:
+        """Pins what the sequence's `layers` (None = all) store now for `ttl_ms` (0 = the
+        server's default) and describes where every (layer, kv head) lane's records are in the
+        pool's arenas; nothing described changes until the lease ends (release_lease or the
+        TTL). Not retried (a lost reply would pin a second lease until its TTL). NotFound,
+        InvalidArgument (layers, ttl_ms), ResourceExhausted (too many live leases)."""
+        request = svc.LeaseRequest(sequence_id=sequence_id(seq), layers=list(layers or []),
+                                   ttl_ms=ttl_ms)
+        return self._call(self._kv.LeaseSequence, request, timeout, retry=False)
+
+    def renew_lease(self, lease: Any, *, ttl_ms: int = 0,
+                    timeout: Optional[float] = None) -> int:
+        """Extends a live lease to now + ttl_ms (0 = default); returns the new expiry (unix
+        ms). Retried. NotFound once it was released or expired: stop reading then."""
+        request = svc.RenewLeaseRequest(lease_id=_lease_id(lease), ttl_ms=ttl_ms)
+        return self._call(self._kv.RenewLease, request, timeout, retry=True).expires_unix_ms
+
+    def release_lease(self, lease: Any, *, timeout: Optional[float] = None) -> int:
+        """Ends a lease; returns the blocks that went back to the pool. Not retried.
+        NotFound."""
+        request = svc.ReleaseLeaseRequest(lease_id=_lease_id(lease))
+        return self._call(self._kv.ReleaseLease, request, timeout, retry=False).freed_blocks
 
     # -- AdminService -----------------------------------------------------------------------
 

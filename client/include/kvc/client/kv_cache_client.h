@@ -46,6 +46,11 @@ struct ClientOptions {
   // Longest wait between attempts to re-dial a lost server; zero = gRPC's default (up to
   // 120 s). The cluster client sets 1 s so a restarted shard rejoins quickly.
   absl::Duration max_reconnect_backoff = absl::ZeroDuration();
+  // Fetch reads host pools straight from the server's memory when the server is on this node
+  // and lets this process map its pools (ServerInfo.local_socket; docs/ARCHITECTURE.md
+  // "Same-node reads"): a lease, then the records from the mapping. Otherwise, or when off,
+  // every byte comes over gRPC. DataPath() says which is used and why.
+  bool local_reads = true;
 };
 
 struct CallOptions {
@@ -54,6 +59,9 @@ struct CallOptions {
 
 class AppendStream;
 class AttendSession;
+namespace internal {
+class LocalReader;
+}
 
 class KvCacheClient {
  public:
@@ -116,6 +124,21 @@ class KvCacheClient {
   absl::StatusOr<PublishResult> PublishPrefix(const std::string& sequence_id, const Prefix& prefix,
                                               const CallOptions& call = {});
 
+  // Leases (the LeaseSequence RPC): pins what the sequence's `layers` (empty = all) store
+  // now for `ttl` (zero = the server's default) and says where every lane's records are.
+  // Not retried: a lost reply would pin a second lease until its TTL.
+  absl::StatusOr<Lease> LeaseSequence(const std::string& sequence_id,
+                                      const std::vector<int32_t>& layers = {},
+                                      absl::Duration ttl = absl::ZeroDuration(),
+                                      const CallOptions& call = {});
+  // The new expiry. NOT_FOUND once the lease was released or expired. Retried.
+  absl::StatusOr<absl::Time> RenewLease(const std::string& lease_id,
+                                        absl::Duration ttl = absl::ZeroDuration(),
+                                        const CallOptions& call = {});
+  // Ends the lease; returns the blocks that went back to the pool. Not retried (a retry
+  // after a lost reply would be NOT_FOUND).
+  absl::StatusOr<int64_t> ReleaseLease(const std::string& lease_id, const CallOptions& call = {});
+
   // Admin.
   absl::StatusOr<std::vector<PoolInfo>> ListPools(const CallOptions& call = {});
   absl::StatusOr<PoolStats> GetPoolStats(const std::string& pool, const CallOptions& call = {});
@@ -130,11 +153,16 @@ class KvCacheClient {
   absl::StatusOr<ServerInfo> GetServerInfo(const CallOptions& call = {});
 
   const ClientOptions& options() const;
+  // How Fetch moves bytes: "shared-memory (PATH)", or "grpc (why not shared memory)". Decided
+  // on the first Fetch.
+  std::string DataPath() const;
 
   struct Impl;
 
  private:
   explicit KvCacheClient(std::unique_ptr<Impl> impl);
+  // The same-node reader, when this client may use one (decided once); null: gRPC.
+  internal::LocalReader* LocalPath(const CallOptions& call);
   std::unique_ptr<Impl> impl_;
 };
 

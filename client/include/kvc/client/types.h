@@ -112,6 +112,10 @@ struct PoolStats {
     int64_t corrupt_reads = 0;   // reads refused: a shared block failed its checksum
     int64_t evicted_misses = 0;  // lookups that matched nothing: first block evicted since
   } prefix_cache;
+  // Leases (pool-wide statistics only).
+  struct Leases {
+    int64_t active = 0, leased_bytes = 0, granted = 0, renewed = 0, released = 0, expired = 0;
+  } leases;
 };
 
 // Who a kvcached is in a cluster (AdminService.GetServerInfo).
@@ -121,6 +125,10 @@ struct ServerInfo {
   double weight = 1.0;      // placement weight
   bool draining = false;    // takes no new sequences
   int64_t started_unix_ms = 0;
+  // Same-node reads: the server's unix socket for mapping its host pools ("" = none) and the
+  // token its greeting carries.
+  std::string local_socket;
+  std::string local_token;
 };
 
 // What one tenant holds and may hold (AdminService.ListTenants).
@@ -223,6 +231,51 @@ struct CreateSequenceOptions {
   // Start from the longest cached prefix of these tokens (SequenceInfo::attached_tokens);
   // append from there.
   std::optional<Prefix> prefix;
+};
+
+// A lease (KvCacheService.LeaseSequence): where a sequence's records are in the pool's
+// arenas, pinned until released or expired. Field meanings: proto/kvcache/v1.
+struct LeaseArena {
+  StorageFormat format = StorageFormat::kPoolDefault;
+  int64_t block_bytes = 0;   // block b starts at byte b * block_bytes of the format's arena
+  int64_t record_bytes = 0;  // one token's K (or V) record
+  int64_t key_offset = 0;    // K record of slot i: key_offset + i * record_bytes in its block
+  int64_t value_offset = 0;
+};
+struct LeaseSegment {
+  StorageFormat format = StorageFormat::kPoolDefault;
+  std::vector<int32_t> blocks;     // token i: blocks[i / block_tokens], slot i % block_tokens
+  std::vector<int32_t> positions;  // original position of each stored token
+};
+struct LeaseLane {
+  int32_t layer = 0;
+  int32_t kv_head = 0;
+  std::vector<LeaseSegment> segments;  // oldest tier first
+};
+struct Lease {
+  std::string lease_id;
+  std::string sequence_id;
+  std::string pool;
+  std::string device;
+  int64_t ttl_ms = 0;
+  int64_t expires_unix_ms = 0;
+  int32_t block_tokens = 0;
+  int32_t head_dim = 0;
+  DType dtype = DType::kPoolDefault;  // the pool's input dtype
+  std::vector<LeaseArena> arenas;
+  std::vector<int32_t> layers;
+  std::vector<uint64_t> layer_generations;
+  std::vector<int64_t> layer_tokens;
+  int64_t visible_tokens = 0;
+  int64_t leased_bytes = 0;
+  std::vector<LeaseLane> lanes;  // layers x kv heads, layer-major
+  // The arena description of `format`, or null when no lane uses it.
+  const LeaseArena* arena(StorageFormat format) const {
+    for (const LeaseArena& a : arenas) {
+      if (a.format == format) return &a;
+    }
+    return nullptr;
+  }
 };
 
 struct PublishResult {

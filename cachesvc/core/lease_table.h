@@ -1,0 +1,96 @@
+// LeaseTable: the leases a store has granted. A lease pins the blocks a sequence held when it
+// was granted: each block gains one holder (BlockShares, frozen), so from then on no
+// mutation of the sequence writes a leased record in place (the lane planner copies it
+// first: copy-on-write), and Release or eviction of the sequence leaves the leased blocks to
+// the lease. A reader that maps the pool (same node) or opens it by IPC reads the described
+// records for as long as the lease lives. The blocks return to the pool when the lease is
+// released or expires; a client that dies without releasing pins them for its TTL at most.
+// A reaper thread ends expired leases, so expiry needs no client call. Thread-safe.
+#pragma once
+
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "cachesvc/core/block_pool.h"
+#include "cachesvc/core/requests.h"
+#include "cachesvc/core/types.h"
+#include "common/mutex.h"
+
+namespace kvc::cachesvc {
+
+struct LeaseLimits {
+  int64_t default_ttl_ms = 30000;
+  int64_t max_ttl_ms = 300000;
+  // Live leases per scope (tenant): what one client can pin is bounded by this, the TTL,
+  // and its sequences' size.
+  int64_t max_per_scope = 256;
+};
+
+class LeaseTable {
+ public:
+  // `pools`: the store's pools, indexed as pool_index below; they outlive the table.
+  LeaseTable(const LeaseLimits& limits, int num_pools);
+  LeaseTable(const LeaseTable&) = delete;
+  LeaseTable& operator=(const LeaseTable&) = delete;
+  // Stops the reaper and ends every lease (their blocks go back to the pools).
+  ~LeaseTable();
+
+  // INVALID_ARGUMENT for a TTL out of [1, max_ttl_ms]; RESOURCE_EXHAUSTED when the scope has
+  // max_per_scope leases. The TTL the lease would get (0 = default).
+  absl::StatusOr<int64_t> CheckNew(const std::string& scope, int64_t ttl_ms) const;
+  // Records a lease whose blocks (`held`, per format) the caller has already frozen with
+  // one extra holder for it. Fills lease_id and expires_unix_ms. Cannot fail.
+  void Add(const std::string& scope, BlockPool* pool, int pool_index,
+           std::array<std::vector<BlockId>, kernels::kNumStorageFormats> held,
+           LeaseSnapshot* lease);
+  // NOT_FOUND (a lease of another scope is unknown too) or expired; else the new expiry.
+  absl::StatusOr<int64_t> Renew(const std::string& scope, const std::string& lease_id,
+                                int64_t ttl_ms);
+  // Ends the lease; returns how many of its blocks went back to the pool (those no sequence
+  // holds any more).
+  absl::StatusOr<int64_t> Release(const std::string& scope, const std::string& lease_id);
+  // Ends every lease whose TTL has passed; returns how many.
+  int64_t ExpireDue();
+
+  LeaseStats Stats(int pool_index) const;
+
+ private:
+  struct Lease {
+    std::string scope;
+    BlockPool* pool = nullptr;
+    int pool_index = 0;
+    int64_t expires_ms = 0;
+    int64_t bytes = 0;
+    std::array<std::vector<BlockId>, kernels::kNumStorageFormats> held;
+  };
+  struct Counters {
+    int64_t active = 0, bytes = 0, granted = 0, renewed = 0, released = 0, expired = 0;
+  };
+  // Drops the lease's holders (outside mu_); returns the blocks that went back to the pool.
+  static int64_t Drop(Lease& lease);
+  absl::StatusOr<int64_t> CheckTtl(int64_t ttl_ms) const;
+  void ReaperLoop();
+
+  const LeaseLimits limits_;
+  mutable kvc::Mutex mu_;
+  absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> per_scope_ ABSL_GUARDED_BY(mu_);
+  std::vector<Counters> counters_ ABSL_GUARDED_BY(mu_);  // [pool]
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t salt_ = 0;
+
+  std::mutex reaper_mu_;
+  std::condition_variable reaper_cv_;
+  bool stop_ = false;  // guarded by reaper_mu_
+  std::thread reaper_;
+};
+
+}  // namespace kvc::cachesvc

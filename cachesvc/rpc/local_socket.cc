@@ -1,0 +1,184 @@
+#include "cachesvc/rpc/local_socket.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cachesvc/rpc/proto_convert.h"
+#include "common/logging.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+constexpr size_t kMaxLine = 512;
+constexpr size_t kMaxConnections = 256;
+
+bool SendAll(int fd, const std::string& text, int attach_fd = -1) {
+  msghdr msg{};
+  iovec iov{const_cast<char*>(text.data()), text.size()};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (attach_fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &attach_fd, sizeof(int));
+  }
+  // Replies are a few dozen bytes: a unix stream socket takes them whole or fails.
+  return ::sendmsg(fd, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(text.size());
+}
+
+std::string Errno() { return std::generic_category().message(errno); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(const LocalSocketOptions& options,
+                                                                KvStore* store) {
+  std::unique_ptr<LocalSocket> s(new LocalSocket(options, store));
+  sockaddr_un addr{};
+  if (options.path.empty() || options.path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_socket path must be 1-", sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, options.path.data(), options.path.size());
+  s->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s->listen_fd_ < 0) return absl::UnavailableError(absl::StrCat("socket: ", Errno()));
+  ::unlink(options.path.c_str());  // a stale socket of an earlier run
+  if (::bind(s->listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(s->listen_fd_, 64) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on local_socket '", options.path, "': ", Errno()));
+  }
+  s->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (s->wake_fd_ < 0) return absl::UnavailableError(absl::StrCat("eventfd: ", Errno()));
+  s->thread_ = std::thread([p = s.get()] { p->Serve(); });
+  return s;
+}
+
+LocalSocket::~LocalSocket() {
+  if (thread_.joinable()) {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+    thread_.join();
+  }
+  if (listen_fd_ >= 0) {
+    ::close(listen_fd_);
+    ::unlink(options_.path.c_str());
+  }
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+bool LocalSocket::Allowed(int fd, uid_t* uid) const {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+  *uid = cred.uid;
+  if (options_.uids.empty()) return cred.uid == ::geteuid();
+  return std::find(options_.uids.begin(), options_.uids.end(), cred.uid) != options_.uids.end();
+}
+
+void LocalSocket::Accept(std::vector<Conn>* conns) {
+  const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) return;
+  uid_t uid = 0;
+  if (!Allowed(fd, &uid)) {
+    refused_.fetch_add(1);
+    SendAll(fd, absl::StrCat("ERR uid ", uid,
+                             " may not map this server's pools (local_socket_uids)\n"));
+    ::close(fd);
+    return;
+  }
+  if (conns->size() >= kMaxConnections) {
+    SendAll(fd, "ERR too many local readers connected\n");
+    ::close(fd);
+    return;
+  }
+  if (!SendAll(fd, absl::StrCat("KVC-LOCAL 1 ", options_.token, "\n"))) {
+    ::close(fd);
+    return;
+  }
+  conns->push_back(Conn{fd, {}});
+}
+
+bool LocalSocket::Handle(Conn& conn) {
+  for (size_t end; (end = conn.buffer.find('\n')) != std::string::npos;) {
+    const std::string line = conn.buffer.substr(0, end);
+    conn.buffer.erase(0, end + 1);
+    const std::vector<std::string> words = absl::StrSplit(line, ' ');
+    int number = 0;
+    if (words.size() != 3 || words[0] != "ARENA" || !absl::SimpleAtoi(words[2], &number)) {
+      SendAll(conn.fd, "ERR expected: ARENA <pool> <storage format number>\n");
+      return false;
+    }
+    absl::StatusOr<SharedArena> arena = absl::InvalidArgumentError("unknown storage format");
+    if (kvcache::v1::StorageFormat_IsValid(number)) {
+      auto format = FromProto(static_cast<kvcache::v1::StorageFormat>(number), "format");
+      if (format.ok()) arena = store_->ShareArena(words[1], *format);
+    }
+    if (!arena.ok()) {
+      if (!SendAll(conn.fd, absl::StrCat("ERR ", arena.status().message().substr(0, 200), "\n"))) {
+        return false;
+      }
+      continue;
+    }
+    if (!SendAll(conn.fd, absl::StrCat("OK ", arena->bytes, "\n"), arena->fd)) return false;
+    arenas_sent_.fetch_add(1);
+  }
+  return conn.buffer.size() <= kMaxLine;
+}
+
+void LocalSocket::Serve() {
+  std::vector<Conn> conns;
+  for (;;) {
+    std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    for (const Conn& c : conns) fds.push_back({c.fd, POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      KVC_LOG(ERROR) << "local_socket: poll failed: " << Errno();
+      break;
+    }
+    if (fds[0].revents != 0) break;
+    std::vector<Conn> kept;
+    for (size_t i = 0; i < conns.size(); ++i) {
+      Conn& c = conns[i];
+      const short ev = fds[i + 2].revents;
+      bool keep = true;
+      if (ev & POLLIN) {
+        char buf[1024];
+        const ssize_t n = ::read(c.fd, buf, sizeof(buf));
+        keep = n > 0;
+        if (keep) {
+          c.buffer.append(buf, static_cast<size_t>(n));
+          keep = Handle(c);
+        }
+      } else if (ev & (POLLHUP | POLLERR | POLLNVAL)) {
+        keep = false;
+      }
+      if (keep) {
+        kept.push_back(std::move(c));
+      } else {
+        ::close(c.fd);
+      }
+    }
+    conns = std::move(kept);
+    if (fds[1].revents & POLLIN) Accept(&conns);  // after the loop: fds holds the old ones
+  }
+  for (const Conn& c : conns) ::close(c.fd);
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,74 @@
+// LocalSocket: the same-node data path's doorway. A unix socket beside the gRPC listener
+// through which a reader on this node receives the memfds of the host pools' arenas
+// (SCM_RIGHTS) and maps them read-only; with a lease (KvCacheService.LeaseSequence) it then
+// reads a sequence's records straight from the pool's pages instead of through gRPC.
+//
+// Trust: a mapping shows the whole arena, every tenant's KV in that pool, so only peers whose
+// uid (SO_PEERCRED, checked by the kernel) is allowed may connect: the server's own uid, or
+// exactly the configured list. The fds are sealed against writable mappings (host_arena.h).
+//
+// Protocol (text lines of at most 512 bytes; one connection per reader, requests in order):
+//   server -> "KVC-LOCAL 1 <token>\n" on connect (token: GetServerInfo.local_token, so a
+//             client can tell this server from another one at the same path), or
+//             "ERR <why>\n" and close (uid not allowed).
+//   reader -> "ARENA <pool> <kvcache.v1.StorageFormat number>\n"
+//   server -> "OK <bytes>\n" with the arena's fd attached, or "ERR <why>\n".
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cachesvc/core/kv_store.h"
+
+namespace kvc::cachesvc {
+
+struct LocalSocketOptions {
+  std::string path;         // filesystem path of the socket; a stale file there is replaced
+  std::vector<uid_t> uids;  // peers allowed; empty = this process's effective uid only
+  std::string token;        // sent in the greeting
+};
+
+class LocalSocket {
+ public:
+  // Binds and starts serving. UNAVAILABLE when the path cannot be bound.
+  static absl::StatusOr<std::unique_ptr<LocalSocket>> Start(const LocalSocketOptions& options,
+                                                            KvStore* store);
+  LocalSocket(const LocalSocket&) = delete;
+  LocalSocket& operator=(const LocalSocket&) = delete;
+  // Stops serving, closes every connection and removes the socket file.
+  ~LocalSocket();
+
+  const std::string& path() const { return options_.path; }
+  // Connections refused (uid) and arenas handed out since start.
+  int64_t refused() const { return refused_.load(); }
+  int64_t arenas_sent() const { return arenas_sent_.load(); }
+
+ private:
+  struct Conn {
+    int fd = -1;
+    std::string buffer;
+  };
+  LocalSocket(const LocalSocketOptions& options, KvStore* store)
+      : options_(options), store_(store) {}
+  void Serve();
+  void Accept(std::vector<Conn>* conns);
+  // Handles the complete lines in the connection's buffer; false: close it.
+  bool Handle(Conn& conn);
+  bool Allowed(int fd, uid_t* uid) const;
+
+  const LocalSocketOptions options_;
+  KvStore* const store_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: the destructor wakes the poll loop
+  std::thread thread_;
+  std::atomic<int64_t> refused_{0};
+  std::atomic<int64_t> arenas_sent_{0};
+};
+
+}  // namespace kvc::cachesvc

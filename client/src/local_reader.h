@@ -1,0 +1,57 @@
+// LocalReader: the client's half of the same-node data path (cachesvc/rpc/local_socket.h).
+// It connects to the server's unix socket, checks that the greeting carries the token the
+// server gave over gRPC (the same server, not another one at that path), receives each host
+// arena's memfd once and maps it read-only; ReadLeased then serves a lease's records from the
+// mapping in the shape Fetch gives them, decoding with the kernels' own record codec. The
+// server never writes a leased record, so reads need no lock; a lease that could have ended
+// while it was read is ABORTED, never returned. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kvc/client/types.h"
+
+namespace kvc::client::internal {
+
+class LocalReader {
+ public:
+  // FAILED_PRECONDITION when the socket refuses this uid or greets with another token;
+  // UNAVAILABLE when nothing listens at `path`.
+  static absl::StatusOr<std::unique_ptr<LocalReader>> Connect(const std::string& path,
+                                                              const std::string& token);
+  LocalReader(const LocalReader&) = delete;
+  LocalReader& operator=(const LocalReader&) = delete;
+  ~LocalReader();  // unmaps every arena
+
+  const std::string& path() const { return path_; }
+
+  // The lease's records below each layer's limit (visible tokens, or every appended token
+  // with include_unfinished), one chunk per (lane, segment), lanes in lease order: the chunks
+  // a gRPC Fetch of the same layers would give, byte for byte.
+  absl::Status ReadLeased(const Lease& lease, const FetchOptions& options,
+                          const std::function<absl::Status(FetchedChunk&)>& on_chunk);
+
+ private:
+  struct Mapping {
+    const uint8_t* base = nullptr;
+    int64_t bytes = 0;
+  };
+  LocalReader(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  // The mapped arena of (pool, format), mapped on first use.
+  absl::StatusOr<Mapping> Arena(const std::string& pool, StorageFormat format);
+
+  absl::Mutex mu_;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  const std::string path_;
+  std::map<std::pair<std::string, int>, Mapping> maps_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvc::client::internal

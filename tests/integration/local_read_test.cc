@@ -1,0 +1,157 @@
+// Same-node reads through the real client and server: with the server's local_socket the
+// client maps the host pool and Fetch returns exactly what the gRPC path returns (dense in
+// each dtype, stored records, a layer subset, an unfinished layer, INT4 with a raw residual),
+// ending every lease it took; without the socket, with this uid refused, or with another
+// server at the path, it falls back to gRPC and says why.
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/testing/kv_data.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_server.h"
+
+namespace kvc {
+namespace {
+
+using ::kvc::testing::MakeKv;
+constexpr int kLayers = 4, kHeads = 2, kDim = 32;
+
+absl::Status Prefill(client::KvCacheClient& c, const std::string& id, int n, int layers = kLayers) {
+  for (int l = 0; l < layers; ++l) {
+    const std::string k = MakeKv(5, l, 0, n, kHeads, kDim, kernels::DType::kF16, false);
+    const std::string v = MakeKv(5, l, 0, n, kHeads, kDim, kernels::DType::kF16, true);
+    client::AppendChunk a;
+    a.sequence_id = id;
+    a.layer = l;
+    a.start_position = 0;
+    a.num_tokens = n;
+    a.dtype = client::DType::kF16;
+    a.keys = k.data();
+    a.values = v.data();
+    a.bytes = k.size();
+    if (auto r = c.Append(a); !r.ok()) return r.status();
+  }
+  return absl::OkStatus();
+}
+
+void ExpectSame(const client::FetchResult& a, const client::FetchResult& b) {
+  EXPECT_EQ(a.visible_tokens, b.visible_tokens);
+  EXPECT_EQ(a.dtype, b.dtype);
+  ASSERT_EQ(a.heads.size(), b.heads.size());
+  for (size_t i = 0; i < a.heads.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "head " << i);
+    EXPECT_EQ(a.heads[i].layer, b.heads[i].layer);
+    EXPECT_EQ(a.heads[i].kv_head, b.heads[i].kv_head);
+    EXPECT_EQ(a.heads[i].first_index, b.heads[i].first_index);
+    EXPECT_EQ(a.heads[i].storage, b.heads[i].storage);
+    EXPECT_EQ(a.heads[i].record_bytes, b.heads[i].record_bytes);
+    EXPECT_EQ(a.heads[i].positions, b.heads[i].positions);
+    EXPECT_TRUE(a.heads[i].keys == b.heads[i].keys) << "keys differ";
+    EXPECT_TRUE(a.heads[i].values == b.heads[i].values) << "values differ";
+  }
+}
+
+class LocalReadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvc-local-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  cachesvc::ServerOptions Options(std::vector<uint32_t> uids = {}) {
+    cachesvc::ServerOptions o = testing::SmallServerOptions();
+    o.store.pools[0].device = "cpu";  // a host pool: the one kind a local reader maps
+    o.local_socket = dir_ + "/kvcached.sock";
+    o.local_socket_uids = std::move(uids);
+    return o;
+  }
+  static std::unique_ptr<client::KvCacheClient> Client(const std::string& target, bool local) {
+    client::ClientOptions o;
+    o.target = target;
+    o.local_reads = local;
+    return *client::KvCacheClient::Connect(o);
+  }
+  std::string dir_;
+};
+
+TEST_F(LocalReadTest, FetchFromTheMappedPoolEqualsFetchOverGrpc) {
+  testing::TestServer t = testing::StartTestServer(Options());
+  auto local = Client(t.server->address(), true);
+  auto remote = Client(t.server->address(), false);
+  EXPECT_EQ(local->DataPath(), "grpc (no Fetch yet)");
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo raw, local->CreateSequence({}));
+  ASSERT_TRUE(Prefill(*local, raw.sequence_id, 100).ok());
+  // INT4 with a raw residual window: two segments per lane, two arenas.
+  client::CreateSequenceOptions int4;
+  int4.policy = client::CompressionSpec{}.WithStorage(client::StorageFormat::kInt4G32);
+  int4.policy.residual_tokens = 16;
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo q, local->CreateSequence(int4));
+  ASSERT_TRUE(Prefill(*local, q.sequence_id, 90).ok());
+  // One layer ahead of the others: visible vs unfinished tokens.
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo ahead, local->CreateSequence({}));
+  ASSERT_TRUE(Prefill(*local, ahead.sequence_id, 40, 1).ok());
+
+  std::vector<client::FetchOptions> cases(6);
+  cases[1].dtype = client::DType::kF32;
+  cases[2].stored_format = true;
+  cases[3].layers = {2, 0};
+  cases[4].dtype = client::DType::kBF16;
+  cases[5].include_unfinished = true;
+  for (const std::string& id : {raw.sequence_id, q.sequence_id, ahead.sequence_id}) {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      SCOPED_TRACE(::testing::Message() << id << " case " << c);
+      KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult mine, local->Fetch(id, cases[c]));
+      KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult theirs, remote->Fetch(id, cases[c]));
+      ExpectSame(mine, theirs);
+    }
+  }
+  EXPECT_EQ(local->DataPath(), "shared-memory (" + dir_ + "/kvcached.sock)");
+  EXPECT_EQ(remote->DataPath(), "grpc (local_reads is off)");
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, local->GetPoolStats(""));
+  EXPECT_EQ(stats.leases.granted, 18) << "one lease per local Fetch";
+  EXPECT_EQ(stats.leases.released, 18) << "and each ended at once";
+  EXPECT_EQ(stats.leases.active, 0);
+  // A missing sequence is the same error either way.
+  EXPECT_THAT(local->Fetch("s-nothing", {}).status(),
+              testing::StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(LocalReadTest, FallsBackToGrpcAndSaysWhy) {
+  {
+    cachesvc::ServerOptions o = Options();
+    o.local_socket.clear();
+    testing::TestServer t = testing::StartTestServer(o);
+    auto c = Client(t.server->address(), true);
+    KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, c->CreateSequence({}));
+    ASSERT_TRUE(Prefill(*c, s.sequence_id, 20).ok());
+    KVC_ASSERT_OK(c->Fetch(s.sequence_id, {}).status());
+    EXPECT_EQ(c->DataPath(), "grpc (the server has no local_socket)");
+  }
+  {
+    // This uid is not on the list: the socket refuses, the client reads over gRPC.
+    testing::TestServer t = testing::StartTestServer(Options({::geteuid() + 1}));
+    auto c = Client(t.server->address(), true);
+    KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, c->CreateSequence({}));
+    ASSERT_TRUE(Prefill(*c, s.sequence_id, 20).ok());
+    KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult r, c->Fetch(s.sequence_id, {}));
+    EXPECT_EQ(r.heads.size(), static_cast<size_t>(kLayers * kHeads));
+    EXPECT_NE(c->DataPath().find("may not map this server's pools"), std::string::npos)
+        << c->DataPath();
+  }
+  {
+    // Another server took over the path: its greeting carries another token.
+    testing::TestServer first = testing::StartTestServer(Options());
+    testing::TestServer second = testing::StartTestServer(Options());
+    auto c = Client(first.server->address(), true);
+    KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, c->CreateSequence({}));
+    ASSERT_TRUE(Prefill(*c, s.sequence_id, 20).ok());
+    KVC_ASSERT_OK(c->Fetch(s.sequence_id, {}).status());
+    EXPECT_NE(c->DataPath().find("another server's"), std::string::npos) << c->DataPath();
+  }
+}
+
+}  // namespace
+}  // namespace kvc
