@@ -15,6 +15,7 @@
 #include "cachesvc/core/pool_options.h"
 #include "cachesvc/core/prefix_attach.h"
 #include "cachesvc/core/quote.h"
+#include "cachesvc/core/salted_id.h"
 #include "cachesvc/core/snapshot.h"
 #include "common/check.h"
 #include "common/status_macros.h"
@@ -119,16 +120,7 @@ absl::StatusOr<BlockPool*> KvStore::FindPool(const std::string& name) const {
 }
 
 std::string KvStore::NewSequenceId() {
-  // A salted counter through a 64-bit mixer: unique per process, unguessable enough to
-  // avoid accidental collisions between clients, and cheap.
-  uint64_t x = id_salt_ + 0x9e3779b97f4a7c15ull * (id_counter_.fetch_add(1) + 1);
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id = "s-";
-  for (int i = 15; i >= 0; --i) id.push_back(kHex[(x >> (4 * i)) & 0xf]);
-  return shard_.Qualify(id);
+  return shard_.Qualify(SaltedId("s-", id_salt_, id_counter_.fetch_add(1) + 1));
 }
 
 absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequenceParams& params) {

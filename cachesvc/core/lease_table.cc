@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cachesvc/core/quote.h"
+#include "cachesvc/core/salted_id.h"
 #include "cachesvc/core/sequence.h"
 #include "common/status_macros.h"
 
@@ -87,14 +88,7 @@ void LeaseTable::Add(const std::string& scope, BlockPool* pool, int pool_index,
   lease.held = std::move(held);
   snapshot->expires_unix_ms = lease.expires_ms;
   kvc::MutexLock lock(&mu_);
-  // A salted counter through a 64-bit mixer, as sequence ids: unique per process.
-  uint64_t x = salt_ + 0x9e3779b97f4a7c15ull * ++next_;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id = "l-";
-  for (int i = 15; i >= 0; --i) id.push_back(kHex[(x >> (4 * i)) & 0xf]);
+  std::string id = SaltedId("l-", salt_, ++next_);
   snapshot->lease_id = id;
   Counters& c = counters_[static_cast<size_t>(pool_index)];
   ++c.active;

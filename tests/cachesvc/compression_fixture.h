@@ -156,6 +156,22 @@ class Fixture {
   std::string id;
 };
 
+// Compress(spec) on sequence `id`: its status only.
+inline absl::Status Mutate(KvStore& s, const std::string& id, const CompressionSpec& spec) {
+  CompressParams p;
+  p.sequence_id = id;
+  p.spec = spec;
+  return s.Compress(p).status();
+}
+
+// Conversion to INT4 (groups of 32), no eviction.
+inline CompressionSpec Int4() {
+  CompressionSpec s;
+  s.storage = StorageFormat::kInt4G32;
+  s.storage_set = true;
+  return s;
+}
+
 inline CompressionSpec Streaming(int sinks, int window) {
   CompressionSpec s;
   s.eviction = Eviction::kStreamingLlm;

@@ -23,20 +23,6 @@ constexpr int kTokens = 100;      // 6 whole blocks of 16 + 4 per lane
 constexpr int64_t kBlock = 8192;  // f32 block: 16 tokens x 64 x 4 bytes x (K + V)
 constexpr int64_t kLanes = 4;     // 2 layers x 2 kv heads
 
-absl::Status Mutate(KvStore& s, const std::string& id, const CompressionSpec& spec) {
-  CompressParams p;
-  p.sequence_id = id;
-  p.spec = spec;
-  return s.Compress(p).status();
-}
-
-CompressionSpec Int4() {
-  CompressionSpec s;
-  s.storage = StorageFormat::kInt4G32;
-  s.storage_set = true;
-  return s;
-}
-
 CompressionSpec H2o(int heavy, int recent) {
   CompressionSpec s;
   s.eviction = Eviction::kH2o;

@@ -59,20 +59,6 @@ Dump ReadLease(KvStore& store, const LeaseSnapshot& lease) {
   return d;
 }
 
-absl::Status Mutate(KvStore& s, const std::string& id, const CompressionSpec& spec) {
-  CompressParams p;
-  p.sequence_id = id;
-  p.spec = spec;
-  return s.Compress(p).status();
-}
-
-CompressionSpec Int4() {
-  CompressionSpec s;
-  s.storage = StorageFormat::kInt4G32;
-  s.storage_set = true;
-  return s;
-}
-
 // Host pools: the test reads the arena's bytes directly, as a mapped reader would.
 KvStoreOptions HostOptions(int64_t max_ttl_ms = 300000, int64_t max_per_scope = 256) {
   KvStoreOptions o = Options(Geometry{});
