@@ -237,8 +237,8 @@ internal::LocalReader* KvCacheClient::LocalPath(const CallOptions& call) {
   absl::StatusOr<ServerInfo> info = GetServerInfo(call);
   // Unreachable now: the next Fetch asks again (the server may be starting). Any other
   // failure (an older server, a proxy without AdminService) decides for gRPC.
-  impl_->local_decided = !absl::IsUnavailable(info.status()) &&
-                         !absl::IsDeadlineExceeded(info.status());
+  impl_->local_decided =
+      !absl::IsUnavailable(info.status()) && !absl::IsDeadlineExceeded(info.status());
   if (!info.ok()) {
     impl_->data_path = absl::StrCat("grpc (GetServerInfo failed: ", info.status().message(), ")");
     return nullptr;
