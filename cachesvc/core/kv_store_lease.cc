@@ -57,15 +57,16 @@ absl::StatusOr<LeaseSnapshot> KvStore::LeaseSequence(const LeaseParams& p) {
   std::array<std::vector<BlockId>, kFormats> held;
   // A reader lock is enough: the holders added below are the only change, and every writer
   // of this sequence, which would consult them, is excluded meanwhile.
-  kvc::ReaderMutexLock lock(&seq->mu());
-  if (seq->released()) {
+  const Sequence& sequence = *seq;  // read only: the const accessors
+  kvc::ReaderMutexLock lock(&sequence.mu());
+  if (sequence.released()) {
     return absl::NotFoundError(absl::StrCat("sequence ", Quoted(p.sequence_id), " was released"));
   }
-  const SequenceStorage& st = seq->storage();
-  lease.visible_tokens = seq->visible_tokens();
+  const SequenceStorage& st = sequence.storage();
+  lease.visible_tokens = sequence.visible_tokens();
   for (int32_t layer : layers) {
     lease.layer_generations.push_back(st.generation(layer));
-    lease.layer_tokens.push_back(seq->layer_tokens(layer));
+    lease.layer_tokens.push_back(sequence.layer_tokens(layer));
     for (int h = 0; h < g.num_kv_heads; ++h) {
       LeasedLane lane{layer, h, {}};
       for (const Segment& s : st.lane(layer, h)) {
