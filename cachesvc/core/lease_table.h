@@ -36,7 +36,8 @@ struct LeaseLimits {
 
 class LeaseTable {
  public:
-  // `pools`: the store's pools, indexed as pool_index below; they outlive the table.
+  // `num_pools`: how many pools the store has (pool_index below counts them); the pools a
+  // lease names outlive the table.
   LeaseTable(const LeaseLimits& limits, int num_pools);
   LeaseTable(const LeaseTable&) = delete;
   LeaseTable& operator=(const LeaseTable&) = delete;
