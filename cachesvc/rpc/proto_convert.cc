@@ -385,7 +385,19 @@ void ToProto(const LeaseSnapshot& l, pb::Lease* out) {
       pb::LeaseSegment* ps = pl->add_segments();
       ps->set_format(ToProto(seg.format));
       ps->mutable_blocks()->Add(seg.blocks.begin(), seg.blocks.end());
-      ps->mutable_positions()->Add(seg.positions.begin(), seg.positions.end());
+      // Run-length coded: a dense or sink + window lane is one or two pairs, not a position
+      // per token.
+      auto* runs = ps->mutable_position_runs();
+      for (size_t i = 0; i < seg.positions.size();) {
+        size_t n = 1;
+        while (i + n < seg.positions.size() &&
+               seg.positions[i + n] == seg.positions[i] + static_cast<int32_t>(n)) {
+          ++n;
+        }
+        runs->Add(seg.positions[i]);
+        runs->Add(static_cast<int32_t>(n));
+        i += n;
+      }
     }
   }
 }

@@ -1,5 +1,6 @@
 #include "client/src/convert.h"
 
+#include <limits>
 #include <utility>
 
 namespace kvc::client {
@@ -156,7 +157,7 @@ PoolStats FromProto(const pb::PoolStats& in) {
   return s;
 }
 
-Lease FromProto(const pb::Lease& in) {
+absl::StatusOr<Lease> FromProto(const pb::Lease& in) {
   Lease l;
   l.lease_id = in.lease_id();
   l.sequence_id = in.sequence_id();
@@ -179,9 +180,20 @@ Lease FromProto(const pb::Lease& in) {
   for (const pb::LeaseLane& lane : in.lanes()) {
     LeaseLane out{lane.layer(), lane.kv_head(), {}};
     for (const pb::LeaseSegment& seg : lane.segments()) {
-      out.segments.push_back({FromProto(seg.format()),
-                              {seg.blocks().begin(), seg.blocks().end()},
-                              {seg.positions().begin(), seg.positions().end()}});
+      LeaseSegment s{FromProto(seg.format()), {seg.blocks().begin(), seg.blocks().end()}, {}};
+      const auto& runs = seg.position_runs();
+      if (runs.size() % 2 != 0) return absl::InternalError("odd position_runs in a lease");
+      for (int i = 0; i < runs.size(); i += 2) {
+        const int32_t first = runs[i];
+        const int32_t count = runs[i + 1];
+        const int64_t room = static_cast<int64_t>(seg.blocks_size()) * in.block_tokens();
+        if (count <= 0 || first > std::numeric_limits<int32_t>::max() - count ||
+            static_cast<int64_t>(s.positions.size()) + count > room) {
+          return absl::InternalError("a lease's position run is out of range");
+        }
+        for (int32_t j = 0; j < count; ++j) s.positions.push_back(first + j);
+      }
+      out.segments.push_back(std::move(s));
     }
     l.lanes.push_back(std::move(out));
   }

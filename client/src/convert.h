@@ -1,6 +1,7 @@
 // kvcache.v1 messages <-> public client types. Private to the client library.
 #pragma once
 
+#include "absl/status/statusor.h"
 #include "kvc/client/types.h"
 #include "kvcache/v1/admin_service.pb.h"
 #include "kvcache/v1/kvcache_service.pb.h"
@@ -13,7 +14,7 @@ StorageFormat FromProto(kvcache::v1::StorageFormat format);
 SequenceInfo FromProto(const kvcache::v1::SequenceInfo& info);
 PoolInfo FromProto(const kvcache::v1::PoolInfo& info);
 PoolStats FromProto(const kvcache::v1::PoolStats& stats);
-Lease FromProto(const kvcache::v1::Lease& lease);
+absl::StatusOr<Lease> FromProto(const kvcache::v1::Lease& lease);
 void ToProto(const AppendChunk& chunk, kvcache::v1::AppendRequest* out);
 void ToProto(const Prefix& prefix, kvcache::v1::PrefixSpec* out);
 void ToProto(const CompressionSpec& spec, kvcache::v1::CompressionSpec* out);

@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 #include <utility>
 
@@ -357,6 +358,122 @@ absl::StatusOr<FetchResult> KvCacheClient::Fetch(const std::string& sequence_id,
       },
       call);
   if (!status.ok()) return status;
+  return result;
+}
+
+namespace {
+
+// What FetchInto can check before asking the server anything.
+absl::Status CheckBuffers(const std::vector<LayerBuffers>& buffers,
+                          const FetchIntoOptions& options) {
+  if (options.dtype != DType::kF16 && options.dtype != DType::kBF16 &&
+      options.dtype != DType::kF32) {
+    return absl::InvalidArgumentError("FetchInto: options.dtype must be F16, BF16 or F32");
+  }
+  if (options.num_kv_heads <= 0 || options.head_dim <= 0) {
+    return absl::InvalidArgumentError("FetchInto: options.num_kv_heads and head_dim must be > 0");
+  }
+  if (buffers.empty()) return absl::InvalidArgumentError("FetchInto: no buffers");
+  std::vector<int32_t> layers;
+  for (const LayerBuffers& b : buffers) {
+    if (b.keys == nullptr || b.values == nullptr || b.capacity_tokens < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("FetchInto: the buffers of layer ", b.layer,
+                                                     " need keys, values and capacity >= 0"));
+    }
+    if (std::find(layers.begin(), layers.end(), b.layer) != layers.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("FetchInto: layer ", b.layer, " has two buffers"));
+    }
+    layers.push_back(b.layer);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequence_id,
+                                                         const std::vector<LayerBuffers>& buffers,
+                                                         const FetchIntoOptions& options,
+                                                         const CallOptions& call) {
+  if (absl::Status s = CheckBuffers(buffers, options); !s.ok()) return s;
+  std::vector<int32_t> layers(buffers.size());
+  for (size_t b = 0; b < buffers.size(); ++b) layers[b] = buffers[b].layer;
+  if (internal::LocalReader* local = LocalPath(call); local != nullptr) {
+    absl::StatusOr<Lease> lease = LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
+    if (!lease.ok()) return lease.status();
+    FetchIntoResult result;
+    absl::Status read = lease->device == "cpu"
+                            ? local->ReadLeasedInto(*lease, buffers, options, &result)
+                            : absl::UnimplementedError("device pool");
+    (void)ReleaseLease(lease->lease_id, call);  // best effort: the TTL ends it otherwise
+    if (read.ok()) return result;
+    if (!absl::IsUnimplemented(read)) return read;
+  }
+  // Over gRPC: the shape comes from GetSequence (a lane with no tokens sends no chunk), the
+  // rows from the dense chunks, copied in as they arrive.
+  absl::StatusOr<SequenceInfo> info = GetSequence(sequence_id, call);
+  if (!info.ok()) return info.status();
+  const size_t heads = static_cast<size_t>(options.num_kv_heads);
+  if (info->layer_tokens.empty() ||
+      info->stored_tokens.size() != info->layer_tokens.size() * heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the buffers are for ", options.num_kv_heads, " kv heads but the sequence has ",
+        info->layer_tokens.empty() ? 0 : info->stored_tokens.size() / info->layer_tokens.size()));
+  }
+  const size_t row = static_cast<size_t>(options.head_dim) * (options.dtype == DType::kF32 ? 4 : 2);
+  FetchIntoResult result;
+  result.lane_tokens.assign(buffers.size() * heads, 0);
+  std::vector<std::vector<int32_t>> positions(options.positions ? result.lane_tokens.size() : 0);
+  FetchOptions fetch;
+  fetch.layers.assign(layers.begin(), layers.end());
+  fetch.dtype = options.dtype;
+  fetch.include_unfinished = options.include_unfinished;
+  absl::Status status = FetchChunks(
+      sequence_id, fetch,
+      [&](FetchedChunk& chunk) -> absl::Status {
+        const size_t b = static_cast<size_t>(std::find(layers.begin(), layers.end(), chunk.layer) -
+                                             layers.begin());
+        if (b == layers.size() || chunk.kv_head < 0 ||
+            static_cast<size_t>(chunk.kv_head) >= heads) {
+          return absl::InternalError(absl::StrCat("Fetch sent layer ", chunk.layer, " kv head ",
+                                                  chunk.kv_head, ", which was not asked for"));
+        }
+        const size_t lane = b * heads + static_cast<size_t>(chunk.kv_head);
+        const auto n = static_cast<size_t>(chunk.num_tokens);
+        if (chunk.keys.size() != n * row || chunk.values.size() != n * row) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the buffers are for head_dim ", options.head_dim, " but the sequence has ",
+              n == 0 ? 0 : chunk.keys.size() / n / (row / static_cast<size_t>(options.head_dim))));
+        }
+        const int64_t end = chunk.first_index + chunk.num_tokens;
+        if (chunk.first_index != result.lane_tokens[lane]) {
+          return absl::InternalError("Fetch chunks of a lane arrived out of order");
+        }
+        if (end > buffers[b].capacity_tokens) {
+          return absl::OutOfRangeError(
+              absl::StrCat("layer ", chunk.layer, " kv head ", chunk.kv_head, " holds more than ",
+                           buffers[b].capacity_tokens, " tokens (its buffers' capacity)"));
+        }
+        const size_t at =
+            (static_cast<size_t>(chunk.kv_head) * static_cast<size_t>(buffers[b].capacity_tokens) +
+             static_cast<size_t>(chunk.first_index)) *
+            row;
+        std::memcpy(static_cast<char*>(buffers[b].keys) + at, chunk.keys.data(), n * row);
+        std::memcpy(static_cast<char*>(buffers[b].values) + at, chunk.values.data(), n * row);
+        result.lane_tokens[lane] = end;
+        result.visible_tokens = chunk.visible_tokens;
+        if (options.positions) {
+          positions[lane].insert(positions[lane].end(), chunk.positions.begin(),
+                                 chunk.positions.end());
+        }
+        return absl::OkStatus();
+      },
+      call);
+  if (!status.ok()) return status;
+  if (result.visible_tokens == 0) result.visible_tokens = info->visible_tokens;
+  for (const std::vector<int32_t>& p : positions) {
+    result.positions.insert(result.positions.end(), p.begin(), p.end());
+  }
   return result;
 }
 

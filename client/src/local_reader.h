@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -38,6 +39,12 @@ class LocalReader {
   // a gRPC Fetch of the same layers would give, byte for byte.
   absl::Status ReadLeased(const Lease& lease, const FetchOptions& options,
                           const std::function<absl::Status(FetchedChunk&)>& on_chunk);
+  // The lease's records below each layer's limit as dense options.dtype rows straight into
+  // the buffers (one per leased layer, in lease order; shape checked against the lease, and
+  // every lane's count against capacity_tokens before anything is written). Appends to
+  // result->lane_tokens and result->positions.
+  absl::Status ReadLeasedInto(const Lease& lease, const std::vector<LayerBuffers>& buffers,
+                              const FetchIntoOptions& options, FetchIntoResult* result);
 
  private:
   struct Mapping {

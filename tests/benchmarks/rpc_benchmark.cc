@@ -40,6 +40,7 @@ ABSL_FLAG(std::string, json, "", "also write the results as JSON to this file");
 ABSL_FLAG(bool, tls, true, "also measure Append and Fetch over TLS (needs openssl on PATH)");
 ABSL_FLAG(std::string, make_certs, KVC_MAKE_CERTS_SCRIPT, "the script that makes the TLS certs");
 ABSL_FLAG(std::string, device, "cpu", "the pool's device: cpu or cuda:N");
+ABSL_FLAG(int32_t, block_tokens, 16, "the pool's tokens per block");
 
 namespace {
 
@@ -119,11 +120,47 @@ bool TimedFetch(kvc::client::KvCacheClient& client, const std::string& id, int64
   return true;
 }
 
+// An engine's own KV buffers for one layer ([heads][tokens][head_dim] f16 keys and values),
+// allocated and touched once, filled by FetchInto every round.
+struct EngineBuffers {
+  int heads = 0, head_dim = 0;
+  int64_t tokens = 0;
+  std::vector<char> keys, values;
+};
+
+// Times one FetchInto of the whole sequence into `engine`; false (reported) unless every lane
+// got every token and its first record equals the pattern appended.
+bool TimedFetchInto(kvc::client::KvCacheClient& client, const std::string& id,
+                    const std::string& keys, EngineBuffers* engine, std::vector<double>* seconds) {
+  kvc::client::FetchIntoOptions into;
+  into.dtype = kvc::client::DType::kF16;
+  into.num_kv_heads = engine->heads;
+  into.head_dim = engine->head_dim;
+  const auto t0 = Clock::now();
+  auto got = client.FetchInto(id, {{0, engine->keys.data(), engine->values.data(), engine->tokens}},
+                              into, {});
+  seconds->push_back(Seconds(t0, Clock::now()));
+  bool full = got.ok();
+  for (int h = 0; full && h < engine->heads; ++h) {
+    const size_t lane = static_cast<size_t>(h) * static_cast<size_t>(engine->tokens) *
+                        static_cast<size_t>(engine->head_dim) * 2;
+    full = got->lane_tokens[static_cast<size_t>(h)] == engine->tokens &&
+           std::memcmp(engine->keys.data() + lane, keys.data(), 256) == 0;
+  }
+  if (!full) {
+    std::fprintf(stderr, "FetchInto failed: %s\n",
+                 got.ok() ? "wrong bytes or tokens" : got.status().ToString().c_str());
+    return false;
+  }
+  return true;
+}
+
 bool AppendThenFetch(kvc::client::KvCacheClient& client, int64_t messages, int tokens_per_message,
                      const std::string& keys, const std::string& values, int64_t bytes,
                      std::vector<double>* append_seconds, std::vector<double>* fetch_seconds,
                      kvc::client::KvCacheClient* local_client = nullptr,
-                     std::vector<double>* local_seconds = nullptr) {
+                     std::vector<double>* local_seconds = nullptr, EngineBuffers* engine = nullptr,
+                     std::vector<double>* into_seconds = nullptr) {
   auto seq = client.CreateSequence({"bench", "", "", {}, {}});
   if (!seq.ok()) {
     std::fprintf(stderr, "create failed: %s\n", seq.status().ToString().c_str());
@@ -156,6 +193,10 @@ bool AppendThenFetch(kvc::client::KvCacheClient& client, int64_t messages, int t
       !TimedFetch(*local_client, seq->sequence_id, chunk_bytes, keys, bytes, local_seconds)) {
     return false;
   }
+  if (local_client != nullptr && engine != nullptr &&
+      !TimedFetchInto(*local_client, seq->sequence_id, keys, engine, into_seconds)) {
+    return false;
+  }
   (void)client.Release(seq->sequence_id);
   return true;
 }
@@ -185,6 +226,7 @@ int main(int argc, char** argv) {
   pool.geometry.num_kv_heads = kHeads;
   pool.geometry.num_query_heads = 4 * kHeads;
   pool.geometry.head_dim = kDim;
+  pool.geometry.block_tokens = absl::GetFlag(FLAGS_block_tokens);
   pool.capacity_bytes = bytes + bytes / 8 + (int64_t{64} << 20);
   options.store.pools.push_back(pool);
   options.max_message_bytes = 2 * chunk + (int64_t{1} << 20);
@@ -256,7 +298,13 @@ int main(int argc, char** argv) {
   std::vector<char> src(static_cast<size_t>(bytes), 1), dst(static_cast<size_t>(bytes), 0);
 
   std::vector<double> t_raw_up, t_raw_down, t_append, t_fetch, t_memcpy;
-  std::vector<double> t_tls_append, t_tls_fetch, t_local_fetch;
+  std::vector<double> t_tls_append, t_tls_fetch, t_local_fetch, t_local_into;
+  EngineBuffers engine;
+  engine.heads = kHeads;
+  engine.head_dim = kDim;
+  engine.tokens = messages * tokens_per_message;
+  engine.keys.assign(static_cast<size_t>(bytes / 2), 1);
+  engine.values.assign(static_cast<size_t>(bytes / 2), 1);
   for (int r = 0; r < rounds; ++r) {
     {  // raw upload
       rb::Blob blob;
@@ -281,7 +329,7 @@ int main(int argc, char** argv) {
       }
     }
     if (!AppendThenFetch(**client, messages, tokens_per_message, keys, values, bytes, &t_append,
-                         &t_fetch, local_client.get(), &t_local_fetch)) {
+                         &t_fetch, local_client.get(), &t_local_fetch, &engine, &t_local_into)) {
       return 1;
     }
     if (tls && !AppendThenFetch(*tls_client, messages, tokens_per_message, keys, values, bytes,
@@ -329,12 +377,15 @@ int main(int argc, char** argv) {
               raw_down / memcpy_gbs);
   std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache Fetch (dense f16)", fetch, fetch / raw_down,
               fetch / memcpy_gbs);
-  double local_fetch = 0;
+  double local_fetch = 0, local_into = 0;
   if (local_client != nullptr) {
     local_fetch = gb / Median(t_local_fetch);
     std::printf("%-34s %10.3f %14.3f %12.3f  (%s)\n", "kvcache Fetch, same-node mapping",
                 local_fetch, local_fetch / raw_down, local_fetch / memcpy_gbs,
                 local_client->DataPath().c_str());
+    local_into = gb / Median(t_local_into);
+    std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache FetchInto, same-node", local_into,
+                local_into / raw_down, local_into / memcpy_gbs);
   }
   double tls_append = 0, tls_fetch = 0;
   if (tls) {
@@ -355,11 +406,12 @@ int main(int argc, char** argv) {
         "\"raw_download_gbps\": %.4f, \"fetch_gbps\": %.4f, \"fetch_vs_raw\": %.4f, "
         "\"tls_append_gbps\": %.4f, \"tls_append_vs_plaintext\": %.4f, "
         "\"tls_fetch_gbps\": %.4f, \"tls_fetch_vs_plaintext\": %.4f, "
-        "\"local_fetch_gbps\": %.4f, \"local_fetch_vs_memcpy\": %.4f}\n",
+        "\"local_fetch_gbps\": %.4f, \"local_fetch_vs_memcpy\": %.4f, "
+        "\"local_fetch_into_gbps\": %.4f, \"local_fetch_into_vs_memcpy\": %.4f}\n",
         static_cast<long long>(bytes), static_cast<long long>(payload_per_message), rounds,
         memcpy_gbs, raw_up, append, append / raw_up, raw_down, fetch, fetch / raw_down, tls_append,
         tls ? tls_append / append : 0.0, tls_fetch, tls ? tls_fetch / fetch : 0.0, local_fetch,
-        local_fetch / memcpy_gbs);
+        local_fetch / memcpy_gbs, local_into, local_into / memcpy_gbs);
   }
   raw_server->Shutdown();
   local_client.reset();

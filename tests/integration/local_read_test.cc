@@ -21,8 +21,9 @@ constexpr int kLayers = 4, kHeads = 2, kDim = 32;
 
 absl::Status Prefill(client::KvCacheClient& c, const std::string& id, int n, int layers = kLayers) {
   for (int l = 0; l < layers; ++l) {
-    const std::string k = MakeKv(5, l, 0, n, kHeads, kDim, kernels::DType::kF16, false);
-    const std::string v = MakeKv(5, l, 0, n, kHeads, kDim, kernels::DType::kF16, true);
+    const std::string k =
+        MakeKv(5, l, 0, n, kHeads, kDim, kernels::DType::kF16, /*is_value=*/false);
+    const std::string v = MakeKv(5, l, 0, n, kHeads, kDim, kernels::DType::kF16, /*is_value=*/true);
     client::AppendChunk a;
     a.sequence_id = id;
     a.layer = l;
@@ -79,8 +80,8 @@ class LocalReadTest : public ::testing::Test {
 
 TEST_F(LocalReadTest, FetchFromTheMappedPoolEqualsFetchOverGrpc) {
   testing::TestServer t = testing::StartTestServer(Options());
-  auto local = Client(t.server->address(), true);
-  auto remote = Client(t.server->address(), false);
+  auto local = Client(t.server->address(), /*local=*/true);
+  auto remote = Client(t.server->address(), /*local=*/false);
   EXPECT_EQ(local->DataPath(), "grpc (no Fetch yet)");
   KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo raw, local->CreateSequence({}));
   ASSERT_TRUE(Prefill(*local, raw.sequence_id, 100).ok());
@@ -124,7 +125,7 @@ TEST_F(LocalReadTest, FallsBackToGrpcAndSaysWhy) {
     cachesvc::ServerOptions o = Options();
     o.local_socket.clear();
     testing::TestServer t = testing::StartTestServer(o);
-    auto c = Client(t.server->address(), true);
+    auto c = Client(t.server->address(), /*local=*/true);
     KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, c->CreateSequence({}));
     ASSERT_TRUE(Prefill(*c, s.sequence_id, 20).ok());
     KVC_ASSERT_OK(c->Fetch(s.sequence_id, {}).status());
@@ -133,7 +134,7 @@ TEST_F(LocalReadTest, FallsBackToGrpcAndSaysWhy) {
   {
     // This uid is not on the list: the socket refuses, the client reads over gRPC.
     testing::TestServer t = testing::StartTestServer(Options({::geteuid() + 1}));
-    auto c = Client(t.server->address(), true);
+    auto c = Client(t.server->address(), /*local=*/true);
     KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, c->CreateSequence({}));
     ASSERT_TRUE(Prefill(*c, s.sequence_id, 20).ok());
     KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult r, c->Fetch(s.sequence_id, {}));
@@ -145,12 +146,137 @@ TEST_F(LocalReadTest, FallsBackToGrpcAndSaysWhy) {
     // Another server took over the path: its greeting carries another token.
     testing::TestServer first = testing::StartTestServer(Options());
     testing::TestServer second = testing::StartTestServer(Options());
-    auto c = Client(first.server->address(), true);
+    auto c = Client(first.server->address(), /*local=*/true);
     KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, c->CreateSequence({}));
     ASSERT_TRUE(Prefill(*c, s.sequence_id, 20).ok());
     KVC_ASSERT_OK(c->Fetch(s.sequence_id, {}).status());
     EXPECT_NE(c->DataPath().find("another server's"), std::string::npos) << c->DataPath();
   }
+}
+
+// FetchInto writes the rows Fetch returns, in place, on both paths: raw, INT4 with a raw
+// residual (decoded), StreamingLLM-compacted (two position runs), a layer ahead; rows past a
+// lane's tokens stay as they were.
+TEST_F(LocalReadTest, FetchIntoWritesWhatFetchReturnsOnBothPaths) {
+  testing::TestServer t = testing::StartTestServer(Options());
+  auto local = Client(t.server->address(), /*local=*/true);
+  auto remote = Client(t.server->address(), /*local=*/false);
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo raw, local->CreateSequence({}));
+  ASSERT_TRUE(Prefill(*local, raw.sequence_id, 100).ok());
+  client::CreateSequenceOptions int4;
+  int4.policy = client::CompressionSpec{}.WithStorage(client::StorageFormat::kInt4G32);
+  int4.policy.residual_tokens = 16;
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo q, local->CreateSequence(int4));
+  ASSERT_TRUE(Prefill(*local, q.sequence_id, 90).ok());
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo sink, local->CreateSequence({}));
+  ASSERT_TRUE(Prefill(*local, sink.sequence_id, 120).ok());
+  KVC_ASSERT_OK(
+      local->Compress(sink.sequence_id, client::CompressionSpec::StreamingLlm(4, 30)).status());
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo ahead, local->CreateSequence({}));
+  ASSERT_TRUE(Prefill(*local, ahead.sequence_id, 40, 1).ok());
+
+  constexpr int64_t kCapacity = 128;
+  const std::vector<int32_t> layers = {2, 0};
+  for (const client::DType dtype : {client::DType::kF16, client::DType::kF32}) {
+    const size_t row = kDim * (dtype == client::DType::kF32 ? 4 : 2);
+    const size_t bytes = kHeads * kCapacity * row;
+    for (const std::string& id :
+         {raw.sequence_id, q.sequence_id, sink.sequence_id, ahead.sequence_id}) {
+      for (const bool unfinished : {false, true}) {
+        client::FetchOptions fetch;
+        fetch.layers = {2, 0};
+        fetch.dtype = dtype;
+        fetch.include_unfinished = unfinished;
+        KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult want, remote->Fetch(id, fetch));
+        for (client::KvCacheClient* c : {local.get(), remote.get()}) {
+          SCOPED_TRACE(::testing::Message()
+                       << id << " f32 " << (dtype == client::DType::kF32) << " unfinished "
+                       << unfinished << " via " << c->DataPath());
+          std::vector<std::string> keys(layers.size(), std::string(bytes, '\xab'));
+          std::vector<std::string> values = keys;
+          std::vector<client::LayerBuffers> buffers;
+          for (size_t b = 0; b < layers.size(); ++b) {
+            buffers.push_back({layers[b], keys[b].data(), values[b].data(), kCapacity});
+          }
+          client::FetchIntoOptions into;
+          into.dtype = dtype;
+          into.num_kv_heads = kHeads;
+          into.head_dim = kDim;
+          into.include_unfinished = unfinished;
+          into.positions = true;
+          KVC_ASSERT_OK_AND_ASSIGN(const client::FetchIntoResult got,
+                                   c->FetchInto(id, buffers, into));
+          EXPECT_EQ(got.visible_tokens, want.visible_tokens);
+          ASSERT_EQ(got.lane_tokens.size(), layers.size() * kHeads);
+          std::vector<int32_t> positions;
+          for (size_t lane = 0; lane < got.lane_tokens.size(); ++lane) {
+            const size_t b = lane / kHeads, h = lane % kHeads;
+            const auto n = static_cast<size_t>(got.lane_tokens[lane]);
+            // Fetch lists a lane once per (layer, head), or not at all when it has no tokens.
+            const client::FetchedHead* head = nullptr;
+            for (const client::FetchedHead& fh : want.heads) {
+              if (fh.layer == layers[b] && fh.kv_head == static_cast<int>(h)) head = &fh;
+            }
+            ASSERT_EQ(n, head == nullptr ? 0 : head->positions.size()) << "lane " << lane;
+            if (head == nullptr) continue;
+            positions.insert(positions.end(), head->positions.begin(), head->positions.end());
+            const size_t at = h * kCapacity * row;
+            EXPECT_TRUE(keys[b].compare(at, n * row, head->keys) == 0) << "keys, lane " << lane;
+            EXPECT_TRUE(values[b].compare(at, n * row, head->values) == 0) << "lane " << lane;
+            EXPECT_EQ(keys[b].substr(at + n * row, (kCapacity - n) * row),
+                      std::string((kCapacity - n) * row, '\xab'))
+                << "rows past the lane's tokens were written, lane " << lane;
+          }
+          EXPECT_EQ(got.positions, positions);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(local->DataPath(), "shared-memory (" + dir_ + "/kvcached.sock)");
+}
+
+TEST_F(LocalReadTest, FetchIntoRefusesBuffersThatDoNotFit) {
+  testing::TestServer t = testing::StartTestServer(Options());
+  auto local = Client(t.server->address(), /*local=*/true);
+  auto remote = Client(t.server->address(), /*local=*/false);
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, local->CreateSequence({}));
+  ASSERT_TRUE(Prefill(*local, s.sequence_id, 50).ok());
+  std::string keys(kHeads * 64 * kDim * 2, '\0'), values = keys;
+  client::FetchIntoOptions into;
+  into.dtype = client::DType::kF16;
+  into.num_kv_heads = kHeads;
+  into.head_dim = kDim;
+  for (client::KvCacheClient* c : {local.get(), remote.get()}) {
+    SCOPED_TRACE(c == local.get() ? "same-node" : "grpc");
+    // 50 tokens, room for 40 rows per head.
+    const std::string untouched(keys.size(), '\0');
+    absl::Status small =
+        c->FetchInto(s.sequence_id, {{1, keys.data(), values.data(), 40}}, into).status();
+    EXPECT_THAT(small, testing::StatusIs(absl::StatusCode::kOutOfRange));
+    EXPECT_NE(small.message().find("holds"), std::string::npos) << small;
+    if (c == local.get()) EXPECT_EQ(keys, untouched) << "checked before anything is written";
+    client::FetchIntoOptions heads = into;
+    heads.num_kv_heads = kHeads + 1;
+    EXPECT_THAT(c->FetchInto(s.sequence_id, {{1, keys.data(), values.data(), 64}}, heads),
+                testing::StatusIs(absl::StatusCode::kInvalidArgument));
+    client::FetchIntoOptions dim = into;
+    dim.head_dim = kDim / 2;
+    EXPECT_THAT(c->FetchInto(s.sequence_id, {{1, keys.data(), values.data(), 64}}, dim),
+                testing::StatusIs(absl::StatusCode::kInvalidArgument));
+    client::FetchIntoOptions pool_default = into;
+    pool_default.dtype = client::DType::kPoolDefault;
+    EXPECT_THAT(c->FetchInto(s.sequence_id, {{1, keys.data(), values.data(), 64}}, pool_default),
+                testing::StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(
+        c->FetchInto(s.sequence_id,
+                     {{1, keys.data(), values.data(), 64}, {1, keys.data(), values.data(), 64}},
+                     into),
+        testing::StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(c->FetchInto("s-nothing", {{1, keys.data(), values.data(), 64}}, into),
+                testing::StatusIs(absl::StatusCode::kNotFound));
+  }
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, local->GetPoolStats(""));
+  EXPECT_EQ(stats.leases.active, 0) << "a refused read ends its lease";
 }
 
 }  // namespace

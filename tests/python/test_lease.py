@@ -52,7 +52,8 @@ def test_lease_describes_and_pins_until_released(lc: kvcache.Client) -> None:
     for i, lane in enumerate(lease.lanes):
         assert (lane.layer, lane.kv_head) == divmod(i, KV_HEADS)
         (segment,) = lane.segments
-        assert list(segment.positions) == list(range(TOKENS))
+        assert list(segment.position_runs) == [0, TOKENS]  # one run: dense
+        assert list(kvcache.lease_positions(segment)) == list(range(TOKENS))
         assert len(segment.blocks) == 3
     assert lease.leased_bytes == filled - baseline
 

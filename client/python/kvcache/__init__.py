@@ -14,6 +14,6 @@ from kvcache.types import (H2O, AppendResult, AppendStreamResult, AttendResult,
                            CompressionSpec, DType, ExpectedAttention, FetchedChunk, FetchedHead,
                            FetchResult, LayerQueries, LayerQueryStats, PoolStats, Prefix,
                            PrefixCacheStats, PublishResult, ReleaseResult, SnapKV, StorageFormat,
-                           StreamingLLM)
+                           StreamingLLM, lease_positions)
 
 __version__ = "0.1.0"

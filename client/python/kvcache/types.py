@@ -306,3 +306,14 @@ __all__ = ["DType", "StorageFormat", "StreamingLLM", "SnapKV", "H2O", "Compressi
            "FetchedHead", "FetchResult", "AttendResult", "ReleaseResult", "PublishResult",
            "SequenceInfo", "PoolInfo", "PoolStats", "PrefixCacheStats", "CompressResponse",
            "parse_dtype", "parse_storage", "NUMPY_DTYPE"]
+
+
+def lease_positions(segment: _svc.LeaseSegment) -> np.ndarray:
+    """The original position of each token of a Lease's segment (int32), expanded from its
+    run-length coded position_runs (pairs: first position, count)."""
+    runs = np.asarray(segment.position_runs, dtype=np.int64).reshape(-1, 2)
+    if runs.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    counts = runs[:, 1]
+    starts = np.repeat(runs[:, 0] - np.cumsum(counts) + counts, counts)
+    return (starts + np.arange(int(counts.sum()))).astype(np.int32)

@@ -94,6 +94,17 @@ class KvCacheClient {
   // Fetches and assembles the whole sequence per (layer, kv head).
   absl::StatusOr<FetchResult> Fetch(const std::string& sequence_id, const FetchOptions& options,
                                     const CallOptions& call = {});
+  // Fetches the buffers' layers as dense `options.dtype` straight into the caller's memory
+  // (LayerBuffers): on the same node a lease's records are copied (or decoded) from the
+  // mapped pool into the buffers with nothing in between; otherwise the gRPC chunks are
+  // copied in. INVALID_ARGUMENT for a buffer shape or dtype that does not match the
+  // sequence, OUT_OF_RANGE when a lane holds more tokens than capacity_tokens (checked before
+  // anything is written on the same-node path). On any error the buffers' contents are
+  // unspecified.
+  absl::StatusOr<FetchIntoResult> FetchInto(const std::string& sequence_id,
+                                            const std::vector<LayerBuffers>& buffers,
+                                            const FetchIntoOptions& options,
+                                            const CallOptions& call = {});
   absl::StatusOr<SequenceInfo> GetSequence(const std::string& sequence_id,
                                            const CallOptions& call = {});
   absl::StatusOr<ReleaseResult> Release(const std::string& sequence_id,

@@ -398,6 +398,32 @@ struct FetchResult {
   std::vector<FetchedHead> heads;
 };
 
+// Where FetchInto writes one layer: the caller's own memory (an engine's KV buffers), keys
+// and values each laid out [num_kv_heads][capacity_tokens][head_dim] of FetchIntoOptions'
+// dtype. Lane (layer, h)'s tokens fill rows [0, n) of head h; rows from n on are untouched.
+struct LayerBuffers {
+  int32_t layer = 0;
+  void* keys = nullptr;
+  void* values = nullptr;
+  int64_t capacity_tokens = 0;
+};
+
+struct FetchIntoOptions {
+  DType dtype = DType::kPoolDefault;  // F16, BF16 or F32: what the buffers hold (required)
+  int32_t num_kv_heads = 0;           // the buffers' shape; must match the sequence's
+  int32_t head_dim = 0;
+  bool include_unfinished = false;  // as FetchOptions
+  bool positions = false;           // also return each token's original position
+};
+
+struct FetchIntoResult {
+  int64_t visible_tokens = 0;
+  // Rows written per lane: buffers x kv heads, in buffer order (layer-major).
+  std::vector<int64_t> lane_tokens;
+  // With options.positions: each lane's positions, lanes in lane_tokens' order, concatenated.
+  std::vector<int32_t> positions;
+};
+
 struct ReleaseResult {
   int64_t freed_blocks = 0;
   int64_t freed_bytes = 0;
