@@ -299,6 +299,14 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
                            .Help("Calls refused for missing or invalid credentials.")
                            .Register(*m->registry_)
                            .Add({});
+  m->local_socket_ = &prometheus::BuildCounter()
+                          .Name("kvc_local_socket_events_total")
+                          .Help(
+                              "Same-node socket events: connected, refused (uid not allowed "
+                              "or too many readers), arena (a pool's fd handed out).")
+                          .Register(*m->registry_);
+  for (const char* event : {"connected", "refused", "arena"})
+    m->local_socket_->Add({{"event", event}});
   m->quota_refusals_ = &prometheus::BuildCounter()
                             .Name("kvc_tenant_call_limit_refusals_total")
                             .Help("Calls refused by a tenant's max_streams / max_compute_calls.")
@@ -350,6 +358,10 @@ void Metrics::RecordRpc(const char* service, const char* method, const char* cod
 }
 
 void Metrics::RecordAuthFailure() { auth_failures_->Increment(); }
+
+void Metrics::RecordLocalSocketEvent(const char* event) {
+  local_socket_->Add({{"event", event}}).Increment();
+}
 
 void Metrics::RecordQuotaRefusal(const std::string& tenant, const char* limit) {
   quota_refusals_->Add({{"tenant", tenant}, {"limit", limit}}).Increment();

@@ -48,6 +48,8 @@ class Metrics {
   void RecordAuthFailure();
   // A call refused by an authenticated tenant's call limit ("streams", "compute_calls").
   void RecordQuotaRefusal(const std::string& tenant, const char* limit);
+  // A same-node socket event (local_socket.h): "connected", "refused" or "arena".
+  void RecordLocalSocketEvent(const char* event);
 
   // The text exposition, as a scrape would return it (for tests and debugging).
   std::string Serialize() const;
@@ -66,6 +68,7 @@ class Metrics {
   prometheus::Gauge* draining_ = nullptr;
   prometheus::Counter* auth_failures_ = nullptr;
   prometheus::Family<prometheus::Counter>* quota_refusals_ = nullptr;
+  prometheus::Family<prometheus::Counter>* local_socket_ = nullptr;
   std::string address_;
 };
 

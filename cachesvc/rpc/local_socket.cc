@@ -97,13 +97,14 @@ void LocalSocket::Accept(std::vector<Conn>* conns) {
   if (fd < 0) return;
   uid_t uid = 0;
   if (!Allowed(fd, &uid)) {
-    refused_.fetch_add(1);
+    Event("refused");
     SendAll(fd, absl::StrCat("ERR uid ", uid,
                              " may not map this server's pools (local_socket_uids)\n"));
     ::close(fd);
     return;
   }
   if (conns->size() >= kMaxConnections) {
+    Event("refused");
     SendAll(fd, "ERR too many local readers connected\n");
     ::close(fd);
     return;
@@ -112,6 +113,7 @@ void LocalSocket::Accept(std::vector<Conn>* conns) {
     ::close(fd);
     return;
   }
+  Event("connected");
   conns->push_back(Conn{fd, {}});
 }
 
@@ -137,7 +139,7 @@ bool LocalSocket::Handle(Conn& conn) {
       continue;
     }
     if (!SendAll(conn.fd, absl::StrCat("OK ", arena->bytes, "\n"), arena->fd)) return false;
-    arenas_sent_.fetch_add(1);
+    Event("arena");
   }
   return conn.buffer.size() <= kMaxLine;
 }

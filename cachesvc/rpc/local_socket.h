@@ -17,7 +17,7 @@
 
 #include <sys/types.h>
 
-#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -32,6 +32,9 @@ struct LocalSocketOptions {
   std::string path;         // filesystem path of the socket; a stale file there is replaced
   std::vector<uid_t> uids;  // peers allowed; empty = this process's effective uid only
   std::string token;        // sent in the greeting
+  // Called from the socket's thread for each "connected" (greeted), "refused" (uid or too
+  // many readers) and "arena" (an fd handed out): the server counts them in metrics.
+  std::function<void(const char* event)> on_event;
 };
 
 class LocalSocket {
@@ -45,9 +48,6 @@ class LocalSocket {
   ~LocalSocket();
 
   const std::string& path() const { return options_.path; }
-  // Connections refused (uid) and arenas handed out since start.
-  int64_t refused() const { return refused_.load(); }
-  int64_t arenas_sent() const { return arenas_sent_.load(); }
 
  private:
   struct Conn {
@@ -61,14 +61,15 @@ class LocalSocket {
   // Handles the complete lines in the connection's buffer; false: close it.
   bool Handle(Conn& conn);
   bool Allowed(int fd, uid_t* uid) const;
+  void Event(const char* event) const {
+    if (options_.on_event) options_.on_event(event);
+  }
 
   const LocalSocketOptions options_;
   KvStore* const store_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: the destructor wakes the poll loop
   std::thread thread_;
-  std::atomic<int64_t> refused_{0};
-  std::atomic<int64_t> arenas_sent_{0};
 };
 
 }  // namespace kvc::cachesvc

@@ -49,6 +49,9 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   KvStoreOptions store_options = options.store;
   store_options.max_response_bytes = options.max_message_bytes - (int64_t{16} << 10);
   KVC_ASSIGN_OR_RETURN(server->store_, KvStore::Create(store_options));
+  KVC_ASSIGN_OR_RETURN(server->metrics_,
+                       Metrics::Create(options.metrics_listen, server->store_.get(),
+                                       /*name_all_tenants=*/options.auth.enabled()));
   if (!options.local_socket.empty()) {
     // A random token: the greeting proves a client reached this server, not another one
     // listening at the same path on another node or in another run.
@@ -57,15 +60,15 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
     for (int i = 0; i < 4; ++i) absl::StrAppend(&token, absl::Hex(rd(), absl::kZeroPad8));
     LocalSocketOptions local{options.local_socket,
                              {options.local_socket_uids.begin(), options.local_socket_uids.end()},
-                             token};
+                             token,
+                             [metrics = server->metrics_.get()](const char* event) {
+                               metrics->RecordLocalSocketEvent(event);
+                             }};
     KVC_ASSIGN_OR_RETURN(server->local_socket_, LocalSocket::Start(local, server->store_.get()));
     server->store_->SetLocalEndpoint(options.local_socket, token);
     KVC_LOG(INFO) << "same-node readers map host pools through unix socket "
                   << options.local_socket;
   }
-  KVC_ASSIGN_OR_RETURN(server->metrics_,
-                       Metrics::Create(options.metrics_listen, server->store_.get(),
-                                       /*name_all_tenants=*/options.auth.enabled()));
   server->access_ = std::make_unique<AccessControl>(server->auth_.get(), server->limits_.get(),
                                                     server->metrics_.get());
   server->kv_service_ = std::make_unique<KvCacheServiceImpl>(

@@ -67,7 +67,7 @@ class KvCacheServer {
   std::unique_ptr<KvCacheServiceImpl> kv_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> server_;
-  // Declared last: destroyed first, it hands out the store's arenas.
+  // Declared last: destroyed first, it hands out the store's arenas and counts in metrics_.
   std::unique_ptr<LocalSocket> local_socket_;
   std::string address_;
   int port_ = 0;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "cachesvc/metrics/metrics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/kv_data.h"
 #include "tests/testing/status_matchers.h"
@@ -115,6 +116,14 @@ TEST_F(LocalReadTest, FetchFromTheMappedPoolEqualsFetchOverGrpc) {
   EXPECT_EQ(stats.leases.granted, 18) << "one lease per local Fetch";
   EXPECT_EQ(stats.leases.released, 18) << "and each ended at once";
   EXPECT_EQ(stats.leases.active, 0);
+  // One reader connected, and mapped two arenas (f16; INT4 for the compressed sequence).
+  const std::string metrics = t.server->metrics()->Serialize();
+  EXPECT_NE(metrics.find("kvc_local_socket_events_total{event=\"connected\"} 1\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("kvc_local_socket_events_total{event=\"arena\"} 2\n"), std::string::npos);
+  EXPECT_NE(metrics.find("kvc_local_socket_events_total{event=\"refused\"} 0\n"),
+            std::string::npos);
   // A missing sequence is the same error either way.
   EXPECT_THAT(local->Fetch("s-nothing", {}).status(),
               testing::StatusIs(absl::StatusCode::kNotFound));
@@ -141,6 +150,9 @@ TEST_F(LocalReadTest, FallsBackToGrpcAndSaysWhy) {
     EXPECT_EQ(r.heads.size(), static_cast<size_t>(kLayers * kHeads));
     EXPECT_NE(c->DataPath().find("may not map this server's pools"), std::string::npos)
         << c->DataPath();
+    EXPECT_NE(t.server->metrics()->Serialize().find(
+                  "kvc_local_socket_events_total{event=\"refused\"} 1\n"),
+              std::string::npos);
   }
   {
     // Another server took over the path: its greeting carries another token.
