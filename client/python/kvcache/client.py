@@ -16,6 +16,7 @@ Thread-safe: share one Client.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar
 
@@ -31,10 +32,13 @@ from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
-from kvcache.errors import Aborted, Cancelled, FailedPrecondition, from_rpc_error
+from kvcache._local import LocalReader
+from kvcache.errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition,
+                            KvCacheError, Unavailable, from_rpc_error)
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
                            DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
-                           Prefix, PublishResult, ReleaseResult, StorageLike, parse_storage)
+                           Prefix, PublishResult, ReleaseResult, StorageLike, parse_dtype,
+                           parse_storage)
 
 T = TypeVar("T")
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -49,12 +53,15 @@ class Client:
                  tls_ca: Optional[PathLike] = None, tls_cert: Optional[PathLike] = None,
                  tls_key: Optional[PathLike] = None, tls_server_name: Optional[str] = None,
                  token: Optional[str] = None, max_message_bytes: int = 16 << 20,
-                 interceptors: Sequence[Any] = ()):
+                 interceptors: Sequence[Any] = (), local_reads: bool = True):
         """target: any gRPC target (host:port, unix:/path, dns:///...). timeout: default
         deadline of each call in seconds. max_attempts: for retried reads (1 = no retries).
         tls_ca: PEM CA file; set = TLS (tls_cert + tls_key for mTLS; tls_server_name when the
         certificate does not name the target's host). token: bearer token sent as
         ``authorization: Bearer <token>``. interceptors: grpc client interceptors.
+        local_reads: fetch() reads host pools from the server's memory when the server is on
+        this node and lets this process map its pools (its ``local_socket``; docs/
+        ARCHITECTURE.md "Same-node reads"); ``data_path`` says which path is used and why.
         Raises InvalidArgument for bad options or an unreadable TLS file."""
         self._s: Settings = make_settings(
             target, timeout=timeout, max_attempts=max_attempts, initial_backoff=initial_backoff,
@@ -70,6 +77,11 @@ class Client:
         self._channel = channel
         self._kv = svc_grpc.KvCacheServiceStub(channel)
         self._admin = admin_grpc.AdminServiceStub(channel)
+        # The same-node path, decided on the first fetch (kvcache/_local.py).
+        self._local_lock = threading.Lock()
+        self._local: Optional[LocalReader] = None
+        self._local_decided = not local_reads
+        self._data_path = "grpc (local_reads is off)" if not local_reads else "grpc (no fetch yet)"
         # Append requests arrive serialized by _codec.encode_append (one copy of the tensors).
         self._append = channel.unary_unary(
             _codec.KV_SERVICE + "Append", request_serializer=None,
@@ -83,6 +95,40 @@ class Client:
     def close(self) -> None:
         """Closes the channel; calls in flight are cancelled."""
         self._raw_channel.close()
+        with self._local_lock:
+            if self._local is not None:
+                self._local.close()
+
+    @property
+    def data_path(self) -> str:
+        """How fetch() moves bytes: "shared-memory (PATH)", or "grpc (why not shared
+        memory)". Decided on the first fetch."""
+        with self._local_lock:
+            return self._data_path
+
+    def _local_path(self, timeout: Optional[float]) -> Optional[LocalReader]:
+        with self._local_lock:
+            if self._local_decided:
+                return self._local
+            try:
+                info = self._call(self._admin.GetServerInfo, admin_pb.GetServerInfoRequest(),
+                                  timeout, retry=True)
+            except KvCacheError as e:
+                # Asked again on the next fetch only when the server could not be reached.
+                self._local_decided = not isinstance(e, (Unavailable, DeadlineExceeded))
+                self._data_path = f"grpc (GetServerInfo failed: {e})"
+                return None
+            self._local_decided = True
+            if not info.local_socket:
+                self._data_path = "grpc (the server has no local_socket)"
+                return None
+            try:
+                self._local = LocalReader(info.local_socket, info.local_token)
+            except KvCacheError as e:
+                self._data_path = f"grpc ({e.message})"
+                return None
+            self._data_path = f"shared-memory ({info.local_socket})"
+            return self._local
 
     def __enter__(self) -> "Client":
         return self
@@ -197,7 +243,23 @@ class Client:
               *, include_unfinished: bool = False, tenant: str = "",
               timeout: Optional[float] = None) -> FetchResult:
         """Fetches the visible tokens, dense in `dtype` (None = pool's), assembled per
-        (layer, kv head): result[(layer, head)].keys / .values [n, head_dim], .positions."""
+        (layer, kv head): result[(layer, head)].keys / .values [n, head_dim], .positions.
+        On the same node (``data_path``) the records are copied from the mapped pool under a
+        lease, when every one is stored in `dtype`'s raw format (others are decoded by the
+        server: over gRPC); the result is the same either way."""
+        local = self._local_path(timeout) if not tenant else None
+        if local is not None:
+            lease = self.lease_sequence(seq, layers, timeout=timeout)
+            try:
+                wanted = None if dtype is None else parse_dtype(dtype)
+                result = local.read(lease, wanted, include_unfinished)
+            finally:
+                try:  # best effort: the TTL ends it otherwise
+                    self.release_lease(lease, timeout=timeout)
+                except KvCacheError:
+                    pass
+            if result is not None:
+                return result
         assembler = _codec.FetchAssembler()
         for chunk in self.fetch_chunks(seq, layers, dtype, include_unfinished=include_unfinished,
                                        tenant=tenant, timeout=timeout):

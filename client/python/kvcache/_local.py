@@ -1,0 +1,172 @@
+"""Same-node reads for the Python client: the protocol of kvcached's local socket
+(cachesvc/rpc/local_socket.h) and reads of a Lease's records from the mapped host arenas, as
+the C++ client's LocalReader (client/src/local_reader.h) does.
+
+The reader connects to the socket the server names in GetServerInfo, checks that the
+greeting carries the server's token (the same server, not another one at that path),
+receives each arena's memfd once (SCM_RIGHTS) and maps it read-only. A read copies each
+lane's records out of the mapping with NumPy (one gather per segment). Records stored in
+another format than the requested dtype's raw one (INT4, FP8, ... or f16 asked as f32) are
+not decoded here: read() returns None and the caller fetches over gRPC.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
+from kvcache._proto.kvcache.v1 import types_pb2
+from kvcache.errors import Aborted, FailedPrecondition, Internal, Unavailable
+from kvcache.types import NUMPY_DTYPE, DType, FetchedHead, FetchResult, lease_positions
+
+_MAX_LINE = 512
+# The storage format whose records are exactly a dtype's rows.
+_RAW_FORMAT = {
+    DType.F16: types_pb2.STORAGE_FORMAT_F16,
+    DType.BF16: types_pb2.STORAGE_FORMAT_BF16,
+    DType.F32: types_pb2.STORAGE_FORMAT_F32,
+}
+
+
+class LocalReader:
+    """A connection to kvcached's local socket and the arenas mapped through it.
+    Thread-safe."""
+
+    def __init__(self, path: str, token: str):
+        """FailedPrecondition when the socket refuses this uid or greets with another token;
+        Unavailable when nothing listens at `path`."""
+        self.path = path
+        self._lock = threading.Lock()
+        self._maps: Dict[Tuple[str, int], Tuple[mmap.mmap, np.ndarray]] = {}
+        self._sock: Optional[socket.socket] = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.settimeout(10)
+            self._sock.connect(path)
+            greeting, fds = self._read_line()
+        except OSError as e:
+            self._sock.close()
+            raise Unavailable(f"local socket {path}: {e.strerror or e}") from None
+        for fd in fds:
+            os.close(fd)
+        if greeting != f"KVC-LOCAL 1 {token}":
+            self._sock.close()
+            if greeting.startswith("ERR "):
+                raise FailedPrecondition(f"{path} refused: {greeting[4:]}")
+            raise FailedPrecondition(f"{path} is another server's (its greeting carries "
+                                     "another token)")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self._maps.clear()  # each mmap closes when no array views it any more
+
+    def _read_line(self) -> Tuple[str, List[int]]:
+        assert self._sock is not None
+        line = b""
+        fds: List[int] = []
+        while not line.endswith(b"\n"):
+            data, got, _, _ = socket.recv_fds(self._sock, 1, 1)
+            fds.extend(got)
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                raise OSError("the server closed the local socket")
+            line += data
+            if len(line) > _MAX_LINE:
+                raise OSError("a reply line is too long")
+        return line[:-1].decode("utf-8", "replace"), fds
+
+    def _arena(self, pool: str, storage: int) -> np.ndarray:
+        """The mapped arena of (pool, storage format), as uint8, mapped on first use."""
+        with self._lock:
+            key = (pool, storage)
+            if key in self._maps:
+                return self._maps[key][1]
+            if self._sock is None:
+                raise Unavailable("the local socket broke earlier")
+            try:
+                self._sock.sendall(f"ARENA {pool} {storage}\n".encode())
+                reply, fds = self._read_line()
+            except OSError as e:
+                self._sock.close()
+                self._sock = None
+                raise Unavailable(f"local socket: {e}") from None
+            if not reply.startswith("OK ") or len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                raise FailedPrecondition(f"pool '{pool}' cannot be mapped: {reply[:200]}")
+            try:
+                size = int(reply[3:])
+                m = mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            finally:
+                os.close(fds[0])  # the mapping keeps the memory
+            array = np.frombuffer(m, dtype=np.uint8)
+            self._maps[key] = (m, array)
+            return array
+
+    def read(self, lease: svc.Lease, dtype: Optional[DType],
+             include_unfinished: bool) -> Optional[FetchResult]:
+        """The lease's tokens below each layer's limit (visible tokens, or the layer's
+        appended ones with include_unfinished) as a dense FetchResult equal to a gRPC fetch
+        of the same layers; None when a segment would need decoding (fetch over gRPC then).
+        Aborted when the lease could have ended before the read finished."""
+        dt = DType(lease.dtype) if dtype is None or dtype == DType.POOL else DType(dtype)
+        raw = _RAW_FORMAT.get(dt)
+        if raw is None or lease.device != "cpu":
+            return None
+        if any(s.format != raw for lane in lease.lanes for s in lane.segments):
+            return None
+        np_dtype = NUMPY_DTYPE[dt]
+        layouts = {a.format: a for a in lease.arenas}
+        bt = lease.block_tokens
+        heads: Dict[Tuple[int, int], FetchedHead] = {}
+        layer_limit = {layer: (lease.layer_tokens[i] if include_unfinished
+                               else lease.visible_tokens)
+                       for i, layer in enumerate(lease.layers)}
+        for lane in lease.lanes:
+            limit = layer_limit[lane.layer]
+            keys, values, positions = [], [], []
+            for seg in lane.segments:
+                pos = lease_positions(seg)
+                if len(pos) == 0:
+                    continue
+                layout = layouts.get(seg.format)
+                if layout is None:
+                    raise Internal("the lease names no arena for a segment")
+                arena = self._arena(lease.pool, seg.format)
+                blocks = np.asarray(seg.blocks, dtype=np.int64)
+                total = arena.size // layout.block_bytes
+                if blocks.size and (blocks.min() < 0 or blocks.max() >= total):
+                    raise Internal(f"a lease block is outside the {arena.size}-byte arena")
+                per_block = arena[:total * layout.block_bytes].reshape(total, layout.block_bytes)
+                rb = layout.record_bytes
+                keep = pos < limit
+                for offset, out in ((layout.key_offset, keys), (layout.value_offset, values)):
+                    # One gather: each block's records of this lane, then the stored tokens.
+                    rows = per_block[blocks, offset:offset + bt * rb].reshape(-1, rb)[:len(pos)]
+                    out.append(rows if keep.all() else rows[keep])
+                positions.append(pos[keep])
+            n = sum(len(p) for p in positions)
+            if n == 0:
+                continue  # as gRPC: a lane with no tokens sends no chunk
+            k = keys[0] if len(keys) == 1 else np.concatenate(keys)
+            v = values[0] if len(values) == 1 else np.concatenate(values)
+            p = positions[0] if len(positions) == 1 else np.concatenate(positions)
+            heads[(lane.layer, lane.kv_head)] = FetchedHead(
+                k.view(np_dtype).reshape(n, lease.head_dim),
+                v.view(np_dtype).reshape(n, lease.head_dim), p)
+        # A block of an expired lease may have been handed to another sequence meanwhile.
+        if time.time() * 1000 >= lease.expires_unix_ms:
+            raise Aborted("the lease expired while it was read; fetch again")
+        # As the gRPC path, whose dtype comes with the chunks: POOL when there were none.
+        return FetchResult(visible_tokens=lease.visible_tokens,
+                           dtype=dt if heads else DType.POOL, heads=heads)

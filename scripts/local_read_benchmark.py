@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""What a same-node fetch costs in Python against a gRPC fetch and a NumPy copy of the same
+bytes, through a real kvcached (with a local_socket) on this node and the Python client
+(pip install ./client/python).
+
+A sequence of --tokens tokens of Llama-3-8B's KV shape (32 layers x 8 kv heads x head_dim 128,
+f16: 128 KiB per token) is appended once; each round then measures, in the same run:
+  copy     np.copyto of the same bytes between two preallocated arrays (the baseline)
+  grpc     Client(local_reads=False).fetch(seq)
+  local    Client().fetch(seq): a lease, each lane gathered from the mapped pool, released
+and checks that both fetches return the appended bytes.
+
+  scripts/local_read_benchmark.py [--kvcached build/cachesvc/kvcached] [--tokens 2048]
+                                  [--rounds 5] [--json FILE]
+
+Medians over rounds. A measurement, not a test: it asserts nothing about speed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+import kvcache
+
+LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
+LISTENING = re.compile(r"kvcached listening on (127\.0\.0\.1:\d+)")
+
+
+def start(binary: str, capacity: int, tmp: pathlib.Path):
+    config = tmp / "kvcached.textproto"
+    config.write_text(
+        'pools { name: "bench" capacity_bytes: %d geometry { num_layers: %d num_kv_heads: %d '
+        'num_query_heads: %d head_dim: %d dtype: DTYPE_F16 } }\nlocal_socket: "%s"\n'
+        % (capacity, LAYERS, KV_HEADS, 4 * KV_HEADS, HEAD_DIM, tmp / "kvcached.sock"))
+    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", f"--config={config}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    found, target = threading.Event(), []
+
+    def read() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            m = LISTENING.search(line)
+            if m and not target:
+                target.append(m.group(1))
+                found.set()
+        found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not found.wait(15) or not target:
+        proc.kill()
+        sys.exit("kvcached did not start")
+    return proc, target[0]
+
+
+def check(result: kvcache.FetchResult, keys: np.ndarray, values: np.ndarray, tokens: int) -> None:
+    for layer in range(LAYERS):
+        for head in range(KV_HEADS):
+            h = result[(layer, head)]
+            if (h.keys.shape != (tokens, HEAD_DIM) or not np.array_equal(h.keys, keys[:, head])
+                    or not np.array_equal(h.values, values[:, head])):
+                sys.exit(f"fetch returned other bytes for layer {layer} head {head}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kvcached", default="build/cachesvc/kvcached")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    token_bytes = LAYERS * KV_HEADS * HEAD_DIM * 2 * 2
+    total = args.tokens * token_bytes
+    rng = np.random.default_rng(0)
+    keys = rng.standard_normal((args.tokens, KV_HEADS, HEAD_DIM)).astype(np.float16)
+    values = rng.standard_normal((args.tokens, KV_HEADS, HEAD_DIM)).astype(np.float16)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, target = start(args.kvcached, total + total // 4 + (64 << 20), pathlib.Path(tmp))
+        try:
+            with kvcache.Client(target, timeout=600, max_message_bytes=64 << 20) as local, \
+                    kvcache.Client(target, timeout=600, local_reads=False,
+                                   max_message_bytes=64 << 20) as remote:
+                seq = remote.create_sequence(pool="bench").sequence_id
+                per_message = max(1, (1 << 20) // (KV_HEADS * HEAD_DIM * 2))
+                with remote.append_stream() as stream:
+                    for at in range(0, args.tokens, per_message):
+                        n = min(per_message, args.tokens - at)
+                        for layer in range(LAYERS):
+                            stream.append(seq, layer, at, keys[at:at + n], values[at:at + n])
+                src = np.ones(total, dtype=np.uint8)
+                dst = np.zeros(total, dtype=np.uint8)
+                times = {"copy": [], "grpc": [], "local": []}
+                for _ in range(args.rounds):
+                    t0 = time.perf_counter()
+                    np.copyto(dst, src)
+                    times["copy"].append(time.perf_counter() - t0)
+                    for name, client in (("grpc", remote), ("local", local)):
+                        t0 = time.perf_counter()
+                        result = client.fetch(seq)
+                        times[name].append(time.perf_counter() - t0)
+                        check(result, keys, values, args.tokens)
+                        del result
+                path = local.data_path
+        finally:
+            proc.kill()
+            proc.wait()
+    gbps = {k: total / 1e9 / statistics.median(v) for k, v in times.items()}
+    print(f"local_read_benchmark: {args.tokens} tokens x {LAYERS} layers x {KV_HEADS} kv heads x "
+          f"{HEAD_DIM} f16 = {total / 2**20:.0f} MiB, median of {args.rounds} rounds")
+    print(f"{'measurement':<34} {'GB/s':>8} {'vs copy':>9} {'vs gRPC':>9}")
+    for name, label in (("copy", "NumPy copy of the same bytes"), ("grpc", "fetch over gRPC"),
+                        ("local", "fetch, same-node mapping")):
+        print(f"{label:<34} {gbps[name]:8.3f} {gbps[name] / gbps['copy']:9.3f} "
+              f"{gbps[name] / gbps['grpc']:9.3f}")
+    print(f"data path: {path}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(
+            {"tokens": args.tokens, "bytes": total, "rounds": args.rounds, "gbps": gbps,
+             "data_path": path}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
