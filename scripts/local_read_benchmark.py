@@ -20,45 +20,24 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
 
 import kvcache
+from bench_kvcached import start_kvcached
 
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
-LISTENING = re.compile(r"kvcached listening on (127\.0\.0\.1:\d+)")
 
 
 def start(binary: str, capacity: int, tmp: pathlib.Path):
-    config = tmp / "kvcached.textproto"
-    config.write_text(
+    return start_kvcached(binary, (
         'pools { name: "bench" capacity_bytes: %d geometry { num_layers: %d num_kv_heads: %d '
         'num_query_heads: %d head_dim: %d dtype: DTYPE_F16 } }\nlocal_socket: "%s"\n'
-        % (capacity, LAYERS, KV_HEADS, 4 * KV_HEADS, HEAD_DIM, tmp / "kvcached.sock"))
-    proc = subprocess.Popen([binary, "--listen=127.0.0.1:0", f"--config={config}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    found, target = threading.Event(), []
-
-    def read() -> None:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            m = LISTENING.search(line)
-            if m and not target:
-                target.append(m.group(1))
-                found.set()
-        found.set()
-
-    threading.Thread(target=read, daemon=True).start()
-    if not found.wait(15) or not target:
-        proc.kill()
-        sys.exit("kvcached did not start")
-    return proc, target[0]
+        % (capacity, LAYERS, KV_HEADS, 4 * KV_HEADS, HEAD_DIM, tmp / "kvcached.sock")), tmp)
 
 
 def check(result: kvcache.FetchResult, keys: np.ndarray, values: np.ndarray, tokens: int) -> None:

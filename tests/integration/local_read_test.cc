@@ -39,6 +39,24 @@ absl::Status Prefill(client::KvCacheClient& c, const std::string& id, int n, int
   return absl::OkStatus();
 }
 
+// A new sequence with `n` tokens in its first `layers` layers.
+absl::StatusOr<std::string> Filled(client::KvCacheClient& c, int n,
+                                   const client::CreateSequenceOptions& options = {},
+                                   int layers = kLayers) {
+  absl::StatusOr<client::SequenceInfo> s = c.CreateSequence(options);
+  if (!s.ok()) return s.status();
+  if (absl::Status p = Prefill(c, s->sequence_id, n, layers); !p.ok()) return p;
+  return s->sequence_id;
+}
+
+// INT4 with a raw residual window: two segments per lane, two arenas.
+client::CreateSequenceOptions Int4WithResidual() {
+  client::CreateSequenceOptions o;
+  o.policy = client::CompressionSpec{}.WithStorage(client::StorageFormat::kInt4G32);
+  o.policy.residual_tokens = 16;
+  return o;
+}
+
 void ExpectSame(const client::FetchResult& a, const client::FetchResult& b) {
   EXPECT_EQ(a.visible_tokens, b.visible_tokens);
   EXPECT_EQ(a.dtype, b.dtype);
@@ -84,17 +102,10 @@ TEST_F(LocalReadTest, FetchFromTheMappedPoolEqualsFetchOverGrpc) {
   auto local = Client(t.server->address(), /*local=*/true);
   auto remote = Client(t.server->address(), /*local=*/false);
   EXPECT_EQ(local->DataPath(), "grpc (no Fetch yet)");
-  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo raw, local->CreateSequence({}));
-  ASSERT_TRUE(Prefill(*local, raw.sequence_id, 100).ok());
-  // INT4 with a raw residual window: two segments per lane, two arenas.
-  client::CreateSequenceOptions int4;
-  int4.policy = client::CompressionSpec{}.WithStorage(client::StorageFormat::kInt4G32);
-  int4.policy.residual_tokens = 16;
-  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo q, local->CreateSequence(int4));
-  ASSERT_TRUE(Prefill(*local, q.sequence_id, 90).ok());
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string raw, Filled(*local, 100));
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string q, Filled(*local, 90, Int4WithResidual()));
   // One layer ahead of the others: visible vs unfinished tokens.
-  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo ahead, local->CreateSequence({}));
-  ASSERT_TRUE(Prefill(*local, ahead.sequence_id, 40, 1).ok());
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string ahead, Filled(*local, 40, {}, /*layers=*/1));
 
   std::vector<client::FetchOptions> cases(6);
   cases[1].dtype = client::DType::kF32;
@@ -102,7 +113,7 @@ TEST_F(LocalReadTest, FetchFromTheMappedPoolEqualsFetchOverGrpc) {
   cases[3].layers = {2, 0};
   cases[4].dtype = client::DType::kBF16;
   cases[5].include_unfinished = true;
-  for (const std::string& id : {raw.sequence_id, q.sequence_id, ahead.sequence_id}) {
+  for (const std::string& id : {raw, q, ahead}) {
     for (size_t c = 0; c < cases.size(); ++c) {
       SCOPED_TRACE(::testing::Message() << id << " case " << c);
       KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult mine, local->Fetch(id, cases[c]));
@@ -135,18 +146,16 @@ TEST_F(LocalReadTest, FallsBackToGrpcAndSaysWhy) {
     o.local_socket.clear();
     testing::TestServer t = testing::StartTestServer(o);
     auto c = Client(t.server->address(), /*local=*/true);
-    KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, c->CreateSequence({}));
-    ASSERT_TRUE(Prefill(*c, s.sequence_id, 20).ok());
-    KVC_ASSERT_OK(c->Fetch(s.sequence_id, {}).status());
+    KVC_ASSERT_OK_AND_ASSIGN(const std::string s, Filled(*c, 20));
+    KVC_ASSERT_OK(c->Fetch(s, {}).status());
     EXPECT_EQ(c->DataPath(), "grpc (the server has no local_socket)");
   }
   {
     // This uid is not on the list: the socket refuses, the client reads over gRPC.
     testing::TestServer t = testing::StartTestServer(Options({::geteuid() + 1}));
     auto c = Client(t.server->address(), /*local=*/true);
-    KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, c->CreateSequence({}));
-    ASSERT_TRUE(Prefill(*c, s.sequence_id, 20).ok());
-    KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult r, c->Fetch(s.sequence_id, {}));
+    KVC_ASSERT_OK_AND_ASSIGN(const std::string s, Filled(*c, 20));
+    KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult r, c->Fetch(s, {}));
     EXPECT_EQ(r.heads.size(), static_cast<size_t>(kLayers * kHeads));
     EXPECT_NE(c->DataPath().find("may not map this server's pools"), std::string::npos)
         << c->DataPath();
@@ -159,9 +168,8 @@ TEST_F(LocalReadTest, FallsBackToGrpcAndSaysWhy) {
     testing::TestServer first = testing::StartTestServer(Options());
     testing::TestServer second = testing::StartTestServer(Options());
     auto c = Client(first.server->address(), /*local=*/true);
-    KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, c->CreateSequence({}));
-    ASSERT_TRUE(Prefill(*c, s.sequence_id, 20).ok());
-    KVC_ASSERT_OK(c->Fetch(s.sequence_id, {}).status());
+    KVC_ASSERT_OK_AND_ASSIGN(const std::string s, Filled(*c, 20));
+    KVC_ASSERT_OK(c->Fetch(s, {}).status());
     EXPECT_NE(c->DataPath().find("another server's"), std::string::npos) << c->DataPath();
   }
 }
@@ -173,27 +181,18 @@ TEST_F(LocalReadTest, FetchIntoWritesWhatFetchReturnsOnBothPaths) {
   testing::TestServer t = testing::StartTestServer(Options());
   auto local = Client(t.server->address(), /*local=*/true);
   auto remote = Client(t.server->address(), /*local=*/false);
-  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo raw, local->CreateSequence({}));
-  ASSERT_TRUE(Prefill(*local, raw.sequence_id, 100).ok());
-  client::CreateSequenceOptions int4;
-  int4.policy = client::CompressionSpec{}.WithStorage(client::StorageFormat::kInt4G32);
-  int4.policy.residual_tokens = 16;
-  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo q, local->CreateSequence(int4));
-  ASSERT_TRUE(Prefill(*local, q.sequence_id, 90).ok());
-  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo sink, local->CreateSequence({}));
-  ASSERT_TRUE(Prefill(*local, sink.sequence_id, 120).ok());
-  KVC_ASSERT_OK(
-      local->Compress(sink.sequence_id, client::CompressionSpec::StreamingLlm(4, 30)).status());
-  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo ahead, local->CreateSequence({}));
-  ASSERT_TRUE(Prefill(*local, ahead.sequence_id, 40, 1).ok());
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string raw, Filled(*local, 100));
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string q, Filled(*local, 90, Int4WithResidual()));
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string sink, Filled(*local, 120));
+  KVC_ASSERT_OK(local->Compress(sink, client::CompressionSpec::StreamingLlm(4, 30)).status());
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string ahead, Filled(*local, 40, {}, /*layers=*/1));
 
   constexpr int64_t kCapacity = 128;
   const std::vector<int32_t> layers = {2, 0};
   for (const client::DType dtype : {client::DType::kF16, client::DType::kF32}) {
     const size_t row = kDim * (dtype == client::DType::kF32 ? 4 : 2);
     const size_t bytes = kHeads * kCapacity * row;
-    for (const std::string& id :
-         {raw.sequence_id, q.sequence_id, sink.sequence_id, ahead.sequence_id}) {
+    for (const std::string& id : {raw, q, sink, ahead}) {
       for (const bool unfinished : {false, true}) {
         client::FetchOptions fetch;
         fetch.layers = {2, 0};
@@ -251,8 +250,7 @@ TEST_F(LocalReadTest, FetchIntoRefusesBuffersThatDoNotFit) {
   testing::TestServer t = testing::StartTestServer(Options());
   auto local = Client(t.server->address(), /*local=*/true);
   auto remote = Client(t.server->address(), /*local=*/false);
-  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, local->CreateSequence({}));
-  ASSERT_TRUE(Prefill(*local, s.sequence_id, 50).ok());
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string s, Filled(*local, 50));
   std::string keys(kHeads * 64 * kDim * 2, '\0'), values = keys;
   client::FetchIntoOptions into;
   into.dtype = client::DType::kF16;
@@ -262,26 +260,24 @@ TEST_F(LocalReadTest, FetchIntoRefusesBuffersThatDoNotFit) {
     SCOPED_TRACE(c == local.get() ? "same-node" : "grpc");
     // 50 tokens, room for 40 rows per head.
     const std::string untouched(keys.size(), '\0');
-    absl::Status small =
-        c->FetchInto(s.sequence_id, {{1, keys.data(), values.data(), 40}}, into).status();
+    absl::Status small = c->FetchInto(s, {{1, keys.data(), values.data(), 40}}, into).status();
     EXPECT_THAT(small, testing::StatusIs(absl::StatusCode::kOutOfRange));
     EXPECT_NE(small.message().find("holds"), std::string::npos) << small;
     if (c == local.get()) EXPECT_EQ(keys, untouched) << "checked before anything is written";
     client::FetchIntoOptions heads = into;
     heads.num_kv_heads = kHeads + 1;
-    EXPECT_THAT(c->FetchInto(s.sequence_id, {{1, keys.data(), values.data(), 64}}, heads),
+    EXPECT_THAT(c->FetchInto(s, {{1, keys.data(), values.data(), 64}}, heads),
                 testing::StatusIs(absl::StatusCode::kInvalidArgument));
     client::FetchIntoOptions dim = into;
     dim.head_dim = kDim / 2;
-    EXPECT_THAT(c->FetchInto(s.sequence_id, {{1, keys.data(), values.data(), 64}}, dim),
+    EXPECT_THAT(c->FetchInto(s, {{1, keys.data(), values.data(), 64}}, dim),
                 testing::StatusIs(absl::StatusCode::kInvalidArgument));
     client::FetchIntoOptions pool_default = into;
     pool_default.dtype = client::DType::kPoolDefault;
-    EXPECT_THAT(c->FetchInto(s.sequence_id, {{1, keys.data(), values.data(), 64}}, pool_default),
+    EXPECT_THAT(c->FetchInto(s, {{1, keys.data(), values.data(), 64}}, pool_default),
                 testing::StatusIs(absl::StatusCode::kInvalidArgument));
     EXPECT_THAT(
-        c->FetchInto(s.sequence_id,
-                     {{1, keys.data(), values.data(), 64}, {1, keys.data(), values.data(), 64}},
+        c->FetchInto(s, {{1, keys.data(), values.data(), 64}, {1, keys.data(), values.data(), 64}},
                      into),
         testing::StatusIs(absl::StatusCode::kInvalidArgument));
     EXPECT_THAT(c->FetchInto("s-nothing", {{1, keys.data(), values.data(), 64}}, into),
