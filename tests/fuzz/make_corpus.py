@@ -107,6 +107,11 @@ def request_seeds():
         "fork": (15, ld(1, "fz") + ld(2, "fz-fork")),
         "lookup_prefix": (16, ld(1, "f") + ld(2, prefix) + vi(3, 6)),
         "publish_prefix": (17, ld(1, "fz") + ld(2, prefix)),
+        "lease_all": (18, ld(1, "fz")),
+        "lease_layer_ttl": (18, ld(1, "fz") + packed(2, [1]) + vi(3, 2000)),
+        "renew_lease": (19, ld(1, "l-0000000000000000") + vi(2, 1000)),
+        "release_lease": (20, ld(1, "l-0000000000000000")),
+        "server_info": (21, b""),
     }
     return {name: bytes([rpc]) + msg for name, (rpc, msg) in seeds.items()}
 

@@ -7,8 +7,9 @@
 //
 // Before each input the fuzzer creates sequence "fz" (12 tokens on both layers of pool "f")
 // so that requests naming it reach the core; the seed corpus and the dictionary use that
-// id. After each input every sequence is released and draining is switched off, and the
-// pools must be back to zero blocks (no block leaked by any path).
+// id. After each input every sequence is released, every lease the input was granted is
+// ended (LeaseSequence answers carry their ids), draining is switched off, and the pools must
+// be back to zero blocks (no block leaked by any path, leases included).
 //
 // A refusal must carry a specific code that tells the caller what to fix; UNKNOWN, INTERNAL
 // (a bug on validated input), DATA_LOSS and UNIMPLEMENTED are findings and abort. So does a
@@ -21,6 +22,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cachesvc/rpc/server.h"
 #include "google/protobuf/stubs/logging.h"
@@ -40,6 +42,7 @@ struct Harness {
   std::unique_ptr<KvCacheServer> server;
   std::unique_ptr<v1::KvCacheService::Stub> kv;
   std::unique_ptr<v1::AdminService::Stub> admin;
+  std::vector<std::string> leases;  // granted by the current input; ended by Cleanup
 };
 
 // Two small pools: "f" (f16, RoPE, 2 layers x 2 kv heads x 4 query heads x d 32, 8 tokens a
@@ -117,14 +120,18 @@ void Seed(kvc::cachesvc::KvStore& store) {
   }
 }
 
-// Releases every sequence of every scope and checks that no block stays in use.
-void Cleanup(KvCacheServer& server) {
+// Releases every sequence of every scope, then ends the leases the input was granted (they
+// keep their blocks past Release), and checks that no block stays in use.
+void Cleanup(Harness& h) {
+  KvCacheServer& server = *h.server;
   server.SetDraining(false);
   kvc::cachesvc::KvStore& store = *server.store();
   auto list = store.ListSequences(kvc::cachesvc::ListSequencesParams{});
   if (!list.ok()) std::abort();
-  // No authentication here, so every sequence is in scope "".
+  // No authentication here, so every sequence and lease is in scope "".
   for (const auto& s : list->sequences) (void)store.Release(s.id);
+  for (const std::string& lease : h.leases) (void)store.ReleaseLease("", lease);
+  h.leases.clear();
   for (const char* pool : {"f", "b"}) {
     auto stats = store.GetPoolStats(pool);
     // A published prefix stays cached (held by the index alone, "unreferenced") after its
@@ -268,6 +275,23 @@ void Send(Harness& h, int rpc, const uint8_t* data, size_t size) {
       return Unary<v1::PublishPrefixRequest, v1::PublishPrefixResponse>(
           data, size, "PublishPrefix",
           [&](auto* c, const auto& q, auto* r) { return kv.PublishPrefix(c, q, r); });
+    case 18: {
+      v1::LeaseRequest request;
+      if (!Parse(data, size, &request)) return;
+      grpc::ClientContext context;
+      v1::Lease response;
+      const grpc::Status status = kv.LeaseSequence(&context, request, &response);
+      if (status.ok()) h.leases.push_back(response.lease_id());
+      return CheckStatus(status, "LeaseSequence");
+    }
+    case 19:
+      return Unary<v1::RenewLeaseRequest, v1::RenewLeaseResponse>(
+          data, size, "RenewLease",
+          [&](auto* c, const auto& q, auto* r) { return kv.RenewLease(c, q, r); });
+    case 20:
+      return Unary<v1::ReleaseLeaseRequest, v1::ReleaseLeaseResponse>(
+          data, size, "ReleaseLease",
+          [&](auto* c, const auto& q, auto* r) { return kv.ReleaseLease(c, q, r); });
     default:
       return Unary<v1::GetServerInfoRequest, v1::ServerInfo>(
           data, size, "GetServerInfo",
@@ -275,7 +299,7 @@ void Send(Harness& h, int rpc, const uint8_t* data, size_t size) {
   }
 }
 
-constexpr int kRpcs = 19;
+constexpr int kRpcs = 22;
 
 }  // namespace
 
@@ -284,6 +308,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Harness& h = GetHarness();
   Seed(*h.server->store());
   Send(h, data[0] % kRpcs, data + 1, size - 1);
-  Cleanup(*h.server);
+  Cleanup(h);
   return 0;
 }
