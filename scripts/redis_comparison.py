@@ -12,7 +12,7 @@ layers x 8 kv heads x head_dim 128, f16: 128 KiB per token), random values.
             holding that chunk's K and V of every layer (how LMCache parks KV), SET and GET
             pipelined per sequence.
 Every restored byte is compared with what was stored (a low-bit restore: within the format's
-error). Server memory = the server process's RSS after storing minus before, per token.
+error), outside the timed part. Server memory = the server process's RSS after storing minus before, per token.
 
   scripts/redis_comparison.py [--kvcached build/cachesvc/kvcached] [--redis-server
       redis-server] [--sequences 8] [--tokens 2048] [--storage f16|int4_g64|nvfp4]
@@ -94,10 +94,13 @@ def run_kvcached(a: argparse.Namespace, kv: List[np.ndarray]) -> Dict[str, float
                 grown = rss_bytes(proc.pid) - before
                 out = {"store_s": store, "server_bytes_per_token": grown / tokens}
                 for name, client in (("restore_grpc_s", grpc_client), ("restore_local_s", local)):
-                    t0 = time.perf_counter()
+                    out[name] = 0.0
                     for seq, s in zip(seqs, kv):
-                        check(client.fetch(seq), s, exact=a.storage == "f16")
-                    out[name] = time.perf_counter() - t0
+                        t0 = time.perf_counter()
+                        result = client.fetch(seq)
+                        out[name] += time.perf_counter() - t0
+                        check(result, s, exact=a.storage == "f16")  # not timed
+                        del result
                 out["local_data_path"] = local.data_path  # type: ignore[assignment]
                 return out
         finally:
@@ -147,17 +150,19 @@ def run_redis(a: argparse.Namespace, kv: List[np.ndarray]) -> Dict[str, float]:
             pipe.execute()
         store = time.perf_counter() - t0
         grown = rss_bytes(proc.pid) - before
-        t0 = time.perf_counter()
+        restore = 0.0
         for i, s in enumerate(kv):
+            t0 = time.perf_counter()
             pipe = r.pipeline(transaction=False)
             for at in range(0, a.tokens, CHUNK):
                 pipe.get(f"seq{i}:{at}")
-            for at, blob in zip(range(0, a.tokens, CHUNK), pipe.execute()):
+            blobs = pipe.execute()
+            restore += time.perf_counter() - t0
+            for at, blob in zip(range(0, a.tokens, CHUNK), blobs):  # not timed
                 got = np.frombuffer(blob, dtype=np.float16).reshape(2, LAYERS, -1, KV_HEADS,
                                                                     HEAD_DIM)
                 if not np.array_equal(got, s[:, :, at:at + CHUNK]):
                     sys.exit(f"redis restored other bytes (sequence {i}, token {at})")
-        restore = time.perf_counter() - t0
         r.close()
         return {"store_s": store, "restore_s": restore, "server_bytes_per_token": grown / tokens}
     finally:
