@@ -273,6 +273,12 @@ absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const Fe
     if (!absl::IsUnimplemented(read)) return read;
     // A device pool's arenas cannot be mapped here: its records come over gRPC.
   }
+  return FetchChunksOverGrpc(sequence_id, options, on_chunk, call);
+}
+
+absl::Status KvCacheClient::FetchChunksOverGrpc(
+    const std::string& sequence_id, const FetchOptions& options,
+    const std::function<absl::Status(FetchedChunk&)>& on_chunk, const CallOptions& call) {
   pb::FetchRequest request;
   request.set_sequence_id(sequence_id);
   for (int layer : options.layers) request.add_layers(layer);
@@ -363,9 +369,9 @@ absl::StatusOr<FetchResult> KvCacheClient::Fetch(const std::string& sequence_id,
 
 namespace {
 
-// What FetchInto can check before asking the server anything.
-absl::Status CheckBuffers(const std::vector<LayerBuffers>& buffers,
-                          const FetchIntoOptions& options) {
+// What FetchInto can check before asking the server anything; the buffers' layers.
+absl::StatusOr<std::vector<int32_t>> CheckBuffers(const std::vector<LayerBuffers>& buffers,
+                                                  const FetchIntoOptions& options) {
   if (options.dtype != DType::kF16 && options.dtype != DType::kBF16 &&
       options.dtype != DType::kF32) {
     return absl::InvalidArgumentError("FetchInto: options.dtype must be F16, BF16 or F32");
@@ -386,7 +392,7 @@ absl::Status CheckBuffers(const std::vector<LayerBuffers>& buffers,
     }
     layers.push_back(b.layer);
   }
-  return absl::OkStatus();
+  return layers;
 }
 
 }  // namespace
@@ -395,9 +401,9 @@ absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequ
                                                          const std::vector<LayerBuffers>& buffers,
                                                          const FetchIntoOptions& options,
                                                          const CallOptions& call) {
-  if (absl::Status s = CheckBuffers(buffers, options); !s.ok()) return s;
-  std::vector<int32_t> layers(buffers.size());
-  for (size_t b = 0; b < buffers.size(); ++b) layers[b] = buffers[b].layer;
+  absl::StatusOr<std::vector<int32_t>> checked = CheckBuffers(buffers, options);
+  if (!checked.ok()) return checked.status();
+  const std::vector<int32_t>& layers = *checked;
   if (internal::LocalReader* local = LocalPath(call); local != nullptr) {
     absl::StatusOr<Lease> lease = LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
     if (!lease.ok()) return lease.status();
@@ -428,7 +434,8 @@ absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequ
   fetch.layers.assign(layers.begin(), layers.end());
   fetch.dtype = options.dtype;
   fetch.include_unfinished = options.include_unfinished;
-  absl::Status status = FetchChunks(
+  // Straight to gRPC: the same-node path, if any, was tried above.
+  absl::Status status = FetchChunksOverGrpc(
       sequence_id, fetch,
       [&](FetchedChunk& chunk) -> absl::Status {
         const size_t b = static_cast<size_t>(std::find(layers.begin(), layers.end(), chunk.layer) -

@@ -174,6 +174,10 @@ class KvCacheClient {
   explicit KvCacheClient(std::unique_ptr<Impl> impl);
   // The same-node reader, when this client may use one (decided once); null: gRPC.
   internal::LocalReader* LocalPath(const CallOptions& call);
+  // FetchChunks' gRPC half: the chunks of a Fetch stream, retried before the first one.
+  absl::Status FetchChunksOverGrpc(const std::string& sequence_id, const FetchOptions& options,
+                                   const std::function<absl::Status(FetchedChunk&)>& on_chunk,
+                                   const CallOptions& call);
   std::unique_ptr<Impl> impl_;
 };
 
