@@ -90,12 +90,44 @@ grpc::Status KvCacheServiceImpl::ReleaseLease(grpc::ServerContext* context,
   return scope.Finish(grpc::Status::OK);
 }
 
+absl::StatusOr<AppendParams> KvCacheServiceImpl::AppendFromProto(
+    const pb::AppendRequest& request, std::shared_ptr<const StagingRegion>* hold) const {
+  KVC_ASSIGN_OR_RETURN(AppendParams params, FromProto(request));
+  if (!request.has_staged()) return params;
+  if (!request.keys().empty() || !request.values().empty()) {
+    return absl::InvalidArgumentError(
+        "an Append carries its keys and values either in keys/values or in staged, not both");
+  }
+  if (staging_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this server has no local_socket, so no staging regions: send keys and values in the "
+        "request");
+  }
+  const pb::StagedKv& staged = request.staged();
+  KVC_ASSIGN_OR_RETURN(*hold, staging_->Find(staged.region_id()));
+  const int64_t size = (*hold)->bytes();
+  const int64_t n = staged.bytes();
+  for (const int64_t offset : {staged.keys_offset(), staged.values_offset()}) {
+    // Written so that nothing overflows: every term is in [0, size].
+    if (n < 0 || offset < 0 || n > size || offset > size - n) {
+      return absl::OutOfRangeError(absl::StrCat("staged bytes [", offset, ", +", n,
+                                                ") do not lie in the ", size,
+                                                "-byte staging region"));
+    }
+  }
+  const char* base = reinterpret_cast<const char*>((*hold)->data());
+  params.keys = absl::string_view(base + staged.keys_offset(), static_cast<size_t>(n));
+  params.values = absl::string_view(base + staged.values_offset(), static_cast<size_t>(n));
+  return params;
+}
+
 grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext* context,
                                         const pb::AppendRequest* request,
                                         pb::AppendResponse* response) {
   RpcScope scope(metrics_, kService, "Append");
   KVC_AUTHENTICATE_OR_FINISH(caller);
-  KVC_ASSIGN_OR_FINISH(AppendParams params, FromProto(*request));
+  std::shared_ptr<const StagingRegion> staged;
+  KVC_ASSIGN_OR_FINISH(AppendParams params, AppendFromProto(*request, &staged));
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "Append"));
   KVC_ASSIGN_OR_FINISH(const AppendResult result, store_->Append(params));
   scope.AddReceived(static_cast<int64_t>(request->keys().size() + request->values().size()));
@@ -118,7 +150,8 @@ grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext* context,
   int64_t visible = 0;
   while (reader->Read(&request)) {
     absl::Status status;
-    auto params = FromProto(request);
+    std::shared_ptr<const StagingRegion> staged;
+    auto params = AppendFromProto(request, &staged);
     if (params.ok()) {
       params->scope = tenant_scope;
       auto result = store_->Append(*params);

@@ -5,15 +5,17 @@
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
 #include "cachesvc/rpc/access_control.h"
+#include "cachesvc/rpc/staging_regions.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 
 namespace kvc::cachesvc {
 
 class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
  public:
-  // `metrics` may be null.
-  KvCacheServiceImpl(KvStore* store, Metrics* metrics, const AccessControl* access)
-      : store_(store), metrics_(metrics), access_(access) {}
+  // `metrics` may be null; `staging` too (no local socket: a staged Append is refused).
+  KvCacheServiceImpl(KvStore* store, Metrics* metrics, const AccessControl* access,
+                     const StagingRegions* staging = nullptr)
+      : store_(store), metrics_(metrics), access_(access), staging_(staging) {}
 
   grpc::Status LookupPrefix(grpc::ServerContext* context,
                             const kvcache::v1::LookupPrefixRequest* request,
@@ -58,10 +60,15 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
  private:
   absl::Status AttendOne(const std::string& scope, const kvcache::v1::AttendRequest& request,
                          kvcache::v1::AttendResponse* response);
+  // An Append's params, its keys and values viewing the staging region when the request is
+  // staged (`hold` then keeps the region mapped until the params are dropped).
+  absl::StatusOr<AppendParams> AppendFromProto(const kvcache::v1::AppendRequest& request,
+                                               std::shared_ptr<const StagingRegion>* hold) const;
 
   KvStore* store_;
   Metrics* metrics_;
   const AccessControl* access_;
+  const StagingRegions* staging_;
 };
 
 }  // namespace kvc::cachesvc

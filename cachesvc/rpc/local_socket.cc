@@ -47,8 +47,9 @@ std::string Errno() { return std::generic_category().message(errno); }
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(const LocalSocketOptions& options,
-                                                                KvStore* store) {
-  std::unique_ptr<LocalSocket> s(new LocalSocket(options, store));
+                                                                KvStore* store,
+                                                                StagingRegions* regions) {
+  std::unique_ptr<LocalSocket> s(new LocalSocket(options, store, regions));
   sockaddr_un addr{};
   if (options.path.empty() || options.path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -122,9 +123,13 @@ bool LocalSocket::Handle(Conn& conn) {
     const std::string line = conn.buffer.substr(0, end);
     conn.buffer.erase(0, end + 1);
     const std::vector<std::string> words = absl::StrSplit(line, ' ');
+    if (words.size() == 2 && words[0] == "STAGE") {
+      if (!Stage(conn, words[1])) return false;
+      continue;
+    }
     int number = 0;
     if (words.size() != 3 || words[0] != "ARENA" || !absl::SimpleAtoi(words[2], &number)) {
-      SendAll(conn.fd, "ERR expected: ARENA <pool> <storage format number>\n");
+      SendAll(conn.fd, "ERR expected: ARENA <pool> <storage format number> | STAGE <bytes>\n");
       return false;
     }
     absl::StatusOr<SharedArena> arena = absl::InvalidArgumentError("unknown storage format");
@@ -142,6 +147,32 @@ bool LocalSocket::Handle(Conn& conn) {
     Event("arena");
   }
   return conn.buffer.size() <= kMaxLine;
+}
+
+bool LocalSocket::Stage(Conn& conn, const std::string& bytes) {
+  int64_t n = 0;
+  absl::StatusOr<std::pair<std::string, std::shared_ptr<StagingRegion>>> region =
+      absl::InvalidArgumentError("STAGE takes a byte count");
+  if (conn.regions.size() >= kMaxRegionsPerConnection) {
+    region = absl::ResourceExhaustedError(absl::StrCat("this connection has ", conn.regions.size(),
+                                                       " staging regions open (the most)"));
+  } else if (absl::SimpleAtoi(bytes, &n)) {
+    region = regions_->Open(n);
+  }
+  if (!region.ok()) {
+    return SendAll(conn.fd, absl::StrCat("ERR ", region.status().message().substr(0, 200), "\n"));
+  }
+  conn.regions.push_back(region->first);
+  if (!SendAll(conn.fd, absl::StrCat("OK ", region->first, " ", n, "\n"), region->second->fd())) {
+    return false;
+  }
+  Event("staging");
+  return true;
+}
+
+void LocalSocket::Close(Conn& conn) {
+  for (const std::string& id : conn.regions) regions_->Close(id);
+  ::close(conn.fd);
 }
 
 void LocalSocket::Serve() {
@@ -174,13 +205,13 @@ void LocalSocket::Serve() {
       if (keep) {
         kept.push_back(std::move(c));
       } else {
-        ::close(c.fd);
+        Close(c);
       }
     }
     conns = std::move(kept);
     if (fds[1].revents & POLLIN) Accept(&conns);  // after the loop: fds holds the old ones
   }
-  for (const Conn& c : conns) ::close(c.fd);
+  for (Conn& c : conns) Close(c);
 }
 
 }  // namespace kvc::cachesvc

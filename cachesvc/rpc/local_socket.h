@@ -13,6 +13,10 @@
 //             "ERR <why>\n" and close (uid not allowed).
 //   reader -> "ARENA <pool> <kvcache.v1.StorageFormat number>\n"
 //   server -> "OK <bytes>\n" with the arena's fd attached, or "ERR <why>\n".
+//   writer -> "STAGE <bytes>\n" (a staging region for Appends, staging_regions.h; at most
+//             kMaxRegionsPerConnection per connection, each closed with the connection)
+//   server -> "OK <region id> <bytes>\n" with the region's memfd attached (the writer maps it
+//             writable), or "ERR <why>\n".
 #pragma once
 
 #include <sys/types.h>
@@ -25,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/rpc/staging_regions.h"
 
 namespace kvc::cachesvc {
 
@@ -33,15 +38,20 @@ struct LocalSocketOptions {
   std::vector<uid_t> uids;  // peers allowed; empty = this process's effective uid only
   std::string token;        // sent in the greeting
   // Called from the socket's thread for each "connected" (greeted), "refused" (uid or too
-  // many readers) and "arena" (an fd handed out): the server counts them in metrics.
+  // many readers), "arena" (an arena fd handed out) and "staging" (a staging region opened):
+  // the server counts them in metrics.
   std::function<void(const char* event)> on_event;
 };
 
 class LocalSocket {
  public:
-  // Binds and starts serving. UNAVAILABLE when the path cannot be bound.
+  static constexpr size_t kMaxRegionsPerConnection = 4;
+
+  // Binds and starts serving. UNAVAILABLE when the path cannot be bound. `regions` (outliving
+  // the socket) holds the staging regions it opens.
   static absl::StatusOr<std::unique_ptr<LocalSocket>> Start(const LocalSocketOptions& options,
-                                                            KvStore* store);
+                                                            KvStore* store,
+                                                            StagingRegions* regions);
   LocalSocket(const LocalSocket&) = delete;
   LocalSocket& operator=(const LocalSocket&) = delete;
   // Stops serving, closes every connection and removes the socket file.
@@ -53,9 +63,13 @@ class LocalSocket {
   struct Conn {
     int fd = -1;
     std::string buffer;
+    std::vector<std::string> regions;  // staging regions it opened: closed with it
   };
-  LocalSocket(const LocalSocketOptions& options, KvStore* store)
-      : options_(options), store_(store) {}
+  LocalSocket(const LocalSocketOptions& options, KvStore* store, StagingRegions* regions)
+      : options_(options), store_(store), regions_(regions) {}
+  void Close(Conn& conn);
+  // "OK <id> <bytes>" with the fd attached, or "ERR ..."; false: the connection failed.
+  bool Stage(Conn& conn, const std::string& bytes);
   void Serve();
   void Accept(std::vector<Conn>* conns);
   // Handles the complete lines in the connection's buffer; false: close it.
@@ -67,6 +81,7 @@ class LocalSocket {
 
   const LocalSocketOptions options_;
   KvStore* const store_;
+  StagingRegions* const regions_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: the destructor wakes the poll loop
   std::thread thread_;

@@ -11,6 +11,7 @@
 #include "cachesvc/rpc/admin_service.h"
 #include "cachesvc/rpc/kv_cache_service.h"
 #include "cachesvc/rpc/local_socket.h"
+#include "cachesvc/rpc/staging_regions.h"
 #include "cachesvc/rpc/tls_credentials.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -64,7 +65,9 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
                              [metrics = server->metrics_.get()](const char* event) {
                                metrics->RecordLocalSocketEvent(event);
                              }};
-    KVC_ASSIGN_OR_RETURN(server->local_socket_, LocalSocket::Start(local, server->store_.get()));
+    server->staging_ = std::make_unique<StagingRegions>();
+    KVC_ASSIGN_OR_RETURN(server->local_socket_,
+                         LocalSocket::Start(local, server->store_.get(), server->staging_.get()));
     server->store_->SetLocalEndpoint(options.local_socket, token);
     KVC_LOG(INFO) << "same-node readers map host pools through unix socket "
                   << options.local_socket;
@@ -72,7 +75,7 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   server->access_ = std::make_unique<AccessControl>(server->auth_.get(), server->limits_.get(),
                                                     server->metrics_.get());
   server->kv_service_ = std::make_unique<KvCacheServiceImpl>(
-      server->store_.get(), server->metrics_.get(), server->access_.get());
+      server->store_.get(), server->metrics_.get(), server->access_.get(), server->staging_.get());
   KvCacheServer* self = server.get();
   server->admin_service_ = std::make_unique<AdminServiceImpl>(
       server->store_.get(), server->metrics_.get(), server->access_.get(),

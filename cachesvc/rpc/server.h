@@ -23,6 +23,7 @@ class AccessControl;
 class Authenticator;
 class CallLimits;
 class LocalSocket;
+class StagingRegions;
 
 class KvCacheServer {
  public:
@@ -60,6 +61,9 @@ class KvCacheServer {
   KvCacheServer();
 
   std::unique_ptr<KvStore> store_;
+  // Same-node writers' staging regions (with local_socket only): before the socket and the
+  // service that read them, so destroyed after both.
+  std::unique_ptr<StagingRegions> staging_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<CallLimits> limits_;

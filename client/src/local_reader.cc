@@ -137,31 +137,20 @@ absl::StatusOr<std::unique_ptr<LocalReader>> LocalReader::Connect(const std::str
 }
 
 LocalReader::~LocalReader() {
-  absl::MutexLock lock(&mu_);
+  kvc::MutexLock lock(&mu_);
   for (auto& [key, m] : maps_) ::munmap(const_cast<uint8_t*>(m.base), static_cast<size_t>(m.bytes));
   if (fd_ >= 0) ::close(fd_);
 }
 
 absl::StatusOr<LocalReader::Mapping> LocalReader::Arena(const std::string& pool,
                                                         StorageFormat format) {
-  absl::MutexLock lock(&mu_);
+  kvc::MutexLock lock(&mu_);
   const auto key = std::make_pair(pool, static_cast<int>(format));
   if (auto it = maps_.find(key); it != maps_.end()) return it->second;
-  if (fd_ < 0) return absl::UnavailableError("the local socket broke earlier");
-  const std::string request = absl::StrCat("ARENA ", pool, " ", static_cast<int>(format), "\n");
-  if (::send(fd_, request.data(), request.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(request.size())) {
-    ::close(fd_);
-    fd_ = -1;
-    return absl::UnavailableError(absl::StrCat("local socket: ", Errno()));
-  }
   int arena_fd = -1;
-  absl::StatusOr<std::string> reply = ReadLine(fd_, &arena_fd);
-  if (!reply.ok()) {
-    ::close(fd_);
-    fd_ = -1;
-    return reply.status();
-  }
+  absl::StatusOr<std::string> reply =
+      Ask(absl::StrCat("ARENA ", pool, " ", static_cast<int>(format), "\n"), &arena_fd);
+  if (!reply.ok()) return reply.status();
   int64_t bytes = 0;
   if (!absl::StartsWith(*reply, "OK ") || arena_fd < 0 ||
       !absl::SimpleAtoi(reply->substr(3), &bytes) || bytes <= 0) {
@@ -178,6 +167,46 @@ absl::StatusOr<LocalReader::Mapping> LocalReader::Arena(const std::string& pool,
   Mapping m{static_cast<const uint8_t*>(p), bytes};
   maps_[key] = m;
   return m;
+}
+
+absl::StatusOr<std::string> LocalReader::Ask(const std::string& request, int* passed_fd) {
+  *passed_fd = -1;
+  if (fd_ < 0) return absl::UnavailableError("the local socket broke earlier");
+  if (::send(fd_, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
+    ::close(fd_);
+    fd_ = -1;
+    return absl::UnavailableError(absl::StrCat("local socket: ", Errno()));
+  }
+  absl::StatusOr<std::string> reply = ReadLine(fd_, passed_fd);
+  if (!reply.ok()) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  return reply;
+}
+
+absl::StatusOr<std::unique_ptr<StagingSpace>> LocalReader::OpenStaging(int64_t bytes) {
+  kvc::MutexLock lock(&mu_);
+  int region_fd = -1;
+  absl::StatusOr<std::string> reply = Ask(absl::StrCat("STAGE ", bytes, "\n"), &region_fd);
+  if (!reply.ok()) return reply.status();
+  const std::vector<std::string> words = absl::StrSplit(*reply, ' ');
+  int64_t got = 0;
+  if (words.size() != 3 || words[0] != "OK" || region_fd < 0 || !absl::SimpleAtoi(words[2], &got) ||
+      got != bytes) {
+    if (region_fd >= 0) ::close(region_fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("no staging region: ", reply->substr(0, 200)));
+  }
+  void* p =
+      ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, region_fd, 0);
+  ::close(region_fd);  // the mapping keeps the memory
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot map a staging region of ", bytes, " bytes: ", Errno()));
+  }
+  return std::make_unique<StagingSpace>(words[1], static_cast<uint8_t*>(p), bytes);
 }
 
 namespace {

@@ -4,7 +4,8 @@
 // arena's memfd once and maps it read-only; ReadLeased then serves a lease's records from the
 // mapping in the shape Fetch gives them, decoding with the kernels' own record codec. The
 // server never writes a leased record, so reads need no lock; a lease that could have ended
-// while it was read is ABORTED, never returned. Thread-safe.
+// while it was read is ABORTED, never returned. The same connection opens staging regions
+// for Appends (OpenStaging, staging_space.h). Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "client/src/staging_space.h"
+#include "common/mutex.h"
 #include "kvc/client/types.h"
 
 namespace kvc::client::internal {
@@ -45,6 +47,10 @@ class LocalReader {
   // result->lane_tokens and result->positions.
   absl::Status ReadLeasedInto(const Lease& lease, const std::vector<LayerBuffers>& buffers,
                               const FetchIntoOptions& options, FetchIntoResult* result);
+  // A staging region of `bytes` made by the server and mapped writable here: it stays open
+  // on the server while this reader's connection does. FAILED_PRECONDITION with the server's
+  // reason when it refuses (size, too many regions, an older server).
+  absl::StatusOr<std::unique_ptr<StagingSpace>> OpenStaging(int64_t bytes);
 
  private:
   struct Mapping {
@@ -54,8 +60,12 @@ class LocalReader {
   LocalReader(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   // The mapped arena of (pool, format), mapped on first use.
   absl::StatusOr<Mapping> Arena(const std::string& pool, StorageFormat format);
+  // Sends one request line and reads the reply (and the fd sent with it, or -1). A broken
+  // connection is closed for good: UNAVAILABLE.
+  absl::StatusOr<std::string> Ask(const std::string& request, int* passed_fd)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  absl::Mutex mu_;
+  kvc::Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
   const std::string path_;
   std::map<std::pair<std::string, int>, Mapping> maps_ ABSL_GUARDED_BY(mu_);

@@ -41,6 +41,9 @@ ABSL_FLAG(bool, tls, true, "also measure Append and Fetch over TLS (needs openss
 ABSL_FLAG(std::string, make_certs, KVC_MAKE_CERTS_SCRIPT, "the script that makes the TLS certs");
 ABSL_FLAG(std::string, device, "cpu", "the pool's device: cpu or cuda:N");
 ABSL_FLAG(int32_t, block_tokens, 16, "the pool's tokens per block");
+ABSL_FLAG(int32_t, layers, 1,
+          "layers of the pool; the appends go round-robin over them, as an engine's prefill "
+          "does (>1: the Fetch measurements are skipped)");
 
 namespace {
 
@@ -155,24 +158,23 @@ bool TimedFetchInto(kvc::client::KvCacheClient& client, const std::string& id,
   return true;
 }
 
-bool AppendThenFetch(kvc::client::KvCacheClient& client, int64_t messages, int tokens_per_message,
-                     const std::string& keys, const std::string& values, int64_t bytes,
-                     std::vector<double>* append_seconds, std::vector<double>* fetch_seconds,
-                     kvc::client::KvCacheClient* local_client = nullptr,
-                     std::vector<double>* local_seconds = nullptr, EngineBuffers* engine = nullptr,
-                     std::vector<double>* into_seconds = nullptr) {
+// One AppendStream of `messages` chunks into a new sequence (timed), message i to layer
+// i % layers; its id, or "" (reported).
+std::string TimedAppend(kvc::client::KvCacheClient& client, int64_t messages,
+                        int tokens_per_message, const std::string& keys, const std::string& values,
+                        std::vector<double>* seconds, int layers = 1) {
   auto seq = client.CreateSequence({"bench", "", "", {}, {}});
   if (!seq.ok()) {
     std::fprintf(stderr, "create failed: %s\n", seq.status().ToString().c_str());
-    return false;
+    return "";
   }
   const auto t0 = Clock::now();
   auto stream = client.StartAppendStream();
   for (int64_t i = 0; i < messages; ++i) {
     kvc::client::AppendChunk c;
     c.sequence_id = seq->sequence_id;
-    c.layer = 0;
-    c.start_position = i * tokens_per_message;
+    c.layer = static_cast<int>(i % layers);
+    c.start_position = i / layers * tokens_per_message;
     c.num_tokens = tokens_per_message;
     c.dtype = kvc::client::DType::kF16;
     c.keys = keys.data();
@@ -181,23 +183,35 @@ bool AppendThenFetch(kvc::client::KvCacheClient& client, int64_t messages, int t
     (void)stream->Write(c);
   }
   auto done = stream->Finish();
-  append_seconds->push_back(Seconds(t0, Clock::now()));
+  seconds->push_back(Seconds(t0, Clock::now()));
   if (!done.ok()) {
     std::fprintf(stderr, "append failed: %s\n", done.status().ToString().c_str());
-    return false;
+    return "";
   }
+  return seq->sequence_id;
+}
+
+bool AppendThenFetch(kvc::client::KvCacheClient& client, int64_t messages, int tokens_per_message,
+                     const std::string& keys, const std::string& values, int64_t bytes,
+                     std::vector<double>* append_seconds, std::vector<double>* fetch_seconds,
+                     kvc::client::KvCacheClient* local_client = nullptr,
+                     std::vector<double>* local_seconds = nullptr, EngineBuffers* engine = nullptr,
+                     std::vector<double>* into_seconds = nullptr) {
+  const std::string id =
+      TimedAppend(client, messages, tokens_per_message, keys, values, append_seconds);
+  if (id.empty()) return false;
   // Dense fetch, same message size.
   const auto chunk_bytes = static_cast<int64_t>(keys.size() + values.size());
-  if (!TimedFetch(client, seq->sequence_id, chunk_bytes, keys, bytes, fetch_seconds)) return false;
+  if (!TimedFetch(client, id, chunk_bytes, keys, bytes, fetch_seconds)) return false;
   if (local_client != nullptr &&
-      !TimedFetch(*local_client, seq->sequence_id, chunk_bytes, keys, bytes, local_seconds)) {
+      !TimedFetch(*local_client, id, chunk_bytes, keys, bytes, local_seconds)) {
     return false;
   }
   if (local_client != nullptr && engine != nullptr &&
-      !TimedFetchInto(*local_client, seq->sequence_id, keys, engine, into_seconds)) {
+      !TimedFetchInto(*local_client, id, keys, engine, into_seconds)) {
     return false;
   }
-  (void)client.Release(seq->sequence_id);
+  (void)client.Release(id);
   return true;
 }
 
@@ -222,7 +236,8 @@ int main(int argc, char** argv) {
   kvc::cachesvc::PoolOptions pool;
   pool.name = "bench";
   pool.device = absl::GetFlag(FLAGS_device);
-  pool.geometry.num_layers = 1;
+  const int layers = std::max(1, absl::GetFlag(FLAGS_layers));
+  pool.geometry.num_layers = layers;
   pool.geometry.num_kv_heads = kHeads;
   pool.geometry.num_query_heads = 4 * kHeads;
   pool.geometry.head_dim = kDim;
@@ -253,7 +268,7 @@ int main(int argc, char** argv) {
     local_client = *kvc::client::KvCacheClient::Connect(local_options);
 
   // The same kvcached over TLS (server certificate only, as most deployments start).
-  const bool tls = absl::GetFlag(FLAGS_tls);
+  const bool tls = absl::GetFlag(FLAGS_tls) && absl::GetFlag(FLAGS_layers) <= 1;
   std::unique_ptr<kvc::cachesvc::KvCacheServer> tls_server;
   std::unique_ptr<kvc::client::KvCacheClient> tls_client;
   std::string certs;
@@ -298,7 +313,7 @@ int main(int argc, char** argv) {
   std::vector<char> src(static_cast<size_t>(bytes), 1), dst(static_cast<size_t>(bytes), 0);
 
   std::vector<double> t_raw_up, t_raw_down, t_append, t_fetch, t_memcpy;
-  std::vector<double> t_tls_append, t_tls_fetch, t_local_fetch, t_local_into;
+  std::vector<double> t_tls_append, t_tls_fetch, t_local_fetch, t_local_into, t_local_append;
   EngineBuffers engine;
   engine.heads = kHeads;
   engine.head_dim = kDim;
@@ -328,9 +343,29 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    if (!AppendThenFetch(**client, messages, tokens_per_message, keys, values, bytes, &t_append,
-                         &t_fetch, local_client.get(), &t_local_fetch, &engine, &t_local_into)) {
+    if (layers > 1) {  // appends only
+      for (auto [c, seconds] :
+           {std::pair{client->get(), &t_append}, std::pair{local_client.get(), &t_local_append}}) {
+        if (c == nullptr) continue;
+        const std::string id =
+            TimedAppend(*c, messages, tokens_per_message, keys, values, seconds, layers);
+        if (id.empty()) return 1;
+        (void)c->Release(id);
+      }
+    } else if (!AppendThenFetch(**client, messages, tokens_per_message, keys, values, bytes,
+                                &t_append, &t_fetch, local_client.get(), &t_local_fetch, &engine,
+                                &t_local_into)) {
       return 1;
+    }
+    if (local_client != nullptr && layers == 1) {  // AppendStream through the staging region
+      const std::string id =
+          TimedAppend(*local_client, messages, tokens_per_message, keys, values, &t_local_append);
+      std::vector<double> unused;
+      if (id.empty() ||
+          !TimedFetch(**client, id, static_cast<int64_t>(2 * keys.size()), keys, bytes, &unused)) {
+        return 1;
+      }
+      (void)local_client->Release(id);
     }
     if (tls && !AppendThenFetch(*tls_client, messages, tokens_per_message, keys, values, bytes,
                                 &t_tls_append, &t_tls_fetch)) {
@@ -360,25 +395,34 @@ int main(int argc, char** argv) {
 
   const double gb = static_cast<double>(bytes) / 1e9;
   const double raw_up = gb / Median(t_raw_up), raw_down = gb / Median(t_raw_down);
-  const double append = gb / Median(t_append), fetch = gb / Median(t_fetch);
+  const bool fetched = !t_fetch.empty();  // --layers 1
+  const double append = gb / Median(t_append), fetch = fetched ? gb / Median(t_fetch) : 0;
   const double memcpy_gbs = gb / Median(t_memcpy);
   std::printf(
-      "rpc_benchmark: %lld messages x %lld bytes = %.1f MiB per measurement, %d rounds "
-      "(median), 127.0.0.1 TCP\n",
+      "rpc_benchmark: %lld messages x %lld bytes = %.1f MiB per measurement over %d layer(s), "
+      "%d rounds (median), 127.0.0.1 TCP\n",
       static_cast<long long>(messages), static_cast<long long>(payload_per_message),
-      static_cast<double>(bytes) / 1048576.0, rounds);
+      static_cast<double>(bytes) / 1048576.0, layers, rounds);
   std::printf("%-34s %10s %14s %12s\n", "measurement", "GB/s", "vs raw gRPC", "vs memcpy");
   std::printf("%-34s %10.3f %14s %12.3f\n", "memcpy", memcpy_gbs, "", 1.0);
   std::printf("%-34s %10.3f %14.3f %12.3f\n", "raw gRPC client-stream (upload)", raw_up, 1.0,
               raw_up / memcpy_gbs);
   std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache AppendStream", append, append / raw_up,
               append / memcpy_gbs);
+  double local_fetch = 0, local_into = 0, local_append = 0;
+  if (local_client != nullptr) {
+    local_append = gb / Median(t_local_append);
+    std::printf("%-34s %10.3f %14.3f %12.3f  (%s)\n", "kvcache AppendStream, staged", local_append,
+                local_append / raw_up, local_append / memcpy_gbs,
+                local_client->AppendPath().c_str());
+  }
   std::printf("%-34s %10.3f %14.3f %12.3f\n", "raw gRPC server-stream (download)", raw_down, 1.0,
               raw_down / memcpy_gbs);
-  std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache Fetch (dense f16)", fetch, fetch / raw_down,
-              fetch / memcpy_gbs);
-  double local_fetch = 0, local_into = 0;
-  if (local_client != nullptr) {
+  if (fetched) {
+    std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache Fetch (dense f16)", fetch,
+                fetch / raw_down, fetch / memcpy_gbs);
+  }
+  if (local_client != nullptr && fetched) {
     local_fetch = gb / Median(t_local_fetch);
     std::printf("%-34s %10.3f %14.3f %12.3f  (%s)\n", "kvcache Fetch, same-node mapping",
                 local_fetch, local_fetch / raw_down, local_fetch / memcpy_gbs,
@@ -407,11 +451,13 @@ int main(int argc, char** argv) {
         "\"tls_append_gbps\": %.4f, \"tls_append_vs_plaintext\": %.4f, "
         "\"tls_fetch_gbps\": %.4f, \"tls_fetch_vs_plaintext\": %.4f, "
         "\"local_fetch_gbps\": %.4f, \"local_fetch_vs_memcpy\": %.4f, "
-        "\"local_fetch_into_gbps\": %.4f, \"local_fetch_into_vs_memcpy\": %.4f}\n",
+        "\"local_fetch_into_gbps\": %.4f, \"local_fetch_into_vs_memcpy\": %.4f, "
+        "\"local_append_gbps\": %.4f, \"local_append_vs_memcpy\": %.4f}\n",
         static_cast<long long>(bytes), static_cast<long long>(payload_per_message), rounds,
         memcpy_gbs, raw_up, append, append / raw_up, raw_down, fetch, fetch / raw_down, tls_append,
         tls ? tls_append / append : 0.0, tls_fetch, tls ? tls_fetch / fetch : 0.0, local_fetch,
-        local_fetch / memcpy_gbs, local_into, local_into / memcpy_gbs);
+        local_fetch / memcpy_gbs, local_into, local_into / memcpy_gbs, local_append,
+        local_append / memcpy_gbs);
   }
   raw_server->Shutdown();
   local_client.reset();

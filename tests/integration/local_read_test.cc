@@ -263,7 +263,9 @@ TEST_F(LocalReadTest, FetchIntoRefusesBuffersThatDoNotFit) {
     absl::Status small = c->FetchInto(s, {{1, keys.data(), values.data(), 40}}, into).status();
     EXPECT_THAT(small, testing::StatusIs(absl::StatusCode::kOutOfRange));
     EXPECT_NE(small.message().find("holds"), std::string::npos) << small;
-    if (c == local.get()) EXPECT_EQ(keys, untouched) << "checked before anything is written";
+    if (c == local.get()) {
+      EXPECT_EQ(keys, untouched) << "checked before anything is written";
+    }
     client::FetchIntoOptions heads = into;
     heads.num_kv_heads = kHeads + 1;
     EXPECT_THAT(c->FetchInto(s, {{1, keys.data(), values.data(), 64}}, heads),

@@ -105,9 +105,10 @@ TEST(BearerTokenTest, SentOnUnaryAndStreamingCalls) {
   const std::string bearer = "Bearer tok-123";
   EXPECT_THAT(server.service().calls(),
               ElementsAre(Pair("/kvcache.v1.KvCacheService/CreateSequence", bearer),
-                          Pair("/kvcache.v1.KvCacheService/AppendStream", bearer),
-                          // The first Fetch asks whether the server offers same-node reads.
+                          // The first append or fetch asks whether the server offers the
+                          // same-node path (staging regions, mapped pools).
                           Pair("/kvcache.v1.AdminService/GetServerInfo", bearer),
+                          Pair("/kvcache.v1.KvCacheService/AppendStream", bearer),
                           Pair("/kvcache.v1.KvCacheService/Fetch", bearer),
                           Pair("/kvcache.v1.KvCacheService/AttendStream", bearer),
                           Pair("/kvcache.v1.AdminService/ListPools", bearer)));

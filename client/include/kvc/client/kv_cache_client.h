@@ -51,6 +51,11 @@ struct ClientOptions {
   // "Same-node reads"): a lease, then the records from the mapping. Otherwise, or when off,
   // every byte comes over gRPC. DataPath() says which is used and why.
   bool local_reads = true;
+  // With local_reads and a server on this node, Append and AppendStream copy keys and values
+  // into a staging region of this many bytes that the server reads them from (the request
+  // carries offsets, not bytes); a chunk that does not fit the free part of the region goes
+  // over gRPC. 0: every Append carries its bytes over gRPC. AppendPath() says which.
+  int64_t staging_bytes = int64_t{64} << 20;
 };
 
 struct CallOptions {
@@ -61,7 +66,8 @@ class AppendStream;
 class AttendSession;
 namespace internal {
 class LocalReader;
-}
+class StagingSpace;
+}  // namespace internal
 
 class KvCacheClient {
  public:
@@ -167,6 +173,9 @@ class KvCacheClient {
   // How Fetch moves bytes: "shared-memory (PATH)", or "grpc (why not shared memory)". Decided
   // on the first Fetch.
   std::string DataPath() const;
+  // How Append moves bytes: "staged (N-byte region)", or "grpc (why not staged)". Decided on
+  // the first Append.
+  std::string AppendPath() const;
 
   struct Impl;
 
@@ -174,6 +183,8 @@ class KvCacheClient {
   explicit KvCacheClient(std::unique_ptr<Impl> impl);
   // The same-node reader, when this client may use one (decided once); null: gRPC.
   internal::LocalReader* LocalPath(const CallOptions& call);
+  // The staging region Appends use, when this client may use one (decided once); null: gRPC.
+  internal::StagingSpace* LocalStaging(const CallOptions& call);
   // FetchChunks' gRPC half: the chunks of a Fetch stream, retried before the first one.
   absl::Status FetchChunksOverGrpc(const std::string& sequence_id, const FetchOptions& options,
                                    const std::function<absl::Status(FetchedChunk&)>& on_chunk,
