@@ -52,6 +52,9 @@ ABSL_FLAG(int32_t, threads, 2, "concurrent client threads");
 ABSL_FLAG(int32_t, keep, 0, "leave this many sequences in the pool (for kvcachectl)");
 ABSL_FLAG(std::string, mode, "prefill", "prefill or mixed");
 ABSL_FLAG(absl::Duration, deadline, absl::Seconds(30), "deadline of each call");
+ABSL_FLAG(bool, local_reads, true,
+          "on kvcached's node, fetch from the mapped pool and append through a staging region "
+          "(when its config has local_socket); false: every byte over gRPC");
 // --mode=mixed
 ABSL_FLAG(int32_t, clients, 64, "mixed: concurrent clients (threads sharing one client)");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(60), "mixed: how long to run");
@@ -278,8 +281,10 @@ int RunPrefill(Client& client, const kvc::client::PoolInfo* pool,
   std::printf("  wall             %.2f s, %.0f tokens/s end to end\n", wall,
               static_cast<double>(totals.tokens) / wall);
   if constexpr (std::is_same_v<Client, KvCacheClient>) {
-    // Fetch reads a host pool through shared memory when kvcached is on this node.
+    // Fetch reads a host pool through shared memory when kvcached is on this node, and
+    // appends go through a staging region.
     std::printf("  fetch path       %s\n", client.DataPath().c_str());
+    std::printf("  append path      %s\n", client.AppendPath().c_str());
   }
   for (const auto& [shard, st] : totals.shards) {
     if (st.sequences == 0) {
@@ -373,6 +378,7 @@ int main(int argc, char** argv) {
   kvc::client::ClientOptions options;
   options.target = absl::GetFlag(FLAGS_target);
   options.default_deadline = absl::GetFlag(FLAGS_deadline);
+  options.local_reads = absl::GetFlag(FLAGS_local_reads);
   if (absl::Status status = kvc::cli::ApplySecurityFlags(&options); !status.ok()) {
     std::fprintf(stderr, "kvc-loadgen: %s\n", std::string(status.message()).c_str());
     return 1;

@@ -158,10 +158,11 @@ absl::Status RunGenerate(int argc, char** argv) {
     const double dense = static_cast<double>(full_slots * slot_bytes_f16);
     std::cerr << absl::StrFormat(
         "[kvc-worker] kvcached holds %.3f MB of %s blocks for %d tokens; a full f16 cache is "
-        "%.3f MB: %.1fx smaller. %d Attend calls, %d Fetch calls (fetch path: %s)\n",
+        "%.3f MB: %.1fx smaller. %d Attend calls, %d Fetch calls (fetch path: %s; append "
+        "path: %s)\n",
         info->bytes / 1e6, client::StorageFormatName(info->storage), info->visible_tokens,
         dense / 1e6, dense / std::max<double>(static_cast<double>(info->bytes), 1.0),
-        service->attend_calls(), service->fetch_calls(), client->DataPath());
+        service->attend_calls(), service->fetch_calls(), client->DataPath(), client->AppendPath());
   }
 #endif
   return absl::OkStatus();
