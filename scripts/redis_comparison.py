@@ -4,8 +4,9 @@ both from Python, on this machine, and reports tokens/s and server memory per to
 
 Workload (issue 13): --sequences sequences x --tokens tokens of Llama-3-8B's KV shape (32
 layers x 8 kv heads x head_dim 128, f16: 128 KiB per token), random values.
-  kvcached  create_sequence + one append_stream per sequence (messages of <= 1 MiB); restore
-            = fetch of every layer, over gRPC (Client(local_reads=False)) and, with the
+  kvcached  create_sequence + one append_stream per sequence (messages of <= 1 MiB, layer
+            after layer), by default from the same-node client (its appends go through a
+            staging region; --store grpc: bytes over gRPC); restore = fetch of every layer, over gRPC (Client(local_reads=False)) and, with the
             server's local_socket, from the mapped pool (Client()). --storage int4_g64 or
             nvfp4 stores low-bit (the restore then decodes, over gRPC).
   redis     redis-server from Debian (no persistence), redis-py; one key per 256-token chunk
@@ -16,7 +17,7 @@ error), outside the timed part. Server memory = the server process's RSS after s
 
   scripts/redis_comparison.py [--kvcached build/cachesvc/kvcached] [--redis-server
       redis-server] [--sequences 8] [--tokens 2048] [--storage f16|int4_g64|nvfp4]
-      [--rounds 3] [--json FILE]
+      [--store local|grpc] [--rounds 3] [--json FILE]
 
 Medians over rounds (each round stores into a fresh server process). A measurement, not a
 test: it asserts nothing about speed.
@@ -81,9 +82,10 @@ def run_kvcached(a: argparse.Namespace, kv: List[np.ndarray]) -> Dict[str, float
                 before = rss_bytes(proc.pid)
                 t0 = time.perf_counter()
                 seqs = []
+                writer = local if a.store == "local" else grpc_client
                 for s in kv:
-                    seq = grpc_client.create_sequence(pool="bench", policy=policy).sequence_id
-                    with grpc_client.append_stream() as stream:
+                    seq = writer.create_sequence(pool="bench", policy=policy).sequence_id
+                    with writer.append_stream() as stream:
                         for at in range(0, a.tokens, per_message):
                             end = min(a.tokens, at + per_message)
                             for layer in range(LAYERS):
@@ -102,6 +104,7 @@ def run_kvcached(a: argparse.Namespace, kv: List[np.ndarray]) -> Dict[str, float
                         check(result, s, exact=a.storage == "f16")  # not timed
                         del result
                 out["local_data_path"] = local.data_path  # type: ignore[assignment]
+                out["store_path"] = writer.append_path  # type: ignore[assignment]
                 return out
         finally:
             proc.kill()
@@ -177,6 +180,7 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--storage", default="f16", choices=["f16", "int4_g64", "nvfp4"])
+    ap.add_argument("--store", default="local", choices=["local", "grpc"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default="")
     a = ap.parse_args()
@@ -215,7 +219,8 @@ def main() -> None:
     print(f"kvcached vs redis, store+restore: gRPC {both['kvcached_grpc'] / both['redis']:.2f}x, "
           f"same-node {both['kvcached_local'] / both['redis']:.2f}x; server memory per token "
           f"{mem_rd / mem_kv:.2f}x less" if mem_kv > 0 else "")
-    print(f"same-node path: {runs['kvcached'][-1]['local_data_path']}")
+    print(f"same-node path: {runs['kvcached'][-1]['local_data_path']}; "
+          f"store path: {runs['kvcached'][-1]['store_path']}")
     if a.json:
         pathlib.Path(a.json).write_text(json.dumps(
             {"args": vars(a), "runs": runs, "store_restore_tokens_per_s": both,

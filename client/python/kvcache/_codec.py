@@ -6,7 +6,7 @@ into the wire message, instead of array -> bytes -> protobuf field -> serialized
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -59,9 +59,8 @@ def wire_array(array: np.ndarray, dtype: DTypeLike, what: str) -> Tuple[np.ndarr
     return np.ascontiguousarray(array), wanted
 
 
-def encode_append(sequence_id: str, layer: int, start_position: int, keys: np.ndarray,
-                  values: np.ndarray, dtype: DTypeLike = None) -> bytes:
-    """A serialized kvcache.v1.AppendRequest; keys/values [n, kv_heads, head_dim]."""
+def _checked_pair(keys: np.ndarray, values: np.ndarray,
+                  dtype: DTypeLike) -> Tuple[np.ndarray, np.ndarray, DType]:
     if keys.ndim != 3 or values.ndim != 3:
         raise ValueError(f"keys and values must be [n, kv_heads, head_dim]; got shapes "
                          f"{keys.shape} and {values.shape}")
@@ -71,17 +70,53 @@ def encode_append(sequence_id: str, layer: int, start_position: int, keys: np.nd
     v, v_dtype = wire_array(values, dtype, "values")
     if k_dtype != v_dtype:
         raise TypeError(f"keys are {k_dtype.name} but values are {v_dtype.name}")
+    return k, v, k_dtype
+
+
+def _append_head(sequence_id: str, layer: int, start_position: int, num_tokens: int,
+                 dtype: DType) -> bytearray:
     sid = sequence_id.encode()
     head = bytearray()
     if sid:
         head += b"\x0a" + _varint(len(sid)) + sid
-    for tag, value in ((0x10, layer), (0x18, start_position), (0x20, k.shape[0]),
-                       (0x28, int(k_dtype))):
+    for tag, value in ((0x10, layer), (0x18, start_position), (0x20, num_tokens),
+                       (0x28, int(dtype))):
         if value:
             head += bytes([tag]) + _varint(value)
+    return head
+
+
+def encode_append(sequence_id: str, layer: int, start_position: int, keys: np.ndarray,
+                  values: np.ndarray, dtype: DTypeLike = None) -> bytes:
+    """A serialized kvcache.v1.AppendRequest; keys/values [n, kv_heads, head_dim]."""
+    k, v, wire = _checked_pair(keys, values, dtype)
+    head = _append_head(sequence_id, layer, start_position, k.shape[0], wire)
     kb = memoryview(k).cast("B")
     vb = memoryview(v).cast("B")
     return b"".join((head, b"\x32", _varint(kb.nbytes), kb, b"\x3a", _varint(vb.nbytes), vb))
+
+
+def stage_append(sequence_id: str, layer: int, start_position: int, keys: np.ndarray,
+                 values: np.ndarray, dtype: DTypeLike, region: np.ndarray, region_id: str,
+                 acquire: Callable[[int], Optional[int]]) -> Optional[Tuple[bytes, int]]:
+    """Copies keys and values into a slot of a staging region (uint8 array; `acquire(bytes)`
+    gives the slot's offset or None) and returns (a serialized AppendRequest whose `staged`
+    field points at them, the slot's offset); None when no slot is free (send bytes then)."""
+    k, v, wire = _checked_pair(keys, values, dtype)
+    n = k.nbytes
+    half = (n + 63) // 64 * 64
+    if n == 0:
+        return None
+    offset = acquire(2 * half)
+    if offset is None:
+        return None
+    region[offset:offset + n] = k.reshape(-1).view(np.uint8)
+    region[offset + half:offset + half + n] = v.reshape(-1).view(np.uint8)
+    rid = region_id.encode()
+    staged = (b"\x0a" + _varint(len(rid)) + rid + b"\x10" + _varint(offset) + b"\x18" +
+              _varint(offset + half) + b"\x20" + _varint(n))
+    head = _append_head(sequence_id, layer, start_position, k.shape[0], wire)
+    return bytes(head + b"\x42" + _varint(len(staged)) + staged), offset
 
 
 def fetch_request(sequence_id: str, layers: Optional[Sequence[int]], dtype: DTypeLike,

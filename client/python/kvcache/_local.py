@@ -8,6 +8,10 @@ receives each arena's memfd once (SCM_RIGHTS) and maps it read-only. A read copi
 lane's records out of the mapping with NumPy (one gather per segment). Records stored in
 another format than the requested dtype's raw one (INT4, FP8, ... or f16 asked as f32) are
 not decoded here: read() returns None and the caller fetches over gRPC.
+
+The same connection opens staging regions for appends (open_staging, StagingSpace): the
+server's memfd mapped writable here, which Client.append and append_stream copy keys and values
+into before sending an Append that names the offsets (cachesvc/rpc/staging_regions.h).
 """
 
 from __future__ import annotations
@@ -33,6 +37,40 @@ _RAW_FORMAT = {
     DType.BF16: types_pb2.STORAGE_FORMAT_BF16,
     DType.F32: types_pb2.STORAGE_FORMAT_F32,
 }
+
+
+class StagingSpace:
+    """A staging region mapped writable, and which of its bytes appends in flight use (first
+    fit). Thread-safe."""
+
+    def __init__(self, region_id: str, m: mmap.mmap):
+        self.region_id = region_id
+        self.size = len(m)
+        self._map = m
+        self.array = np.frombuffer(m, dtype=np.uint8)
+        self._lock = threading.Lock()
+        self._used: Dict[int, int] = {}  # offset -> bytes, disjoint
+
+    def acquire(self, nbytes: int) -> Optional[int]:
+        """The offset of `nbytes` free bytes (64-aligned), now in use; None when no free run
+        is that long."""
+        want = (nbytes + 63) // 64 * 64
+        if want <= 0 or want > self.size:
+            return None
+        with self._lock:
+            at = 0
+            for offset in sorted(self._used):
+                if offset - at >= want:
+                    break
+                at = offset + self._used[offset]
+            if self.size - at < want:
+                return None
+            self._used[at] = want
+            return at
+
+    def release(self, offset: int) -> None:
+        with self._lock:
+            self._used.pop(offset, None)
 
 
 class LocalReader:
@@ -84,6 +122,32 @@ class LocalReader:
             if len(line) > _MAX_LINE:
                 raise OSError("a reply line is too long")
         return line[:-1].decode("utf-8", "replace"), fds
+
+    def open_staging(self, nbytes: int) -> StagingSpace:
+        """A staging region of `nbytes` made by the server, mapped writable here; it stays
+        open while this connection does. FailedPrecondition with the server's reason when it
+        refuses."""
+        with self._lock:
+            if self._sock is None:
+                raise Unavailable("the local socket broke earlier")
+            try:
+                self._sock.sendall(f"STAGE {nbytes}\n".encode())
+                reply, fds = self._read_line()
+            except OSError as e:
+                self._sock.close()
+                self._sock = None
+                raise Unavailable(f"local socket: {e}") from None
+        words = reply.split(" ")
+        if len(words) != 3 or words[0] != "OK" or len(fds) != 1 or words[2] != str(nbytes):
+            for fd in fds:
+                os.close(fd)
+            raise FailedPrecondition(f"no staging region: {reply[:200]}")
+        try:
+            m = mmap.mmap(fds[0], nbytes, flags=mmap.MAP_SHARED,
+                          prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fds[0])  # the mapping keeps the memory
+        return StagingSpace(words[1], m)
 
     def _arena(self, pool: str, storage: int) -> np.ndarray:
         """The mapped arena of (pool, storage format), as uint8, mapped on first use."""

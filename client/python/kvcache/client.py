@@ -18,7 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator, List, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 import grpc
 import numpy as np
@@ -32,9 +32,9 @@ from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
-from kvcache._local import LocalReader
-from kvcache.errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition,
-                            KvCacheError, Unavailable, from_rpc_error)
+from kvcache._local import LocalReader, StagingSpace
+from kvcache.errors import (Aborted, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition,
+                            Internal, KvCacheError, Unavailable, Unknown, from_rpc_error)
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
                            DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
                            Prefix, PublishResult, ReleaseResult, StorageLike, parse_dtype,
@@ -43,6 +43,10 @@ from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, Compr
 T = TypeVar("T")
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
+
+# Errors with which an append can end while the server may still be reading its staged bytes
+# (the client gave up or lost the answer, not the server refusing).
+_SERVER_MAY_STILL_READ = (DeadlineExceeded, Cancelled, Unavailable, Unknown, Internal, DataLoss)
 
 class Client:
     """A connection to kvcached. The channel connects lazily: an unreachable target (or a
@@ -53,7 +57,8 @@ class Client:
                  tls_ca: Optional[PathLike] = None, tls_cert: Optional[PathLike] = None,
                  tls_key: Optional[PathLike] = None, tls_server_name: Optional[str] = None,
                  token: Optional[str] = None, max_message_bytes: int = 16 << 20,
-                 interceptors: Sequence[Any] = (), local_reads: bool = True):
+                 interceptors: Sequence[Any] = (), local_reads: bool = True,
+                 staging_bytes: int = 64 << 20):
         """target: any gRPC target (host:port, unix:/path, dns:///...). timeout: default
         deadline of each call in seconds. max_attempts: for retried reads (1 = no retries).
         tls_ca: PEM CA file; set = TLS (tls_cert + tls_key for mTLS; tls_server_name when the
@@ -62,6 +67,9 @@ class Client:
         local_reads: fetch() reads host pools from the server's memory when the server is on
         this node and lets this process map its pools (its ``local_socket``; docs/
         ARCHITECTURE.md "Same-node reads"); ``data_path`` says which path is used and why.
+        staging_bytes: with local_reads on the server's node, append() and append_stream()
+        copy keys and values into a staging region of this many bytes that the server reads
+        them from (0: always send them over gRPC); ``append_path`` says which.
         Raises InvalidArgument for bad options or an unreadable TLS file."""
         self._s: Settings = make_settings(
             target, timeout=timeout, max_attempts=max_attempts, initial_backoff=initial_backoff,
@@ -82,6 +90,11 @@ class Client:
         self._local: Optional[LocalReader] = None
         self._local_decided = not local_reads
         self._data_path = "grpc (local_reads is off)" if not local_reads else "grpc (no fetch yet)"
+        # Appends' staging region, decided on the first append (kvcache/_local.py).
+        self._staging_bytes = staging_bytes
+        self._staging: Optional[StagingSpace] = None
+        self._staging_decided = False
+        self._append_path = "grpc (no append yet)"
         # Append requests arrive serialized by _codec.encode_append (one copy of the tensors).
         self._append = channel.unary_unary(
             _codec.KV_SERVICE + "Append", request_serializer=None,
@@ -105,6 +118,39 @@ class Client:
         memory)". Decided on the first fetch."""
         with self._local_lock:
             return self._data_path
+
+    @property
+    def append_path(self) -> str:
+        """How append() and append_stream() move bytes: "staged (N-byte region)", or "grpc
+        (why not staged)". Decided on the first append."""
+        with self._local_lock:
+            return self._append_path
+
+    def _local_staging(self, timeout: Optional[float]) -> Optional[StagingSpace]:
+        with self._local_lock:
+            if self._staging_decided:
+                return self._staging
+            if self._staging_bytes <= 0:
+                self._staging_decided = True
+                self._append_path = "grpc (staging_bytes is 0)"
+                return None
+        local = self._local_path(timeout)
+        with self._local_lock:
+            if self._staging_decided:  # another thread was first
+                return self._staging
+            if local is None:
+                # Undecided while the server is unreachable, as the read path is.
+                self._staging_decided = self._local_decided
+                self._append_path = self._data_path
+                return None
+            self._staging_decided = True
+            try:
+                self._staging = local.open_staging(self._staging_bytes)
+            except KvCacheError as e:
+                self._append_path = f"grpc ({e.message})"
+                return None
+            self._append_path = f"staged ({self._staging.size}-byte region)"
+            return self._staging
 
     def _local_path(self, timeout: Optional[float]) -> Optional[LocalReader]:
         with self._local_lock:
@@ -191,10 +237,29 @@ class Client:
         bf16 bits as uint16 with dtype='bf16'), at start_position = the tokens the layer
         already has. All-or-nothing; not retried. The arrays are copied once, into the
         message (plus once more if not C-contiguous). InvalidArgument (shape, dtype, layer),
-        FailedPrecondition (out of order), ResourceExhausted, NotFound."""
-        request = _codec.encode_append(sequence_id(seq), layer, start_position, keys, values,
-                                       dtype)
-        r = self._call(self._append, request, timeout, retry=False)
+        FailedPrecondition (out of order), ResourceExhausted, NotFound. On the server's node
+        (``append_path``) the arrays are copied into the staging region instead."""
+        sid = sequence_id(seq)
+        staging = self._local_staging(timeout) if isinstance(keys, np.ndarray) else None
+        staged = None
+        if staging is not None:
+            staged = _codec.stage_append(sid, layer, start_position, keys, values, dtype,
+                                         staging.array, staging.region_id, staging.acquire)
+        if staged is None:
+            request = _codec.encode_append(sid, layer, start_position, keys, values, dtype)
+            r = self._call(self._append, request, timeout, retry=False)
+            return AppendResult(r.layer_tokens, r.visible_tokens)
+        assert staging is not None
+        request, offset = staged
+        try:
+            r = self._call(self._append, request, timeout, retry=False)
+        except KvCacheError as e:
+            # The server might still be reading a slot whose call ended without its answer:
+            # such a slot is never reused.
+            if not isinstance(e, _SERVER_MAY_STILL_READ):
+                staging.release(offset)
+            raise
+        staging.release(offset)
         return AppendResult(r.layer_tokens, r.visible_tokens)
 
     def append_stream(self, *, timeout: Optional[float] = None) -> "AppendStream":
@@ -205,6 +270,9 @@ class Client:
                     stream.append(seq, layer, 0, k[layer], v[layer])
             stream.result.visible_tokens
         """
+        staging = self._local_staging(timeout)
+        if staging is not None:
+            return StagedAppendStream(self, staging, timeout)  # type: ignore[return-value]
         return AppendStream(self, timeout)
 
     def fetch_chunks(self, seq: Any, layers: Optional[Sequence[int]] = None,
@@ -461,6 +529,119 @@ class AppendStream:
             self.cancel()
         else:
             self.finish()
+
+
+class StagedAppendStream:
+    """append_stream() on the server's node: each append() copies keys and values into the
+    staging region and sends an Append naming the offsets, with up to 4 in flight, one per
+    (sequence, layer) so each layer's order holds (the only order the service needs); copying
+    the next chunk overlaps the server writing the last. Same methods as AppendStream. A
+    rejected message breaks the stream: finish() raises its error, naming it and how many
+    messages were applied (messages of other layers already in flight may have been). Not
+    thread-safe."""
+
+    _MAX_IN_FLIGHT = 4
+
+    def __init__(self, client: Client, staging: StagingSpace, timeout: Optional[float]):
+        self._client = client
+        self._staging = staging
+        self._deadline = time.monotonic() + client._timeout(timeout)
+        # (key, future, slot offset or None, message index, layer, start_position, tokens)
+        self._in_flight: List[Tuple[Tuple[str, int], Any, Optional[int], int, int, int, int]] = []
+        self._messages = self._tokens = self._visible = self._written = 0
+        self._error: Optional[Tuple[int, KvCacheError, str]] = None
+        self._closed = False
+        self.result: Optional[AppendStreamResult] = None
+
+    def _settle(self, entry: Tuple[Tuple[str, int], Any, Optional[int], int, int, int,
+                                   int]) -> None:
+        _, future, offset, index, layer, start, tokens = entry
+        try:
+            r = future.result()
+        except (grpc.RpcError, grpc.FutureCancelledError) as e:
+            err = (from_rpc_error(e) if isinstance(e, grpc.RpcError)
+                   else Cancelled("the append stream was cancelled by the client"))
+            if offset is not None and not isinstance(err, _SERVER_MAY_STILL_READ):
+                self._staging.release(offset)
+            if self._error is None or index < self._error[0]:
+                self._error = (index, err, f"layer {layer}, start_position {start}")
+            return
+        self._messages += 1
+        self._tokens += tokens
+        self._visible = max(self._visible, r.visible_tokens)
+        if offset is not None:
+            self._staging.release(offset)
+
+    def _settle_all(self) -> None:
+        while self._in_flight:
+            self._settle(self._in_flight.pop(0))
+
+    def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
+               values: np.ndarray, *, dtype: DTypeLike = None) -> None:
+        """Sends one Append (same arguments as Client.append)."""
+        if self._closed:
+            raise FailedPrecondition("the append stream is finished")
+        sid = sequence_id(seq)
+        key = (sid, layer)
+        for entry in [e for e in self._in_flight if e[0] == key]:
+            self._in_flight.remove(entry)
+            self._settle(entry)
+        while len(self._in_flight) >= self._MAX_IN_FLIGHT:
+            self._settle(self._in_flight.pop(0))
+        if self._error is not None:
+            raise Aborted("the append stream broke; finish() says why")
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            self._error = (self._written, DeadlineExceeded("the append stream's deadline passed"),
+                           f"layer {layer}, start_position {start_position}")
+            raise Aborted("the append stream broke; finish() says why")
+        s = self._staging
+        staged = _codec.stage_append(sid, layer, start_position, keys, values, dtype, s.array,
+                                     s.region_id, s.acquire)
+        if staged is None and isinstance(keys, np.ndarray) and 0 < 2 * keys.nbytes <= s.size:
+            self._settle_all()  # the region is busy: wait until it is empty
+            staged = _codec.stage_append(sid, layer, start_position, keys, values, dtype,
+                                         s.array, s.region_id, s.acquire)
+        if staged is None:  # larger than the region: the bytes go in the request
+            request: bytes = _codec.encode_append(sid, layer, start_position, keys, values, dtype)
+            offset: Optional[int] = None
+        else:
+            request, offset = staged
+        future = self._client._append.future(request, timeout=left,
+                                             metadata=self._client._s.metadata)
+        tokens = int(keys.shape[0])
+        self._in_flight.append((key, future, offset, self._written, layer, start_position, tokens))
+        self._written += 1
+
+    def finish(self) -> AppendStreamResult:
+        """Waits for every message and returns the totals, or raises the first rejected
+        message's error."""
+        if self.result is not None:
+            return self.result
+        self._closed = True
+        self._settle_all()
+        if self._error is not None:
+            index, err, where = self._error
+            raise type(err)(f"AppendStream message {index} ({where}) rejected: {err.message}; "
+                            f"{self._messages} messages were applied", err.code)
+        self.result = AppendStreamResult(self._messages, self._tokens, self._visible)
+        return self.result
+
+    def cancel(self) -> None:
+        """Cancels the messages in flight; those the server already applied stay applied."""
+        self._closed = True
+        for entry in self._in_flight:
+            entry[1].cancel()
+        self._settle_all()
+
+    def __enter__(self) -> "StagedAppendStream":
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.cancel()
 
 
 class AttendSession:
