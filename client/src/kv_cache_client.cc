@@ -3,16 +3,15 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client/channel/channel.h"
+#include "client/src/append_streams.h"
+#include "client/src/client_impl.h"
 #include "client/src/convert.h"
 #include "client/src/local_reader.h"
 #include "client/src/staging_space.h"
@@ -26,53 +25,6 @@ namespace kvc::client {
 namespace pb = ::kvcache::v1;
 using internal::FromProto;
 using internal::ToProto;
-
-struct KvCacheClient::Impl {
-  ClientOptions options;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<pb::KvCacheService::Stub> kv;
-  std::unique_ptr<pb::AdminService::Stub> admin;
-
-  // The same-node path, decided on the first Fetch (local_reader.h).
-  kvc::Mutex local_mu;
-  bool local_decided ABSL_GUARDED_BY(local_mu) = false;
-  std::unique_ptr<internal::LocalReader> local ABSL_GUARDED_BY(local_mu);
-  std::string data_path ABSL_GUARDED_BY(local_mu) = "grpc (no Fetch yet)";
-  // Appends' staging region (staging_space.h), decided on the first Append.
-  bool staging_decided ABSL_GUARDED_BY(local_mu) = false;
-  std::unique_ptr<internal::StagingSpace> staging ABSL_GUARDED_BY(local_mu);
-  std::string append_path ABSL_GUARDED_BY(local_mu) = "grpc (no Append yet)";
-
-  void Prepare(grpc::ClientContext* context, const CallOptions& call) const {
-    const absl::Duration deadline =
-        call.deadline > absl::ZeroDuration() ? call.deadline : options.default_deadline;
-    context->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-    internal::AddCallCredentials(options, context);
-  }
-
-  // Runs `attempt` (which must build a fresh ClientContext each time) and retries it on
-  // UNAVAILABLE with exponential backoff while `retryable()` still holds. Only for idempotent
-  // calls.
-  template <typename Fn, typename Pred>
-  absl::Status Retry(Fn&& attempt, Pred&& retryable) const {
-    absl::Duration backoff = options.initial_backoff;
-    absl::Status status;
-    for (int i = 0; i < options.max_attempts; ++i) {
-      status = attempt();
-      if (status.code() != absl::StatusCode::kUnavailable || i + 1 == options.max_attempts ||
-          !retryable()) {
-        break;
-      }
-      absl::SleepFor(backoff);
-      backoff = std::min(backoff * 2, options.max_backoff);
-    }
-    return status;
-  }
-  template <typename Fn>
-  absl::Status Retry(Fn&& attempt) const {
-    return Retry(std::forward<Fn>(attempt), [] { return true; });
-  }
-};
 
 absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(
     const ClientOptions& options) {
@@ -174,57 +126,12 @@ absl::StatusOr<int64_t> KvCacheClient::ReleaseLease(const std::string& lease_id,
   return response.freed_blocks();
 }
 
-namespace {
-
-int64_t RoundUp64(int64_t n) { return (n + 63) / 64 * 64; }
-
-// Codes with which an Append can end while the server may still be reading its staged bytes
-// (the client gave up or lost the answer, not the server refusing).
-bool ServerMayStillRead(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kUnknown:
-    case absl::StatusCode::kInternal:
-    case absl::StatusCode::kDataLoss:
-      return true;
-    default:
-      return false;
-  }
-}
-
-// Copies the chunk's keys and values into a slot of `staging` and makes `request` an Append
-// that points at them; nothing (request untouched) when no free run of the region is that long.
-std::optional<internal::StagingSpace::Slot> Stage(internal::StagingSpace& staging,
-                                                  const AppendChunk& chunk,
-                                                  pb::AppendRequest* request) {
-  if (chunk.bytes == 0 || chunk.keys == nullptr || chunk.values == nullptr) return std::nullopt;
-  const int64_t half = RoundUp64(static_cast<int64_t>(chunk.bytes));
-  std::optional<internal::StagingSpace::Slot> slot = staging.Acquire(2 * half);
-  if (!slot.has_value()) return slot;
-  AppendChunk header = chunk;
-  header.keys = header.values = nullptr;
-  header.bytes = 0;
-  ToProto(header, request);
-  std::memcpy(slot->data(), chunk.keys, chunk.bytes);
-  std::memcpy(slot->data() + half, chunk.values, chunk.bytes);
-  pb::StagedKv* staged = request->mutable_staged();
-  staged->set_region_id(staging.id());
-  staged->set_keys_offset(slot->offset());
-  staged->set_values_offset(slot->offset() + half);
-  staged->set_bytes(static_cast<int64_t>(chunk.bytes));
-  return slot;
-}
-
-}  // namespace
-
 absl::StatusOr<AppendResult> KvCacheClient::Append(const AppendChunk& chunk,
                                                    const CallOptions& call) {
   pb::AppendRequest request;
   internal::StagingSpace* staging = chunk.bytes > 0 ? LocalStaging(call) : nullptr;
   std::optional<internal::StagingSpace::Slot> slot =
-      staging != nullptr ? Stage(*staging, chunk, &request) : std::nullopt;
+      staging != nullptr ? internal::Stage(*staging, chunk, &request) : std::nullopt;
   if (!slot.has_value()) ToProto(chunk, &request);
   pb::AppendResponse response;
   grpc::ClientContext context;
@@ -233,192 +140,18 @@ absl::StatusOr<AppendResult> KvCacheClient::Append(const AppendChunk& chunk,
   const absl::Status status = FromGrpcStatus(impl_->kv->Append(&context, request, &response));
   // Reusing those bytes while the server might still read them could mix two chunks into one
   // append: such a slot is never given out again.
-  if (slot.has_value() && ServerMayStillRead(status)) slot->Abandon();
+  if (slot.has_value() && internal::ServerMayStillRead(status)) slot->Abandon();
   if (!status.ok()) return status;
   return AppendResult{response.layer_tokens(), response.visible_tokens()};
 }
 
-namespace {
-
-class GrpcAppendStream final : public AppendStream {
- public:
-  GrpcAppendStream(pb::KvCacheService::Stub* stub, const KvCacheClient::Impl& impl,
-                   const CallOptions& call) {
-    impl.Prepare(&context_, call);
-    writer_ = stub->AppendStream(&context_, &response_);
-  }
-
-  absl::Status Write(const AppendChunk& chunk) override {
-    if (broken_) return absl::FailedPreconditionError("the append stream is broken; call Finish()");
-    request_.Clear();
-    ToProto(chunk, &request_);
-    if (!writer_->Write(request_)) {
-      broken_ = true;
-      return absl::AbortedError("the server closed the append stream; call Finish() for why");
-    }
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<AppendStreamResult> Finish() override {
-    if (finished_) return absl::FailedPreconditionError("Finish() was already called");
-    finished_ = true;
-    writer_->WritesDone();
-    const absl::Status status = FromGrpcStatus(writer_->Finish());
-    if (!status.ok()) return status;
-    return AppendStreamResult{response_.messages(), response_.tokens(), response_.visible_tokens()};
-  }
-
- private:
-  grpc::ClientContext context_;
-  pb::AppendStreamResponse response_;
-  pb::AppendRequest request_;
-  std::unique_ptr<grpc::ClientWriter<pb::AppendRequest>> writer_;
-  bool broken_ = false;
-  bool finished_ = false;
-};
-
-// An AppendStream on the same node: each chunk is one Append whose keys and values go through
-// the staging region (only offsets go over gRPC), under the stream's deadline. Up to
-// kMaxInFlight of them are in flight at once, so copying the next chunk overlaps the server
-// writing the last; chunks of one (sequence, layer) stay in order (one in flight at a time),
-// which is the only order the service requires. A chunk that does not fit the free part of
-// the region waits for the others to finish; one larger than the region goes as bytes.
-// A rejected chunk breaks the stream: Finish() names it and says how many chunks were applied
-// (chunks of other layers already in flight may have been).
-class StagedAppendStream final : public AppendStream {
- public:
-  static constexpr size_t kMaxInFlight = 4;
-
-  StagedAppendStream(const KvCacheClient::Impl& impl, internal::StagingSpace* staging,
-                     absl::Duration deadline)
-      : impl_(impl), staging_(staging), end_(absl::Now() + deadline) {}
-  StagedAppendStream(const StagedAppendStream&) = delete;
-  StagedAppendStream& operator=(const StagedAppendStream&) = delete;
-  ~StagedAppendStream() override {  // the callbacks reference this stream
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [this] { return Idle(); });
-  }
-
-  absl::Status Write(const AppendChunk& chunk) override {
-    if (finished_) return absl::FailedPreconditionError("Finish() was already called");
-    auto call = std::make_unique<Call>();
-    call->index = written_++;
-    call->key = {chunk.sequence_id, chunk.layer};
-    call->start_position = chunk.start_position;
-    call->num_tokens = chunk.num_tokens;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait(lock, [&] { return MayStart(call->key); });
-      if (!error_.ok()) return absl::AbortedError("the append stream broke; call Finish() for why");
-    }
-    const absl::Duration left = end_ - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      Fail(*call, absl::DeadlineExceededError("the append stream's deadline passed"));
-      return absl::AbortedError("the append stream broke; call Finish() for why");
-    }
-    call->slot = Stage(*staging_, chunk, &call->request);
-    if (!call->slot.has_value() && chunk.bytes > 0 &&
-        2 * RoundUp64(static_cast<int64_t>(chunk.bytes)) <= staging_->bytes()) {
-      std::unique_lock<std::mutex> lock(mu_);  // the region is busy: wait until it is empty
-      changed_.wait(lock, [this] { return Idle(); });
-      lock.unlock();
-      call->slot = Stage(*staging_, chunk, &call->request);
-    }
-    if (!call->slot.has_value()) ToProto(chunk, &call->request);  // larger than the region
-    impl_.Prepare(&call->context, CallOptions{left});
-    Call* raw = call.get();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_flight_.emplace(raw, std::move(call));
-    }
-    impl_.kv->async()->Append(&raw->context, &raw->request, &raw->response,
-                              [this, raw](const grpc::Status& status) { Done(raw, status); });
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<AppendStreamResult> Finish() override {
-    if (finished_) return absl::FailedPreconditionError("Finish() was already called");
-    finished_ = true;
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait(lock, [this] { return Idle(); });
-    if (!error_.ok()) {
-      return absl::Status(error_.code(), absl::StrCat(error_.message(), "; ", result_.messages,
-                                                      " messages were applied"));
-    }
-    return result_;
-  }
-
- private:
-  struct Call {
-    int64_t index = 0;
-    std::pair<std::string, int> key;  // (sequence, layer)
-    int64_t start_position = 0;
-    int num_tokens = 0;
-    grpc::ClientContext context;
-    pb::AppendRequest request;
-    pb::AppendResponse response;
-    std::optional<internal::StagingSpace::Slot> slot;
-  };
-
-  // The members below `mu_` are guarded by it (a std::mutex, whose edges ThreadSanitizer sees
-  // through gRPC's callback threads; the analysis cannot check it).
-  bool Idle() const { return in_flight_.empty(); }
-  bool MayStart(const std::pair<std::string, int>& key) const {
-    if (!error_.ok()) return true;
-    if (in_flight_.size() >= kMaxInFlight) return false;
-    for (const auto& [raw, call] : in_flight_) {
-      if (call->key == key) return false;
-    }
-    return true;
-  }
-  // Keeps the first rejected message's error (by message order).
-  void Fail(const Call& call, const absl::Status& status) {
-    if (!error_.ok() && failed_index_ < call.index) return;
-    failed_index_ = call.index;
-    error_ = absl::Status(
-        status.code(),
-        absl::StrCat("AppendStream message ", call.index, " (layer ", call.key.second,
-                     ", start_position ", call.start_position, ") rejected: ", status.message()));
-  }
-  void Done(Call* call, const grpc::Status& grpc_status) {
-    const absl::Status status = FromGrpcStatus(grpc_status);
-    // The server may still be reading a slot whose call ended without its answer.
-    if (call->slot.has_value() && ServerMayStillRead(status)) call->slot->Abandon();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (status.ok()) {
-      ++result_.messages;
-      result_.tokens += call->num_tokens;
-      result_.visible_tokens = std::max(result_.visible_tokens, call->response.visible_tokens());
-    } else {
-      Fail(*call, status);
-    }
-    in_flight_.erase(call);  // frees the slot
-    changed_.notify_all();
-  }
-
-  const KvCacheClient::Impl& impl_;
-  internal::StagingSpace* const staging_;
-  const absl::Time end_;
-  int64_t written_ = 0;    // the writer's thread only
-  bool finished_ = false;  // the writer's thread only
-  std::mutex mu_;
-  std::condition_variable changed_;  // a call ended
-  std::map<Call*, std::unique_ptr<Call>> in_flight_;
-  AppendStreamResult result_;
-  absl::Status error_;
-  int64_t failed_index_ = 0;
-};
-
-}  // namespace
-
 std::unique_ptr<AppendStream> KvCacheClient::StartAppendStream(const CallOptions& call) {
   if (internal::StagingSpace* staging = LocalStaging(call); staging != nullptr) {
-    return std::make_unique<StagedAppendStream>(
+    return internal::MakeStagedAppendStream(
         *impl_, staging,
         call.deadline > absl::ZeroDuration() ? call.deadline : impl_->options.default_deadline);
   }
-  return std::make_unique<GrpcAppendStream>(impl_->kv.get(), *impl_, call);
+  return internal::MakeGrpcAppendStream(*impl_, call);
 }
 
 std::string KvCacheClient::DataPath() const {

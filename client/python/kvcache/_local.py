@@ -123,20 +123,25 @@ class LocalReader:
                 raise OSError("a reply line is too long")
         return line[:-1].decode("utf-8", "replace"), fds
 
+    def _ask(self, request: str) -> Tuple[str, List[int]]:
+        """Sends one request line and reads the reply and the fds sent with it (call with
+        _lock held). A broken connection is closed for good: Unavailable."""
+        if self._sock is None:
+            raise Unavailable("the local socket broke earlier")
+        try:
+            self._sock.sendall(request.encode())
+            return self._read_line()
+        except OSError as e:
+            self._sock.close()
+            self._sock = None
+            raise Unavailable(f"local socket: {e}") from None
+
     def open_staging(self, nbytes: int) -> StagingSpace:
         """A staging region of `nbytes` made by the server, mapped writable here; it stays
         open while this connection does. FailedPrecondition with the server's reason when it
         refuses."""
         with self._lock:
-            if self._sock is None:
-                raise Unavailable("the local socket broke earlier")
-            try:
-                self._sock.sendall(f"STAGE {nbytes}\n".encode())
-                reply, fds = self._read_line()
-            except OSError as e:
-                self._sock.close()
-                self._sock = None
-                raise Unavailable(f"local socket: {e}") from None
+            reply, fds = self._ask(f"STAGE {nbytes}\n")
         words = reply.split(" ")
         if len(words) != 3 or words[0] != "OK" or len(fds) != 1 or words[2] != str(nbytes):
             for fd in fds:
@@ -155,15 +160,7 @@ class LocalReader:
             key = (pool, storage)
             if key in self._maps:
                 return self._maps[key][1]
-            if self._sock is None:
-                raise Unavailable("the local socket broke earlier")
-            try:
-                self._sock.sendall(f"ARENA {pool} {storage}\n".encode())
-                reply, fds = self._read_line()
-            except OSError as e:
-                self._sock.close()
-                self._sock = None
-                raise Unavailable(f"local socket: {e}") from None
+            reply, fds = self._ask(f"ARENA {pool} {storage}\n")
             if not reply.startswith("OK ") or len(fds) != 1:
                 for fd in fds:
                     os.close(fd)

@@ -1,0 +1,71 @@
+// KvCacheClient::Impl: the client's channel, stubs and same-node state, shared by
+// kv_cache_client.cc and the append streams (append_streams.h).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/channel/channel.h"
+#include "client/src/local_reader.h"
+#include "client/src/staging_space.h"
+#include "common/mutex.h"
+#include "kvc/client/kv_cache_client.h"
+#include "kvcache/v1/admin_service.grpc.pb.h"
+#include "kvcache/v1/kvcache_service.grpc.pb.h"
+
+namespace kvc::client {
+
+struct KvCacheClient::Impl {
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<::kvcache::v1::KvCacheService::Stub> kv;
+  std::unique_ptr<::kvcache::v1::AdminService::Stub> admin;
+
+  // The same-node path, decided on the first Fetch (local_reader.h).
+  kvc::Mutex local_mu;
+  bool local_decided ABSL_GUARDED_BY(local_mu) = false;
+  std::unique_ptr<internal::LocalReader> local ABSL_GUARDED_BY(local_mu);
+  std::string data_path ABSL_GUARDED_BY(local_mu) = "grpc (no Fetch yet)";
+  // Appends' staging region (staging_space.h), decided on the first Append.
+  bool staging_decided ABSL_GUARDED_BY(local_mu) = false;
+  std::unique_ptr<internal::StagingSpace> staging ABSL_GUARDED_BY(local_mu);
+  std::string append_path ABSL_GUARDED_BY(local_mu) = "grpc (no Append yet)";
+
+  void Prepare(grpc::ClientContext* context, const CallOptions& call) const {
+    const absl::Duration deadline =
+        call.deadline > absl::ZeroDuration() ? call.deadline : options.default_deadline;
+    context->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    internal::AddCallCredentials(options, context);
+  }
+
+  // Runs `attempt` (which must build a fresh ClientContext each time) and retries it on
+  // UNAVAILABLE with exponential backoff while `retryable()` still holds. Only for idempotent
+  // calls.
+  template <typename Fn, typename Pred>
+  absl::Status Retry(Fn&& attempt, Pred&& retryable) const {
+    absl::Duration backoff = options.initial_backoff;
+    absl::Status status;
+    for (int i = 0; i < options.max_attempts; ++i) {
+      status = attempt();
+      if (status.code() != absl::StatusCode::kUnavailable || i + 1 == options.max_attempts ||
+          !retryable()) {
+        break;
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, options.max_backoff);
+    }
+    return status;
+  }
+  template <typename Fn>
+  absl::Status Retry(Fn&& attempt) const {
+    return Retry(std::forward<Fn>(attempt), [] { return true; });
+  }
+};
+
+}  // namespace kvc::client
