@@ -74,14 +74,15 @@ KVC_BACKEND_CHECK(WriteTokensMatchesReference) {
     int32_t rows;
     int64_t stride;
   };
-  const Case cases[] = {{128, DType::kF16, 37, 0},
-                        {64, DType::kBF16, 1, 0},
-                        {128, DType::kF32, 100, 0},
-                        {64, DType::kF16, 20, 80}};
+  // The long cases are split over the CPU pool's threads even as raw copies (those go in
+  // chunks of 256 KiB).
+  const Case cases[] = {{128, DType::kF16, 37, 0},  {64, DType::kBF16, 1, 0},
+                        {128, DType::kF32, 100, 0}, {64, DType::kF16, 20, 80},
+                        {64, DType::kF16, 2500, 0}, {128, DType::kBF16, 1100, 160}};
   for (StorageFormat f : AllFormats()) {
     for (const Case& c : cases) {
       const BlockLayout l = MakeBlockLayout(f, c.d, 16);
-      const int32_t num_blocks = 12;
+      const int32_t num_blocks = std::max(12, c.rows / 16 + 4);
       const std::vector<uint8_t> init =
           RandomBytes(static_cast<size_t>(num_blocks) * l.block_bytes, rng);
       const int64_t stride = c.stride == 0 ? c.d : c.stride;
@@ -120,7 +121,7 @@ KVC_BACKEND_CHECK(ReadTokensMatchesReference) {
     for (int d : {64, 128}) {
       for (DType dtype : {DType::kF16, DType::kBF16, DType::kF32}) {
         const BlockLayout l = MakeBlockLayout(f, d, 16);
-        const LaneSpec lanes = MakeLanes(l, {1, 40, 16}, 2, rng);
+        const LaneSpec lanes = MakeLanes(l, {1, 40, 16, 1500}, 2, rng);  // 1557: split
         const std::vector<uint8_t> arena = MakeArenaBytes(lanes, DataKind::kOutliers, rng);
         std::vector<int32_t> blocks, slots;
         lanes.Rows(&blocks, &slots);
