@@ -70,6 +70,9 @@ std::vector<std::vector<Candidate>> Assign(const LaneChange& c) {
   const std::vector<Segment>& old = *c.old;
   const int num_tiers = static_cast<int>(c.tiers.size());
   std::vector<std::vector<Candidate>> entering(static_cast<size_t>(num_tiers));
+  // An append plans per token: growing these vectors one push at a time was a visible part of
+  // a 256-token Append's cost.
+  entering[static_cast<size_t>(num_tiers - 1)].reserve(c.incoming_positions.size());
   for (int j = 0; j < static_cast<int>(old.size()); ++j) {
     const int to = c.entry.empty() ? j : c.entry[static_cast<size_t>(j)];
     KVC_CHECK(to >= 0 && to < num_tiers) << "old tier " << j << " enters tier " << to;
@@ -187,6 +190,9 @@ SegmentPlan SegmentPlanner::Extend() {
   const int64_t total = n + static_cast<int64_t>(tokens_.size());
   plan_.fresh_blocks = std::max<int64_t>(0, CeilDiv(total, bt_) - old_blocks_);
   for (int32_t j = 0; j < plan_.fresh_blocks; ++j) plan_.blocks.push_back(BlockRef{j, true});
+  plan_.positions.reserve(tokens_.size());
+  plan_.scores.reserve(tokens_.size());
+  plan_.writes.reserve(tokens_.size());
   for (size_t k = 0; k < tokens_.size(); ++k) {
     const Candidate& tok = tokens_[k];
     const RowRef dst = Extended(n + static_cast<int64_t>(k));

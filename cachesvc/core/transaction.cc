@@ -222,6 +222,8 @@ absl::Status Transaction::RunWrites(OpStage& stage) {
         size_t end = begin + 1;
         while (end < sp.writes.size() && sp.writes[end].row == sp.writes[end - 1].row + 1) ++end;
         Rows rows;
+        rows.dst_blocks.reserve(end - begin);
+        rows.dst_slots.reserve(end - begin);
         for (size_t k = begin; k < end; ++k) {
           rows.dst_blocks.push_back(Resolve(l, s, sp.writes[k].dst.block));
           rows.dst_slots.push_back(sp.writes[k].dst.slot);

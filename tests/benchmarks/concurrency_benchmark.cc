@@ -4,13 +4,17 @@
 //      another sequence of --tokens tokens is compressed (SnapKV + INT4) on another thread:
 //      the ratio is what a decode loop pays for sharing the service with a prefill;
 //   2. GetPoolStats cost with 100 and with 10,000 live sequences (the ratio is ~1 when
-//      statistics read running totals instead of visiting sequences).
+//      statistics read running totals instead of visiting sequences);
+//   3. Append throughput of 1 MiB messages (256 tokens of keys and values), round-robin over
+//      the layers as a prefill sends them, by 1 and by 2 writers (each on its own sequence),
+//      against a memcpy of the same bytes: the store's write path without any transport.
 //
 //   concurrency_benchmark [--tokens=32768] [--layers=4] [--quick]
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -71,6 +75,60 @@ std::string Fill(KvStore& store, int layers, int tokens) {
 double Quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+}
+
+// GB/s of `writers` threads each appending `messages` messages of kChunk tokens (layers
+// round-robin) to its own sequence; the median of `rounds` rounds after one warm-up round (the
+// first touch of the pool's pages is a one-time cost of a fresh server, not of the write path).
+double AppendGbps(KvStore& store, int layers, int writers, int messages, int rounds) {
+  constexpr int kChunk = 256;
+  const std::vector<uint16_t> kv = RandomHalf(static_cast<size_t>(kChunk) * kHeads * kDim, 9);
+  const size_t half = kv.size() * 2;
+  std::vector<double> gbps;
+  for (int round = 0; round <= rounds; ++round) {
+    std::vector<std::string> ids;
+    for (int w = 0; w < writers; ++w) {
+      auto seq = store.CreateSequence({});
+      if (!seq.ok()) std::abort();
+      ids.push_back(seq->id);
+    }
+    const auto t0 = Clock::now();
+    std::vector<std::thread> threads;
+    threads.reserve(static_cast<size_t>(writers));
+    for (int w = 0; w < writers; ++w) {
+      threads.emplace_back([&, w] {
+        for (int m = 0; m < messages; ++m) {
+          AppendParams a;
+          a.sequence_id = ids[static_cast<size_t>(w)];
+          a.layer = m % layers;
+          a.start_position = int64_t{m / layers} * kChunk;
+          a.num_tokens = kChunk;
+          a.keys = a.values = absl::string_view(reinterpret_cast<const char*>(kv.data()), half);
+          if (!store.Append(a).ok()) std::abort();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    const double seconds = Since(t0);
+    if (round > 0) gbps.push_back(2.0 * half * messages * writers / seconds / 1e9);
+    for (const std::string& id : ids) {
+      if (!store.Release(id).ok()) std::abort();
+    }
+  }
+  return Quantile(gbps, 0.5);
+}
+
+// Single-thread memcpy GB/s over `bytes` (destination touched first), median of 5.
+double MemcpyGbps(size_t bytes) {
+  std::vector<char> src(bytes, 1), dst(bytes, 2);
+  std::vector<double> gbps;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    gbps.push_back(static_cast<double>(bytes) / Since(t0) / 1e9);
+  }
+  if (dst[bytes / 2] != 1) std::abort();
+  return Quantile(gbps, 0.5);
 }
 
 }  // namespace
@@ -150,6 +208,12 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 9900; ++i) (void)store->CreateSequence({});
   const double stats_10k = stats_cost();
 
+  // 256 MiB per writer (64 MiB quick): large enough to leave the caches.
+  const int messages = quick ? 64 : 256;
+  const double memcpy_gbps = MemcpyGbps(static_cast<size_t>(messages) << 20);
+  const double append_1 = AppendGbps(*store, layers, 1, messages, quick ? 1 : 5);
+  const double append_2 = AppendGbps(*store, layers, 2, messages, quick ? 1 : 5);
+
   std::printf("concurrency_benchmark: %d layers x %d kv heads x d %d, f16, %u hardware threads\n",
               layers, kHeads, kDim, std::thread::hardware_concurrency());
   std::printf("  Attend (1 query, %d stored tokens), idle: median %.3f ms, p99 %.3f ms\n",
@@ -162,5 +226,9 @@ int main(int argc, char** argv) {
       Quantile(busy, 0.99) / Quantile(idle, 0.5), Quantile(busy, 1.0) * 1e3);
   std::printf("  GetPoolStats: %.2f us at 100 sequences, %.2f us at 10,000 = %.2fx\n",
               stats_100 * 1e6, stats_10k * 1e6, stats_10k / stats_100);
+  std::printf(
+      "  Append, 1 MiB messages over %d layers: 1 writer %.2f GB/s (%.3fx memcpy), 2 writers "
+      "%.2f GB/s (%.3fx); memcpy %.2f GB/s\n",
+      layers, append_1, append_1 / memcpy_gbps, append_2, append_2 / memcpy_gbps, memcpy_gbps);
   return 0;
 }
