@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -60,8 +61,11 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(const LocalSocke
   s->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s->listen_fd_ < 0) return absl::UnavailableError(absl::StrCat("socket: ", Errno()));
   ::unlink(options.path.c_str());  // a stale socket of an earlier run
+  // connect(2) needs write permission on the socket file, which bind gave kvcached's umask
+  // (0755 by default: no other uid could connect, and local_socket_uids would refuse nobody
+  // only because nobody got in). Every uid may connect; Accept decides by the peer's uid.
   if (::bind(s->listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(s->listen_fd_, 64) != 0) {
+      ::chmod(options.path.c_str(), 0666) != 0 || ::listen(s->listen_fd_, 64) != 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on local_socket '", options.path, "': ", Errno()));
   }

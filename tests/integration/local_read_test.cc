@@ -3,8 +3,14 @@
 // each dtype, stored records, a layer subset, an unfinished layer, INT4 with a raw residual),
 // ending every lease it took; without the socket, with this uid refused, or with another
 // server at the path, it falls back to gRPC and says why.
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <charconv>
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -72,6 +78,47 @@ void ExpectSame(const client::FetchResult& a, const client::FetchResult& b) {
     EXPECT_TRUE(a.heads[i].keys == b.heads[i].keys) << "keys differ";
     EXPECT_TRUE(a.heads[i].values == b.heads[i].values) << "values differ";
   }
+}
+
+// What a process running as `uid` reads from the socket at `path` (its greeting or refusal),
+// or "connect: errno <n>". Forks: the child only makes system calls and exits.
+std::string GreetingAs(uid_t uid, const std::string& path) {
+  int out[2];
+  if (::pipe(out) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(out[0]);
+    char buf[256];
+    size_t n = 0;
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size());
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    // Only async-signal-safe calls after fork (the parent has threads): errno as a number.
+    const auto fail = [&](const char* what) {
+      n = std::strlen(what);
+      std::memcpy(buf, what, n);
+      n = static_cast<size_t>(std::to_chars(buf + n, buf + sizeof(buf), errno).ptr - buf);
+    };
+    if (::setresgid(uid, uid, uid) != 0 || ::setresuid(uid, uid, uid) != 0) {
+      fail("setresuid: errno ");
+    } else if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+      fail("connect: errno ");
+    } else {
+      const ssize_t got = ::read(fd, buf, sizeof(buf));
+      n = got > 0 ? static_cast<size_t>(got) : 0;
+    }
+    (void)!::write(out[1], buf, n);
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  std::string got;
+  char buf[256];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof(buf))) > 0;)
+    got.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  ::waitpid(pid, nullptr, 0);
+  return got;
 }
 
 class LocalReadTest : public ::testing::Test {
@@ -290,4 +337,25 @@ TEST_F(LocalReadTest, FetchIntoRefusesBuffersThatDoNotFit) {
 }
 
 }  // namespace
+// local_socket_uids names the engines' uids, which are not kvcached's: connect(2) needs write
+// permission on the socket file, so the file is open to every uid and the server decides by
+// the peer's credentials. Needs root to act as another uid (CI runs as root).
+TEST_F(LocalReadTest, AnotherUidReachesTheSocketAndTheServerDecidesByItsUid) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
+  constexpr uid_t kNobody = 65534;
+  ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);  // the directory must be searchable (operators)
+  {
+    testing::TestServer t = testing::StartTestServer(Options({kNobody}));
+    struct stat st {};
+    ASSERT_EQ(::stat((dir_ + "/kvcached.sock").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0666u);
+    EXPECT_EQ(GreetingAs(kNobody, dir_ + "/kvcached.sock").rfind("KVC-LOCAL 1 ", 0), 0u);
+  }
+  {
+    testing::TestServer t = testing::StartTestServer(Options());  // kvcached's own uid only
+    EXPECT_EQ(GreetingAs(kNobody, dir_ + "/kvcached.sock"),
+              "ERR uid 65534 may not map this server's pools (local_socket_uids)\n");
+  }
+}
+
 }  // namespace kvc
