@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
 ABSL_FLAG(std::string, shard, "",
           "this server's name in a cluster of shards (a DNS label; Kubernetes: the pod name); "
           "overrides the config's shard.name. Set: ids are <shard>:<incarnation>:<id>");
+ABSL_FLAG(std::string, local_socket, "",
+          "unix socket for same-node readers and staged appends; overrides the config's "
+          "local_socket (Kubernetes: one per pod, e.g. /run/kvcached/$(POD_NAME).sock)");
 ABSL_FLAG(int32_t, shutdown_grace_seconds, 10,
           "on SIGTERM/SIGINT, how long in-flight calls may take to finish");
 
@@ -68,6 +71,9 @@ int main(int argc, char** argv) {
   }
   if (options.metrics_listen == "off") options.metrics_listen.clear();
   if (!absl::GetFlag(FLAGS_shard).empty()) options.store.shard_name = absl::GetFlag(FLAGS_shard);
+  if (!absl::GetFlag(FLAGS_local_socket).empty()) {
+    options.local_socket = absl::GetFlag(FLAGS_local_socket);
+  }
 
   // Block the signals before gRPC starts its threads, so only sigwait sees them.
   sigset_t signals;

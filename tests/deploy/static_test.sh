@@ -10,7 +10,8 @@
 #     work with TLS, the NetworkPolicy, a distinct shard per pod (--shard=$(POD_NAME)) and a
 #     headless Service that drops not-ready pods from DNS (validate_manifests.py); for the
 #     cluster overlay also 3 replicas, topology spread over nodes and zones and the
-#     PodDisruptionBudget (--cluster); every shipped textproto and each image's baked config on
+#     PodDisruptionBudget (--cluster); for the same-node overlay a per-pod local socket in a
+#     writable hostPath prepared by an init container, with engine uids allowed; every shipped textproto and each image's baked config on
 #     its own; and a self-test that the validator rejects broken manifests and cluster overlays;
 #  4. promtool check rules + promtool test rules for deploy/prometheus/alerts*.yaml;
 #  5. the Grafana dashboard: JSON structure, metric names, and every query as a recording rule
@@ -37,6 +38,7 @@ yamllint --strict -c deploy/.yamllint deploy/
 echo "== kustomize"
 renders=()
 cluster=()  # the cluster overlay's rendering, validated with --cluster (replicas, spread, budget)
+same_node=""  # the same-node overlay's rendering (local socket), for its self-test below
 kubectl=${KUBECTL:-kubectl}
 if command -v "$kubectl" >/dev/null; then
   for dir in deploy/k8s/base deploy/k8s/overlays/*/; do
@@ -45,6 +47,7 @@ if command -v "$kubectl" >/dev/null; then
     "$kubectl" kustomize "$dir" >"$out" || fail "kubectl kustomize $dir"
     echo "rendered $dir: $(grep -c '^kind:' "$out") objects"
     if [ "$dir" = deploy/k8s/overlays/cluster ]; then cluster=(--cluster "$out"); else renders+=("$out"); fi
+    if [ "$dir" = deploy/k8s/overlays/same-node ]; then same_node=$out; fi
   done
   [ ${#cluster[@]} -gt 0 ] || fail "deploy/k8s/overlays/cluster was not rendered"
   kustomize_args=()
@@ -128,6 +131,26 @@ if [ ${#cluster[@]} -gt 0 ]; then
   echo "validator rejects broken cluster overlays: ok"
 else
   echo "SKIP: the cluster overlay's assertions (needs kubectl to render it)"
+fi
+# The same-node overlay's socket checks must fail when what they guard is broken: one path for
+# every pod, the directory mounted read-only or private to the pod, no init container to give it
+# to kvcached, no uids allowed.
+if [ -n "$same_node" ]; then
+  for breakage in 's|--local_socket=/run/kvcached/$(POD_NAME).sock|--local_socket=/run/kvcached/kvcached.sock|' \
+                  '/- mountPath: \/run\/kvcached$/{n;s/name: local-socket$/name: local-socket\n          readOnly: true/}' \
+                  '/- hostPath:$/{N;N;s/- hostPath:\n *path: \/run\/kvcached\n *type: DirectoryOrCreate/- emptyDir: {}/}' \
+                  '/^      initContainers:/,/^      [a-z]/{/^      initContainers:/d;/^      [a-z]/!d}' \
+                  's/local_socket_uids: \[1000\]/# no uids/'; do
+    sed "$breakage" "$same_node" >"$tmp/broken.yaml"
+    cmp -s "$same_node" "$tmp/broken.yaml" && fail "self-test: '$breakage' changed nothing"
+    if validate --secrets-dir "$tmp/secrets" "$tmp/broken.yaml" >"$tmp/broken.log" 2>&1; then
+      fail "validator accepted a same-node overlay broken by '$breakage'"
+    fi
+    echo "  rejected '$breakage': $(grep -m1 FAIL "$tmp/broken.log")"
+  done
+  echo "validator rejects broken same-node overlays: ok"
+else
+  echo "SKIP: the same-node overlay's assertions (needs kubectl to render it)"
 fi
 # And a shipped config that the server would refuse: plaintext on every address, or insecure.
 printf 'listen: "0.0.0.0:50051"\npools { name: "p" capacity_bytes: 1 }\n' >"$tmp/plain.textproto"

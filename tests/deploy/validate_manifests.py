@@ -24,6 +24,9 @@ Checks, per rendering:
     those Secrets; the probes do not use the kubelet's gRPC probe (no TLS) but the plaintext
     metrics port; the NetworkPolicy selects the kvcached pods and lets only kvcache client pods
     reach the gRPC port and only Prometheus in the monitoring namespace the metrics port;
+  * same-node reads (a --local_socket flag or the config's local_socket): the path is per pod
+    ($(POD_NAME)), its directory a writable hostPath mount that an init container prepares
+    (kvcached is not root), and local_socket_uids names the engines' uids;
   * shards: the container passes --shard=$(POD_NAME) once, POD_NAME comes from the pod's
     metadata.name (so every replica has its own, stable shard name and sequence ids never
     collide), the pod names are DNS labels; the headless Service does not publish not-ready pods
@@ -215,6 +218,34 @@ def check_rendering(where, docs, version, pb, rendered, secrets):
     if config is not None:
         check_security(where, config, flag(args, "listen"))
         check_secret_mounts(where, config, pod, c, secrets)
+        check_local_socket(where, config, pod, c, args)
+
+
+def check_local_socket(where, config, pod, c, args):
+    path = flag(args, "local_socket") or config.local_socket
+    if not path:
+        return
+    if "$(POD_NAME)" not in path:
+        problem(where, f"local_socket {path} is not per pod: two kvcached pods on one node would "
+                "take each other's socket (--local_socket=<dir>/$(POD_NAME).sock)")
+    d = os.path.dirname(path)
+    mount = next((m for m in c.get("volumeMounts", []) if m["mountPath"].rstrip("/") == d), None)
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+    vol = volumes.get(mount["name"], {}) if mount else {}
+    if "hostPath" not in vol:
+        return problem(where, f"local_socket directory {d} is not a hostPath volume mount: engine "
+                       "pods on the node could not reach the socket")
+    if mount.get("readOnly"):
+        problem(where, f"local_socket directory {d} is mounted readOnly: kvcached cannot create its socket")
+    if not any(m["name"] == mount["name"] for ic in pod["spec"].get("initContainers", [])
+               for m in ic.get("volumeMounts", [])):
+        problem(where, f"no init container prepares hostPath {vol['hostPath']['path']}: the kubelet "
+                "creates it root-owned 0755, where kvcached (non-root) cannot create its socket")
+    if not config.local_socket_uids:
+        problem(where, "local_socket without local_socket_uids: only kvcached's own uid could "
+                "connect, never an engine's")
+    print(f"{where}: local_socket {path} in hostPath {vol['hostPath']['path']}, "
+          f"uids {list(config.local_socket_uids)}")
 
 
 SHARD_ARG = "--shard=$(POD_NAME)"

@@ -32,7 +32,7 @@ start_server() {
   local bin=$1 listen=$2 log="$WORK/kvcached.${#SRV_PIDS[@]}.log"
   : >"$log"  # exists before the first poll below (the background shell opens it later)
   "$bin" --config="$WORK/kvcached.conf" --listen="$listen" --metrics_listen=127.0.0.1:0 \
-    2>"$log" &
+    "${@:3}" 2>"$log" &
   SRV_PID=$!
   SRV_PIDS+=("$SRV_PID")
   SRV_TARGET=

@@ -9,8 +9,9 @@ KVCACHED=$1 LOADGEN=$2
 . "$(dirname "$0")/load_lib.sh"
 
 write_config $((256 * 1024 * 1024))
-echo "local_socket: '$WORK/kvcached.sock'" >>"$WORK/kvcached.conf"
-start_server "$KVCACHED" 127.0.0.1:0
+# The socket by flag, as deploy/k8s/overlays/same-node passes it (one path per pod).
+start_server "$KVCACHED" 127.0.0.1:0 --local_socket="$WORK/kvcached.sock"
+[ "$(stat -c %a "$WORK/kvcached.sock")" = 666 ] || fail "the socket is not connectable by other uids"
 
 "$LOADGEN" --target="$SRV_TARGET" --sequences=6 --tokens=1024 --chunk_tokens=128 --threads=2 \
   >"$WORK/local.txt" || fail "kvc-loadgen (same node) exited $?"
