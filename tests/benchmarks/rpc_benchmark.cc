@@ -133,16 +133,16 @@ bool TimedFetch(kvc::client::KvCacheClient& client, const std::string& id, int64
   int64_t got = 0;
   bool same = true;
   const auto t0 = Clock::now();
-  const absl::Status st =
-      client.FetchChunks(id, fetch,
-                         [&](kvc::client::FetchedChunk& c) {
-                           got += static_cast<int64_t>(c.keys.size() + c.values.size());
-                           // Every token's record is the same pattern: spot-check the first one of
-                           // the chunk.
-                           same = same && c.keys.size() >= 256 && LooksAppended(c.keys.data(), keys);
-                           return absl::OkStatus();
-                         },
-                         {});
+  const absl::Status st = client.FetchChunks(
+      id, fetch,
+      [&](kvc::client::FetchedChunk& c) {
+        got += static_cast<int64_t>(c.keys.size() + c.values.size());
+        // Every token's record is the same pattern: spot-check the first one of
+        // the chunk.
+        same = same && c.keys.size() >= 256 && LooksAppended(c.keys.data(), keys);
+        return absl::OkStatus();
+      },
+      {});
   seconds->push_back(Seconds(t0, Clock::now()));
   if (!st.ok() || got != bytes || !same) {
     std::fprintf(stderr, "fetch failed: %s (%lld bytes, %s)\n", st.ToString().c_str(),
