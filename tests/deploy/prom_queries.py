@@ -34,7 +34,7 @@ METRICS = {
     "kvc_shard_info",
     "kvc_prefix_lookups_total", "kvc_prefix_lookup_tokens_total", "kvc_prefix_misses_total",
     "kvc_prefix_attached_tokens_total", "kvc_prefix_entries_total", "kvc_prefix_cache_entries",
-    "kvc_prefix_cache_bytes", "kvc_prefix_corrupt_reads_total",
+    "kvc_prefix_cache_bytes", "kvc_prefix_corrupt_reads_total", "kvc_process_resident_bytes",
 }
 HISTOGRAMS = {"kvc_rpc_duration_seconds"}
 # Counters that exist only once something happened (no eviction policy ran in the live test).

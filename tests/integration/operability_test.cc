@@ -105,6 +105,36 @@ TEST(OperabilityTest, MetricsReflectTraffic) {
   EXPECT_EQ(MetricSample(body, R"(kvc_build_info{version="0.1.0"})"), 1);
 }
 
+// kvc_process_resident_bytes follows the pages kvcached touches: a host pool's blocks live in a
+// memfd (shmem), so appending N MiB raises the shmem kind by about N MiB, and releasing the
+// sequence does not lower it (freed blocks keep their pages until reused): what an operator
+// compares with kvc_pool_used_bytes.
+TEST(OperabilityTest, ResidentMemoryMetricCountsThePoolsTouchedPages) {
+  cachesvc::ServerOptions options = WithMetrics();
+  options.store.pools[0].device = "cpu";
+  auto t = ::kvc::testing::StartTestServer(options);
+  const auto shmem = [&] {
+    const std::string response = ::kvc::testing::HttpGet(t.server->metrics_address(), "/metrics");
+    return MetricSample(response.substr(response.find("\r\n\r\n") + 3),
+                        R"(kvc_process_resident_bytes{kind="shmem"})");
+  };
+  const double before = shmem();
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo seq, t.client->CreateSequence({}));
+  constexpr int kChunk = 1024, kChunks = 8;
+  const std::string k =
+      MakeKv(2, 0, 0, kChunk, kHeads, kDim, kernels::DType::kF16, /*is_value=*/false);
+  for (int c = 0; c < kChunks; ++c) {
+    for (int l = 0; l < kLayers; ++l) {
+      KVC_ASSERT_OK(t.client->Append(Chunk(seq.sequence_id, l, int64_t{c} * kChunk, kChunk, k, k)));
+    }
+  }
+  const double appended = 2.0 * kChunks * kLayers * static_cast<double>(k.size());  // 16 MiB
+  const double after = shmem();
+  EXPECT_GE(after - before, 0.95 * appended) << before << " -> " << after;
+  KVC_ASSERT_OK(t.client->Release(seq.sequence_id).status());
+  EXPECT_GE(shmem(), after - (1 << 20));
+}
+
 TEST(OperabilityTest, HealthFollowsDrainAndDrainRefusesNewSequences) {
   auto t = ::kvc::testing::StartTestServer(WithMetrics());
   auto channel = grpc::CreateChannel(t.server->address(), grpc::InsecureChannelCredentials());
