@@ -20,8 +20,8 @@
 
 namespace kvc::cachesvc {
 
-// A host arena a same-node reader can map (host_arena.h): its memfd (owned by the pool) and
-// size in bytes.
+// A host arena a same-node reader can map (host_arena.h): a descriptor nobody else can map
+// writable (owned by the pool) and the size in bytes.
 struct SharedArena {
   int fd = -1;
   int64_t bytes = 0;
@@ -44,8 +44,8 @@ class BlockPool {
   // The arena of `format` for kernel ops. Blocks handed out by Allocate(format) index it.
   virtual kernels::PagedArena arena(StorageFormat format) = 0;
 
-  // The memfd of `format`'s arena, reserved now if it was not yet, for readers on this node
-  // (cachesvc/rpc/local_socket.h). FAILED_PRECONDITION where the arena cannot be shared
+  // A read-only descriptor of `format`'s arena, reserved now if it was not yet, for readers on this
+  // node (cachesvc/rpc/local_socket.h). FAILED_PRECONDITION where the arena cannot be shared
   // (device pools; a host without memfd).
   virtual absl::StatusOr<SharedArena> ShareArena(StorageFormat /*format*/) {
     return absl::FailedPreconditionError(
@@ -56,6 +56,10 @@ class BlockPool {
   // Thread-safe momentary values.
   virtual int64_t used_bytes() const = 0;
   virtual int64_t used_blocks(StorageFormat format) const = 0;
+  // Host pools (PoolOptions::keep_free_bytes): bytes of free blocks whose pages are resident,
+  // and bytes of pages returned to the OS since start. 0 where memory is never returned.
+  virtual int64_t free_resident_bytes() const { return 0; }
+  virtual int64_t released_bytes_total() const { return 0; }
 
   // Takes `n` blocks of `format`, all or none. RESOURCE_EXHAUSTED (naming the pool, the
   // need and what is free) when the byte capacity cannot hold them; INVALID_ARGUMENT when

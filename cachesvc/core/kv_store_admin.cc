@@ -61,6 +61,8 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
     }
     stats.capacity_bytes += pool.capacity_bytes();
     stats.used_bytes += pool.used_bytes();
+    stats.free_resident_bytes += pool.free_resident_bytes();
+    stats.released_bytes_total += pool.released_bytes_total();
     stats.total_blocks += pool.capacity_bytes() / RawBlockBytes(pool);
     for (int f = 0; f < kernels::kNumStorageFormats; ++f) {
       const auto format = static_cast<StorageFormat>(f);

@@ -35,6 +35,10 @@ absl::Status PoolFullError(const PoolOptions& options, StorageFormat format, int
       " bytes are free; release sequences, compress them, or give the pool more capacity_bytes"));
 }
 
+int64_t KeepFreeBytes(const PoolOptions& options) {
+  return options.keep_free_bytes.value_or(std::min(options.capacity_bytes / 4, int64_t{1} << 30));
+}
+
 absl::StatusOr<int> ParsePoolDevice(const std::string& device) {
   if (device == "cpu") return -1;
   constexpr absl::string_view kCuda = "cuda:";
@@ -94,6 +98,10 @@ absl::Status ValidatePoolOptions(const PoolOptions& o) {
   }
   const auto layout =
       kernels::MakeBlockLayout(kernels::RawFormatFor(g.dtype), g.head_dim, g.block_tokens);
+  if (o.keep_free_bytes.has_value() && *o.keep_free_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "keep_free_bytes is ", *o.keep_free_bytes,
+                                                   "; expected >= 0 (0 = keep no free pages)"));
+  }
   if (o.capacity_bytes < static_cast<int64_t>(layout.block_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(where, "capacity_bytes is ", o.capacity_bytes,
                                                    "; expected at least one block (",

@@ -16,6 +16,9 @@ inline constexpr int kMaxBlockTokens = 1024;
 // INVALID_ARGUMENT naming the field and the accepted range when options cannot form a pool.
 absl::Status ValidatePoolOptions(const PoolOptions& options);
 
+// PoolOptions::keep_free_bytes, or its default: a quarter of capacity_bytes, at most 1 GiB.
+int64_t KeepFreeBytes(const PoolOptions& options);
+
 // The CUDA device ordinal of a pool's `device` ("cuda:N" -> N), -1 for "cpu", or
 // INVALID_ARGUMENT for anything else.
 absl::StatusOr<int> ParsePoolDevice(const std::string& device);

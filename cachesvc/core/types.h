@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +48,12 @@ struct PoolOptions {
   std::string device = "cpu";
   int64_t capacity_bytes = int64_t{1} << 30;
   PoolGeometry geometry;
+  // Host pools: bytes of free blocks whose pages stay resident for reuse (unset: a quarter of
+  // capacity_bytes, at most 1 GiB; pool_options.h KeepFreeBytes). Past it, a background
+  // thread returns the pages of the oldest free blocks to the OS until half of it is left.
+  // >= capacity_bytes keeps every page (and seals the arenas against writable mappings even
+  // by kvcached's own uid: host_arena.h).
+  std::optional<int64_t> keep_free_bytes;
 };
 
 // One eviction rule x one storage format (x a raw recent residual, not yet served).
@@ -167,6 +174,10 @@ struct PoolStatsSnapshot {
   int64_t quota_sequences = 0;
   PrefixStats prefix_cache;  // pool-wide only
   LeaseStats leases;         // pool-wide only
+  // Host pools: bytes of free blocks whose pages are resident, and bytes of pages returned
+  // to the OS since start (keep_free_bytes).
+  int64_t free_resident_bytes = 0;
+  int64_t released_bytes_total = 0;
 };
 
 }  // namespace kvc::cachesvc

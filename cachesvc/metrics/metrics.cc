@@ -183,6 +183,11 @@ class Metrics::PoolCollector : public prometheus::Collectable {
                              "Dense bytes of the visible tokens / bytes held (1 = no saving).");
     PrefixFamilies prefix;
     LeaseFamilies leases;
+    auto free_resident = GaugeFamily(
+        "kvc_pool_free_resident_bytes",
+        "Bytes of free blocks whose pages stay resident for reuse (host pools; keep_free_bytes).");
+    auto released = CounterFamily("kvc_pool_released_bytes_total",
+                                  "Bytes of free blocks' pages returned to the OS (host pools).");
     prometheus::MetricFamily evicted;
     evicted.name = "kvc_evicted_tokens_total";
     evicted.help = "Token-heads evicted, by what evicted them.";
@@ -210,6 +215,8 @@ class Metrics::PoolCollector : public prometheus::Collectable {
                 static_cast<double>(stats->used_blocks));
       AddSample(&blocks, {{"pool", name}, {"state", "free"}},
                 static_cast<double>(stats->total_blocks - stats->used_blocks));
+      AddSample(&free_resident, {{"pool", name}}, static_cast<double>(stats->free_resident_bytes));
+      AddSample(&released, {{"pool", name}}, static_cast<double>(stats->released_bytes_total));
       AddSample(&sequences, {{"pool", name}}, static_cast<double>(stats->sequences));
       AddSample(&visible, {{"pool", name}}, static_cast<double>(stats->visible_tokens));
       AddSample(&stored, {{"pool", name}}, static_cast<double>(stats->stored_token_heads));
@@ -223,8 +230,9 @@ class Metrics::PoolCollector : public prometheus::Collectable {
       prefix.Add(name, stats->prefix_cache);
       leases.Add(name, stats->leases);
     }
-    std::vector<prometheus::MetricFamily> families{capacity,  info,    used,   free,  blocks,
-                                                   sequences, visible, stored, ratio, evicted};
+    std::vector<prometheus::MetricFamily> families{capacity, info,          used,     free,
+                                                   blocks,   free_resident, released, sequences,
+                                                   visible,  stored,        ratio,    evicted};
     families.push_back(ResidentFamily());
     prefix.AppendTo(&families);
     leases.AppendTo(&families);

@@ -5,7 +5,8 @@
 //
 // Trust: a mapping shows the whole arena, every tenant's KV in that pool, so only peers whose
 // uid (SO_PEERCRED, checked by the kernel) is allowed may connect: the server's own uid, or
-// exactly the configured list. The fds are sealed against writable mappings (host_arena.h).
+// exactly the configured list. The fds cannot be used to write the pool (host_arena.h: a
+// read-only reopen other uids cannot make writable, or a memfd sealed against writable maps).
 //
 // Protocol (text lines of at most 512 bytes; one connection per reader, requests in order):
 //   server -> "KVC-LOCAL 1 <token>\n" on connect (token: GetServerInfo.local_token, so a

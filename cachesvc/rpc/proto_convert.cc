@@ -214,6 +214,7 @@ absl::StatusOr<PoolOptions> FromProto(const pb::PoolConfig& config) {
   o.name = config.name().empty() ? "default" : config.name();
   o.device = config.device().empty() ? "cpu" : config.device();
   o.capacity_bytes = config.capacity_bytes();
+  if (config.has_keep_free_bytes()) o.keep_free_bytes = config.keep_free_bytes();
   const pb::PoolGeometry& g = config.geometry();
   o.geometry.num_layers = g.num_layers();
   o.geometry.num_kv_heads = g.num_kv_heads();

@@ -1,6 +1,17 @@
 #include "cachesvc/core/host_block_pool.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <set>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -119,8 +130,173 @@ TEST_F(HostBlockPoolTest, RejectsInvalidGeometryAndFormats) {
               StatusIs(absl::StatusCode::kInvalidArgument, "cannot store head_dim 48"));
 }
 
+// Fills `blocks` of `format` with a byte derived from `tag` (every byte of each block).
+void Fill(HostBlockPool& pool, StorageFormat format, const std::vector<BlockId>& blocks,
+          uint8_t tag) {
+  const kernels::PagedArena arena = pool.arena(format);
+  const size_t bytes = arena.layout.block_bytes;
+  for (BlockId id : blocks)
+    std::memset(static_cast<uint8_t*>(arena.base) + static_cast<size_t>(id) * bytes, tag, bytes);
+}
+
+// True when every byte of `blocks` is still `tag`.
+bool Holds(HostBlockPool& pool, StorageFormat format, const std::vector<BlockId>& blocks,
+           uint8_t tag) {
+  const kernels::PagedArena arena = pool.arena(format);
+  const size_t bytes = arena.layout.block_bytes;
+  for (BlockId id : blocks) {
+    const uint8_t* p = static_cast<const uint8_t*>(arena.base) + static_cast<size_t>(id) * bytes;
+    for (size_t i = 0; i < bytes; ++i) {
+      if (p[i] != tag) return false;
+    }
+  }
+  return true;
+}
+
+TEST_F(HostBlockPoolTest, FreeBlocksPastKeepFreeBytesGiveTheirPagesBack) {
+  constexpr int64_t kBlocks = 4096;
+  PoolOptions o = SmallPool(kBlocks);
+  const int64_t block = BlockBytes(StorageFormat::kF16);
+  o.keep_free_bytes = 256 * block;
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(o, backend_.get()));
+  std::vector<BlockId> all;
+  KVC_ASSERT_OK(pool->Allocate(StorageFormat::kF16, kBlocks, &all));
+  Fill(*pool, StorageFormat::kF16, all, 7);
+  const int64_t written = kBlocks * block;
+  ASSERT_GE(pool->ResidentBytes(), written) << "the arena is a memfd: its pages are counted";
+  EXPECT_EQ(pool->free_resident_bytes(), 0);
+
+  // Freeing a few blocks stays under the watermark: nothing goes.
+  std::vector<BlockId> few(all.end() - 100, all.end());
+  all.resize(all.size() - 100);
+  pool->Free(StorageFormat::kF16, few);
+  EXPECT_EQ(pool->TrimFreePages(), 0);
+  EXPECT_EQ(pool->free_resident_bytes(), 100 * block);
+
+  // Freeing the rest goes past it: the pages of all but half the watermark go back (the
+  // trimmer thread may have done part of it already).
+  pool->Free(StorageFormat::kF16, all);
+  pool->TrimFreePages();
+  EXPECT_LE(pool->free_resident_bytes(), *o.keep_free_bytes / 2);
+  EXPECT_GT(pool->free_resident_bytes(), *o.keep_free_bytes / 2 - block);
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  EXPECT_GE(pool->released_bytes_total(), written - *o.keep_free_bytes / 2 - 2 * page);
+  EXPECT_LE(pool->ResidentBytes(), *o.keep_free_bytes / 2 + 2 * page);
+
+  // All of it can be used again: warm blocks first (the last ones freed, still holding their
+  // bytes), then released ones, which read as zeros and take writes.
+  std::vector<BlockId> again;
+  KVC_ASSERT_OK(pool->Allocate(StorageFormat::kF16, kBlocks, &again));
+  EXPECT_EQ(std::set<BlockId>(again.begin(), again.end()).size(), static_cast<size_t>(kBlocks));
+  const std::vector<BlockId> first(again.begin(), again.begin() + 8);
+  EXPECT_TRUE(Holds(*pool, StorageFormat::kF16, first, 7)) << "warm blocks are reused first";
+  const std::vector<BlockId> last(again.end() - 8, again.end());
+  EXPECT_TRUE(Holds(*pool, StorageFormat::kF16, last, 0)) << "released pages read as zeros";
+  Fill(*pool, StorageFormat::kF16, again, 9);
+  EXPECT_TRUE(Holds(*pool, StorageFormat::kF16, again, 9));
+  EXPECT_GE(pool->ResidentBytes(), written);
+}
+
+TEST_F(HostBlockPoolTest, KeepingEveryPageSealsTheArena) {
+  PoolOptions o = SmallPool(1024);
+  o.keep_free_bytes = o.capacity_bytes;
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(o, backend_.get()));
+  std::vector<BlockId> all;
+  KVC_ASSERT_OK(pool->Allocate(StorageFormat::kF16, 1024, &all));
+  Fill(*pool, StorageFormat::kF16, all, 3);
+  pool->Free(StorageFormat::kF16, all);
+  EXPECT_EQ(pool->TrimFreePages(), 0);
+  EXPECT_EQ(pool->free_resident_bytes(), o.capacity_bytes);
+  EXPECT_GE(pool->ResidentBytes(), o.capacity_bytes);
+  KVC_ASSERT_OK_AND_ASSIGN(const SharedArena shared, pool->ShareArena(StorageFormat::kF16));
+  EXPECT_NE(::fcntl(shared.fd, F_GET_SEALS) & F_SEAL_FUTURE_WRITE, 0);
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, shared.fd, 0), MAP_FAILED)
+      << "sealed: not even this process maps it writable again";
+}
+
+// What a same-node reader receives cannot write the pool: a read-only descriptor of a memfd
+// whose mode is 0400. As another uid (root only), reopening it for writing and changing its
+// mode are refused too.
+TEST_F(HostBlockPoolTest, ReadersGetADescriptorTheyCannotWriteThrough) {
+  PoolOptions o = SmallPool(1024);
+  o.keep_free_bytes = 0;
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(o, backend_.get()));
+  KVC_ASSERT_OK_AND_ASSIGN(const SharedArena shared, pool->ShareArena(StorageFormat::kF16));
+  EXPECT_EQ(::fcntl(shared.fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+  struct stat st {};
+  ASSERT_EQ(::fstat(shared.fd, &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0400u);
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, shared.fd, 0), MAP_FAILED);
+  EXPECT_EQ(errno, EACCES);
+  void* view = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, shared.fd, 0);
+  ASSERT_NE(view, MAP_FAILED);
+  EXPECT_NE(::mprotect(view, 4096, PROT_READ | PROT_WRITE), 0);
+  ::munmap(view, 4096);
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls after fork: the exit code says what failed.
+    constexpr uid_t kNobody = 65534;
+    if (::setresgid(kNobody, kNobody, kNobody) != 0 || ::setresuid(kNobody, kNobody, kNobody) != 0)
+      ::_exit(10);
+    char path[64] = "/proc/self/fd/";
+    size_t n = std::strlen(path);
+    char digits[16];
+    size_t d = 0;
+    for (int v = shared.fd; v > 0 || d == 0; v /= 10) digits[d++] = static_cast<char>('0' + v % 10);
+    while (d > 0) path[n++] = digits[--d];
+    path[n] = '\0';
+    if (::open(path, O_RDWR) >= 0 || errno != EACCES) ::_exit(11);
+    if (::fchmod(shared.fd, 0600) == 0 || errno != EPERM) ::_exit(12);
+    // What it was given still maps for reading.
+    if (::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, shared.fd, 0) == MAP_FAILED) ::_exit(13);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "10 setresuid, 11 reopened for writing, 12 chmod, 13 no read mapping";
+}
+
+// Allocations, writes and frees from several threads while the trimmer releases pages behind
+// them: a block in use never loses a byte (a page released under it would read zeros).
+TEST_F(HostBlockPoolTest, TheTrimmerNeverReleasesABlockInUse) {
+  PoolOptions o = SmallPool(2048);
+  o.keep_free_bytes = 0;
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(o, backend_.get()));
+  std::atomic<int> lost{0};
+  std::atomic<bool> done{false};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 3; ++t) {
+    workers.emplace_back([&, t] {
+      for (int round = 0; round < 300; ++round) {
+        std::vector<BlockId> mine;
+        const int64_t n = 16 + (round * 7 + t * 13) % 200;
+        if (!pool->Allocate(StorageFormat::kF16, n, &mine).ok()) continue;
+        const auto tag = static_cast<uint8_t>(1 + (t * 31 + round) % 250);
+        Fill(*pool, StorageFormat::kF16, mine, tag);
+        std::this_thread::yield();
+        if (!Holds(*pool, StorageFormat::kF16, mine, tag)) ++lost;
+        pool->Free(StorageFormat::kF16, mine);
+      }
+    });
+  }
+  std::thread trimmer([&] {
+    while (!done.load()) pool->TrimFreePages();
+  });
+  for (std::thread& w : workers) w.join();
+  done = true;
+  trimmer.join();
+  EXPECT_EQ(lost.load(), 0);
+  EXPECT_GT(pool->released_bytes_total(), 0);
+  EXPECT_EQ(pool->used_bytes(), 0);
+}
+
 TEST_F(HostBlockPoolTest, DoubleFreeAborts) {
-  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(4), backend_.get()));
+  PoolOptions o = SmallPool(4);
+  o.keep_free_bytes = o.capacity_bytes;  // no trimmer thread: the death test forks
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(o, backend_.get()));
   std::vector<BlockId> a;
   KVC_ASSERT_OK(pool->Allocate(StorageFormat::kF16, 1, &a));
   pool->Free(StorageFormat::kF16, a);

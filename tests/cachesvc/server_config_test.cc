@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "cachesvc/core/pool_options.h"
 #include "gtest/gtest.h"
 #include "kvc/kernels/backend.h"
 #include "tests/testing/status_matchers.h"
@@ -32,7 +33,7 @@ TEST(ServerConfigTest, ParsesPoolsAndFillsDefaults) {
     listen: "0.0.0.0:6000"
     pools { name: "a" capacity_bytes: 1048576
             geometry { num_layers: 2 num_kv_heads: 1 head_dim: 64 dtype: DTYPE_BF16 } }
-    pools { name: "b" capacity_bytes: 2097152
+    pools { name: "b" capacity_bytes: 2097152 keep_free_bytes: 0
             geometry { num_layers: 32 num_kv_heads: 8 num_query_heads: 32 head_dim: 128
                        rope { theta: 500000 } } }
   )"));
@@ -43,6 +44,14 @@ TEST(ServerConfigTest, ParsesPoolsAndFillsDefaults) {
   EXPECT_EQ(o.store.pools[0].geometry.dtype, DType::kBF16);
   EXPECT_TRUE(o.store.pools[1].geometry.rope.enabled);
   EXPECT_EQ(o.store.pools[1].geometry.rope.theta, 500000);
+  // keep_free_bytes: unset = a quarter of the capacity; 0 is a value (keep no free pages).
+  EXPECT_FALSE(o.store.pools[0].keep_free_bytes.has_value());
+  EXPECT_EQ(KeepFreeBytes(o.store.pools[0]), 1048576 / 4);
+  EXPECT_EQ(o.store.pools[1].keep_free_bytes, 0);
+  PoolOptions negative = o.store.pools[0];
+  negative.keep_free_bytes = -1;
+  EXPECT_THAT(ValidatePoolOptions(negative),
+              StatusIs(absl::StatusCode::kInvalidArgument, "keep_free_bytes is -1"));
 }
 
 TEST(ServerConfigTest, SyntaxErrorsNameTheLine) {

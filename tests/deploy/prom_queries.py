@@ -35,6 +35,7 @@ METRICS = {
     "kvc_prefix_lookups_total", "kvc_prefix_lookup_tokens_total", "kvc_prefix_misses_total",
     "kvc_prefix_attached_tokens_total", "kvc_prefix_entries_total", "kvc_prefix_cache_entries",
     "kvc_prefix_cache_bytes", "kvc_prefix_corrupt_reads_total", "kvc_process_resident_bytes",
+    "kvc_pool_free_resident_bytes", "kvc_pool_released_bytes_total",
 }
 HISTOGRAMS = {"kvc_rpc_duration_seconds"}
 # Counters that exist only once something happened (no eviction policy ran in the live test).

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <regex>
 #include <thread>
@@ -106,33 +107,54 @@ TEST(OperabilityTest, MetricsReflectTraffic) {
 }
 
 // kvc_process_resident_bytes follows the pages kvcached touches: a host pool's blocks live in a
-// memfd (shmem), so appending N MiB raises the shmem kind by about N MiB, and releasing the
-// sequence does not lower it (freed blocks keep their pages until reused): what an operator
-// compares with kvc_pool_used_bytes.
-TEST(OperabilityTest, ResidentMemoryMetricCountsThePoolsTouchedPages) {
-  cachesvc::ServerOptions options = WithMetrics();
-  options.store.pools[0].device = "cpu";
-  auto t = ::kvc::testing::StartTestServer(options);
-  const auto shmem = [&] {
-    const std::string response = ::kvc::testing::HttpGet(t.server->metrics_address(), "/metrics");
-    return MetricSample(response.substr(response.find("\r\n\r\n") + 3),
-                        R"(kvc_process_resident_bytes{kind="shmem"})");
-  };
-  const double before = shmem();
-  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo seq, t.client->CreateSequence({}));
-  constexpr int kChunk = 1024, kChunks = 8;
-  const std::string k =
-      MakeKv(2, 0, 0, kChunk, kHeads, kDim, kernels::DType::kF16, /*is_value=*/false);
-  for (int c = 0; c < kChunks; ++c) {
-    for (int l = 0; l < kLayers; ++l) {
-      KVC_ASSERT_OK(t.client->Append(Chunk(seq.sequence_id, l, int64_t{c} * kChunk, kChunk, k, k)));
+// memfd (shmem), so appending N MiB raises the shmem kind by about N MiB. Releasing the
+// sequence keeps the freed blocks' pages up to the pool's keep_free_bytes (all of them when it
+// is the capacity) and returns the rest to the OS, which kvc_pool_released_bytes_total counts.
+TEST(OperabilityTest, ResidentMemoryFollowsAppendsAndReleasesPastKeepFreeBytes) {
+  constexpr int64_t kKeep = 4 << 20;
+  for (const bool keep_all : {true, false}) {
+    SCOPED_TRACE(keep_all ? "keep every page" : "keep 4 MiB");
+    cachesvc::ServerOptions options = WithMetrics();
+    cachesvc::PoolOptions& pool = options.store.pools[0];
+    pool.device = "cpu";
+    pool.keep_free_bytes = keep_all ? pool.capacity_bytes : kKeep;
+    auto t = ::kvc::testing::StartTestServer(options);
+    const auto sample = [&](const std::string& series) {
+      const std::string response = ::kvc::testing::HttpGet(t.server->metrics_address(), "/metrics");
+      return MetricSample(response.substr(response.find("\r\n\r\n") + 3), series);
+    };
+    const auto shmem = [&] { return sample(R"(kvc_process_resident_bytes{kind="shmem"})"); };
+    const std::string released = R"(kvc_pool_released_bytes_total{pool=")" + pool.name + "\"}";
+    const std::string free_resident = R"(kvc_pool_free_resident_bytes{pool=")" + pool.name + "\"}";
+    const double before = shmem();
+    KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo seq, t.client->CreateSequence({}));
+    constexpr int kChunk = 1024, kChunks = 8;
+    const std::string k =
+        MakeKv(2, 0, 0, kChunk, kHeads, kDim, kernels::DType::kF16, /*is_value=*/false);
+    for (int c = 0; c < kChunks; ++c) {
+      for (int l = 0; l < kLayers; ++l) {
+        KVC_ASSERT_OK(
+            t.client->Append(Chunk(seq.sequence_id, l, int64_t{c} * kChunk, kChunk, k, k)));
+      }
     }
+    const double appended = 2.0 * kChunks * kLayers * static_cast<double>(k.size());  // 16 MiB
+    const double after = shmem();
+    EXPECT_GE(after - before, 0.95 * appended) << before << " -> " << after;
+    KVC_ASSERT_OK(t.client->Release(seq.sequence_id).status());
+    if (keep_all) {
+      EXPECT_GE(shmem(), after - (1 << 20));
+      EXPECT_GE(sample(free_resident), appended);
+      EXPECT_EQ(sample(released), 0);
+      continue;
+    }
+    // The trimmer works in the background: wait for it (seconds at most).
+    for (int i = 0; i < 500 && sample(released) < appended - kKeep; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_GE(sample(released), appended - kKeep);
+    EXPECT_LE(sample(free_resident), kKeep / 2);
+    EXPECT_LE(shmem(), after - (appended - kKeep)) << before << " -> " << after;
   }
-  const double appended = 2.0 * kChunks * kLayers * static_cast<double>(k.size());  // 16 MiB
-  const double after = shmem();
-  EXPECT_GE(after - before, 0.95 * appended) << before << " -> " << after;
-  KVC_ASSERT_OK(t.client->Release(seq.sequence_id).status());
-  EXPECT_GE(shmem(), after - (1 << 20));
 }
 
 TEST(OperabilityTest, HealthFollowsDrainAndDrainRefusesNewSequences) {
