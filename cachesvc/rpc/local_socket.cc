@@ -60,7 +60,22 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(const LocalSocke
   std::memcpy(addr.sun_path, options.path.data(), options.path.size());
   s->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s->listen_fd_ < 0) return absl::UnavailableError(absl::StrCat("socket: ", Errno()));
-  ::unlink(options.path.c_str());  // a stale socket of an earlier run
+  // A socket file nobody accepts on is a stale one of an earlier run: replace it. One a live
+  // process accepts on belongs to another kvcached (a second server with the same path would
+  // otherwise take it over, and the first one's readers would be refused by token).
+  {
+    const int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool live =
+        probe >= 0 && ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+    if (probe >= 0) ::close(probe);
+    if (live) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("local_socket '", options.path,
+                       "' is in use: another process (another kvcached?) accepts connections "
+                       "on it; give each server its own path"));
+    }
+  }
+  ::unlink(options.path.c_str());
   // connect(2) needs write permission on the socket file, which bind gave kvcached's umask
   // (0755 by default: no other uid could connect, and local_socket_uids would refuse nobody
   // only because nobody got in). Every uid may connect; Accept decides by the peer's uid.
@@ -119,7 +134,7 @@ void LocalSocket::Accept(std::vector<Conn>* conns) {
     return;
   }
   Event("connected");
-  conns->push_back(Conn{fd, {}});
+  conns->push_back(Conn{fd, {}, {}});
 }
 
 bool LocalSocket::Handle(Conn& conn) {

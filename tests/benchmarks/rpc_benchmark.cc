@@ -342,6 +342,7 @@ int main(int argc, char** argv) {
     kvc::cachesvc::ServerOptions tls_options = options;
     tls_options.tls.cert_file = certs + "/server.pem";
     tls_options.tls.key_file = certs + "/server.key";
+    tls_options.local_socket.clear();  // the path is the first server's
     auto started = kvc::cachesvc::KvCacheServer::Start(tls_options);
     if (!started.ok()) {
       std::fprintf(stderr, "%s\n", started.status().ToString().c_str());

@@ -211,9 +211,19 @@ TEST_F(LocalReadTest, FallsBackToGrpcAndSaysWhy) {
               std::string::npos);
   }
   {
-    // Another server took over the path: its greeting carries another token.
+    // A second server refuses a path a live server listens on.
     testing::TestServer first = testing::StartTestServer(Options());
-    testing::TestServer second = testing::StartTestServer(Options());
+    EXPECT_THAT(cachesvc::KvCacheServer::Start(Options()),
+                testing::StatusIs(absl::StatusCode::kFailedPrecondition, "is in use"));
+  }
+  {
+    // Another server's socket at the path (moved there behind the first one's back): its
+    // greeting carries another token.
+    testing::TestServer first = testing::StartTestServer(Options());
+    cachesvc::ServerOptions other = Options();
+    other.local_socket = dir_ + "/other.sock";
+    testing::TestServer second = testing::StartTestServer(other);
+    ASSERT_EQ(::rename(other.local_socket.c_str(), (dir_ + "/kvcached.sock").c_str()), 0);
     auto c = Client(first.server->address(), /*local=*/true);
     KVC_ASSERT_OK_AND_ASSIGN(const std::string s, Filled(*c, 20));
     KVC_ASSERT_OK(c->Fetch(s, {}).status());
