@@ -8,7 +8,11 @@ layers x 8 kv heads x head_dim 128, f16: 128 KiB per token), random values.
             after layer), by default from the same-node client (its appends go through a
             staging region; --store grpc: bytes over gRPC); restore = fetch of every layer, over gRPC (Client(local_reads=False)) and, with the
             server's local_socket, from the mapped pool (Client()). --storage int4_g64 or
-            nvfp4 stores low-bit (the restore then decodes, over gRPC).
+            nvfp4 stores low-bit (the restore then decodes, over gRPC). --compress-to
+            int4_g64|nvfp4 stores f16 and then compresses every sequence to that format
+            (Compress, storage only), reporting server memory after it too: the freed f16
+            blocks' pages go back to the OS past the pool's keep_free_bytes
+            (--keep-free-mib; default the server's: a quarter of the capacity, <= 1 GiB).
   redis     redis-server from Debian (no persistence), redis-py; one key per 256-token chunk
             holding that chunk's K and V of every layer (how LMCache parks KV), SET and GET
             pipelined per sequence.
@@ -17,7 +21,8 @@ error), outside the timed part. Server memory = the server process's RSS after s
 
   scripts/redis_comparison.py [--kvcached build/cachesvc/kvcached] [--redis-server
       redis-server] [--sequences 8] [--tokens 2048] [--storage f16|int4_g64|nvfp4]
-      [--store local|grpc] [--rounds 3] [--json FILE]
+      [--store local|grpc] [--compress-to int4_g64|nvfp4] [--keep-free-mib N] [--rounds 3]
+      [--json FILE]
 
 Medians over rounds (each round stores into a fresh server process). A measurement, not a
 test: it asserts nothing about speed.
@@ -51,6 +56,19 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
+def settled_rss(pid: int, timeout_s: float = 20.0) -> int:
+    """The RSS once it stopped falling for half a second (kvcached returns free pages from a
+    background thread)."""
+    deadline = time.monotonic() + timeout_s
+    low, since = rss_bytes(pid), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < 0.5:
+        time.sleep(0.05)
+        now = rss_bytes(pid)
+        if now < low:
+            low, since = now, time.monotonic()
+    return low
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,10 +88,11 @@ def run_kvcached(a: argparse.Namespace, kv: List[np.ndarray]) -> Dict[str, float
     policy = None if a.storage == "f16" else kvcache.CompressionSpec(storage=a.storage)
     per_message = max(1, (1 << 20) // (KV_HEADS * HEAD_DIM * 2 * 2))
     with tempfile.TemporaryDirectory() as tmp:
-        config = ('pools { name: "bench" capacity_bytes: %d geometry { num_layers: %d '
+        keep = "" if a.keep_free_mib < 0 else "keep_free_bytes: %d " % (a.keep_free_mib << 20)
+        config = ('pools { name: "bench" capacity_bytes: %d %sgeometry { num_layers: %d '
                   'num_kv_heads: %d num_query_heads: %d head_dim: %d dtype: DTYPE_F16 } }\n'
-                  'local_socket: "%s"\n' % (capacity, LAYERS, KV_HEADS, 4 * KV_HEADS, HEAD_DIM,
-                                            pathlib.Path(tmp) / "kvcached.sock"))
+                  'local_socket: "%s"\n' % (capacity, keep, LAYERS, KV_HEADS, 4 * KV_HEADS,
+                                            HEAD_DIM, pathlib.Path(tmp) / "kvcached.sock"))
         proc, target = start_kvcached(a.kvcached, config, pathlib.Path(tmp))
         try:
             with kvcache.Client(target, timeout=600, local_reads=False,
@@ -95,13 +114,20 @@ def run_kvcached(a: argparse.Namespace, kv: List[np.ndarray]) -> Dict[str, float
                 store = time.perf_counter() - t0
                 grown = rss_bytes(proc.pid) - before
                 out = {"store_s": store, "server_bytes_per_token": grown / tokens}
+                if a.compress_to:
+                    t0 = time.perf_counter()
+                    for seq in seqs:
+                        writer.compress(seq, kvcache.CompressionSpec(storage=a.compress_to))
+                    out["compress_s"] = time.perf_counter() - t0
+                    out["server_bytes_per_token_compressed"] = (
+                        settled_rss(proc.pid) - before) / tokens
                 for name, client in (("restore_grpc_s", grpc_client), ("restore_local_s", local)):
                     out[name] = 0.0
                     for seq, s in zip(seqs, kv):
                         t0 = time.perf_counter()
                         result = client.fetch(seq)
                         out[name] += time.perf_counter() - t0
-                        check(result, s, exact=a.storage == "f16")  # not timed
+                        check(result, s, exact=a.storage == "f16" and not a.compress_to)
                         del result
                 out["local_data_path"] = local.data_path  # type: ignore[assignment]
                 out["store_path"] = writer.append_path  # type: ignore[assignment]
@@ -181,9 +207,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--storage", default="f16", choices=["f16", "int4_g64", "nvfp4"])
     ap.add_argument("--store", default="local", choices=["local", "grpc"])
+    ap.add_argument("--compress-to", default="", choices=["", "int4_g64", "nvfp4"])
+    ap.add_argument("--keep-free-mib", type=int, default=-1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default="")
     a = ap.parse_args()
+    if a.compress_to and a.storage != "f16":
+        sys.exit("--compress-to compresses what was stored f16: leave --storage f16")
     kv = make_kv(a.sequences, a.tokens)
     tokens = a.sequences * a.tokens
     runs: Dict[str, List[Dict[str, float]]] = {"kvcached": [], "redis": []}
@@ -208,6 +238,8 @@ def main() -> None:
     mem_kv = med("kvcached", "server_bytes_per_token")
     print(f"redis_comparison: {a.sequences} sequences x {a.tokens} tokens, Llama-3-8B KV shape "
           f"(128 KiB/token f16), kvcached storage {a.storage}, median of {a.rounds} rounds")
+    if a.compress_to:
+        print(f"kvcached restores read the sequences after Compress to {a.compress_to} (decoded)")
     print(f"{'':<34} {'store tok/s':>12} {'restore tok/s':>14} {'store+restore':>14} "
           f"{'server KiB/token':>17}")
     print(f"{'redis 7 (redis-py, pipelined)':<34} {rd_store:12.0f} {rd_restore:14.0f} "
@@ -219,6 +251,12 @@ def main() -> None:
     print(f"kvcached vs redis, store+restore: gRPC {both['kvcached_grpc'] / both['redis']:.2f}x, "
           f"same-node {both['kvcached_local'] / both['redis']:.2f}x; server memory per token "
           f"{mem_rd / mem_kv:.2f}x less" if mem_kv > 0 else "")
+    if a.compress_to:
+        mem_c = med("kvcached", "server_bytes_per_token_compressed")
+        print(f"after Compress to {a.compress_to} ({med('kvcached', 'compress_s'):.2f} s): "
+              f"kvcached {mem_c / 1024:.1f} KiB/token = {mem_rd / mem_c:.2f}x less than redis "
+              f"(keep_free_bytes: "
+              f"{'server default' if a.keep_free_mib < 0 else str(a.keep_free_mib) + ' MiB'})")
     print(f"same-node path: {runs['kvcached'][-1]['local_data_path']}; "
           f"store path: {runs['kvcached'][-1]['store_path']}")
     if a.json:
