@@ -100,6 +100,9 @@ void HostBlockPool::TrimmerLoop() {
 }
 
 int64_t HostBlockPool::TrimFreePages() {
+  // Whoever calls while the trimmer thread is in the middle of a batch waits for it: on
+  // return, the pages past the watermark are gone, not merely off the warm list.
+  std::lock_guard<std::mutex> one_at_a_time(trim_run_mu_);
   const int64_t keep = keep_free_bytes_ / 2;
   int64_t released = 0;
   for (size_t f = 0; f < static_cast<size_t>(kernels::kNumStorageFormats); ++f) {
@@ -137,9 +140,9 @@ int64_t HostBlockPool::TrimFreePages() {
       }
       a.cold.insert(a.cold.end(), batch.begin(), batch.end());
       released += *done;
+      released_bytes_.fetch_add(*done, std::memory_order_relaxed);
     }
   }
-  released_bytes_.fetch_add(released, std::memory_order_relaxed);
   return released;
 }
 

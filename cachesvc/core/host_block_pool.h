@@ -50,9 +50,9 @@ class HostBlockPool final : public BlockPool {
   absl::Status Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) override;
   void Free(StorageFormat format, absl::Span<const BlockId> blocks) override;
 
-  // The trimmer's work, done now on this thread: while more than keep_free_bytes / 2 of free
-  // blocks are warm, returns the oldest ones' pages to the OS. Returns the bytes of pages
-  // released.
+  // The trimmer's work, done now on this thread (after any trim in flight has finished):
+  // while more than keep_free_bytes / 2 of free blocks are warm, returns the oldest ones'
+  // pages to the OS. Returns the bytes of pages this call released.
   int64_t TrimFreePages();
   // Bytes of the pool's arenas that hold pages now (HostArena::ResidentBytes summed), -1
   // where an arena is anonymous memory.
@@ -88,6 +88,7 @@ class HostBlockPool final : public BlockPool {
   std::atomic<int64_t> released_bytes_{0};
 
   // The trimmer wakes when Free leaves more than keep_free_bytes warm.
+  std::mutex trim_run_mu_;  // held through TrimFreePages; taken before mu_, never after
   std::mutex trim_mu_;
   std::condition_variable trim_cv_;
   bool trim_wanted_ = false;  // guarded by trim_mu_
