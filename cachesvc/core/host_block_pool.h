@@ -33,6 +33,11 @@ class HostBlockPool final : public BlockPool {
   static absl::StatusOr<std::unique_ptr<HostBlockPool>> Create(const PoolOptions& options,
                                                                kernels::KernelBackend* backend);
   ~HostBlockPool() override;
+  // The trimmer thread holds `this`.
+  HostBlockPool(const HostBlockPool&) = delete;
+  HostBlockPool& operator=(const HostBlockPool&) = delete;
+  HostBlockPool(HostBlockPool&&) = delete;
+  HostBlockPool& operator=(HostBlockPool&&) = delete;
 
   const PoolOptions& options() const override { return options_; }
   kernels::KernelBackend* backend() const override { return backend_; }
