@@ -15,8 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "kvc/kernels/dtype.h"
-#include "kvc/kernels/record_codec.h"
+#include "client/decode/record_decode.h"
 
 namespace kvc::client::internal {
 namespace {
@@ -260,21 +259,14 @@ void CopyBytes(char* to, const uint8_t* from, size_t bytes) {
 }
 
 // `count` records of `format` (stride rb) as dense rows of `dtype`: copied when the format is
-// that dtype's raw one, else decoded with the kernels' codec.
+// that dtype's raw one, else decoded (record_decode.h).
 void WriteDense(StorageFormat format, DType dtype, int d, size_t rb, const uint8_t* records,
-                size_t count, char* out, std::vector<float>* scratch) {
+                size_t count, char* out) {
   if (format == RawFormatOf(dtype)) {
     CopyBytes(out, records, count * rb);
     return;
   }
-  const size_t row = static_cast<size_t>(d) * ElementBytes(dtype);
-  for (size_t r = 0; r < count; ++r) {
-    kernels::DequantizeRecord(KernelFormat(format), d, records + r * rb, scratch->data());
-    for (int j = 0; j < d; ++j) {
-      kernels::StoreElement(out + r * row, KernelDType(dtype), static_cast<size_t>(j),
-                            (*scratch)[static_cast<size_t>(j)]);
-    }
-  }
+  DecodeRecords(KernelFormat(format), KernelDType(dtype), d, rb, records, count, out);
 }
 
 // The lease must have been live for the whole read: a block of an expired lease may have been
@@ -292,7 +284,6 @@ absl::Status LocalReader::ReadLeased(const Lease& lease, const FetchOptions& opt
                                      const std::function<absl::Status(FetchedChunk&)>& on_chunk) {
   const int d = lease.head_dim;
   const DType dtype = options.dtype == DType::kPoolDefault ? lease.dtype : options.dtype;
-  std::vector<float> scratch(static_cast<size_t>(d));
   const auto bt = static_cast<size_t>(lease.block_tokens);
   // One chunk, reused: its buffers keep their capacity from lane to lane (unless the caller
   // moves them out), so a large read does not fault in fresh pages for every lane.
@@ -332,7 +323,7 @@ absl::Status LocalReader::ReadLeased(const Lease& lease, const FetchOptions& opt
               if (options.stored_format) {
                 CopyBytes(out->data() + at, rec, run * rb);
               } else {
-                WriteDense(seg.format, dtype, d, rb, rec, run, out->data() + at, &scratch);
+                WriteDense(seg.format, dtype, d, rb, rec, run, out->data() + at);
               }
             }
           });
@@ -382,7 +373,6 @@ absl::Status LocalReader::ReadLeasedInto(const Lease& lease,
                                                 buffer.capacity_tokens));
     }
   }
-  std::vector<float> scratch(static_cast<size_t>(d));
   const size_t row = static_cast<size_t>(d) * ElementBytes(options.dtype);
   for (size_t i = 0; i < lease.lanes.size(); ++i) {
     const LeaseLane& lane = lease.lanes[i];
@@ -401,8 +391,8 @@ absl::Status LocalReader::ReadLeasedInto(const Lease& lease,
       absl::Status walked = ForEachRun(
           seg, *layout, arena->base, arena->bytes, bt, limit,
           [&](size_t t, size_t run, const uint8_t* k, const uint8_t* v) {
-            WriteDense(seg.format, options.dtype, d, rb, k, run, keys + written * row, &scratch);
-            WriteDense(seg.format, options.dtype, d, rb, v, run, values + written * row, &scratch);
+            WriteDense(seg.format, options.dtype, d, rb, k, run, keys + written * row);
+            WriteDense(seg.format, options.dtype, d, rb, v, run, values + written * row);
             if (options.positions) {
               result->positions.insert(
                   result->positions.end(), seg.positions.begin() + static_cast<std::ptrdiff_t>(t),
