@@ -3,17 +3,20 @@ fetch() maps the host pool and returns exactly what the gRPC path returns (f16, 
 pools, a layer subset, an unfinished layer, a StreamingLLM-compacted sequence), ending every
 lease it took; records that would need decoding (INT4, or f16 asked as f32) come over gRPC
 with the same result; a server without the socket, or a uid it refuses, leaves the client on
-gRPC saying why."""
+gRPC saying why. AsyncClient takes the same path (its reads off the event loop)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from typing import Iterator
 
 import numpy as np
 import pytest
 
 import kvcache
+import kvcache._local as local_module
 from conftest import LAYERS, Server, random_kv, start
 from kvcache import CompressionSpec, StreamingLLM
 
@@ -102,3 +105,59 @@ def test_falls_back_to_grpc_and_says_why(server: Server,
             assert "may not map this server's pools" in c.data_path, c.data_path
     finally:
         refusing.stop()
+
+
+def test_async_client_reads_the_mapped_pool_too(local_server: Server, server: Server) -> None:
+    with kvcache.Client(local_server.target, local_reads=False) as remote:
+        f16 = _filled(remote, "f16", 70)
+        f32 = _filled(remote, "f32", 33)
+        int4 = _filled(remote, "f16", 40, policy=CompressionSpec(storage="int4_g32"))
+        want = {(seq, str(kw)): remote.fetch(seq, **kw)
+                for seq in (f16, f32, int4)
+                for kw in ({}, {"layers": [1]}, {"include_unfinished": True})}
+        before = remote.pool_stats().leases
+
+    async def run() -> None:
+        async with kvcache.AsyncClient(local_server.target) as c:
+            assert c.data_path == "grpc (no fetch yet)"
+            loop_thread = threading.get_ident()
+            reads = []
+            real_read = local_module.LocalReader.read
+
+            def spy(self, *args, **kwargs):
+                reads.append(threading.get_ident())
+                return real_read(self, *args, **kwargs)
+
+            local_module.LocalReader.read = spy
+            try:
+                # Concurrent fetches share the one reader (its socket requests are locked).
+                got = await asyncio.gather(*[
+                    c.fetch(seq, **kw)
+                    for seq in (f16, f32, int4)
+                    for kw in ({}, {"layers": [1]}, {"include_unfinished": True})])
+            finally:
+                local_module.LocalReader.read = real_read
+            for (key, expected), result in zip(want.items(), got):
+                _same(result, expected)
+            assert c.data_path.startswith("shared-memory ("), c.data_path
+            assert len(reads) == 9 and loop_thread not in reads  # never on the event loop
+            with pytest.raises(kvcache.NotFound):
+                await c.fetch("s-nothing")
+        async with kvcache.AsyncClient(local_server.target, local_reads=False) as c:
+            _same(await c.fetch(f16), want[(f16, "{}")])
+            assert c.data_path == "grpc (local_reads is off)"
+        async with kvcache.AsyncClient(server.target) as c:  # no local_socket there
+            seq = (await c.create_sequence()).sequence_id
+            k = random_kv(8)
+            for layer in range(LAYERS):
+                await c.append(seq, layer, 0, k, k)
+            assert len((await c.fetch(seq)).heads) == LAYERS * 2
+            assert c.data_path == "grpc (the server has no local_socket)"
+
+    asyncio.run(run())
+    with kvcache.Client(local_server.target, local_reads=False) as remote:
+        after = remote.pool_stats().leases
+        # Every fetch but the missing sequence's took a lease and ended it; the INT4 ones
+        # (records that need decoding) then came over gRPC.
+        assert after.granted - before.granted == 9
+        assert after.released - before.released == 9 and after.active == 0

@@ -1,6 +1,7 @@
 """AsyncClient: the asyncio variant of kvcache.Client (grpc.aio), with the same methods,
 arguments, retry rules and exceptions; every call is a coroutine, fetch_chunks an async
-iterator, append_stream and attend_session async context managers.
+iterator, append_stream and attend_session async context managers. fetch() reads from the
+server's memory on its node as Client.fetch does (``data_path``); appends go over gRPC.
 
     async with kvcache.AsyncClient("127.0.0.1:50051") as client:
         seq = await client.create_sequence()
@@ -26,10 +27,13 @@ from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
-from kvcache.errors import Aborted, Cancelled, FailedPrecondition, from_rpc_error
+from kvcache._local import LocalReader
+from kvcache.errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition,
+                            KvCacheError, Unavailable, from_rpc_error)
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
                            DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
-                           Prefix, PublishResult, ReleaseResult, StorageLike, parse_storage)
+                           Prefix, PublishResult, ReleaseResult, StorageLike, parse_dtype,
+                           parse_storage)
 
 T = TypeVar("T")
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
@@ -44,7 +48,7 @@ class AsyncClient:
                  tls_ca: Optional[PathLike] = None, tls_cert: Optional[PathLike] = None,
                  tls_key: Optional[PathLike] = None, tls_server_name: Optional[str] = None,
                  token: Optional[str] = None, max_message_bytes: int = 16 << 20,
-                 interceptors: Sequence[Any] = ()):
+                 interceptors: Sequence[Any] = (), local_reads: bool = True):
         self._s: Settings = make_settings(
             target, timeout=timeout, max_attempts=max_attempts, initial_backoff=initial_backoff,
             max_backoff=max_backoff, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
@@ -62,10 +66,51 @@ class AsyncClient:
         self._append_stream = self._channel.stream_unary(
             _codec.KV_SERVICE + "AppendStream", request_serializer=None,
             response_deserializer=svc.AppendStreamResponse.FromString)
+        # The same-node read path, decided on the first fetch as Client does (appends stay
+        # on gRPC here). The local socket's requests and the copies out of the mapping run
+        # in the loop's default executor, never on the event loop.
+        self._local_lock = asyncio.Lock()
+        self._local: Optional[LocalReader] = None
+        self._local_decided = not local_reads
+        self._data_path = "grpc (local_reads is off)" if not local_reads else "grpc (no fetch yet)"
 
     async def close(self) -> None:
         """Closes the channel; calls in flight are cancelled."""
         await self._channel.close()
+        if self._local is not None:
+            self._local.close()
+
+    @property
+    def data_path(self) -> str:
+        """How fetch() moves bytes: "shared-memory (PATH)", or "grpc (why not shared
+        memory)". Decided on the first fetch."""
+        return self._data_path
+
+    async def _local_path(self, timeout: Optional[float]) -> Optional[LocalReader]:
+        async with self._local_lock:
+            if self._local_decided:
+                return self._local
+            try:
+                info = await self._call(self._admin.GetServerInfo,
+                                        admin_pb.GetServerInfoRequest(), timeout, retry=True)
+            except KvCacheError as e:
+                # Asked again on the next fetch only when the server could not be reached.
+                self._local_decided = not isinstance(e, (Unavailable, DeadlineExceeded))
+                self._data_path = f"grpc (GetServerInfo failed: {e})"
+                return None
+            self._local_decided = True
+            if not info.local_socket:
+                self._data_path = "grpc (the server has no local_socket)"
+                return None
+            loop = asyncio.get_running_loop()
+            try:
+                self._local = await loop.run_in_executor(
+                    None, LocalReader, info.local_socket, info.local_token)
+            except KvCacheError as e:
+                self._data_path = f"grpc ({e.message})"
+                return None
+            self._data_path = f"shared-memory ({info.local_socket})"
+            return self._local
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -177,7 +222,21 @@ class AsyncClient:
     async def fetch(self, seq: Any, layers: Optional[Sequence[int]] = None,
                     dtype: DTypeLike = None, *, include_unfinished: bool = False,
                     tenant: str = "", timeout: Optional[float] = None) -> FetchResult:
-        """See Client.fetch."""
+        """See Client.fetch (the same-node path too)."""
+        local = await self._local_path(timeout) if not tenant else None
+        if local is not None:
+            lease = await self.lease_sequence(seq, layers, timeout=timeout)
+            try:
+                wanted = None if dtype is None else parse_dtype(dtype)
+                result = await asyncio.get_running_loop().run_in_executor(
+                    None, local.read, lease, wanted, include_unfinished)
+            finally:
+                try:  # best effort: the TTL ends it otherwise
+                    await self.release_lease(lease, timeout=timeout)
+                except KvCacheError:
+                    pass
+            if result is not None:
+                return result
         assembler = _codec.FetchAssembler()
         async for chunk in self.fetch_chunks(seq, layers, dtype,
                                              include_unfinished=include_unfinished,
