@@ -58,6 +58,14 @@ class ABSL_LOCKABLE Mutex {
     return true;
   }
 
+  // Releases the lock (held exclusively or shared) until `cond` holds, then holds it again
+  // the same way. `cond` is evaluated with the lock held, by any thread.
+  void Await(const absl::Condition& cond) ABSL_SHARED_LOCKS_REQUIRED(this) {
+    KVC_TSAN_RELEASE(this);
+    mu_.Await(cond);
+    KVC_TSAN_ACQUIRE(this);
+  }
+
   // Require that this thread holds the lock (exclusively / at least shared); absl aborts
   // when it can tell it does not. They also tell the analysis that the lock is held where it
   // cannot see the acquisition (callbacks, lambdas).

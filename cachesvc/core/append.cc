@@ -68,7 +68,7 @@ absl::StatusOr<DType> ValidateAppend(const AppendParams& p, const PoolOptions& p
   return dtype;
 }
 
-absl::StatusOr<AppendResult> AppendLocked(Sequence& seq, const AppendParams& p, DType dtype) {
+absl::StatusOr<PreparedAppend> PrepareAppend(Sequence& seq, const AppendParams& p, DType dtype) {
   const int layer = static_cast<int>(p.layer);
   const int64_t have = seq.layer_tokens(layer);
   if (p.start_position != have) {
@@ -81,16 +81,18 @@ absl::StatusOr<AppendResult> AppendLocked(Sequence& seq, const AppendParams& p, 
   SequenceStorage& st = seq.storage();
   std::vector<int32_t> positions(static_cast<size_t>(p.num_tokens));
   std::iota(positions.begin(), positions.end(), static_cast<int32_t>(p.start_position));
-  const EvictionRule rule = ResolveEviction(seq.policy());
+  PreparedAppend prepared;
+  prepared.layer = layer;
+  prepared.layer_tokens = have + p.num_tokens;
+  prepared.rule = ResolveEviction(seq.policy());
   std::vector<LaneSelection> selection;
-  if (EvictionDue(seq, rule, layer, p.num_tokens)) {
-    KVC_ASSIGN_OR_RETURN(selection,
-                         SelectLayer(seq.pool()->metadata_backend(), st, layer, rule, positions));
+  if (EvictionDue(seq, prepared.rule, layer, p.num_tokens)) {
+    KVC_ASSIGN_OR_RETURN(selection, SelectLayer(seq.pool()->metadata_backend(), st, layer,
+                                                prepared.rule, positions));
   }
-  Transaction tx(seq.pool(), &st, seq.charge());
-  tx.SetIncoming(IncomingRows{dtype, p.keys.data(), p.values.data(), p.keys.size(),
-                              int64_t{g.num_kv_heads} * g.head_dim, p.on_device});
-  int64_t evicted = 0;
+  prepared.tx = std::make_unique<Transaction>(seq.pool(), &st, seq.charge());
+  prepared.tx->SetIncoming(IncomingRows{dtype, p.keys.data(), p.values.data(), p.keys.size(),
+                                        int64_t{g.num_kv_heads} * g.head_dim, p.on_device});
   for (int h = 0; h < g.num_kv_heads; ++h) {
     LaneChange change;
     change.old = &st.lane(layer, h);
@@ -103,19 +105,26 @@ absl::StatusOr<AppendResult> AppendLocked(Sequence& seq, const AppendParams& p, 
       change.delta = std::move(sel.delta);
       change.incoming_keep = std::move(sel.incoming_keep);
       change.incoming_delta = std::move(sel.incoming_delta);
-      evicted += sel.evicted;
+      prepared.evicted += sel.evicted;
     }
-    tx.AddLane(st.lane_index(layer, h), PlanLane(change, g.block_tokens), int64_t{h} * g.head_dim);
+    prepared.tx->AddLane(st.lane_index(layer, h), PlanLane(change, g.block_tokens),
+                         int64_t{h} * g.head_dim);
   }
-  KVC_RETURN_IF_ERROR(tx.Execute());
-  tx.Commit();
-  seq.set_layer_tokens(layer, have + p.num_tokens);
-  if (evicted > 0) {
-    seq.usage()->evicted_token_heads[static_cast<size_t>(rule.why)].fetch_add(
-        evicted, std::memory_order_relaxed);
+  // Host pools only: a device pool's ops share one staging context per transaction, and its
+  // copies are not the bottleneck this relieves.
+  prepared.unlocked = seq.pool()->staging() == nullptr && !prepared.tx->WritesInPlace();
+  return prepared;
+}
+
+AppendResult FinishAppend(Sequence& seq, PreparedAppend& prepared) {
+  prepared.tx->Commit();
+  seq.set_layer_tokens(prepared.layer, prepared.layer_tokens);
+  if (prepared.evicted > 0) {
+    seq.usage()->evicted_token_heads[static_cast<size_t>(prepared.rule.why)].fetch_add(
+        prepared.evicted, std::memory_order_relaxed);
   }
   seq.SyncUsage();
-  return AppendResult{have + p.num_tokens, seq.visible_tokens()};
+  return AppendResult{prepared.layer_tokens, seq.visible_tokens()};
 }
 
 }  // namespace kvc::cachesvc

@@ -5,11 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cachesvc/core/eviction_rule.h"
 #include "cachesvc/core/requests.h"
 #include "cachesvc/core/sequence.h"
+#include "cachesvc/core/transaction.h"
 
 namespace kvc::cachesvc {
 
@@ -18,10 +21,27 @@ namespace kvc::cachesvc {
 absl::StatusOr<DType> ValidateAppend(const AppendParams& params, const PoolOptions& pool,
                                      int64_t max_tokens);
 
-// Appends a validated request. FAILED_PRECONDITION when start_position is not the layer's
-// next token, RESOURCE_EXHAUSTED when the pool is full, INTERNAL when a kernel op fails;
-// on error the sequence is unchanged.
-absl::StatusOr<AppendResult> AppendLocked(Sequence& seq, const AppendParams& params, DType dtype)
+// An append planned with the sequence's lock held (PrepareAppend), to be executed
+// (tx->Execute(): with the lock released when `unlocked`, the layer marked with
+// Sequence::BeginWrite meanwhile) and published with the lock held again (FinishAppend).
+struct PreparedAppend {
+  std::unique_ptr<Transaction> tx;
+  int layer = 0;
+  int64_t layer_tokens = 0;  // the layer's tokens after the commit
+  EvictionRule rule;
+  int64_t evicted = 0;
+  // The transaction writes nothing a stored token occupies (Transaction::WritesInPlace) and
+  // the pool is on the host: Execute may run without the lock.
+  bool unlocked = false;
+};
+
+// Checks the order (FAILED_PRECONDITION when start_position is not the layer's next token),
+// runs the automatic policy's selection and plans every lane. Requires that no write of the
+// layer is in flight (Sequence::AwaitLayerIdle).
+absl::StatusOr<PreparedAppend> PrepareAppend(Sequence& seq, const AppendParams& params, DType dtype)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu());
+// Commits an executed append and returns the layer's and the sequence's new lengths.
+AppendResult FinishAppend(Sequence& seq, PreparedAppend& prepared)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(seq.mu());
 
 }  // namespace kvc::cachesvc

@@ -193,9 +193,32 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
   // Everything about the request itself is checked before any lock or allocation.
   KVC_ASSIGN_OR_RETURN(const DType dtype,
                        ValidateAppend(p, seq->pool()->options(), options_.max_tokens_per_append));
+  // Two phases where the plan allows (append.h): planned under the lock, the rows written
+  // with it released (other layers' appends of the sequence, and its readers, go on
+  // meanwhile), published under it again.
+  PreparedAppend prepared;
+  absl::Status executed;
+  {
+    kvc::WriterMutexLock lock(&seq->mu());
+    if (seq->released()) return Released(p.sequence_id);
+    seq->AwaitLayerIdle(static_cast<int>(p.layer));
+    if (seq->released()) return Released(p.sequence_id);  // the wait released the lock
+    KVC_ASSIGN_OR_RETURN(prepared, PrepareAppend(*seq, p, dtype));
+    if (!prepared.unlocked) {
+      KVC_RETURN_IF_ERROR(prepared.tx->Execute());
+      return Appended(p, FinishAppend(*seq, prepared));
+    }
+    seq->BeginWrite(prepared.layer);
+  }
+  executed = prepared.tx->Execute();
   kvc::WriterMutexLock lock(&seq->mu());
-  if (seq->released()) return Released(p.sequence_id);
-  KVC_ASSIGN_OR_RETURN(AppendResult result, AppendLocked(*seq, p, dtype));
+  // Release and every other mutation waited for this layer's write: the sequence is live.
+  seq->EndWrite(prepared.layer);
+  KVC_RETURN_IF_ERROR(executed);
+  return Appended(p, FinishAppend(*seq, prepared));
+}
+
+AppendResult KvStore::Appended(const AppendParams& p, AppendResult result) {
   appended_bytes_.fetch_add(static_cast<int64_t>(p.keys.size() + p.values.size()),
                             std::memory_order_relaxed);
   return result;
@@ -212,6 +235,7 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
   KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
   KVC_ASSIGN_OR_RETURN(const CompressInputs inputs, ValidateCompress(p, seq->geometry()));
   kvc::WriterMutexLock lock(&seq->mu());
+  seq->AwaitNoWrites();
   if (seq->released()) return Released(p.sequence_id);
   // Compress reads the shared blocks (scores) and copies their survivors into blocks of the
   // sequence's own, which carry no checksum: a corrupt block must be caught before that.
@@ -224,8 +248,10 @@ absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
 absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {
   KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
   KVC_ASSIGN_OR_RETURN(const DType dtype, ValidateAttend(p, seq->pool()->options()));
-  // A writer lock: the step's weights are added to the stored tokens' scores.
+  // A writer lock: the step's weights are added to the stored tokens' scores (which an
+  // append in flight may carry into its commit: it finishes first).
   kvc::WriterMutexLock lock(&seq->mu());
+  seq->AwaitNoWrites();
   if (seq->released()) return Released(p.sequence_id);
   const SharedReadCheck check{prefixes_[static_cast<size_t>(seq->pool_index())].get(),
                               read_sampler_.Next()};
@@ -259,6 +285,7 @@ absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& scope,
   ReleaseResult result;
   {
     kvc::WriterMutexLock lock(&seq->mu());
+    seq->AwaitNoWrites();  // its blocks may be under an append's write
     if (seq->released()) return Released(sequence_id);
     PoolUsage* usage = seq->usage();
     if (evicted) {

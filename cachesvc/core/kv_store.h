@@ -154,6 +154,8 @@ class KvStore {
                                                      const std::string& id) const;
   absl::StatusOr<ReleaseResult> ReleaseInternal(const std::string& scope, const std::string& id,
                                                 bool evicted);
+  // Counts an applied append's bytes; returns its result.
+  AppendResult Appended(const AppendParams& params, AppendResult result);
   std::string NewSequenceId();
   // INVALID_ARGUMENT for a malformed client_sequence_id, or one naming another shard.
   absl::Status CheckClientId(const std::string& client_sequence_id) const;

@@ -23,6 +23,8 @@ absl::StatusOr<SequenceSnapshot> KvStore::ForkSequence(const ForkSequenceParams&
   {
     // Before the fork is registered: nobody else can see it half-copied.
     kvc::ReaderMutexLock source_lock(&source->mu());
+    // An append's write in flight would land in blocks the fork is about to share.
+    source->AwaitNoWrites();
     kvc::WriterMutexLock child_lock(&child->mu());
     absl::Status forked =
         source->released()

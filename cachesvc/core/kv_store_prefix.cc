@@ -42,6 +42,7 @@ absl::StatusOr<PublishPrefixResult> KvStore::PublishPrefix(const PublishPrefixPa
   KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
   KVC_RETURN_IF_ERROR(ValidatePrefix(p.prefix, CompressionSpec{}));
   kvc::WriterMutexLock lock(&seq->mu());
+  seq->AwaitNoWrites();
   if (seq->released()) {
     return absl::NotFoundError(absl::StrCat("sequence ", Quoted(p.sequence_id), " was released"));
   }

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "common/check.h"
+
 namespace kvc::cachesvc {
 
 int64_t NowUnixMs() {
@@ -32,7 +34,45 @@ Sequence::Sequence(std::string id, std::string scope, std::string tenant, BlockP
       storage_(pool->options().geometry.num_layers, pool->options().geometry.num_kv_heads,
                kernels::RawFormatFor(pool->options().geometry.dtype),
                InitialTiers(pool->options().geometry, policy)),
-      layer_tokens_(static_cast<size_t>(pool->options().geometry.num_layers), 0) {}
+      layer_tokens_(static_cast<size_t>(pool->options().geometry.num_layers), 0),
+      layer_writing_(static_cast<size_t>(pool->options().geometry.num_layers), 0) {}
+
+void Sequence::BeginWrite(int layer) {
+  KVC_CHECK(layer_writing_[static_cast<size_t>(layer)] == 0) << "layer " << layer;
+  layer_writing_[static_cast<size_t>(layer)] = 1;
+  ++writes_in_flight_;
+}
+
+void Sequence::EndWrite(int layer) {
+  KVC_CHECK(layer_writing_[static_cast<size_t>(layer)] == 1) << "layer " << layer;
+  layer_writing_[static_cast<size_t>(layer)] = 0;
+  --writes_in_flight_;
+}
+
+void Sequence::AwaitNoWrites() const {
+  // The conditions run with the lock held, by whichever thread releases it.
+  struct NoWrites {
+    const Sequence* seq;
+    bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return seq->writes_in_flight_ == 0; }
+  };
+  const NoWrites cond{this};
+  mutations_waiting_.fetch_add(1, std::memory_order_relaxed);
+  mu_.Await(absl::Condition(&cond));
+  mutations_waiting_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void Sequence::AwaitLayerIdle(int layer) const {
+  struct LayerIdle {
+    const Sequence* seq;
+    size_t layer;
+    bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return seq->layer_writing_[layer] == 0 &&
+             seq->mutations_waiting_.load(std::memory_order_relaxed) == 0;
+    }
+  };
+  const LayerIdle cond{this, static_cast<size_t>(layer)};
+  mu_.Await(absl::Condition(&cond));
+}
 
 void Sequence::SyncUsage(bool gone) {
   const int64_t visible = gone ? 0 : visible_tokens();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -75,6 +76,20 @@ class Sequence {
   bool released() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return released_; }
   void set_released() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { released_ = true; }
 
+  // Two-phase appends (append.h): an Append whose rows are written with the lock released
+  // marks its layer from planning to commit. While any layer is marked, every other mutation
+  // of the sequence waits (AwaitNoWrites, after taking the lock), so nothing it changes or
+  // frees is under a write; an Append of a marked layer waits for that layer
+  // (AwaitLayerIdle). A mutation waiting for the writes to end keeps new ones from starting
+  // (appends of every layer wait behind it), so a stream of appends cannot starve it.
+  // Readers never wait: the writes touch only slots no stored token occupies and fresh
+  // blocks, which nothing reads before the commit.
+  void BeginWrite(int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndWrite(int layer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AwaitNoWrites() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void AwaitLayerIdle(int layer) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  int writes_in_flight() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return writes_in_flight_; }
+
   // Brings the pool's running totals up to date with this sequence's state (after every
   // mutation; with `gone`, removes the sequence from them).
   void SyncUsage(bool gone = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -96,6 +111,10 @@ class Sequence {
   bool has_scores_ ABSL_GUARDED_BY(mu_) = false;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
   int64_t attached_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int writes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Mutations in AwaitNoWrites (atomic: a Fork waits holding the lock shared).
+  mutable std::atomic<int> mutations_waiting_{0};
+  std::vector<uint8_t> layer_writing_ ABSL_GUARDED_BY(mu_);  // [layer]: 1 while marked
   // What SyncUsage last added to the pool's totals.
   int64_t counted_visible_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t counted_stored_ ABSL_GUARDED_BY(mu_) = 0;

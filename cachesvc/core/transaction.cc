@@ -72,6 +72,15 @@ int64_t Transaction::NetBytes() const {
   return net;
 }
 
+bool Transaction::WritesInPlace() const {
+  for (const Lane& l : lanes_) {
+    for (const SegmentPlan& sp : l.plan.segments) {
+      if (!sp.moves.empty() || !sp.rotations.empty()) return true;
+    }
+  }
+  return false;
+}
+
 absl::Status Transaction::Execute() {
   KVC_CHECK(!executed_) << "a transaction executes once";
   std::array<int64_t, kFormats> need{};

@@ -4,7 +4,8 @@
 // in-place move op at the end, so on any error (a full pool, a failed kernel op) the
 // sequence and the pool are exactly as before. Commit() cannot fail: it swaps in the new
 // segments, frees what the plans freed and bumps the generation of every layer where a
-// stored token moved or went away. The caller holds the sequence's lock throughout.
+// stored token moved or went away. The caller holds the sequence's lock throughout (except,
+// for a transaction that does not write in place, across Execute: see WritesInPlace).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +50,13 @@ class Transaction {
   void AddLane(int lane, LanePlan plan, int64_t lane_offset = 0);
   // The tier list to publish with the lanes (a Compress that converts or adds a residual).
   void SetTiers(std::vector<Tier> tiers) { tiers_ = std::move(tiers); }
+
+  // True when Execute would change memory a stored token occupies (compaction moves, RoPE
+  // rotations in place): such a transaction must run with the sequence's lock held
+  // throughout. Otherwise Execute writes only fresh blocks and unoccupied slots, and reads
+  // only the planned lanes' stored tokens, so it may run with the lock released as long as
+  // nothing else changes those lanes (a two-phase Append, sequence.h).
+  bool WritesInPlace() const;
 
   // Allocates and writes. RESOURCE_EXHAUSTED when the pool cannot hold the fresh blocks or
   // the tenant's quota would be passed once the mutation's freed blocks are returned,
