@@ -268,6 +268,7 @@ TEST_F(HostBlockPoolTest, TheTrimmerNeverReleasesABlockInUse) {
   std::atomic<int> lost{0};
   std::atomic<bool> done{false};
   std::vector<std::thread> workers;
+  workers.reserve(3);
   for (int t = 0; t < 3; ++t) {
     workers.emplace_back([&, t] {
       for (int round = 0; round < 300; ++round) {
