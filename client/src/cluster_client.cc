@@ -427,6 +427,15 @@ absl::StatusOr<FetchResult> ClusterClient::Fetch(const std::string& sequence_id,
       sequence_id, [&](KvCacheClient& c) { return c.Fetch(sequence_id, options, call); });
 }
 
+absl::StatusOr<FetchIntoResult> ClusterClient::FetchInto(const std::string& sequence_id,
+                                                         const std::vector<LayerBuffers>& buffers,
+                                                         const FetchIntoOptions& options,
+                                                         const CallOptions& call) {
+  return impl_->Routed<absl::StatusOr<FetchIntoResult>>(sequence_id, [&](KvCacheClient& c) {
+    return c.FetchInto(sequence_id, buffers, options, call);
+  });
+}
+
 absl::StatusOr<SequenceInfo> ClusterClient::GetSequence(const std::string& sequence_id,
                                                         const CallOptions& call) {
   return impl_->Routed<absl::StatusOr<SequenceInfo>>(

@@ -72,8 +72,10 @@ class ClusterTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  // Starts shards kc-0 .. kc-(n-1), weights[i] each, and a cluster client over them.
-  void StartCluster(int n, std::vector<double> weights = {}, int grace_seconds = 10) {
+  // Starts shards kc-0 .. kc-(n-1), weights[i] each, and a cluster client over them. With
+  // `local_sockets` each shard also serves same-node readers at <its dir>/kvcached.sock.
+  void StartCluster(int n, std::vector<double> weights = {}, int grace_seconds = 10,
+                    bool local_sockets = false) {
     std::vector<std::string> targets;
     for (int i = 0; i < n; ++i) {
       const std::string shard_dir = absl::StrCat(dir_, "/kc-", i);
@@ -84,12 +86,13 @@ class ClusterTest : public ::testing::Test {
       } else {
         std::filesystem::copy_file(dir_ + "/kvcached.conf", shard_dir + "/kvcached.conf");
       }
-      shards_.push_back(std::make_unique<testing::KvcachedProcess>(
-          KVCACHED_PATH, shard_dir,
-          std::vector<std::string>{"--config=" + shard_dir + "/kvcached.conf",
-                                   "--listen=127.0.0.1:0", "--metrics_listen=off",
-                                   absl::StrCat("--shard=kc-", i),
-                                   absl::StrCat("--shutdown_grace_seconds=", grace_seconds)}));
+      std::vector<std::string> args{"--config=" + shard_dir + "/kvcached.conf",
+                                    "--listen=127.0.0.1:0", "--metrics_listen=off",
+                                    absl::StrCat("--shard=kc-", i),
+                                    absl::StrCat("--shutdown_grace_seconds=", grace_seconds)};
+      if (local_sockets) args.push_back("--local_socket=" + shard_dir + "/kvcached.sock");
+      shards_.push_back(
+          std::make_unique<testing::KvcachedProcess>(KVCACHED_PATH, shard_dir, std::move(args)));
       ASSERT_FALSE(shards_.back()->target().empty()) << shards_.back()->Log();
       targets.push_back(shards_.back()->target());
     }
@@ -217,6 +220,60 @@ TEST_F(ClusterTest, SequencesSpreadEvenlyAndEachIsServedByTheShardItsIdNames) {
   // An id that is not a cluster id is refused before any call.
   EXPECT_EQ(cluster_->GetSequence("s-0123456789abcdef").status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// FetchInto through the cluster client lands each sequence's KV in the engine's buffers,
+// read from its own shard's mapped pool (every shard here is on this node).
+TEST_F(ClusterTest, FetchIntoReadsEachSequencesShardOnThisNode) {
+  StartCluster(3, {}, 10, /*local_sockets=*/true);
+  const std::vector<std::string> ids = FillMany(12);
+  constexpr int64_t kCapacity = kTokens + 5;
+  const size_t lane_bytes = static_cast<size_t>(kCapacity) * kDim * 2;
+  std::map<std::string, int> per_shard;
+  for (const std::string& id : ids) {
+    ASSERT_FALSE(id.empty());
+    std::vector<std::string> keys(kLayers, std::string(kHeads * lane_bytes, '\x5a'));
+    std::vector<std::string> values = keys;
+    std::vector<LayerBuffers> buffers;
+    buffers.reserve(kLayers);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      buffers.push_back({layer, keys[static_cast<size_t>(layer)].data(),
+                         values[static_cast<size_t>(layer)].data(), kCapacity});
+    }
+    FetchIntoOptions options;
+    options.dtype = DType::kF16;
+    options.num_kv_heads = kHeads;
+    options.head_dim = kDim;
+    auto result = cluster_->FetchInto(id, buffers, options);
+    ASSERT_TRUE(result.ok()) << id << ": " << result.status();
+    EXPECT_EQ(result->visible_tokens, kTokens);
+    EXPECT_EQ(result->lane_tokens, std::vector<int64_t>(kLayers * kHeads, kTokens));
+    for (int layer = 0; layer < kLayers; ++layer) {
+      for (int h = 0; h < kHeads; ++h) {
+        const size_t at = static_cast<size_t>(h) * lane_bytes;
+        const size_t rows = static_cast<size_t>(kTokens) * kDim * 2;
+        EXPECT_EQ(keys[static_cast<size_t>(layer)].substr(at, rows),
+                  testing::MakeHeadKv(SeedOf(id), layer, h, 0, kTokens, kDim, kernels::DType::kF16,
+                                      /*is_value=*/false))
+            << id << " layer " << layer << " head " << h;
+        EXPECT_EQ(values[static_cast<size_t>(layer)].substr(at, rows),
+                  testing::MakeHeadKv(SeedOf(id), layer, h, 0, kTokens, kDim, kernels::DType::kF16,
+                                      /*is_value=*/true))
+            << id << " layer " << layer << " head " << h;
+        // Rows past the lane's tokens are the caller's: untouched.
+        EXPECT_EQ(keys[static_cast<size_t>(layer)].substr(at + rows, lane_bytes - rows),
+                  std::string(lane_bytes - rows, '\x5a'));
+      }
+    }
+    ++per_shard[ShardOf(id)];
+  }
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    if (per_shard[absl::StrCat("kc-", i)] == 0) continue;  // placement left it without one
+    auto client = cluster_->EndpointClient(shards_[i]->target());
+    ASSERT_TRUE(client.ok()) << client.status();
+    EXPECT_THAT((*client)->DataPath(), HasSubstr("shared-memory (" + dir_ + "/kc-"))
+        << "shard kc-" << i;
+  }
 }
 
 TEST_F(ClusterTest, PlacementFollowsTheShardsWeights) {

@@ -111,6 +111,12 @@ class ClusterClient {
                            const CallOptions& call = {});
   absl::StatusOr<FetchResult> Fetch(const std::string& sequence_id, const FetchOptions& options,
                                     const CallOptions& call = {});
+  // KvCacheClient::FetchInto on the sequence's shard: from that shard's mapped pool when it
+  // runs on this node (its EndpointClient's DataPath() says so), else over gRPC.
+  absl::StatusOr<FetchIntoResult> FetchInto(const std::string& sequence_id,
+                                            const std::vector<LayerBuffers>& buffers,
+                                            const FetchIntoOptions& options,
+                                            const CallOptions& call = {});
   absl::StatusOr<SequenceInfo> GetSequence(const std::string& sequence_id,
                                            const CallOptions& call = {});
   absl::StatusOr<ReleaseResult> Release(const std::string& sequence_id,
