@@ -21,13 +21,14 @@ import os
 import socket
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import types_pb2
-from kvcache.errors import Aborted, FailedPrecondition, Internal, Unavailable
+from kvcache.errors import (Aborted, DeadlineExceeded, FailedPrecondition, Internal,
+                            KvCacheError, Unavailable)
 from kvcache.types import NUMPY_DTYPE, DType, FetchedHead, FetchResult, lease_positions
 
 _MAX_LINE = 512
@@ -37,6 +38,26 @@ _RAW_FORMAT = {
     DType.BF16: types_pb2.STORAGE_FORMAT_BF16,
     DType.F32: types_pb2.STORAGE_FORMAT_F32,
 }
+
+
+def server_info_failed(error: KvCacheError) -> Tuple[bool, str]:
+    """When GetServerInfo failed: whether the path is decided (asked again on the next fetch
+    only when the server could not be reached) and what data_path says."""
+    decided = not isinstance(error, (Unavailable, DeadlineExceeded))
+    return decided, f"grpc (GetServerInfo failed: {error})"
+
+
+def connect_local(info: Any) -> Tuple[Optional["LocalReader"], str]:
+    """The reader of the local socket GetServerInfo's reply names (None when there is none
+    or it refuses), and what data_path says. Blocking: the asyncio client runs it in an
+    executor."""
+    if not info.local_socket:
+        return None, "grpc (the server has no local_socket)"
+    try:
+        return LocalReader(info.local_socket, info.local_token), \
+            f"shared-memory ({info.local_socket})"
+    except KvCacheError as e:
+        return None, f"grpc ({e.message})"
 
 
 class StagingSpace:

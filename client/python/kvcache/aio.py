@@ -27,9 +27,9 @@ from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
-from kvcache._local import LocalReader
-from kvcache.errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition,
-                            KvCacheError, Unavailable, from_rpc_error)
+from kvcache._local import LocalReader, connect_local, server_info_failed
+from kvcache.errors import (Aborted, Cancelled, FailedPrecondition, KvCacheError,
+                            from_rpc_error)
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
                            DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
                            Prefix, PublishResult, ReleaseResult, StorageLike, parse_dtype,
@@ -94,22 +94,11 @@ class AsyncClient:
                 info = await self._call(self._admin.GetServerInfo,
                                         admin_pb.GetServerInfoRequest(), timeout, retry=True)
             except KvCacheError as e:
-                # Asked again on the next fetch only when the server could not be reached.
-                self._local_decided = not isinstance(e, (Unavailable, DeadlineExceeded))
-                self._data_path = f"grpc (GetServerInfo failed: {e})"
+                self._local_decided, self._data_path = server_info_failed(e)
                 return None
             self._local_decided = True
-            if not info.local_socket:
-                self._data_path = "grpc (the server has no local_socket)"
-                return None
-            loop = asyncio.get_running_loop()
-            try:
-                self._local = await loop.run_in_executor(
-                    None, LocalReader, info.local_socket, info.local_token)
-            except KvCacheError as e:
-                self._data_path = f"grpc ({e.message})"
-                return None
-            self._data_path = f"shared-memory ({info.local_socket})"
+            self._local, self._data_path = await asyncio.get_running_loop().run_in_executor(
+                None, connect_local, info)
             return self._local
 
     async def __aenter__(self) -> "AsyncClient":

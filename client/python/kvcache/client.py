@@ -32,7 +32,7 @@ from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
-from kvcache._local import LocalReader, StagingSpace
+from kvcache._local import LocalReader, StagingSpace, connect_local, server_info_failed
 from kvcache.errors import (Aborted, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition,
                             Internal, KvCacheError, Unavailable, Unknown, from_rpc_error)
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
@@ -160,20 +160,10 @@ class Client:
                 info = self._call(self._admin.GetServerInfo, admin_pb.GetServerInfoRequest(),
                                   timeout, retry=True)
             except KvCacheError as e:
-                # Asked again on the next fetch only when the server could not be reached.
-                self._local_decided = not isinstance(e, (Unavailable, DeadlineExceeded))
-                self._data_path = f"grpc (GetServerInfo failed: {e})"
+                self._local_decided, self._data_path = server_info_failed(e)
                 return None
             self._local_decided = True
-            if not info.local_socket:
-                self._data_path = "grpc (the server has no local_socket)"
-                return None
-            try:
-                self._local = LocalReader(info.local_socket, info.local_token)
-            except KvCacheError as e:
-                self._data_path = f"grpc ({e.message})"
-                return None
-            self._data_path = f"shared-memory ({info.local_socket})"
+            self._local, self._data_path = connect_local(info)
             return self._local
 
     def __enter__(self) -> "Client":
