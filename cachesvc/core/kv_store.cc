@@ -197,12 +197,10 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
   // with it released (other layers' appends of the sequence, and its readers, go on
   // meanwhile), published under it again.
   PreparedAppend prepared;
-  absl::Status executed;
   {
     kvc::WriterMutexLock lock(&seq->mu());
+    seq->AwaitLayerIdle(static_cast<int>(p.layer));  // (which may release the lock a while)
     if (seq->released()) return Released(p.sequence_id);
-    seq->AwaitLayerIdle(static_cast<int>(p.layer));
-    if (seq->released()) return Released(p.sequence_id);  // the wait released the lock
     KVC_ASSIGN_OR_RETURN(prepared, PrepareAppend(*seq, p, dtype));
     if (!prepared.unlocked) {
       KVC_RETURN_IF_ERROR(prepared.tx->Execute());
@@ -210,7 +208,7 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
     }
     seq->BeginWrite(prepared.layer);
   }
-  executed = prepared.tx->Execute();
+  const absl::Status executed = prepared.tx->Execute();
   kvc::WriterMutexLock lock(&seq->mu());
   // Release and every other mutation waited for this layer's write: the sequence is live.
   seq->EndWrite(prepared.layer);
