@@ -51,7 +51,7 @@ CORE_TESTS=(device_pool_test kv_store_test compression_test residual_test concur
   threaded_model_test kv_store_model_test fault_injection_test stats_scaling_test)
 SERVICE_TESTS=(service_test compress_service_test operability_test)
 PROGRAMS=(kvcached kvcachectl kvc_kernel_checks kvc_gpu_bench kvc_longctx_demo
-  kvc_longctx_service_demo rpc_benchmark)
+  kvc_longctx_service_demo rpc_benchmark kvc_cuda_ipc_probe)
 TARGETS=("${PROGRAMS[@]}" "${CORE_TESTS[@]}" "${SERVICE_TESTS[@]}")
 
 LAUNCHER=()

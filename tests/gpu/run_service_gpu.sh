@@ -3,6 +3,8 @@
 # machine has CUDA, CMake and Python but no gRPC/Abseil/protobuf/GoogleTest), it runs
 #   1. bundle       unpack, then ldd every binary (a missing library fails here, clearly)
 #   2. kernel_checks   kvc_kernel_checks --backends cuda --require-cuda
+#   2b. cuda_ipc       kvc_cuda_ipc_probe: a second process opens the pool's cudaIpc handle and an
+#                      interprocess event, and a VMM allocation exported as a POSIX fd
 #   3. longctx_demo    kvc_longctx_demo: the 1M-token Llama-3-70B-shaped INT4 sequence (kernels
 #                      level), needles found, step time vs roofline, bytes vs f16
 #   4. gpu_bench       kvc_gpu_bench: quantize/dequantize vs D2D copy, decode vs roofline, SnapKV
@@ -126,7 +128,7 @@ if [[ -n "${KVC_GPU_BUILD_DIR:-}" ]]; then
   BIN="$DETAIL/build-bin"
   mkdir -p "$BIN"
   for t in kvcached kvc_kernel_checks kvc_gpu_bench kvc_longctx_demo kvc_longctx_service_demo \
-    rpc_benchmark \
+    rpc_benchmark kvc_cuda_ipc_probe \
     device_pool_test kv_store_test \
     compression_test residual_test concurrent_fetch_test threaded_model_test \
     kv_store_model_test fault_injection_test stats_scaling_test service_test \
@@ -232,6 +234,18 @@ else
   run_step kernel_checks 30 kernel_checks "$BIN/kvc_kernel_checks" --backends cuda \
     --require-cuda --json "$DETAIL/kernel_checks.json"
   judge kernel_checks "$(grep -E "passed," "$DETAIL/kernel_checks.log" | tail -1)"
+fi
+
+# ---- step 2b: CUDA IPC between two processes (legacy handles + event, VMM POSIX fds): the
+# facts device-pool leases are designed on (issue #13 item 3)
+if [[ $HAVE_GPU != 1 ]]; then
+  record SKIP cuda_ipc "no GPU: $GPU_REASON"
+elif ! have kvc_cuda_ipc_probe; then
+  record FAIL cuda_ipc "kvc_cuda_ipc_probe missing"
+else
+  run_step cuda_ipc 40 cuda_ipc "$BIN/kvc_cuda_ipc_probe" --json "$DETAIL/cuda_ipc.json"
+  judge cuda_ipc "$(grep -E "^(legacy_ipc|vmm_posix_fd|same_process_open|child_.*gbps)" \
+    "$DETAIL/cuda_ipc.log" | tr '\n' ';' | cut -c1-300)"
 fi
 
 # ---- steps 3 and 4: the demo and the benchmarks. These programs print SKIP themselves

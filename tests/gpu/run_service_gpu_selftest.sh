@@ -27,7 +27,7 @@ done
 [[ $(find "$WORK/a" -type f | wc -l) -le 8 ]] || fail "more than the device tool's 8 files"
 grep -q "^RESULT: PASS" "$S" || fail "no RESULT: PASS"
 grep -q "^PASS bundle" "$S" || fail "build-dir binaries not found"
-for step in kernel_checks core:kv_store_test core:threaded_model_test service:service_test \
+for step in kernel_checks cuda_ipc core:kv_store_test core:threaded_model_test service:service_test \
   service:operability_test memcheck racecheck; do
   grep -qE "^SKIP $step +no GPU: KVC_GPU_ASSUME_NO_GPU" "$S" || fail "step $step is not SKIP"
 done
