@@ -1,7 +1,9 @@
 """AsyncClient: the asyncio variant of kvcache.Client (grpc.aio), with the same methods,
 arguments, retry rules and exceptions; every call is a coroutine, fetch_chunks an async
-iterator, append_stream and attend_session async context managers. fetch() reads from the
-server's memory on its node as Client.fetch does (``data_path``); appends go over gRPC.
+iterator, append_stream and attend_session async context managers. On the server's node
+fetch() reads from the server's memory as Client.fetch does (``data_path``), and append() and
+append_stream() copy into a staging region as Client's do (``append_path``); the socket
+requests and the large copies run in the loop's default executor, never on the event loop.
 
     async with kvcache.AsyncClient("127.0.0.1:50051") as client:
         seq = await client.create_sequence()
@@ -12,7 +14,10 @@ server's memory on its node as Client.fetch does (``data_path``); appends go ove
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable, List, Optional, Sequence, TypeVar
+import functools
+import time
+from typing import (Any, AsyncIterator, Awaitable, Callable, List, Optional, Sequence, Tuple,
+                    TypeVar)
 
 import grpc
 import grpc.aio
@@ -27,9 +32,10 @@ from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
-from kvcache._local import LocalReader, connect_local, server_info_failed
-from kvcache.errors import (Aborted, Cancelled, FailedPrecondition, KvCacheError,
-                            from_rpc_error)
+from kvcache._local import LocalReader, StagingSpace, connect_local, server_info_failed
+from kvcache.client import _SERVER_MAY_STILL_READ
+from kvcache.errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition,
+                            KvCacheError, from_rpc_error)
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
                            DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
                            Prefix, PublishResult, ReleaseResult, StorageLike, parse_dtype,
@@ -37,6 +43,20 @@ from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, Compr
 
 T = TypeVar("T")
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+# Staged chunks at least this large are copied on an executor thread: a decode step's few
+# KiB cost less to copy than the hop to a thread, a prefill chunk's MiBs would stall the loop.
+_COPY_OFF_LOOP_BYTES = 256 << 10
+
+
+async def _stage(staging: StagingSpace, sid: str, layer: int, start_position: int,
+                 keys: np.ndarray, values: np.ndarray,
+                 dtype: DTypeLike) -> Optional[Tuple[bytes, int]]:
+    """_codec.stage_append, on an executor thread when the chunk is large."""
+    stage = functools.partial(_codec.stage_append, sid, layer, start_position, keys, values,
+                              dtype, staging.array, staging.region_id, staging.acquire)
+    if keys.nbytes + values.nbytes < _COPY_OFF_LOOP_BYTES:
+        return stage()
+    return await asyncio.get_running_loop().run_in_executor(None, stage)
 
 
 class AsyncClient:
@@ -48,7 +68,8 @@ class AsyncClient:
                  tls_ca: Optional[PathLike] = None, tls_cert: Optional[PathLike] = None,
                  tls_key: Optional[PathLike] = None, tls_server_name: Optional[str] = None,
                  token: Optional[str] = None, max_message_bytes: int = 16 << 20,
-                 interceptors: Sequence[Any] = (), local_reads: bool = True):
+                 interceptors: Sequence[Any] = (), local_reads: bool = True,
+                 staging_bytes: int = 64 << 20):
         self._s: Settings = make_settings(
             target, timeout=timeout, max_attempts=max_attempts, initial_backoff=initial_backoff,
             max_backoff=max_backoff, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
@@ -66,13 +87,17 @@ class AsyncClient:
         self._append_stream = self._channel.stream_unary(
             _codec.KV_SERVICE + "AppendStream", request_serializer=None,
             response_deserializer=svc.AppendStreamResponse.FromString)
-        # The same-node read path, decided on the first fetch as Client does (appends stay
-        # on gRPC here). The local socket's requests and the copies out of the mapping run
-        # in the loop's default executor, never on the event loop.
+        # The same-node read path, decided on the first fetch as Client does, and the
+        # appends' staging region, on the first append. The local socket's requests and the
+        # copies out of the mapping run in the loop's default executor, never on the loop.
         self._local_lock = asyncio.Lock()
         self._local: Optional[LocalReader] = None
         self._local_decided = not local_reads
         self._data_path = "grpc (local_reads is off)" if not local_reads else "grpc (no fetch yet)"
+        self._staging_bytes = staging_bytes
+        self._staging: Optional[StagingSpace] = None
+        self._staging_decided = False
+        self._append_path = "grpc (no append yet)"
 
     async def close(self) -> None:
         """Closes the channel; calls in flight are cancelled."""
@@ -85,6 +110,37 @@ class AsyncClient:
         """How fetch() moves bytes: "shared-memory (PATH)", or "grpc (why not shared
         memory)". Decided on the first fetch."""
         return self._data_path
+
+    @property
+    def append_path(self) -> str:
+        """How append() and append_stream() move bytes: "staged (N-byte region)", or "grpc
+        (why not staged)". Decided on the first append."""
+        return self._append_path
+
+    async def _local_staging(self, timeout: Optional[float]) -> Optional[StagingSpace]:
+        if self._staging_decided:
+            return self._staging
+        if self._staging_bytes <= 0:
+            self._staging_decided = True
+            self._append_path = "grpc (staging_bytes is 0)"
+            return None
+        local = await self._local_path(timeout)
+        async with self._local_lock:
+            if self._staging_decided:  # another task was first
+                return self._staging
+            if local is None:
+                # Undecided while the server is unreachable, as the read path is.
+                self._staging_decided = self._local_decided
+                self._append_path = self._data_path
+                return None
+            try:
+                self._staging = await asyncio.get_running_loop().run_in_executor(
+                    None, local.open_staging, self._staging_bytes)
+                self._append_path = f"staged ({self._staging.size}-byte region)"
+            except KvCacheError as e:
+                self._append_path = f"grpc ({e.message})"
+            self._staging_decided = True
+            return self._staging
 
     async def _local_path(self, timeout: Optional[float]) -> Optional[LocalReader]:
         async with self._local_lock:
@@ -169,13 +225,32 @@ class AsyncClient:
                      values: np.ndarray, *, dtype: DTypeLike = None,
                      timeout: Optional[float] = None) -> AppendResult:
         """See Client.append."""
-        request = _codec.encode_append(sequence_id(seq), layer, start_position, keys, values,
-                                       dtype)
-        r = await self._call(self._append, request, timeout, retry=False)
+        sid = sequence_id(seq)
+        staging = await self._local_staging(timeout) if isinstance(keys, np.ndarray) else None
+        staged = None
+        if staging is not None:
+            staged = await _stage(staging, sid, layer, start_position, keys, values, dtype)
+        if staged is None:
+            request = _codec.encode_append(sid, layer, start_position, keys, values, dtype)
+            r = await self._call(self._append, request, timeout, retry=False)
+            return AppendResult(r.layer_tokens, r.visible_tokens)
+        assert staging is not None
+        request, offset = staged
+        try:
+            r = await self._call(self._append, request, timeout, retry=False)
+        except KvCacheError as e:
+            # The server might still be reading a slot whose call ended without its answer
+            # (so might it after a cancelled task: that slot is never released either).
+            if not isinstance(e, _SERVER_MAY_STILL_READ):
+                staging.release(offset)
+            raise
+        staging.release(offset)
         return AppendResult(r.layer_tokens, r.visible_tokens)
 
     def append_stream(self, *, timeout: Optional[float] = None) -> "AsyncAppendStream":
-        """``async with client.append_stream() as s: await s.append(...)``; s.result after."""
+        """``async with client.append_stream() as s: await s.append(...)``; s.result after.
+        On the server's node (``append_path``) its messages are staged appends, up to 4 in
+        flight, as kvcache.client.StagedAppendStream's."""
         return AsyncAppendStream(self, timeout)
 
     async def fetch_chunks(self, seq: Any, layers: Optional[Sequence[int]] = None,
@@ -324,17 +399,68 @@ class AsyncClient:
 
 
 class AsyncAppendStream:
-    """See kvcache.client.AppendStream; append() and finish() are coroutines."""
+    """See kvcache.client.AppendStream; append() and finish() are coroutines. Which path it
+    takes (one AppendStream call, or staged unary Appends on the server's node) is decided on
+    its first append; the deadline runs from its creation."""
 
     def __init__(self, client: AsyncClient, timeout: Optional[float]):
-        self._call = client._append_stream(timeout=client._timeout(timeout),
-                                           metadata=client._s.metadata)
+        self._client = client
+        self._timeout = timeout
+        self._deadline = time.monotonic() + client._timeout(timeout)
+        self._impl: Any = None  # _GrpcAppendStream or _StagedAppendStream
+        self._cancelled = False
+
+    @property
+    def result(self) -> Optional[AppendStreamResult]:
+        return None if self._impl is None else self._impl.result
+
+    async def _open(self) -> Any:
+        if self._impl is None:
+            if self._cancelled:
+                raise FailedPrecondition("the append stream is finished")
+            staging = await self._client._local_staging(self._timeout)
+            left = max(self._deadline - time.monotonic(), 0.001)
+            self._impl = (_StagedAppendStream(self._client, staging, left)
+                          if staging is not None else _GrpcAppendStream(self._client, left))
+        return self._impl
+
+    async def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
+                     values: np.ndarray, *, dtype: DTypeLike = None) -> None:
+        """Sends one Append (same arguments as Client.append)."""
+        impl = await self._open()
+        await impl.append(seq, layer, start_position, keys, values, dtype=dtype)
+
+    async def finish(self) -> AppendStreamResult:
+        """Ends the stream; the totals, or the first rejected message's error."""
+        impl = await self._open()
+        return await impl.finish()
+
+    def cancel(self) -> None:
+        """Cancels the messages in flight; those the server already applied stay applied."""
+        self._cancelled = True
+        if self._impl is not None:
+            self._impl.cancel()
+
+    async def __aenter__(self) -> "AsyncAppendStream":
+        return self
+
+    async def __aexit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is not None:
+            self.cancel()
+        else:
+            await self.finish()
+
+
+class _GrpcAppendStream:
+    """One AppendStream call (messages carry the bytes)."""
+
+    def __init__(self, client: AsyncClient, timeout: float):
+        self._call = client._append_stream(timeout=timeout, metadata=client._s.metadata)
         self._closed = False
         self.result: Optional[AppendStreamResult] = None
 
     async def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
                      values: np.ndarray, *, dtype: DTypeLike = None) -> None:
-        """Sends one Append (same arguments as Client.append)."""
         if self._closed:
             raise FailedPrecondition("the append stream is finished")
         request = _codec.encode_append(sequence_id(seq), layer, start_position, keys, values,
@@ -346,7 +472,6 @@ class AsyncAppendStream:
             raise Aborted("the server closed the append stream") from None
 
     async def finish(self) -> AppendStreamResult:
-        """Ends the stream; the totals, or the first rejected message's error."""
         if self.result is not None:
             return self.result
         try:
@@ -365,14 +490,109 @@ class AsyncAppendStream:
         self._closed = True
         self._call.cancel()
 
-    async def __aenter__(self) -> "AsyncAppendStream":
-        return self
 
-    async def __aexit__(self, exc_type: Any, *rest: Any) -> None:
-        if exc_type is not None:
-            self.cancel()
+# (call, slot offset or None, message index, layer, start_position, tokens) per message
+_InFlight = Tuple[Any, Optional[int], int, int, int, int]
+
+
+class _StagedAppendStream:
+    """Staged unary Appends, up to 4 in flight, one per (sequence, layer) so that each
+    layer's order holds (the only order the service needs): kvcache.client.StagedAppendStream
+    on asyncio. A chunk larger than the region goes as bytes; a rejected message breaks the
+    stream (finish() names it and how many messages were applied)."""
+
+    _MAX_IN_FLIGHT = 4
+
+    def __init__(self, client: AsyncClient, staging: StagingSpace, timeout: float):
+        self._client = client
+        self._staging = staging
+        self._deadline = time.monotonic() + timeout
+        self._in_flight: List[Tuple[Tuple[str, int], _InFlight]] = []
+        self._messages = self._tokens = self._visible = self._written = 0
+        self._error: Optional[Tuple[int, KvCacheError, str]] = None
+        self._closed = False
+        self.result: Optional[AppendStreamResult] = None
+
+    async def _settle(self, entry: _InFlight) -> None:
+        call, offset, index, layer, start, tokens = entry
+        try:
+            r = await call
+        except (grpc.RpcError, asyncio.CancelledError) as e:
+            if isinstance(e, asyncio.CancelledError) and not call.cancelled():
+                raise  # this task was cancelled, not the message
+            err = (from_rpc_error(e) if isinstance(e, grpc.RpcError)
+                   else Cancelled("the append stream was cancelled by the client"))
+            if offset is not None and not isinstance(err, _SERVER_MAY_STILL_READ):
+                self._staging.release(offset)
+            if self._error is None or index < self._error[0]:
+                self._error = (index, err, f"layer {layer}, start_position {start}")
+            return
+        self._messages += 1
+        self._tokens += tokens
+        self._visible = max(self._visible, r.visible_tokens)
+        if offset is not None:
+            self._staging.release(offset)
+
+    async def _settle_all(self) -> None:
+        while self._in_flight:
+            await self._settle(self._in_flight.pop(0)[1])
+
+    async def append(self, seq: Any, layer: int, start_position: int, keys: np.ndarray,
+                     values: np.ndarray, *, dtype: DTypeLike = None) -> None:
+        if self._closed:
+            raise FailedPrecondition("the append stream is finished")
+        sid = sequence_id(seq)
+        key = (sid, layer)
+        for entry in [e for e in self._in_flight if e[0] == key]:
+            self._in_flight.remove(entry)
+            await self._settle(entry[1])
+        while len(self._in_flight) >= self._MAX_IN_FLIGHT:
+            await self._settle(self._in_flight.pop(0)[1])
+        if self._error is not None:
+            raise Aborted("the append stream broke; finish() says why")
+        s = self._staging
+        staged = await _stage(s, sid, layer, start_position, keys, values, dtype)
+        if staged is None and isinstance(keys, np.ndarray) and 0 < 2 * keys.nbytes <= s.size:
+            await self._settle_all()  # the region is busy: wait until it is empty
+            if self._error is not None:
+                raise Aborted("the append stream broke; finish() says why")
+            staged = await _stage(s, sid, layer, start_position, keys, values, dtype)
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            if staged is not None:
+                s.release(staged[1])
+            self._error = (self._written, DeadlineExceeded("the append stream's deadline passed"),
+                           f"layer {layer}, start_position {start_position}")
+            raise Aborted("the append stream broke; finish() says why")
+        if staged is None:  # larger than the region: the bytes go in the request
+            request: bytes = _codec.encode_append(sid, layer, start_position, keys, values, dtype)
+            offset: Optional[int] = None
         else:
-            await self.finish()
+            request, offset = staged
+        call = self._client._append(request, timeout=left, metadata=self._client._s.metadata)
+        entry: _InFlight = (call, offset, self._written, layer, start_position,
+                            int(keys.shape[0]))
+        self._in_flight.append((key, entry))
+        self._written += 1
+
+    async def finish(self) -> AppendStreamResult:
+        if self.result is not None:
+            return self.result
+        self._closed = True
+        await self._settle_all()
+        if self._error is not None:
+            index, err, where = self._error
+            raise type(err)(f"AppendStream message {index} ({where}) rejected: {err.message}; "
+                            f"{self._messages} messages were applied", err.code)
+        self.result = AppendStreamResult(self._messages, self._tokens, self._visible)
+        return self.result
+
+    def cancel(self) -> None:
+        # Slots of cancelled messages stay in use: the server may still be reading them.
+        self._closed = True
+        for _, (call, *_rest) in self._in_flight:
+            call.cancel()
+        self._in_flight.clear()
 
 
 class AsyncAttendSession:
