@@ -20,11 +20,15 @@
 
 namespace kvc::cachesvc {
 
-// A host arena a same-node reader can map (host_arena.h): a descriptor nobody else can map
-// writable (owned by the pool) and the size in bytes.
+// An arena a same-node reader can map. Host pools: a descriptor nobody else can map writable
+// (host_arena.h; owned by the pool) and the size in bytes. Device pools: fd -1, and the CUDA
+// IPC handle of the pool's one allocation, which every format's arena starts at (block b of
+// a format at b * its block_bytes), on device ordinal `device`; `bytes` is the allocation's.
 struct SharedArena {
   int fd = -1;
   int64_t bytes = 0;
+  int device = -1;
+  kernels::IpcMemHandle cuda_ipc;
 };
 
 class BlockPool {
@@ -45,8 +49,8 @@ class BlockPool {
   virtual kernels::PagedArena arena(StorageFormat format) = 0;
 
   // A read-only descriptor of `format`'s arena, reserved now if it was not yet, for readers on this
-  // node (cachesvc/rpc/local_socket.h). FAILED_PRECONDITION where the arena cannot be shared
-  // (device pools; a host without memfd).
+  // node (cachesvc/rpc/local_socket.h); a device pool's CUDA IPC handle. FAILED_PRECONDITION
+  // where the arena cannot be shared (a host without memfd, a device without CUDA IPC).
   virtual absl::StatusOr<SharedArena> ShareArena(StorageFormat /*format*/) {
     return absl::FailedPreconditionError(
         "this pool's memory cannot be mapped by another process (device memory)");

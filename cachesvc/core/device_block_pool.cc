@@ -64,6 +64,27 @@ DeviceBlockPool::DeviceBlockPool(const PoolOptions& options, kernels::KernelBack
   for (int64_t s = n - 1; s >= 0; --s) free_slabs_.push_back(static_cast<int32_t>(s));
 }
 
+absl::StatusOr<SharedArena> DeviceBlockPool::ShareArena(StorageFormat format) {
+  KVC_RETURN_IF_ERROR(CheckFormatFits(options_, format));
+  KVC_ASSIGN_OR_RETURN(const int device, ParsePoolDevice(options_.device));
+  kvc::MutexLock lock(&mu_);
+  if (!ipc_.has_value()) {
+    kernels::IpcMemHandle handle;
+    const kernels::KernelStatus ks = backend_->ExportIpcHandle(memory_.data(), &handle);
+    if (!ks.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pool '", options_.name, "' on ", options_.device,
+                       " cannot be shared with another process (CUDA IPC): ", ks.detail));
+    }
+    ipc_ = handle;
+  }
+  SharedArena shared;
+  shared.bytes = AlignUp(options_.capacity_bytes);
+  shared.device = device;
+  shared.cuda_ipc = *ipc_;
+  return shared;
+}
+
 kernels::BlockLayout DeviceBlockPool::layout(StorageFormat format) const {
   return kernels::MakeBlockLayout(format, options_.geometry.head_dim,
                                   options_.geometry.block_tokens);

@@ -15,6 +15,7 @@
 #include <array>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -47,6 +48,10 @@ class DeviceBlockPool final : public BlockPool {
   absl::Status Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) override;
   void Free(StorageFormat format, absl::Span<const BlockId> blocks) override;
 
+  // The CUDA IPC handle of the pool's allocation (every format's arena starts at it),
+  // exported on first use. FAILED_PRECONDITION when the device cannot export it.
+  absl::StatusOr<SharedArena> ShareArena(StorageFormat format) override;
+
   int64_t slab_bytes() const { return slab_bytes_; }
 
  private:
@@ -74,6 +79,8 @@ class DeviceBlockPool final : public BlockPool {
   std::vector<int32_t> free_slabs_ ABSL_GUARDED_BY(mu_);  // LIFO
   // Per format: its slabs that have free blocks.
   std::array<std::vector<int32_t>, kernels::kNumStorageFormats> partial_ ABSL_GUARDED_BY(mu_);
+  // The exported handle, once ShareArena made it (one per allocation: it never changes).
+  std::optional<kernels::IpcMemHandle> ipc_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> used_bytes_{0};
   std::array<std::atomic<int64_t>, kernels::kNumStorageFormats> used_blocks_{};
 };

@@ -207,7 +207,10 @@ absl::StatusOr<SharedArena> HostBlockPool::ShareArena(StorageFormat format) {
     return absl::FailedPreconditionError(
         "this host has no memfd: the pool's memory cannot be mapped by another process");
   }
-  return SharedArena{memory.shared_fd(), static_cast<int64_t>(memory.size())};
+  SharedArena shared;
+  shared.fd = memory.shared_fd();
+  shared.bytes = static_cast<int64_t>(memory.size());
+  return shared;
 }
 
 absl::Status HostBlockPool::Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -162,7 +163,14 @@ bool LocalSocket::Handle(Conn& conn) {
       }
       continue;
     }
-    if (!SendAll(conn.fd, absl::StrCat("OK ", arena->bytes, "\n"), arena->fd)) return false;
+    const std::string reply =
+        arena->fd >= 0 ? absl::StrCat("OK ", arena->bytes, "\n")
+                       : absl::StrCat("OK ", arena->bytes, " CUDA ", arena->device, " ",
+                                      absl::BytesToHexString(absl::string_view(
+                                          reinterpret_cast<const char*>(arena->cuda_ipc.bytes),
+                                          sizeof(arena->cuda_ipc.bytes))),
+                                      "\n");
+    if (!SendAll(conn.fd, reply, arena->fd)) return false;
     Event("arena");
   }
   return conn.buffer.size() <= kMaxLine;

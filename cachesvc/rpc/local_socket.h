@@ -13,7 +13,12 @@
 //             client can tell this server from another one at the same path), or
 //             "ERR <why>\n" and close (uid not allowed).
 //   reader -> "ARENA <pool> <kvcache.v1.StorageFormat number>\n"
-//   server -> "OK <bytes>\n" with the arena's fd attached, or "ERR <why>\n".
+//   server -> "OK <bytes>\n" with the arena's fd attached (a host pool), or
+//             "OK <bytes> CUDA <device ordinal> <128 hex digits>\n" (a device pool: the CUDA
+//             IPC handle of its one allocation, where every format's arena starts; no fd), or
+//             "ERR <why>\n". A CUDA IPC handle opens the allocation read-WRITE for anyone who
+//             holds it and can use the device (CUDA has no read-only IPC): the uid check
+//             above is what keeps it from others, and a reader must not write through it.
 //   writer -> "STAGE <bytes>\n" (a staging region for Appends, staging_regions.h; at most
 //             kMaxRegionsPerConnection per connection, each closed with the connection)
 //   server -> "OK <region id> <bytes>\n" with the region's memfd attached (the writer maps it

@@ -69,8 +69,9 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
     KVC_ASSIGN_OR_RETURN(server->local_socket_,
                          LocalSocket::Start(local, server->store_.get(), server->staging_.get()));
     server->store_->SetLocalEndpoint(options.local_socket, token);
-    KVC_LOG(INFO) << "same-node readers map host pools through unix socket "
-                  << options.local_socket;
+    KVC_LOG(INFO)
+        << "same-node readers map host pools (device pools: CUDA IPC) through unix socket "
+        << options.local_socket;
   }
   server->access_ = std::make_unique<AccessControl>(server->auth_.get(), server->limits_.get(),
                                                     server->metrics_.get());

@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/channel/channel.h"
 #include "client/src/append_streams.h"
@@ -152,6 +153,21 @@ std::unique_ptr<AppendStream> KvCacheClient::StartAppendStream(const CallOptions
         call.deadline > absl::ZeroDuration() ? call.deadline : impl_->options.default_deadline);
   }
   return internal::MakeGrpcAppendStream(*impl_, call);
+}
+
+absl::StatusOr<DeviceArenaHandle> KvCacheClient::ShareDeviceArena(const std::string& pool,
+                                                                  StorageFormat format,
+                                                                  const CallOptions& call) {
+  internal::LocalReader* local = LocalPath(call);
+  if (local == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no same-node path to the server: ", DataPath()));
+  }
+  absl::StatusOr<DeviceArenaHandle> handle = local->DeviceArena(pool, format);
+  if (!handle.ok() && absl::StrContains(handle.status().message(), " not found; this server has")) {
+    return absl::NotFoundError(handle.status().message());
+  }
+  return handle;
 }
 
 std::string KvCacheClient::DataPath() const {

@@ -11,11 +11,14 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/decode/record_decode.h"
+#include "client/src/kernel_types.h"
 
 namespace kvc::client::internal {
 namespace {
@@ -51,38 +54,6 @@ absl::StatusOr<std::string> ReadLine(int fd, int* passed_fd) {
   }
   line.pop_back();
   return line;
-}
-
-kernels::StorageFormat KernelFormat(StorageFormat f) {
-  switch (f) {
-    case StorageFormat::kF32:
-      return kernels::StorageFormat::kF32;
-    case StorageFormat::kBF16:
-      return kernels::StorageFormat::kBF16;
-    case StorageFormat::kFp8E4M3:
-      return kernels::StorageFormat::kFp8E4M3;
-    case StorageFormat::kInt8:
-      return kernels::StorageFormat::kInt8;
-    case StorageFormat::kInt4G32:
-      return kernels::StorageFormat::kInt4G32;
-    case StorageFormat::kInt4G64:
-      return kernels::StorageFormat::kInt4G64;
-    case StorageFormat::kNvfp4:
-      return kernels::StorageFormat::kNvfp4;
-    default:
-      return kernels::StorageFormat::kF16;
-  }
-}
-
-kernels::DType KernelDType(DType d) {
-  switch (d) {
-    case DType::kF32:
-      return kernels::DType::kF32;
-    case DType::kBF16:
-      return kernels::DType::kBF16;
-    default:
-      return kernels::DType::kF16;
-  }
 }
 
 // The raw storage format whose records are exactly dense elements of `d`.
@@ -166,6 +137,35 @@ absl::StatusOr<LocalReader::Mapping> LocalReader::Arena(const std::string& pool,
   Mapping m{static_cast<const uint8_t*>(p), bytes};
   maps_[key] = m;
   return m;
+}
+
+absl::StatusOr<DeviceArenaHandle> LocalReader::DeviceArena(const std::string& pool,
+                                                           StorageFormat format) {
+  kvc::MutexLock lock(&mu_);
+  int arena_fd = -1;
+  absl::StatusOr<std::string> reply =
+      Ask(absl::StrCat("ARENA ", pool, " ", static_cast<int>(format), "\n"), &arena_fd);
+  if (arena_fd >= 0) ::close(arena_fd);  // a host pool's memfd: not what was asked for
+  if (!reply.ok()) return reply.status();
+  // "OK <bytes> CUDA <device> <128 hex digits>"
+  const std::vector<std::string> words = absl::StrSplit(*reply, ' ');
+  DeviceArenaHandle h;
+  if (words.size() == 5 && words[0] == "OK" && words[2] == "CUDA" &&
+      absl::SimpleAtoi(words[1], &h.bytes) && absl::SimpleAtoi(words[3], &h.device) &&
+      words[4].size() == 2 * h.cuda_ipc.size() &&
+      std::all_of(words[4].begin(), words[4].end(),
+                  [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); }) &&
+      h.bytes > 0 && h.device >= 0) {
+    const std::string raw = absl::HexStringToBytes(words[4]);
+    std::memcpy(h.cuda_ipc.data(), raw.data(), h.cuda_ipc.size());
+    return h;
+  }
+  if (words.size() == 2 && words[0] == "OK") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool '", pool, "' is a host pool (no CUDA IPC handle)"));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("pool '", pool, "' cannot be shared: ", reply->substr(0, 200)));
 }
 
 absl::StatusOr<std::string> LocalReader::Ask(const std::string& request, int* passed_fd) {

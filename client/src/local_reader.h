@@ -51,6 +51,9 @@ class LocalReader {
   // on the server while this reader's connection does. FAILED_PRECONDITION with the server's
   // reason when it refuses (size, too many regions, an older server).
   absl::StatusOr<std::unique_ptr<StagingSpace>> OpenStaging(int64_t bytes);
+  // A device pool's CUDA IPC handle ("ARENA" answered with "CUDA ..."). FAILED_PRECONDITION
+  // for a host pool or a refusal (the server's reason).
+  absl::StatusOr<DeviceArenaHandle> DeviceArena(const std::string& pool, StorageFormat format);
 
  private:
   struct Mapping {

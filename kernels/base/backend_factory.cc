@@ -24,6 +24,15 @@ KernelStatus KernelBackend::AllocateHost(size_t bytes, void** out) {
 
 void KernelBackend::FreeHost(void* ptr) { std::free(ptr); }
 
+KernelStatus KernelBackend::ExportIpcHandle(void* /*ptr*/, IpcMemHandle* /*out*/) {
+  return KernelStatus::Unsupported("IPC handles exist for device memory only (a CUDA backend)");
+}
+
+KernelStatus KernelBackend::OpenIpcHandle(const IpcMemHandle& /*handle*/, void** out) {
+  *out = nullptr;
+  return KernelStatus::Unsupported("IPC handles exist for device memory only (a CUDA backend)");
+}
+
 bool CudaBackendCompiled() {
 #if defined(KVC_HAVE_CUDA) && KVC_HAVE_CUDA
   return true;

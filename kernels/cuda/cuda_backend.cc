@@ -212,6 +212,26 @@ class CudaBackend final : public KernelBackend {
     if (ptr != nullptr) cudaFreeHost(ptr);
   }
 
+  KernelStatus ExportIpcHandle(void* ptr, IpcMemHandle* out) override {
+    static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(IpcMemHandle::bytes));
+    KVC_KERNEL_RETURN_IF_ERROR(SetDevice());
+    cudaIpcMemHandle_t h{};
+    KVC_KERNEL_RETURN_IF_ERROR(FromCuda(cudaIpcGetMemHandle(&h, ptr)));
+    std::memcpy(out->bytes, &h, sizeof(h));
+    return KernelStatus::Ok();
+  }
+  KernelStatus OpenIpcHandle(const IpcMemHandle& handle, void** out) override {
+    *out = nullptr;
+    KVC_KERNEL_RETURN_IF_ERROR(SetDevice());
+    cudaIpcMemHandle_t h{};
+    std::memcpy(&h, handle.bytes, sizeof(h));
+    // Lazy peer access: the exporter's device may be another GPU of this machine.
+    return FromCuda(cudaIpcOpenMemHandle(out, h, cudaIpcMemLazyEnablePeerAccess));
+  }
+  void CloseIpcHandle(void* ptr) override {
+    if (ptr != nullptr && SetDevice().ok()) cudaIpcCloseMemHandle(ptr);
+  }
+
 #define KVC_CUDA_OP(Name, Args, Check)                        \
   KernelStatus Name(const Args& a, StreamHandle s) override { \
     KVC_KERNEL_RETURN_IF_ERROR(internal::Check(a));           \

@@ -12,7 +12,9 @@
 #   4b. service_bench  rpc_benchmark --device=cuda:0: Append / Fetch through kvcached with a GPU
 #                      pool vs raw gRPC streaming and memcpy of the same bytes
 #   5. core:<test>     the KvStore-level gtest suites with KVC_TEST_POOL_DEVICE=cuda:0
-#   6. service:<test>  the gRPC service suites with KVC_TEST_POOL_DEVICE=cuda:0
+#   6. service:<test>  the gRPC service suites with KVC_TEST_POOL_DEVICE=cuda:0, and
+#                      device_read_test: the bundle's kvcached and the test as two processes,
+#                      a device pool read through real CUDA IPC (kvc/client/device_reader.h)
 #   6a. service_demo   kvc_longctx_service_demo: the same 1M-token 70B-shaped INT4 sequence in a
 #                      cuda:0 pool of the service core (KvStore), appended from device memory,
 #                      Attend on every layer: needles found, step time, bytes vs f16
@@ -132,7 +134,7 @@ if [[ -n "${KVC_GPU_BUILD_DIR:-}" ]]; then
     device_pool_test kv_store_test \
     compression_test residual_test concurrent_fetch_test threaded_model_test \
     kv_store_model_test fault_injection_test stats_scaling_test service_test \
-    compress_service_test operability_test; do
+    compress_service_test operability_test device_read_test; do
     f=$(find "$KVC_GPU_BUILD_DIR" -path '*/CMakeFiles' -prune -o -type f -name "$t" -perm -u+x \
       -print 2> /dev/null | head -1)
     [[ -n "$f" ]] && ln -s "$f" "$BIN/$t"
@@ -322,6 +324,9 @@ gtest_step core threaded_model_test 25
 gtest_step service service_test 15
 gtest_step service compress_service_test 15
 gtest_step service operability_test 25
+# Two processes: the bundle's kvcached with a cuda:0 pool, the test reading it through real
+# CUDA IPC (kvc/client/device_reader.h).
+KVC_KVCACHED="$BIN/kvcached" gtest_step service device_read_test 30
 
 # ---- step 6a: the 1M-token demo through the service core: KvStore with a cuda:0 pool,
 # device-resident appends, Attend on every layer (its JSON goes into details.tar.gz)

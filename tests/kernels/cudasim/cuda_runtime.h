@@ -38,6 +38,15 @@
 //   shared memory and static `__shared__` variables are poisoned (0xff bytes: NaN floats)
 //   at every block start; fresh cudaMallocAsync memory too (fresh cudaMalloc reads zero).
 //
+// - IPC: device allocations of at least 1 MiB are backed by a memfd, so that
+//   cudaIpcGetMemHandle can name them (pid, fd, inode) and cudaIpcOpenMemHandle in ANOTHER
+//   process maps the same pages (through /proc/<pid>/fd/<fd>; same user) with the same guard
+//   pages and PROT_NONE rule; the exporting process opening its own handle gets
+//   cudaErrorDeviceUninitialized ("invalid device context", as CUDA refuses it), a handle of
+//   a freed allocation or an exited process cudaErrorInvalidResourceHandle, a smaller
+//   allocation cannot be exported (cudaErrorInvalidValue). The processes' simulated devices
+//   stay separate otherwise: no ordering between them (CUDA needs IPC events for that).
+//
 // Not modelled: real concurrency between threads of a block between barriers (a missing
 // __syncthreads is found only when the resume order exposes it), concurrency between
 // streams or with the host (work runs only when someone synchronizes; a host access to
@@ -88,11 +97,16 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevice = 101,
+  cudaErrorDeviceUninitialized = 201,  // "invalid device context"
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
 };
 using cudaError = cudaError_t;
+struct cudaIpcMemHandle_t {
+  char reserved[64];
+};
+constexpr unsigned cudaIpcMemLazyEnablePeerAccess = 1;
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 constexpr unsigned cudaStreamDefault = 0;
@@ -314,6 +328,9 @@ cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags);
 cudaError_t cudaFreeHost(void* p);
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p);
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p);
+cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned flags);
+cudaError_t cudaIpcCloseMemHandle(void* p);
 template <class T>
 cudaError_t cudaMalloc(T** p, size_t bytes) {
   return cudaMalloc(reinterpret_cast<void**>(p), bytes);

@@ -43,6 +43,8 @@ const char* cudaGetErrorString(cudaError_t e) {
       return "invalid configuration argument (cudasim)";
     case cudaErrorInvalidDevice:
       return "invalid device ordinal (cudasim)";
+    case cudaErrorDeviceUninitialized:
+      return "invalid device context (cudasim)";
     case cudaErrorInvalidResourceHandle:
       return "invalid resource handle (cudasim)";
     case cudaErrorNotReady:
@@ -123,6 +125,24 @@ cudaError_t cudaFreeAsync(void* p, cudaStream_t stream) {
   if (sim::Resolve(stream, &s) != cudaSuccess) return Fail(cudaErrorInvalidResourceHandle);
   sim::Enqueue(s, [p] { return sim::UnmapRegion(p, /*device=*/true); });
   return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* p) {
+  if (handle == nullptr || p == nullptr) return Fail(cudaErrorInvalidValue);
+  return Fail(sim::IpcExport(p, handle));
+}
+cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t handle, unsigned flags) {
+  if (p == nullptr || (flags & ~cudaIpcMemLazyEnablePeerAccess) != 0) {
+    return Fail(cudaErrorInvalidValue);
+  }
+  return Fail(sim::IpcOpen(handle, p));
+}
+// As cudaFree: queued work that may still read the mapping runs first.
+cudaError_t cudaIpcCloseMemHandle(void* p) {
+  if (p == nullptr) return Fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> device(sim::DeviceMutex());
+  sim::DrainLocked(/*target=*/nullptr, /*report=*/false);
+  return Fail(sim::UnmapRegion(p, /*device=*/true, /*imported=*/true));
 }
 
 cudaError_t cudaMallocHost(void** p, size_t bytes) {

@@ -74,6 +74,8 @@ struct Region {
   uintptr_t pages;  // the pages opened while device work runs (device)
   size_t opened;
   bool device;
+  int memfd = -1;         // device allocations >= kIpcMinBytes: their pages' file (IPC)
+  bool imported = false;  // mapped by cudaIpcOpenMemHandle (not counted in `used`)
 };
 
 struct Memory {
@@ -94,7 +96,13 @@ void SetDeviceAccess(bool open);
 // Maps a device allocation (guard pages, capacity) or pinned host memory; *p is the
 // address handed out.
 cudaError_t MapRegion(void** p, size_t bytes, bool device);
-cudaError_t UnmapRegion(void* p, bool device);
+// `imported` must match the region: cudaFree of an opened IPC handle is an error, as is
+// cudaIpcCloseMemHandle of an allocation.
+cudaError_t UnmapRegion(void* p, bool device, bool imported = false);
+// CUDA IPC (see cuda_runtime.h).
+constexpr size_t kIpcMinBytes = size_t{1} << 20;
+cudaError_t IpcExport(void* p, cudaIpcMemHandle_t* handle);
+cudaError_t IpcOpen(const cudaIpcMemHandle_t& handle, void** p);
 
 enum class Kind { kPageable, kPinned, kDevice };
 // What [p, p + bytes) is: inside one device allocation, pinned host memory, or other host

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -335,6 +337,69 @@ TEST(CudaSim, DeviceCapacity) {
   ASSERT_EQ(cudaFree(p), cudaSuccess);
   ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
   EXPECT_EQ(free1, free0);
+}
+
+// CUDA IPC: another process opens the exported pool and reads and writes the same bytes,
+// through copies and kernels; the exporter cannot open its own handle; a handle of a freed
+// allocation no longer opens; small allocations cannot be exported; cudaFree of an opened
+// handle and cudaIpcCloseMemHandle of an allocation are errors.
+TEST(CudaSim, IpcSharesAnAllocationWithAnotherProcess) {
+  const int n = (2 << 20) / sizeof(int);  // 2 MiB: above the sim's 1 MiB export minimum
+  std::vector<int> init(n);
+  for (int i = 0; i < n; ++i) init[i] = i * 3 + 1;
+  int* pool = DeviceInts(init);
+  cudaIpcMemHandle_t h{};
+  ASSERT_EQ(cudaIpcGetMemHandle(&h, pool), cudaSuccess);
+  void* self = nullptr;
+  EXPECT_EQ(cudaIpcOpenMemHandle(&self, h, cudaIpcMemLazyEnablePeerAccess),
+            cudaErrorDeviceUninitialized);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorDeviceUninitialized);
+  int* small = DeviceInts({1, 2, 3});
+  cudaIpcMemHandle_t hs{};
+  EXPECT_EQ(cudaIpcGetMemHandle(&hs, small), cudaErrorInvalidValue);
+  cudaGetLastError();
+  EXPECT_EQ(cudaIpcCloseMemHandle(pool), cudaErrorInvalidResourceHandle);
+  cudaGetLastError();
+
+  // The child: a process of its own (fork; no other thread of this test runs). Its exit
+  // code says which check failed.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    void* p = nullptr;
+    if (cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) _exit(10);
+    int* q = static_cast<int*>(p);
+    std::vector<int> got(n);
+    if (cudaMemcpy(got.data(), q, n * sizeof(int), cudaMemcpyDeviceToHost) != cudaSuccess ||
+        got != init) {
+      _exit(11);
+    }
+    LaunchFill(q, 16, 77, /*s=*/nullptr);  // a kernel on the opened memory
+    if (cudaDeviceSynchronize() != cudaSuccess) _exit(12);
+    if (cudaFree(p) != cudaErrorInvalidValue) _exit(13);  // not an allocation of this process
+    cudaGetLastError();
+    if (cudaIpcCloseMemHandle(p) != cudaSuccess) _exit(14);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's failed check (see the exit codes above)";
+  std::vector<int> after = HostInts(pool, n);
+  EXPECT_EQ(std::vector<int>(after.begin(), after.begin() + 16), std::vector<int>(16, 77));
+  EXPECT_TRUE(std::equal(after.begin() + 16, after.end(), init.begin() + 16));
+
+  // A freed allocation's handle does not open (its memfd is gone).
+  ASSERT_EQ(cudaFree(pool), cudaSuccess);
+  const pid_t late = fork();
+  ASSERT_GE(late, 0);
+  if (late == 0) {
+    void* p = nullptr;
+    _exit(cudaIpcOpenMemHandle(&p, h, 0) == cudaErrorInvalidResourceHandle ? 0 : 20);
+  }
+  ASSERT_EQ(waitpid(late, &status, 0), late);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  cudaFree(small);
 }
 
 // The last error is per host thread, as in CUDA.

@@ -169,6 +169,14 @@ class KvCacheClient {
   // The server's cluster identity (shard name, incarnation, weight) and draining state.
   absl::StatusOr<ServerInfo> GetServerInfo(const CallOptions& call = {});
 
+  // The CUDA IPC handle of a device pool's memory, from the server's local socket (the
+  // same-node path: local_reads, and a server on this node that lets this uid in).
+  // FAILED_PRECONDITION when this client has no same-node path (the message says why, as
+  // DataPath()) or `pool` is a host pool or cannot be shared; NOT_FOUND for an unknown pool.
+  // Whoever holds the handle can open the pool read-write: never write through it.
+  absl::StatusOr<DeviceArenaHandle> ShareDeviceArena(const std::string& pool, StorageFormat format,
+                                                     const CallOptions& call = {});
+
   const ClientOptions& options() const;
   // How Fetch moves bytes: "shared-memory (PATH)", or "grpc (why not shared memory)". Decided
   // on the first Fetch.

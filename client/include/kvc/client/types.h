@@ -2,6 +2,7 @@
 // this header and Abseil only.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -235,6 +236,16 @@ struct CreateSequenceOptions {
 
 // A lease (KvCacheService.LeaseSequence): where a sequence's records are in the pool's
 // arenas, pinned until released or expired. Field meanings: proto/kvcache/v1.
+// A device pool's memory as the server shares it on its node (KvCacheClient::ShareDeviceArena):
+// the CUDA IPC handle of the pool's one allocation, on device ordinal `device`, `bytes` long.
+// Every storage format's arena starts at the allocation's start (LeaseArena.block_bytes
+// places a block). kvc/client/device_reader.h opens it and reads leases through it.
+struct DeviceArenaHandle {
+  int32_t device = -1;
+  int64_t bytes = 0;
+  std::array<uint8_t, 64> cuda_ipc{};
+};
+
 struct LeaseArena {
   StorageFormat format = StorageFormat::kPoolDefault;
   int64_t block_bytes = 0;   // block b starts at byte b * block_bytes of the format's arena

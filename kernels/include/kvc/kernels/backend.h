@@ -30,6 +30,13 @@ constexpr const char* BackendKindName(BackendKind kind) {
   return "?";
 }
 
+// An allocation exported for other processes on this machine: CUDA's cudaIpcMemHandle_t, 64
+// opaque bytes. Anyone who holds it can open the allocation (with access to the device), so
+// it is handed out only over a channel that checks who asks.
+struct IpcMemHandle {
+  unsigned char bytes[64] = {};
+};
+
 struct BackendOptions {
   int num_threads = 0;  // kCpu: worker threads; 0 means std::thread::hardware_concurrency
   int device = 0;       // kCuda: device ordinal
@@ -68,6 +75,15 @@ class KernelBackend {
   // 64-byte aligned memory for host backends. FreeHost(nullptr) is a no-op.
   virtual KernelStatus AllocateHost(size_t bytes, void** out);
   virtual void FreeHost(void* ptr);
+
+  // Cross-process sharing of device memory (CUDA IPC). ExportIpcHandle: a handle to the
+  // allocation that starts at `ptr` (as Allocate returned it). OpenIpcHandle: maps another
+  // process's exported allocation into this one (*out: its start); the exporting process
+  // itself cannot open its own handle (CUDA refuses). CloseIpcHandle unmaps what
+  // OpenIpcHandle mapped. Host backends: kUnsupported (their memory is shared as memfds).
+  virtual KernelStatus ExportIpcHandle(void* ptr, IpcMemHandle* out);
+  virtual KernelStatus OpenIpcHandle(const IpcMemHandle& handle, void** out);
+  virtual void CloseIpcHandle(void* /*ptr*/) {}
 
   virtual KernelStatus WriteTokens(const WriteTokensArgs& args, StreamHandle stream) = 0;
   virtual KernelStatus ReadTokens(const ReadTokensArgs& args, StreamHandle stream) = 0;
