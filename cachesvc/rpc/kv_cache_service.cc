@@ -63,6 +63,7 @@ grpc::Status KvCacheServiceImpl::LeaseSequence(grpc::ServerContext* context,
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "LeaseSequence"));
   KVC_ASSIGN_OR_FINISH(const LeaseSnapshot lease, store_->LeaseSequence(params));
   ToProto(lease, response);
+  response->set_local_token(store_->local_token());
   return scope.Finish(grpc::Status::OK);
 }
 

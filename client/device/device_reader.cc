@@ -152,14 +152,12 @@ struct DeviceReader::Impl {
   KvCacheClient* client = nullptr;
   kvc::Mutex mu;
   std::map<int32_t, Device> devices ABSL_GUARDED_BY(mu);
-  std::map<std::string, OpenPool> pools ABSL_GUARDED_BY(mu);
+  std::map<std::string, OpenPool> pools ABSL_GUARDED_BY(mu);  // by "<server token>/<pool>"
 
-  // The pool of `lease`, opened on first use on its device.
+  // The pool of `lease`, opened on first use on its device. The handle is asked for every
+  // time (one local-socket round trip): the lease must be of the server whose memory the
+  // handle opens, and after a restart the same pool name is another allocation.
   absl::StatusOr<OpenPool> Open(const Lease& lease, const CallOptions& call) {
-    {
-      kvc::MutexLock lock(&mu);
-      if (auto it = pools.find(lease.pool); it != pools.end()) return it->second;
-    }
     int32_t ordinal = -1;
     if (!absl::StartsWith(lease.device, "cuda:") ||
         !absl::SimpleAtoi(lease.device.substr(5), &ordinal) || ordinal < 0) {
@@ -170,12 +168,18 @@ struct DeviceReader::Impl {
     const StorageFormat any = lease.arenas.empty() ? StorageFormat::kF16 : lease.arenas[0].format;
     absl::StatusOr<DeviceArenaHandle> handle = client->ShareDeviceArena(lease.pool, any, call);
     if (!handle.ok()) return handle.status();
+    if (handle->server_token != lease.local_token) {
+      return absl::AbortedError(
+          "the lease is from another server than the local socket's (it restarted?); fetch "
+          "again");
+    }
     if (handle->device != ordinal) {
       return absl::InternalError(absl::StrCat("the lease says ", lease.device,
                                               " but the server shared cuda:", handle->device));
     }
+    const std::string key = absl::StrCat(handle->server_token, "/", lease.pool);
     kvc::MutexLock lock(&mu);
-    if (auto it = pools.find(lease.pool); it != pools.end()) return it->second;  // a race
+    if (auto it = pools.find(key); it != pools.end()) return it->second;
     Device& dev = devices[ordinal];
     if (dev.backend == nullptr) {
       kernels::BackendOptions options;
@@ -197,7 +201,9 @@ struct DeviceReader::Impl {
     KVC_RETURN_IF_KERNEL_ERROR(
         dev.backend->OpenIpcHandle(ipc, &pool.base),
         absl::StrCat("cannot open pool '", lease.pool, "' of ", lease.device, " (CUDA IPC)"));
-    pools[lease.pool] = pool;
+    // An earlier server's mapping of this pool stays open until the reader goes: a call of
+    // another thread may still read through it.
+    pools[key] = pool;
     return pool;
   }
 };

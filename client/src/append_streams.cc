@@ -103,9 +103,9 @@ class StagedAppendStream final : public AppendStream {
  public:
   static constexpr size_t kMaxInFlight = 4;
 
-  StagedAppendStream(const KvCacheClient::Impl& impl, StagingSpace* staging,
+  StagedAppendStream(const KvCacheClient::Impl& impl, std::shared_ptr<StagingSpace> staging,
                      absl::Duration deadline)
-      : impl_(impl), staging_(staging), end_(absl::Now() + deadline) {}
+      : impl_(impl), staging_(std::move(staging)), end_(absl::Now() + deadline) {}
   StagedAppendStream(const StagedAppendStream&) = delete;
   StagedAppendStream& operator=(const StagedAppendStream&) = delete;
   ~StagedAppendStream() override {  // the callbacks reference this stream
@@ -212,7 +212,9 @@ class StagedAppendStream final : public AppendStream {
   }
 
   const KvCacheClient::Impl& impl_;
-  StagingSpace* const staging_;
+  // Shared with the client: the region stays mapped while this stream uses it, even if the
+  // client drops it meanwhile (the server restarted).
+  const std::shared_ptr<StagingSpace> staging_;
   const absl::Time end_;
   int64_t written_ = 0;    // the writer's thread only
   bool finished_ = false;  // the writer's thread only
@@ -232,9 +234,9 @@ std::unique_ptr<AppendStream> MakeGrpcAppendStream(const KvCacheClient::Impl& im
 }
 
 std::unique_ptr<AppendStream> MakeStagedAppendStream(const KvCacheClient::Impl& impl,
-                                                     StagingSpace* staging,
+                                                     std::shared_ptr<StagingSpace> staging,
                                                      absl::Duration deadline) {
-  return std::make_unique<StagedAppendStream>(impl, staging, deadline);
+  return std::make_unique<StagedAppendStream>(impl, std::move(staging), deadline);
 }
 
 }  // namespace kvc::client::internal

@@ -29,7 +29,7 @@ std::optional<StagingSpace::Slot> Stage(StagingSpace& staging, const AppendChunk
 std::unique_ptr<AppendStream> MakeGrpcAppendStream(const KvCacheClient::Impl& impl,
                                                    const CallOptions& call);
 std::unique_ptr<AppendStream> MakeStagedAppendStream(const KvCacheClient::Impl& impl,
-                                                     StagingSpace* staging,
+                                                     std::shared_ptr<StagingSpace> staging,
                                                      absl::Duration deadline);
 
 }  // namespace kvc::client::internal

@@ -30,11 +30,13 @@ struct KvCacheClient::Impl {
   // The same-node path, decided on the first Fetch (local_reader.h).
   kvc::Mutex local_mu;
   bool local_decided ABSL_GUARDED_BY(local_mu) = false;
-  std::unique_ptr<internal::LocalReader> local ABSL_GUARDED_BY(local_mu);
+  // Shared: a call keeps the reader it started with even if a later call drops it (the
+  // server restarted) and decides again.
+  std::shared_ptr<internal::LocalReader> local ABSL_GUARDED_BY(local_mu);
   std::string data_path ABSL_GUARDED_BY(local_mu) = "grpc (no Fetch yet)";
   // Appends' staging region (staging_space.h), decided on the first Append.
   bool staging_decided ABSL_GUARDED_BY(local_mu) = false;
-  std::unique_ptr<internal::StagingSpace> staging ABSL_GUARDED_BY(local_mu);
+  std::shared_ptr<internal::StagingSpace> staging ABSL_GUARDED_BY(local_mu);
   std::string append_path ABSL_GUARDED_BY(local_mu) = "grpc (no Append yet)";
 
   void Prepare(grpc::ClientContext* context, const CallOptions& call) const {

@@ -175,6 +175,7 @@ absl::StatusOr<Lease> FromProto(const pb::Lease& in) {
   l.layers.assign(in.layers().begin(), in.layers().end());
   l.layer_generations.assign(in.layer_generations().begin(), in.layer_generations().end());
   l.layer_tokens.assign(in.layer_tokens().begin(), in.layer_tokens().end());
+  l.local_token = in.local_token();
   l.visible_tokens = in.visible_tokens();
   l.leased_bytes = in.leased_bytes();
   for (const pb::LeaseLane& lane : in.lanes()) {

@@ -130,7 +130,8 @@ absl::StatusOr<int64_t> KvCacheClient::ReleaseLease(const std::string& lease_id,
 absl::StatusOr<AppendResult> KvCacheClient::Append(const AppendChunk& chunk,
                                                    const CallOptions& call) {
   pb::AppendRequest request;
-  internal::StagingSpace* staging = chunk.bytes > 0 ? LocalStaging(call) : nullptr;
+  const std::shared_ptr<internal::StagingSpace> staging =
+      chunk.bytes > 0 ? LocalStaging(call) : nullptr;
   std::optional<internal::StagingSpace::Slot> slot =
       staging != nullptr ? internal::Stage(*staging, chunk, &request) : std::nullopt;
   if (!slot.has_value()) ToProto(chunk, &request);
@@ -147,9 +148,9 @@ absl::StatusOr<AppendResult> KvCacheClient::Append(const AppendChunk& chunk,
 }
 
 std::unique_ptr<AppendStream> KvCacheClient::StartAppendStream(const CallOptions& call) {
-  if (internal::StagingSpace* staging = LocalStaging(call); staging != nullptr) {
+  if (std::shared_ptr<internal::StagingSpace> staging = LocalStaging(call); staging != nullptr) {
     return internal::MakeStagedAppendStream(
-        *impl_, staging,
+        *impl_, std::move(staging),
         call.deadline > absl::ZeroDuration() ? call.deadline : impl_->options.default_deadline);
   }
   return internal::MakeGrpcAppendStream(*impl_, call);
@@ -158,7 +159,7 @@ std::unique_ptr<AppendStream> KvCacheClient::StartAppendStream(const CallOptions
 absl::StatusOr<DeviceArenaHandle> KvCacheClient::ShareDeviceArena(const std::string& pool,
                                                                   StorageFormat format,
                                                                   const CallOptions& call) {
-  internal::LocalReader* local = LocalPath(call);
+  const std::shared_ptr<internal::LocalReader> local = LocalPath(call);
   if (local == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("no same-node path to the server: ", DataPath()));
@@ -180,25 +181,26 @@ std::string KvCacheClient::AppendPath() const {
   return impl_->append_path;
 }
 
-internal::StagingSpace* KvCacheClient::LocalStaging(const CallOptions& call) {
+std::shared_ptr<internal::StagingSpace> KvCacheClient::LocalStaging(const CallOptions& call) {
   {
     kvc::MutexLock lock(&impl_->local_mu);
-    if (impl_->staging_decided) return impl_->staging.get();
     if (impl_->options.staging_bytes <= 0) {
       impl_->staging_decided = true;
       impl_->append_path = "grpc (staging_bytes is 0)";
       return nullptr;
     }
   }
-  internal::LocalReader* local = LocalPath(call);
+  // Every time, not only the first: after a restart it drops the old server's region too.
+  const std::shared_ptr<internal::LocalReader> local = LocalPath(call);
   kvc::MutexLock lock(&impl_->local_mu);
-  if (impl_->staging_decided) return impl_->staging.get();  // another thread was first
+  if (impl_->staging_decided) return impl_->staging;  // another thread was first
   if (local == nullptr) {
     // Undecided while the server is unreachable, as the read path is.
     impl_->staging_decided = impl_->local_decided;
     impl_->append_path = impl_->data_path;
     return nullptr;
   }
+  if (local != impl_->local) return nullptr;  // dropped meanwhile: the next Append decides
   absl::StatusOr<std::unique_ptr<internal::StagingSpace>> space =
       local->OpenStaging(impl_->options.staging_bytes);
   impl_->staging_decided = true;
@@ -208,12 +210,23 @@ internal::StagingSpace* KvCacheClient::LocalStaging(const CallOptions& call) {
   }
   impl_->staging = *std::move(space);
   impl_->append_path = absl::StrCat("staged (", impl_->staging->bytes(), "-byte region)");
-  return impl_->staging.get();
+  return impl_->staging;
 }
 
-internal::LocalReader* KvCacheClient::LocalPath(const CallOptions& call) {
+std::shared_ptr<internal::LocalReader> KvCacheClient::LocalPath(const CallOptions& call) {
   kvc::MutexLock lock(&impl_->local_mu);
-  if (impl_->local_decided) return impl_->local.get();
+  if (impl_->local_decided) {
+    if (impl_->local == nullptr || impl_->local->Alive()) return impl_->local;
+    // The server's end closed (it exited or restarted) or a lease of another server came
+    // by: the mappings and the staging region are of memory that server no longer serves.
+    // Decide again; calls still holding the old reader finish with it (their leases are
+    // checked against its token).
+    impl_->local.reset();
+    impl_->local_decided = false;
+    impl_->staging.reset();
+    impl_->staging_decided = false;
+    impl_->append_path = "grpc (no Append since the local socket closed)";
+  }
   if (!impl_->options.local_reads) {
     impl_->local_decided = true;
     impl_->data_path = "grpc (local_reads is off)";
@@ -240,13 +253,13 @@ internal::LocalReader* KvCacheClient::LocalPath(const CallOptions& call) {
   }
   impl_->local = *std::move(reader);
   impl_->data_path = absl::StrCat("shared-memory (", info->local_socket, ")");
-  return impl_->local.get();
+  return impl_->local;
 }
 
 absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const FetchOptions& options,
                                         const std::function<absl::Status(FetchedChunk&)>& on_chunk,
                                         const CallOptions& call) {
-  if (internal::LocalReader* local = LocalPath(call); local != nullptr) {
+  if (const std::shared_ptr<internal::LocalReader> local = LocalPath(call); local != nullptr) {
     const std::vector<int32_t> layers(options.layers.begin(), options.layers.end());
     absl::StatusOr<Lease> lease = LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
     if (!lease.ok()) return lease.status();
@@ -255,7 +268,8 @@ absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const Fe
     // Ending the lease is best effort: if this call fails, the TTL ends it.
     (void)ReleaseLease(lease->lease_id, call);
     if (!absl::IsUnimplemented(read)) return read;
-    // A device pool's arenas cannot be mapped here: its records come over gRPC.
+    // A device pool's arenas cannot be mapped here, or the lease is of another server than
+    // the socket's (it restarted): the records come over gRPC.
   }
   return FetchChunksOverGrpc(sequence_id, options, on_chunk, call);
 }
@@ -388,7 +402,7 @@ absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequ
   absl::StatusOr<std::vector<int32_t>> checked = CheckBuffers(buffers, options);
   if (!checked.ok()) return checked.status();
   const std::vector<int32_t>& layers = *checked;
-  if (internal::LocalReader* local = LocalPath(call); local != nullptr) {
+  if (const std::shared_ptr<internal::LocalReader> local = LocalPath(call); local != nullptr) {
     absl::StatusOr<Lease> lease = LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
     if (!lease.ok()) return lease.status();
     FetchIntoResult result;

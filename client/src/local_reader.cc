@@ -1,5 +1,6 @@
 #include "client/src/local_reader.h"
 
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -103,13 +104,30 @@ absl::StatusOr<std::unique_ptr<LocalReader>> LocalReader::Connect(const std::str
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is another server's (its greeting carries another token)"));
   }
-  return std::unique_ptr<LocalReader>(new LocalReader(fd, path));
+  return std::unique_ptr<LocalReader>(new LocalReader(fd, path, token));
 }
 
 LocalReader::~LocalReader() {
   kvc::MutexLock lock(&mu_);
   for (auto& [key, m] : maps_) ::munmap(const_cast<uint8_t*>(m.base), static_cast<size_t>(m.bytes));
   if (fd_ >= 0) ::close(fd_);
+}
+
+bool LocalReader::Alive() {
+  if (stale_.load(std::memory_order_relaxed)) return false;
+  kvc::MutexLock lock(&mu_);
+  if (fd_ < 0) return false;
+  // The server never writes unasked: readable means end of file (or garbage), as bad as a
+  // hang-up.
+  pollfd p{fd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
+absl::Status LocalReader::CheckSameServer(const Lease& lease) {
+  if (lease.local_token == token_) return absl::OkStatus();
+  stale_.store(true, std::memory_order_relaxed);
+  return absl::UnimplementedError(
+      "the lease is from another server than the local socket's (it restarted?)");
 }
 
 absl::StatusOr<LocalReader::Mapping> LocalReader::Arena(const std::string& pool,
@@ -158,6 +176,7 @@ absl::StatusOr<DeviceArenaHandle> LocalReader::DeviceArena(const std::string& po
       h.bytes > 0 && h.device >= 0) {
     const std::string raw = absl::HexStringToBytes(words[4]);
     std::memcpy(h.cuda_ipc.data(), raw.data(), h.cuda_ipc.size());
+    h.server_token = token_;
     return h;
   }
   if (words.size() == 2 && words[0] == "OK") {
@@ -282,6 +301,7 @@ absl::Status CheckStillLeased(const Lease& lease) {
 
 absl::Status LocalReader::ReadLeased(const Lease& lease, const FetchOptions& options,
                                      const std::function<absl::Status(FetchedChunk&)>& on_chunk) {
+  if (absl::Status same = CheckSameServer(lease); !same.ok()) return same;
   const int d = lease.head_dim;
   const DType dtype = options.dtype == DType::kPoolDefault ? lease.dtype : options.dtype;
   const auto bt = static_cast<size_t>(lease.block_tokens);
@@ -342,6 +362,7 @@ absl::Status LocalReader::ReadLeased(const Lease& lease, const FetchOptions& opt
 absl::Status LocalReader::ReadLeasedInto(const Lease& lease,
                                          const std::vector<LayerBuffers>& buffers,
                                          const FetchIntoOptions& options, FetchIntoResult* result) {
+  if (absl::Status same = CheckSameServer(lease); !same.ok()) return same;
   const int d = lease.head_dim;
   const size_t heads = static_cast<size_t>(options.num_kv_heads);
   if (d != options.head_dim || lease.layers.size() != buffers.size() ||

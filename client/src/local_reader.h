@@ -8,6 +8,7 @@
 // for Appends (OpenStaging, staging_space.h). Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,6 +36,12 @@ class LocalReader {
   ~LocalReader();  // unmaps every arena
 
   const std::string& path() const { return path_; }
+  // The token of the server this reader is connected to (its greeting's).
+  const std::string& token() const { return token_; }
+  // False once the server's end of the socket closed (it exited or restarted: the mappings
+  // are of a dead server's memory) or a lease of another server came by: the client then
+  // decides its same-node path again. Never blocks.
+  bool Alive();
 
   // The lease's records below each layer's limit (visible tokens, or every appended token
   // with include_unfinished), one chunk per (lane, segment), lanes in lease order: the chunks
@@ -60,7 +67,11 @@ class LocalReader {
     const uint8_t* base = nullptr;
     int64_t bytes = 0;
   };
-  LocalReader(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  LocalReader(int fd, std::string path, std::string token)
+      : fd_(fd), path_(std::move(path)), token_(std::move(token)) {}
+  // UNIMPLEMENTED (read it over gRPC) when `lease` is not from this reader's server; marks
+  // the reader stale so that the client connects again.
+  absl::Status CheckSameServer(const Lease& lease);
   // The mapped arena of (pool, format), mapped on first use.
   absl::StatusOr<Mapping> Arena(const std::string& pool, StorageFormat format);
   // Sends one request line and reads the reply (and the fd sent with it, or -1). A broken
@@ -71,6 +82,8 @@ class LocalReader {
   kvc::Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_) = -1;
   const std::string path_;
+  const std::string token_;
+  std::atomic<bool> stale_{false};
   std::map<std::pair<std::string, int>, Mapping> maps_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -4,10 +4,10 @@
 // engine's device buffers: every byte (and every untouched row) equals what FetchInto over
 // gRPC writes into host buffers, for raw f16 and INT4 with a raw residual window (two
 // formats), dense f16 and f32, a layer subset and an unfinished layer; PoolBase plus the
-// lease locate a stored record exactly; host pools, small buffers, bad shapes and a client
-// without the same-node path are refused with the right codes, nothing written; every lease
-// ends. Runs on cudasim in CI (its IPC maps the exporter's memfd across processes) and on a
-// real GPU in tests/gpu/run_service_gpu.sh.
+// lease locate a stored record exactly; after a server restart only the new server's pool is
+// read; host pools, small buffers, bad shapes and a client without the same-node path are
+// refused with the right codes, nothing written; every lease ends. Runs on cudasim in CI (its IPC
+// maps the exporter's memfd across processes) and on a real GPU in tests/gpu/run_service_gpu.sh.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -239,6 +239,38 @@ TEST_F(DeviceReadTest, PoolBaseAndTheLeaseLocateEveryRecord) {
   }
   EXPECT_EQ(checked, size_t{kHeads} * 40);
   ASSERT_TRUE(client_->ReleaseLease(lease->lease_id).ok());
+}
+
+// kvcached restarts (same port, same socket path): the reader must not read the new server's
+// leases through the old server's mapping (same pool name, same block ids, other memory).
+TEST_F(DeviceReadTest, AfterAServerRestartReadsTheNewServersPool) {
+  const std::string old_seq = Filled("gpu", 48);
+  ASSERT_FALSE(old_seq.empty());
+  ExpectSameAsGrpc(old_seq, {0, 1}, DType::kF16, /*include_unfinished=*/false);
+  server_->Restart();
+  ASSERT_FALSE(server_->target().empty()) << server_->Log();
+  ASSERT_TRUE(client_->GetServerInfo().ok());  // retried until the channel reconnects
+  // Other data at the same block ids in the new server's pool.
+  client::CreateSequenceOptions options;
+  options.pool = "gpu";
+  auto s = client_->CreateSequence(options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  for (int l = 0; l < kLayers; ++l) {
+    const std::string k = MakeKv(77, l, 0, 48, kHeads, kDim, kernels::DType::kF16,
+                                 /*is_value=*/false);
+    const std::string v = MakeKv(77, l, 0, 48, kHeads, kDim, kernels::DType::kF16,
+                                 /*is_value=*/true);
+    client::AppendChunk a;
+    a.sequence_id = s->sequence_id;
+    a.layer = l;
+    a.num_tokens = 48;
+    a.dtype = DType::kF16;
+    a.keys = k.data();
+    a.values = v.data();
+    a.bytes = k.size();
+    ASSERT_TRUE(client_->Append(a).ok());
+  }
+  ExpectSameAsGrpc(s->sequence_id, {0, 1, 2, 3}, DType::kF16, /*include_unfinished=*/false);
 }
 
 TEST_F(DeviceReadTest, RefusalsWriteNothing) {

@@ -49,9 +49,9 @@ def kvcached_binary() -> pathlib.Path:
 class Server:
     """A running kvcached; `target` is host:port, `log` what it wrote to stderr so far."""
 
-    def __init__(self, config: pathlib.Path):
+    def __init__(self, config: pathlib.Path, listen: str = "127.0.0.1:0"):
         self.proc = subprocess.Popen(
-            [str(kvcached_binary()), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+            [str(kvcached_binary()), f"--listen={listen}", "--metrics_listen=127.0.0.1:0",
              f"--config={config}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: List[str] = []
         found = threading.Event()
@@ -90,10 +90,12 @@ class Server:
         self.proc.wait()
 
 
-def start(tmp: pathlib.Path, extra_config: str = "") -> Server:
+def start(tmp: pathlib.Path, extra_config: str = "", listen: str = "127.0.0.1:0") -> Server:
+    """kvcached with the test pools and `extra_config`, on `listen` (a free port by default;
+    an earlier server's target to restart it there)."""
     config = tmp / "kvcached.textproto"
     config.write_text(POOLS + extra_config)
-    return Server(config)
+    return Server(config, listen)
 
 
 @pytest.fixture(scope="session")

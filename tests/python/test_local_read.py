@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from typing import Iterator
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 
 import kvcache
 import kvcache._local as local_module
-from conftest import LAYERS, Server, random_kv, start
+from conftest import HEAD_DIM, KV_HEADS, LAYERS, Server, random_kv, start
 from kvcache import CompressionSpec, StreamingLLM
 
 
@@ -161,3 +162,42 @@ def test_async_client_reads_the_mapped_pool_too(local_server: Server, server: Se
         # (records that need decoding) then came over gRPC.
         assert after.granted - before.granted == 9
         assert after.released - before.released == 9 and after.active == 0
+
+
+def test_a_client_that_outlives_a_server_restart_reads_only_the_new_servers_kv(tmp_path) -> None:
+    """kvcached is killed and started again on the same port and socket path: the client's
+    mappings and staging region are the dead server's (their memfds live on while mapped) and
+    the new server hands out the same block ids, so reading on through them would return the
+    old server's KV as the new sequence's. The client must notice and serve the new bytes."""
+    config = _socket_config(str(tmp_path / "kvcached.sock"))
+    first = start(tmp_path, config)
+    with kvcache.Client(first.target) as c:
+        old = _filled(c, "f16", 40)
+        assert c.fetch(old)[(0, 0)].keys.shape == (40, HEAD_DIM)
+        assert c.data_path.startswith("shared-memory") and c.append_path.startswith("staged")
+        first.stop()
+        second = start(tmp_path, config, listen=first.target)
+        try:
+            deadline = time.monotonic() + 20
+            while True:  # the channel reconnects with gRPC's backoff
+                try:
+                    seq = c.create_sequence(pool="f16").sequence_id
+                    break
+                except kvcache.Unavailable:
+                    assert time.monotonic() < deadline, "the client never reconnected"
+                    time.sleep(0.1)
+            for layer in range(LAYERS):  # other bytes than the old sequence's, same blocks
+                k = random_kv(40, dtype=np.float16, seed=100 + layer)
+                v = random_kv(40, dtype=np.float16, seed=200 + layer)
+                c.append(seq, layer, 0, k, v)
+            got = c.fetch(seq)
+            for layer in range(LAYERS):
+                for head in range(KV_HEADS):
+                    want = random_kv(40, dtype=np.float16, seed=100 + layer)[:, head, :]
+                    assert np.array_equal(got[(layer, head)].keys, want), (layer, head)
+            assert c.data_path.startswith("shared-memory"), c.data_path
+            assert c.append_path.startswith("staged"), c.append_path
+            with pytest.raises(kvcache.NotFound):
+                c.fetch(old)
+        finally:
+            second.stop()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import select
 import socket
 import threading
 import time
@@ -102,6 +103,8 @@ class LocalReader:
         """FailedPrecondition when the socket refuses this uid or greets with another token;
         Unavailable when nothing listens at `path`."""
         self.path = path
+        self.token = token
+        self._stale = False  # a lease of another server came by
         self._lock = threading.Lock()
         self._maps: Dict[Tuple[str, int], Tuple[mmap.mmap, np.ndarray]] = {}
         self._sock: Optional[socket.socket] = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -120,6 +123,20 @@ class LocalReader:
                 raise FailedPrecondition(f"{path} refused: {greeting[4:]}")
             raise FailedPrecondition(f"{path} is another server's (its greeting carries "
                                      "another token)")
+
+    def alive(self) -> bool:
+        """False once the server's end closed (it exited or restarted: the mappings are of a
+        dead server's memory) or a lease of another server came by; the client then decides
+        its same-node path again. Never blocks."""
+        with self._lock:
+            if self._sock is None or self._stale:
+                return False
+            # poll, not recv(MSG_DONTWAIT): a socket with a timeout waits for data first.
+            p = select.poll()
+            p.register(self._sock, select.POLLIN)
+            # Nothing to read: alive (the server never writes unasked); readable means end of
+            # file or bytes nobody asked for, a hang-up or error the same.
+            return not p.poll(0)
 
     def close(self) -> None:
         with self._lock:
@@ -199,8 +216,14 @@ class LocalReader:
              include_unfinished: bool) -> Optional[FetchResult]:
         """The lease's tokens below each layer's limit (visible tokens, or the layer's
         appended ones with include_unfinished) as a dense FetchResult equal to a gRPC fetch
-        of the same layers; None when a segment would need decoding (fetch over gRPC then).
+        of the same layers; None when a segment would need decoding or the lease is another
+        server's (fetch over gRPC then).
         Aborted when the lease could have ended before the read finished."""
+        if lease.local_token != self.token:
+            # Another server's lease (this one restarted): its block ids mean nothing in
+            # these mappings. Over gRPC, and connect again next time.
+            self._stale = True
+            return None
         dt = DType(lease.dtype) if dtype is None or dtype == DType.POOL else DType(dtype)
         raw = _RAW_FORMAT.get(dt)
         if raw is None or lease.device != "cpu":

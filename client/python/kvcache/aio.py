@@ -118,12 +118,11 @@ class AsyncClient:
         return self._append_path
 
     async def _local_staging(self, timeout: Optional[float]) -> Optional[StagingSpace]:
-        if self._staging_decided:
-            return self._staging
         if self._staging_bytes <= 0:
             self._staging_decided = True
             self._append_path = "grpc (staging_bytes is 0)"
             return None
+        # Every time: after a server restart it drops the old server's region too.
         local = await self._local_path(timeout)
         async with self._local_lock:
             if self._staging_decided:  # another task was first
@@ -144,8 +143,15 @@ class AsyncClient:
 
     async def _local_path(self, timeout: Optional[float]) -> Optional[LocalReader]:
         async with self._local_lock:
-            if self._local_decided:
+            if self._local_decided and (self._local is None or self._local.alive()):
                 return self._local
+            if self._local_decided:
+                # As Client._local_path: the server restarted; decide again.
+                assert self._local is not None
+                self._local.close()
+                self._local, self._local_decided = None, False
+                self._staging, self._staging_decided = None, False
+                self._append_path = "grpc (no append since the local socket closed)"
             try:
                 info = await self._call(self._admin.GetServerInfo,
                                         admin_pb.GetServerInfoRequest(), timeout, retry=True)

@@ -128,12 +128,11 @@ class Client:
 
     def _local_staging(self, timeout: Optional[float]) -> Optional[StagingSpace]:
         with self._local_lock:
-            if self._staging_decided:
-                return self._staging
             if self._staging_bytes <= 0:
                 self._staging_decided = True
                 self._append_path = "grpc (staging_bytes is 0)"
                 return None
+        # Every time: after a server restart it drops the old server's region too.
         local = self._local_path(timeout)
         with self._local_lock:
             if self._staging_decided:  # another thread was first
@@ -154,8 +153,16 @@ class Client:
 
     def _local_path(self, timeout: Optional[float]) -> Optional[LocalReader]:
         with self._local_lock:
-            if self._local_decided:
+            if self._local_decided and (self._local is None or self._local.alive()):
                 return self._local
+            if self._local_decided:
+                # The server's end closed (a restart) or another server's lease came by: the
+                # mappings and the staging region are of memory it no longer serves.
+                assert self._local is not None
+                self._local.close()
+                self._local, self._local_decided = None, False
+                self._staging, self._staging_decided = None, False
+                self._append_path = "grpc (no append since the local socket closed)"
             try:
                 info = self._call(self._admin.GetServerInfo, admin_pb.GetServerInfoRequest(),
                                   timeout, retry=True)

@@ -43,7 +43,8 @@ class DeviceReader {
   // FAILED_PRECONDITION for a sequence in a host pool (KvCacheClient::FetchInto reads those)
   // or without a same-node path; INVALID_ARGUMENT / OUT_OF_RANGE as FetchInto (checked before
   // anything is written); ABORTED when the lease expired before the reads finished (nothing
-  // read may be used then; fetch again).
+  // read may be used then) or is of another server than the local socket's (the server
+  // restarted between the two): fetch again.
   absl::StatusOr<FetchIntoResult> FetchInto(const std::string& sequence_id,
                                             const std::vector<LayerBuffers>& buffers,
                                             const FetchIntoOptions& options,

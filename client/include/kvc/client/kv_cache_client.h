@@ -189,10 +189,12 @@ class KvCacheClient {
 
  private:
   explicit KvCacheClient(std::unique_ptr<Impl> impl);
-  // The same-node reader, when this client may use one (decided once); null: gRPC.
-  internal::LocalReader* LocalPath(const CallOptions& call);
-  // The staging region Appends use, when this client may use one (decided once); null: gRPC.
-  internal::StagingSpace* LocalStaging(const CallOptions& call);
+  // The same-node reader, when this client may use one; null: gRPC. Decided once, and again
+  // after the server's end of the local socket closed (a restart).
+  std::shared_ptr<internal::LocalReader> LocalPath(const CallOptions& call);
+  // The staging region Appends use, when this client may use one (decided with LocalPath);
+  // null: gRPC.
+  std::shared_ptr<internal::StagingSpace> LocalStaging(const CallOptions& call);
   // FetchChunks' gRPC half: the chunks of a Fetch stream, retried before the first one.
   absl::Status FetchChunksOverGrpc(const std::string& sequence_id, const FetchOptions& options,
                                    const std::function<absl::Status(FetchedChunk&)>& on_chunk,

@@ -241,6 +241,7 @@ struct CreateSequenceOptions {
 // Every storage format's arena starts at the allocation's start (LeaseArena.block_bytes
 // places a block). kvc/client/device_reader.h opens it and reads leases through it.
 struct DeviceArenaHandle {
+  std::string server_token;  // the local socket's greeting token: its leases carry the same
   int32_t device = -1;
   int64_t bytes = 0;
   std::array<uint8_t, 64> cuda_ipc{};
@@ -280,6 +281,9 @@ struct Lease {
   int64_t visible_tokens = 0;
   int64_t leased_bytes = 0;
   std::vector<LeaseLane> lanes;  // layers x kv heads, layer-major
+  // The granting server's local-socket token (ServerInfo::local_token): a same-node read of
+  // this lease is from that server's memory only.
+  std::string local_token;
   // The arena description of `format`, or null when no lane uses it.
   const LeaseArena* arena(StorageFormat format) const {
     for (const LeaseArena& a : arenas) {
