@@ -84,9 +84,10 @@ class DeviceReadTest : public ::testing::Test {
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
-  // A sequence in `pool` with `n` tokens in every layer (and `extra` more in layer 0 only).
+  // A sequence in `pool` with `n` tokens of data `seed` in every layer (and `extra` more in
+  // layer 0 only).
   std::string Filled(const std::string& pool, int n, const client::CompressionSpec& policy = {},
-                     int extra = 0) {
+                     int extra = 0, uint32_t seed = 9) {
     client::CreateSequenceOptions options;
     options.pool = pool;
     options.policy = policy;
@@ -95,9 +96,9 @@ class DeviceReadTest : public ::testing::Test {
     if (!s.ok()) return "";
     for (int l = 0; l < kLayers; ++l) {
       const int count = n + (l == 0 ? extra : 0);
-      const std::string k = MakeKv(9, l, 0, count, kHeads, kDim, kernels::DType::kF16,
+      const std::string k = MakeKv(seed, l, 0, count, kHeads, kDim, kernels::DType::kF16,
                                    /*is_value=*/false);
-      const std::string v = MakeKv(9, l, 0, count, kHeads, kDim, kernels::DType::kF16,
+      const std::string v = MakeKv(seed, l, 0, count, kHeads, kDim, kernels::DType::kF16,
                                    /*is_value=*/true);
       client::AppendChunk a;
       a.sequence_id = s->sequence_id;
@@ -251,26 +252,9 @@ TEST_F(DeviceReadTest, AfterAServerRestartReadsTheNewServersPool) {
   ASSERT_FALSE(server_->target().empty()) << server_->Log();
   ASSERT_TRUE(client_->GetServerInfo().ok());  // retried until the channel reconnects
   // Other data at the same block ids in the new server's pool.
-  client::CreateSequenceOptions options;
-  options.pool = "gpu";
-  auto s = client_->CreateSequence(options);
-  ASSERT_TRUE(s.ok()) << s.status();
-  for (int l = 0; l < kLayers; ++l) {
-    const std::string k = MakeKv(77, l, 0, 48, kHeads, kDim, kernels::DType::kF16,
-                                 /*is_value=*/false);
-    const std::string v = MakeKv(77, l, 0, 48, kHeads, kDim, kernels::DType::kF16,
-                                 /*is_value=*/true);
-    client::AppendChunk a;
-    a.sequence_id = s->sequence_id;
-    a.layer = l;
-    a.num_tokens = 48;
-    a.dtype = DType::kF16;
-    a.keys = k.data();
-    a.values = v.data();
-    a.bytes = k.size();
-    ASSERT_TRUE(client_->Append(a).ok());
-  }
-  ExpectSameAsGrpc(s->sequence_id, {0, 1, 2, 3}, DType::kF16, /*include_unfinished=*/false);
+  const std::string seq = Filled("gpu", 48, {}, /*extra=*/0, /*seed=*/77);
+  ASSERT_FALSE(seq.empty());
+  ExpectSameAsGrpc(seq, {0, 1, 2, 3}, DType::kF16, /*include_unfinished=*/false);
 }
 
 TEST_F(DeviceReadTest, RefusalsWriteNothing) {
