@@ -30,6 +30,10 @@ ABSL_FLAG(std::string, shard, "",
 ABSL_FLAG(std::string, local_socket, "",
           "unix socket for same-node readers and staged appends; overrides the config's "
           "local_socket (Kubernetes: one per pod, e.g. /run/kvcached/$(POD_NAME).sock)");
+ABSL_FLAG(std::string, transfer_listen, "",
+          "host:port of the TCP listener that sends leased blocks to readers on other nodes "
+          "(OpenTransfer; port 0 = any free one); overrides the config's transfer_listen. "
+          "Carries KV in the clear: refused with tls");
 ABSL_FLAG(int32_t, shutdown_grace_seconds, 10,
           "on SIGTERM/SIGINT, how long in-flight calls may take to finish");
 
@@ -73,6 +77,9 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_shard).empty()) options.store.shard_name = absl::GetFlag(FLAGS_shard);
   if (!absl::GetFlag(FLAGS_local_socket).empty()) {
     options.local_socket = absl::GetFlag(FLAGS_local_socket);
+  }
+  if (!absl::GetFlag(FLAGS_transfer_listen).empty()) {
+    options.transfer_listen = absl::GetFlag(FLAGS_transfer_listen);
   }
 
   // Block the signals before gRPC starts its threads, so only sigwait sees them.

@@ -56,6 +56,15 @@ class BlockPool {
         "this pool's memory cannot be mapped by another process (device memory)");
   }
 
+  // Copies whole blocks of `format` into host memory at `dst` (block i at i * block_bytes),
+  // keeping only the first slots[i] token records of block i and zeroing the rest: a leased
+  // block's later slots may be written meanwhile (an append filling a partly filled block)
+  // or hold an earlier owner's data. For blocks a lease pins (SendLease). INTERNAL for a
+  // block outside the arena. Through the backend's copy op (block_copy_out.cc), so the same
+  // for host and device pools.
+  virtual absl::Status CopyBlocksOut(StorageFormat format, absl::Span<const BlockId> blocks,
+                                     absl::Span<const int32_t> slots, char* dst);
+
   virtual int64_t capacity_bytes() const = 0;
   // Thread-safe momentary values.
   virtual int64_t used_bytes() const = 0;

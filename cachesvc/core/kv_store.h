@@ -99,6 +99,26 @@ class KvStore {
                                      int64_t ttl_ms);
   // Ends the lease at once; returns the blocks that went back to the pool.
   absl::StatusOr<int64_t> ReleaseLease(const std::string& scope, const std::string& lease_id);
+  // Where SendLeasedBlocks puts a lease's blocks (a transfer channel): Begin once, before
+  // any byte, with the payload's size; then Write in order.
+  class BlockSink {
+   public:
+    virtual ~BlockSink() = default;
+    virtual absl::Status Begin(int64_t blocks, int64_t bytes) = 0;
+    virtual absl::Status Write(const char* data, size_t bytes) = 0;
+  };
+  struct SentBlocks {
+    int64_t blocks = 0;
+    int64_t bytes = 0;
+  };
+  // Copies the blocks of the caller's live lease into `sink`: per storage format in number
+  // order, its blocks in lease order (lanes, segments, blocks), each block_bytes long with the
+  // slots the lease does not describe zeroed (they may be written meanwhile or hold another
+  // sequence's data). NOT_FOUND, before Begin, for a lease that is not live; ABORTED, after
+  // Begin, when the lease ended during the copy (blocks may have been recycled: nothing sent
+  // counts); the sink's errors as they come.
+  absl::StatusOr<SentBlocks> SendLeasedBlocks(const std::string& scope, const std::string& lease_id,
+                                              BlockSink* sink);
   // Lease statistics of one pool (empty = every pool summed); NOT_FOUND for an unknown pool.
   absl::StatusOr<LeaseStats> LeaseStatsFor(const std::string& pool) const;
   // The memfd of one arena of pool `pool` (empty = default) for a same-node reader
@@ -112,6 +132,9 @@ class KvStore {
   }
   const std::string& local_socket() const { return local_socket_; }
   const std::string& local_token() const { return local_token_; }
+  // The transfer listener's port (0 = none); set once at startup, before serving.
+  void SetTransferPort(int port) { transfer_port_ = port; }
+  int transfer_port() const { return transfer_port_; }
 
   // `scope`: as in requests.h.
   absl::StatusOr<SequenceSnapshot> GetSequence(const std::string& sequence_id,
@@ -191,6 +214,7 @@ class KvStore {
   ShardIdentity shard_;
   std::string local_socket_;
   std::string local_token_;
+  int transfer_port_ = 0;
 };
 
 }  // namespace kvc::cachesvc

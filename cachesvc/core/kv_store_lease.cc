@@ -1,5 +1,6 @@
 // KvStore's leases (lease_table.h): LeaseSequence pins and describes what a sequence stores
 // now; RenewLease and ReleaseLease act on the table.
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -54,7 +55,8 @@ absl::StatusOr<LeaseSnapshot> KvStore::LeaseSequence(const LeaseParams& p) {
   lease.head_dim = g.head_dim;
   lease.dtype = g.dtype;
   lease.layers = layers;
-  std::array<std::vector<BlockId>, kFormats> held;
+  LeaseTable::PerFormat held;
+  LeaseTable::PerFormat slots;  // leading token slots described, per held block
   // A reader lock is enough: the holders added below are the only change, and every writer
   // of this sequence, which would consult them, is excluded meanwhile.
   const Sequence& sequence = *seq;  // read only: the const accessors
@@ -73,6 +75,12 @@ absl::StatusOr<LeaseSnapshot> KvStore::LeaseSequence(const LeaseParams& p) {
         lane.segments.push_back(LeasedSegment{s.format, s.blocks, s.positions});
         auto& list = held[static_cast<size_t>(s.format)];
         list.insert(list.end(), s.blocks.begin(), s.blocks.end());
+        // A lane's tokens fill its blocks from the front (segment.h).
+        int64_t left = static_cast<int64_t>(s.positions.size());
+        for (size_t b = 0; b < s.blocks.size(); ++b, left -= g.block_tokens) {
+          slots[static_cast<size_t>(s.format)].push_back(
+              static_cast<int32_t>(std::clamp<int64_t>(left, 0, g.block_tokens)));
+        }
       }
       lease.lanes.push_back(std::move(lane));
     }
@@ -85,7 +93,7 @@ absl::StatusOr<LeaseSnapshot> KvStore::LeaseSequence(const LeaseParams& p) {
                           static_cast<int64_t>(pool->layout(format).block_bytes);
     pool->shares().Freeze(format, held[f], 1);
   }
-  leases_->Add(p.scope, pool, seq->pool_index(), std::move(held), &lease);
+  leases_->Add(p.scope, pool, seq->pool_index(), std::move(held), std::move(slots), &lease);
   return lease;
 }
 
@@ -97,6 +105,43 @@ absl::StatusOr<int64_t> KvStore::RenewLease(const std::string& scope, const std:
 absl::StatusOr<int64_t> KvStore::ReleaseLease(const std::string& scope,
                                               const std::string& lease_id) {
   return leases_->Release(scope, lease_id);
+}
+
+absl::StatusOr<KvStore::SentBlocks> KvStore::SendLeasedBlocks(const std::string& scope,
+                                                              const std::string& lease_id,
+                                                              BlockSink* sink) {
+  // Blocks are copied in pieces of about this much, each written before the next is copied.
+  constexpr size_t kPieceBytes = size_t{4} << 20;
+  KVC_ASSIGN_OR_RETURN(const LeaseTable::Pinned pinned, leases_->Find(scope, lease_id));
+  SentBlocks total;
+  for (size_t f = 0; f < kFormats; ++f) {
+    const auto n = static_cast<int64_t>(pinned.held[f].size());
+    total.blocks += n;
+    total.bytes +=
+        n * static_cast<int64_t>(pinned.pool->layout(static_cast<StorageFormat>(f)).block_bytes);
+  }
+  KVC_RETURN_IF_ERROR(sink->Begin(total.blocks, total.bytes));
+  std::vector<char> piece;
+  for (size_t f = 0; f < kFormats; ++f) {
+    const auto format = static_cast<StorageFormat>(f);
+    const absl::Span<const BlockId> held = pinned.held[f];
+    const absl::Span<const int32_t> slots = pinned.slots[f];
+    const size_t bb = pinned.pool->layout(format).block_bytes;
+    const size_t per_piece = std::max<size_t>(1, kPieceBytes / bb);
+    for (size_t at = 0; at < held.size(); at += per_piece) {
+      const size_t count = std::min(per_piece, held.size() - at);
+      piece.resize(count * bb);
+      KVC_RETURN_IF_ERROR(pinned.pool->CopyBlocksOut(format, held.subspan(at, count),
+                                                     slots.subspan(at, count), piece.data()));
+      // Checked after the copy: live now means live (and pinned) throughout it.
+      if (!leases_->Live(scope, lease_id)) {
+        return absl::AbortedError(absl::StrCat("lease ", Quoted(lease_id),
+                                               " ended while its blocks were sent; lease again"));
+      }
+      KVC_RETURN_IF_ERROR(sink->Write(piece.data(), piece.size()));
+    }
+  }
+  return total;
 }
 
 absl::StatusOr<SharedArena> KvStore::ShareArena(const std::string& pool, StorageFormat format) {

@@ -76,9 +76,8 @@ absl::StatusOr<int64_t> LeaseTable::CheckNew(const std::string& scope, int64_t t
   return ttl;
 }
 
-void LeaseTable::Add(const std::string& scope, BlockPool* pool, int pool_index,
-                     std::array<std::vector<BlockId>, kernels::kNumStorageFormats> held,
-                     LeaseSnapshot* snapshot) {
+void LeaseTable::Add(const std::string& scope, BlockPool* pool, int pool_index, PerFormat held,
+                     PerFormat slots, LeaseSnapshot* snapshot) {
   Lease lease;
   lease.scope = scope;
   lease.pool = pool;
@@ -86,6 +85,7 @@ void LeaseTable::Add(const std::string& scope, BlockPool* pool, int pool_index,
   lease.expires_ms = NowUnixMs() + snapshot->ttl_ms;
   lease.bytes = snapshot->leased_bytes;
   lease.held = std::move(held);
+  lease.slots = std::move(slots);
   snapshot->expires_unix_ms = lease.expires_ms;
   kvc::MutexLock lock(&mu_);
   std::string id = SaltedId("l-", salt_, ++next_);
@@ -112,6 +112,22 @@ absl::StatusOr<int64_t> LeaseTable::Renew(const std::string& scope, const std::s
   it->second.expires_ms = now + ttl;
   ++counters_[static_cast<size_t>(it->second.pool_index)].renewed;
   return it->second.expires_ms;
+}
+
+absl::StatusOr<LeaseTable::Pinned> LeaseTable::Find(const std::string& scope,
+                                                    const std::string& lease_id) const {
+  kvc::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end() || it->second.scope != scope || it->second.expires_ms <= NowUnixMs()) {
+    return UnknownLease(lease_id);
+  }
+  return Pinned{it->second.pool, it->second.held, it->second.slots};
+}
+
+bool LeaseTable::Live(const std::string& scope, const std::string& lease_id) const {
+  kvc::MutexLock lock(&mu_);
+  auto it = leases_.find(lease_id);
+  return it != leases_.end() && it->second.scope == scope && it->second.expires_ms > NowUnixMs();
 }
 
 absl::StatusOr<int64_t> LeaseTable::Release(const std::string& scope, const std::string& lease_id) {

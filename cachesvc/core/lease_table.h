@@ -47,11 +47,23 @@ class LeaseTable {
   // INVALID_ARGUMENT for a TTL out of [1, max_ttl_ms]; RESOURCE_EXHAUSTED when the scope has
   // max_per_scope leases. The TTL the lease would get (0 = default).
   absl::StatusOr<int64_t> CheckNew(const std::string& scope, int64_t ttl_ms) const;
-  // Records a lease whose blocks (`held`, per format) the caller has already frozen with
-  // one extra holder for it. Fills lease_id and expires_unix_ms. Cannot fail.
-  void Add(const std::string& scope, BlockPool* pool, int pool_index,
-           std::array<std::vector<BlockId>, kernels::kNumStorageFormats> held,
-           LeaseSnapshot* lease);
+  using PerFormat = std::array<std::vector<BlockId>, kernels::kNumStorageFormats>;
+  // Records a lease whose blocks (`held`, per format, in lease order) the caller has already
+  // frozen with one extra holder for it; `slots[f][i]`: how many leading token slots of
+  // held[f][i] the lease describes. Fills lease_id and expires_unix_ms. Cannot fail.
+  void Add(const std::string& scope, BlockPool* pool, int pool_index, PerFormat held,
+           PerFormat slots, LeaseSnapshot* lease);
+  // What a live lease holds, for a reader that copies its blocks (SendLease).
+  struct Pinned {
+    BlockPool* pool = nullptr;
+    PerFormat held;
+    PerFormat slots;
+  };
+  // NOT_FOUND (as Renew) unless the lease is live now.
+  absl::StatusOr<Pinned> Find(const std::string& scope, const std::string& lease_id) const;
+  // Whether the lease is live now. A lease that was live after a copy of its blocks finished
+  // was live throughout it (an ended lease never comes back), so nothing was recycled.
+  bool Live(const std::string& scope, const std::string& lease_id) const;
   // NOT_FOUND (a lease of another scope is unknown too) or expired; else the new expiry.
   absl::StatusOr<int64_t> Renew(const std::string& scope, const std::string& lease_id,
                                 int64_t ttl_ms);
@@ -70,7 +82,8 @@ class LeaseTable {
     int pool_index = 0;
     int64_t expires_ms = 0;
     int64_t bytes = 0;
-    std::array<std::vector<BlockId>, kernels::kNumStorageFormats> held;
+    PerFormat held;
+    PerFormat slots;
   };
   struct Counters {
     int64_t active = 0, bytes = 0, granted = 0, renewed = 0, released = 0, expired = 0;

@@ -344,6 +344,20 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
                           .Register(*m->registry_);
   for (const char* event : {"connected", "refused", "arena"})
     m->local_socket_->Add({{"event", event}});
+  m->transfer_events_ = &prometheus::BuildCounter()
+                             .Name("kvc_transfer_events_total")
+                             .Help(
+                                 "Transfer channel events: opened, connected, refused (bad "
+                                 "greeting, wrong token, none in time), sent (a lease's "
+                                 "blocks), failed (a send that failed), closed.")
+                             .Register(*m->registry_);
+  for (const char* event : {"opened", "connected", "refused", "sent", "failed", "closed"})
+    m->transfer_events_->Add({{"event", event}});
+  m->transfer_bytes_ = &prometheus::BuildCounter()
+                            .Name("kvc_transfer_bytes_total")
+                            .Help("Payload bytes of leased blocks sent over transfer channels.")
+                            .Register(*m->registry_)
+                            .Add({});
   m->quota_refusals_ = &prometheus::BuildCounter()
                             .Name("kvc_tenant_call_limit_refusals_total")
                             .Help("Calls refused by a tenant's max_streams / max_compute_calls.")
@@ -398,6 +412,14 @@ void Metrics::RecordAuthFailure() { auth_failures_->Increment(); }
 
 void Metrics::RecordLocalSocketEvent(const char* event) {
   local_socket_->Add({{"event", event}}).Increment();
+}
+
+void Metrics::RecordTransferEvent(const char* event) {
+  transfer_events_->Add({{"event", event}}).Increment();
+}
+
+void Metrics::RecordTransferBytes(int64_t bytes) {
+  transfer_bytes_->Increment(static_cast<double>(bytes));
 }
 
 void Metrics::RecordQuotaRefusal(const std::string& tenant, const char* limit) {

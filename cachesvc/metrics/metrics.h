@@ -50,6 +50,10 @@ class Metrics {
   void RecordQuotaRefusal(const std::string& tenant, const char* limit);
   // A same-node socket event (local_socket.h): "connected", "refused" or "arena".
   void RecordLocalSocketEvent(const char* event);
+  // A transfer channel event (transfer_channels.h): "opened", "connected", "refused", "sent",
+  // "failed", "closed"; and the payload bytes a SendLease wrote.
+  void RecordTransferEvent(const char* event);
+  void RecordTransferBytes(int64_t bytes);
 
   // The text exposition, as a scrape would return it (for tests and debugging).
   std::string Serialize() const;
@@ -69,6 +73,8 @@ class Metrics {
   prometheus::Counter* auth_failures_ = nullptr;
   prometheus::Family<prometheus::Counter>* quota_refusals_ = nullptr;
   prometheus::Family<prometheus::Counter>* local_socket_ = nullptr;
+  prometheus::Family<prometheus::Counter>* transfer_events_ = nullptr;
+  prometheus::Counter* transfer_bytes_ = nullptr;
   std::string address_;
 };
 

@@ -103,6 +103,7 @@ grpc::Status AdminServiceImpl::GetServerInfo(grpc::ServerContext* context,
   response->set_started_unix_ms(shard.started_unix_ms());
   response->set_local_socket(store_->local_socket());
   response->set_local_token(store_->local_token());
+  response->set_transfer_port(store_->transfer_port());
   return scope.Finish(grpc::Status::OK);
 }
 

@@ -91,6 +91,59 @@ grpc::Status KvCacheServiceImpl::ReleaseLease(grpc::ServerContext* context,
   return scope.Finish(grpc::Status::OK);
 }
 
+namespace {
+
+absl::Status NoTransfers() {
+  return absl::FailedPreconditionError(
+      "this server offers no transfers (ServerConfig.transfer_listen is unset): read over "
+      "Fetch");
+}
+
+}  // namespace
+
+grpc::Status KvCacheServiceImpl::OpenTransfer(grpc::ServerContext* context,
+                                              const pb::OpenTransferRequest* /*request*/,
+                                              pb::OpenTransferResponse* response) {
+  RpcScope scope(metrics_, kService, "OpenTransfer");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "OpenTransfer"));
+  if (transfers_ == nullptr) return scope.Finish(ToGrpcStatus(NoTransfers()));
+  KVC_ASSIGN_OR_FINISH(const TransferChannels::Opened opened, transfers_->Open(owner));
+  response->set_transfer_id(opened.id);
+  response->set_host(opened.host);
+  response->set_port(opened.port);
+  response->set_token(opened.token);
+  response->set_connect_within_ms(opened.connect_within_ms);
+  return scope.Finish(grpc::Status::OK);
+}
+
+grpc::Status KvCacheServiceImpl::SendLease(grpc::ServerContext* context,
+                                           const pb::SendLeaseRequest* request,
+                                           pb::SendLeaseResponse* response) {
+  RpcScope scope(metrics_, kService, "SendLease");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "SendLease"));
+  if (transfers_ == nullptr) return scope.Finish(ToGrpcStatus(NoTransfers()));
+  KVC_ASSIGN_OR_FINISH(const KvStore::SentBlocks sent,
+                       transfers_->Send(owner, request->transfer_id(), request->lease_id(),
+                                        request->nonce(), absl::FromChrono(context->deadline())));
+  response->set_blocks(sent.blocks);
+  response->set_bytes(sent.bytes);
+  if (metrics_ != nullptr) metrics_->RecordTransferBytes(sent.bytes);
+  return scope.Finish(grpc::Status::OK);
+}
+
+grpc::Status KvCacheServiceImpl::CloseTransfer(grpc::ServerContext* context,
+                                               const pb::CloseTransferRequest* request,
+                                               pb::CloseTransferResponse* /*response*/) {
+  RpcScope scope(metrics_, kService, "CloseTransfer");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "CloseTransfer"));
+  if (transfers_ == nullptr) return scope.Finish(ToGrpcStatus(NoTransfers()));
+  KVC_FINISH_IF_ERROR(transfers_->Close(owner, request->transfer_id()));
+  return scope.Finish(grpc::Status::OK);
+}
+
 absl::StatusOr<AppendParams> KvCacheServiceImpl::AppendFromProto(
     const pb::AppendRequest& request, std::shared_ptr<const StagingRegion>* hold) const {
   KVC_ASSIGN_OR_RETURN(AppendParams params, FromProto(request));

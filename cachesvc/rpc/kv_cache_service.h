@@ -6,16 +6,22 @@
 #include "cachesvc/metrics/metrics.h"
 #include "cachesvc/rpc/access_control.h"
 #include "cachesvc/rpc/staging_regions.h"
+#include "cachesvc/rpc/transfer_channels.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 
 namespace kvc::cachesvc {
 
 class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
  public:
-  // `metrics` may be null; `staging` too (no local socket: a staged Append is refused).
+  // `metrics` may be null; `staging` too (no local socket: a staged Append is refused), and
+  // `transfers` (no transfer_listen: OpenTransfer is refused).
   KvCacheServiceImpl(KvStore* store, Metrics* metrics, const AccessControl* access,
-                     const StagingRegions* staging = nullptr)
-      : store_(store), metrics_(metrics), access_(access), staging_(staging) {}
+                     const StagingRegions* staging = nullptr, TransferChannels* transfers = nullptr)
+      : store_(store),
+        metrics_(metrics),
+        access_(access),
+        staging_(staging),
+        transfers_(transfers) {}
 
   grpc::Status LookupPrefix(grpc::ServerContext* context,
                             const kvcache::v1::LookupPrefixRequest* request,
@@ -37,6 +43,14 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
   grpc::Status ReleaseLease(grpc::ServerContext* context,
                             const kvcache::v1::ReleaseLeaseRequest* request,
                             kvcache::v1::ReleaseLeaseResponse* response) override;
+  grpc::Status OpenTransfer(grpc::ServerContext* context,
+                            const kvcache::v1::OpenTransferRequest* request,
+                            kvcache::v1::OpenTransferResponse* response) override;
+  grpc::Status SendLease(grpc::ServerContext* context, const kvcache::v1::SendLeaseRequest* request,
+                         kvcache::v1::SendLeaseResponse* response) override;
+  grpc::Status CloseTransfer(grpc::ServerContext* context,
+                             const kvcache::v1::CloseTransferRequest* request,
+                             kvcache::v1::CloseTransferResponse* response) override;
   grpc::Status Append(grpc::ServerContext* context, const kvcache::v1::AppendRequest* request,
                       kvcache::v1::AppendResponse* response) override;
   grpc::Status AppendStream(grpc::ServerContext* context,
@@ -69,6 +83,7 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
   Metrics* metrics_;
   const AccessControl* access_;
   const StagingRegions* staging_;
+  TransferChannels* transfers_;
 };
 
 }  // namespace kvc::cachesvc

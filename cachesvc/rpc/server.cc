@@ -13,6 +13,7 @@
 #include "cachesvc/rpc/local_socket.h"
 #include "cachesvc/rpc/staging_regions.h"
 #include "cachesvc/rpc/tls_credentials.h"
+#include "cachesvc/rpc/transfer_channels.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -34,6 +35,12 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
         "max_message_bytes is ", options.max_message_bytes, "; expected 64 KiB .. 1 GiB"));
   }
   KVC_RETURN_IF_ERROR(CheckExposure(options));
+  // A transfer channel's bytes are not encrypted: next to a TLS listener it would undo what
+  // TLS protects.
+  if (!options.transfer_listen.empty() && options.tls.enabled()) {
+    return absl::FailedPreconditionError(
+        "transfer_listen carries KV in the clear and cannot be combined with tls: unset one");
+  }
   if (options.insecure && !IsLoopback(options.listen)) {
     KVC_LOG(WARNING) << "INSECURE: listening on '" << options.listen
                      << "' without TLS or authentication because the config sets insecure: "
@@ -73,10 +80,24 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
         << "same-node readers map host pools (device pools: CUDA IPC) through unix socket "
         << options.local_socket;
   }
+  if (!options.transfer_listen.empty()) {
+    TransferOptions transfer;
+    transfer.listen = options.transfer_listen;
+    transfer.advertise_host = options.transfer_advertise_host;
+    transfer.on_event = [metrics = server->metrics_.get()](const char* event) {
+      metrics->RecordTransferEvent(event);
+    };
+    KVC_ASSIGN_OR_RETURN(server->transfers_,
+                         TransferChannels::Start(transfer, server->store_.get()));
+    server->store_->SetTransferPort(server->transfers_->port());
+    KVC_LOG(INFO) << "transfers: readers connect to port " << server->transfers_->port()
+                  << " (transfer_listen " << options.transfer_listen << ")";
+  }
   server->access_ = std::make_unique<AccessControl>(server->auth_.get(), server->limits_.get(),
                                                     server->metrics_.get());
   server->kv_service_ = std::make_unique<KvCacheServiceImpl>(
-      server->store_.get(), server->metrics_.get(), server->access_.get(), server->staging_.get());
+      server->store_.get(), server->metrics_.get(), server->access_.get(), server->staging_.get(),
+      server->transfers_.get());
   KvCacheServer* self = server.get();
   server->admin_service_ = std::make_unique<AdminServiceImpl>(
       server->store_.get(), server->metrics_.get(), server->access_.get(),

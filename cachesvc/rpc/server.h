@@ -24,6 +24,7 @@ class Authenticator;
 class CallLimits;
 class LocalSocket;
 class StagingRegions;
+class TransferChannels;
 
 class KvCacheServer {
  public:
@@ -68,6 +69,9 @@ class KvCacheServer {
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<CallLimits> limits_;
   std::unique_ptr<AccessControl> access_;
+  // Transfer channels (with transfer_listen only): before the service that sends on them,
+  // so destroyed after it (and after grpc::Server, whose calls may be sending).
+  std::unique_ptr<TransferChannels> transfers_;
   std::unique_ptr<KvCacheServiceImpl> kv_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> server_;

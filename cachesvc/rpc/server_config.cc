@@ -184,6 +184,8 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
   options.local_socket = config.local_socket();
   options.local_socket_uids.assign(config.local_socket_uids().begin(),
                                    config.local_socket_uids().end());
+  options.transfer_listen = config.transfer_listen();
+  options.transfer_advertise_host = config.transfer_advertise_host();
   if (config.verify_shared_reads_every() > 0) {
     options.store.verify_shared_reads_every = config.verify_shared_reads_every();
   }

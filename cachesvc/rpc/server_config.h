@@ -24,6 +24,9 @@ struct ServerOptions {
   // Same-node reads (local_socket.h): "" = off.
   std::string local_socket;
   std::vector<uint32_t> local_socket_uids;  // empty = kvcached's own uid
+  // Transfers (transfer_channels.h): "host:port" of the TCP listener; "" = off.
+  std::string transfer_listen;
+  std::string transfer_advertise_host;  // "" = the host clients reached gRPC at
 };
 
 // One host pool named "default", shaped like the reference model (SmolLM2-135M: 30 layers,

@@ -14,6 +14,7 @@
 #include "client/channel/channel.h"
 #include "client/src/local_reader.h"
 #include "client/src/staging_space.h"
+#include "client/src/transfer_reader.h"
 #include "common/mutex.h"
 #include "kvc/client/kv_cache_client.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
@@ -34,6 +35,8 @@ struct KvCacheClient::Impl {
   // server restarted) and decides again.
   std::shared_ptr<internal::LocalReader> local ABSL_GUARDED_BY(local_mu);
   std::string data_path ABSL_GUARDED_BY(local_mu) = "grpc (no Fetch yet)";
+  // The transfer channel (transfer_reader.h), decided with `local` when it is null.
+  std::shared_ptr<internal::TransferReader> transfer ABSL_GUARDED_BY(local_mu);
   // Appends' staging region (staging_space.h), decided on the first Append.
   bool staging_decided ABSL_GUARDED_BY(local_mu) = false;
   std::shared_ptr<internal::StagingSpace> staging ABSL_GUARDED_BY(local_mu);

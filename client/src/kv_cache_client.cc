@@ -14,8 +14,10 @@
 #include "client/src/append_streams.h"
 #include "client/src/client_impl.h"
 #include "client/src/convert.h"
+#include "client/src/lease_decode.h"
 #include "client/src/local_reader.h"
 #include "client/src/staging_space.h"
+#include "client/src/transfer_reader.h"
 #include "common/mutex.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
@@ -197,7 +199,9 @@ std::shared_ptr<internal::StagingSpace> KvCacheClient::LocalStaging(const CallOp
   if (local == nullptr) {
     // Undecided while the server is unreachable, as the read path is.
     impl_->staging_decided = impl_->local_decided;
-    impl_->append_path = impl_->data_path;
+    impl_->append_path = impl_->transfer != nullptr
+                             ? "grpc (no same-node path; transfer channels carry reads only)"
+                             : impl_->data_path;
     return nullptr;
   }
   if (local != impl_->local) return nullptr;  // dropped meanwhile: the next Append decides
@@ -213,23 +217,54 @@ std::shared_ptr<internal::StagingSpace> KvCacheClient::LocalStaging(const CallOp
   return impl_->staging;
 }
 
+namespace {
+
+// The host part of a gRPC target ("host:port", "dns:///host:port", "ipv4:h:p", "[::1]:p");
+// "" for unix sockets and anything else without one.
+std::string TargetHost(std::string target) {
+  if (absl::StartsWith(target, "unix:")) return "";
+  for (const char* scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (absl::StartsWith(target, scheme)) {
+      target = target.substr(std::strlen(scheme));
+      break;
+    }
+  }
+  target = target.substr(0, target.find(','));  // ipv4:a:p,b:p -> the first address
+  const auto colon = target.rfind(':');
+  std::string host = colon == std::string::npos ? target : target.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+}  // namespace
+
 std::shared_ptr<internal::LocalReader> KvCacheClient::LocalPath(const CallOptions& call) {
   kvc::MutexLock lock(&impl_->local_mu);
   if (impl_->local_decided) {
-    if (impl_->local == nullptr || impl_->local->Alive()) return impl_->local;
-    // The server's end closed (it exited or restarted) or a lease of another server came
-    // by: the mappings and the staging region are of memory that server no longer serves.
-    // Decide again; calls still holding the old reader finish with it (their leases are
-    // checked against its token).
-    impl_->local.reset();
-    impl_->local_decided = false;
-    impl_->staging.reset();
-    impl_->staging_decided = false;
-    impl_->append_path = "grpc (no Append since the local socket closed)";
+    if (impl_->transfer != nullptr) {
+      if (impl_->transfer->Alive()) return nullptr;
+      // The channel broke (or the server hung up): decide again.
+      impl_->transfer.reset();
+      impl_->local_decided = false;
+    } else if (impl_->local == nullptr || impl_->local->Alive()) {
+      return impl_->local;
+    } else {
+      // The server's end closed (it exited or restarted) or a lease of another server came
+      // by: the mappings and the staging region are of memory that server no longer
+      // serves. Decide again; calls still holding the old reader finish with it (their
+      // leases are checked against its token).
+      impl_->local.reset();
+      impl_->local_decided = false;
+      impl_->staging.reset();
+      impl_->staging_decided = false;
+      impl_->append_path = "grpc (no Append since the local socket closed)";
+    }
   }
-  if (!impl_->options.local_reads) {
+  if (!impl_->options.local_reads && !impl_->options.transfers) {
     impl_->local_decided = true;
-    impl_->data_path = "grpc (local_reads is off)";
+    impl_->data_path = "grpc (local_reads and transfers are off)";
     return nullptr;
   }
   absl::StatusOr<ServerInfo> info = GetServerInfo(call);
@@ -241,19 +276,97 @@ std::shared_ptr<internal::LocalReader> KvCacheClient::LocalPath(const CallOption
     impl_->data_path = absl::StrCat("grpc (GetServerInfo failed: ", info.status().message(), ")");
     return nullptr;
   }
-  if (info->local_socket.empty()) {
-    impl_->data_path = "grpc (the server has no local_socket)";
-    return nullptr;
+  std::string why_not_local = "local_reads is off";
+  if (impl_->options.local_reads) {
+    why_not_local = "the server has no local_socket";
+    if (!info->local_socket.empty()) {
+      absl::StatusOr<std::unique_ptr<internal::LocalReader>> reader =
+          internal::LocalReader::Connect(info->local_socket, info->local_token);
+      if (reader.ok()) {
+        impl_->local = *std::move(reader);
+        impl_->data_path = absl::StrCat("shared-memory (", info->local_socket, ")");
+        return impl_->local;
+      }
+      why_not_local = std::string(reader.status().message());
+    }
   }
-  absl::StatusOr<std::unique_ptr<internal::LocalReader>> reader =
-      internal::LocalReader::Connect(info->local_socket, info->local_token);
+  // No same-node path: a transfer channel, if the server offers one.
+  std::string why_not_transfer;
+  if (info->transfer_port > 0 && !impl_->options.transfers) {
+    why_not_transfer = "; transfers are off";
+  } else if (info->transfer_port > 0) {
+    absl::StatusOr<std::unique_ptr<internal::TransferReader>> transfer = OpenTransfer(call);
+    if (transfer.ok()) {
+      impl_->transfer = *std::move(transfer);
+      impl_->data_path = absl::StrCat("transfer (", impl_->transfer->where(), ")");
+      return nullptr;
+    }
+    why_not_transfer = absl::StrCat("; transfer: ", transfer.status().message());
+  }
+  impl_->data_path = absl::StrCat("grpc (", why_not_local, why_not_transfer, ")");
+  return nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<internal::TransferReader>> KvCacheClient::OpenTransfer(
+    const CallOptions& call) {
+  pb::OpenTransferResponse response;
+  {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    const absl::Status status =
+        FromGrpcStatus(impl_->kv->OpenTransfer(&context, pb::OpenTransferRequest(), &response));
+    if (!status.ok()) return status;
+  }
+  const std::string host =
+      response.host().empty() ? TargetHost(impl_->options.target) : response.host();
+  absl::StatusOr<std::unique_ptr<internal::TransferReader>> reader =
+      host.empty()
+          ? absl::FailedPreconditionError("the target names no host to connect to (a unix socket?)")
+          : internal::TransferReader::Connect(host, response.port(), response.transfer_id(),
+                                              response.token());
   if (!reader.ok()) {
-    impl_->data_path = absl::StrCat("grpc (", reader.status().message(), ")");
-    return nullptr;
+    // Best effort: an unconnected channel is dropped by the server after connect_within.
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    pb::CloseTransferRequest close;
+    close.set_transfer_id(response.transfer_id());
+    pb::CloseTransferResponse closed;
+    (void)impl_->kv->CloseTransfer(&context, close, &closed);
   }
-  impl_->local = *std::move(reader);
-  impl_->data_path = absl::StrCat("shared-memory (", info->local_socket, ")");
-  return impl_->local;
+  return reader;
+}
+
+std::shared_ptr<internal::TransferReader> KvCacheClient::TransferPath(const CallOptions& call) {
+  if (LocalPath(call) != nullptr) return nullptr;
+  kvc::MutexLock lock(&impl_->local_mu);
+  return impl_->transfer;
+}
+
+absl::StatusOr<internal::ReceivedBlocks> KvCacheClient::ReceiveLeased(
+    internal::TransferReader& transfer, const std::string& sequence_id,
+    const std::vector<int32_t>& layers, const CallOptions& call, bool* channel_failed) {
+  *channel_failed = false;
+  absl::StatusOr<Lease> lease = LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
+  if (!lease.ok()) return lease.status();
+  const absl::Duration budget =
+      call.deadline > absl::ZeroDuration() ? call.deadline : impl_->options.default_deadline;
+  absl::StatusOr<internal::ReceivedBlocks> got = transfer.Fetch(
+      *lease,
+      [&](uint64_t nonce) {
+        pb::SendLeaseRequest request;
+        request.set_transfer_id(transfer.id());
+        request.set_lease_id(lease->lease_id);
+        request.set_nonce(nonce);
+        pb::SendLeaseResponse response;
+        grpc::ClientContext context;
+        impl_->Prepare(&context, call);
+        return FromGrpcStatus(impl_->kv->SendLease(&context, request, &response));
+      },
+      absl::Now() + budget);
+  // The blocks are this process's copy now: the lease can end before they are decoded.
+  (void)ReleaseLease(lease->lease_id, call);  // best effort: the TTL ends it otherwise
+  *channel_failed = !got.ok() && !transfer.Alive();
+  return got;
 }
 
 absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const FetchOptions& options,
@@ -270,6 +383,15 @@ absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const Fe
     if (!absl::IsUnimplemented(read)) return read;
     // A device pool's arenas cannot be mapped here, or the lease is of another server than
     // the socket's (it restarted): the records come over gRPC.
+  } else if (const std::shared_ptr<internal::TransferReader> transfer = TransferPath(call);
+             transfer != nullptr) {
+    const std::vector<int32_t> layers(options.layers.begin(), options.layers.end());
+    bool channel_failed = false;
+    absl::StatusOr<internal::ReceivedBlocks> got =
+        ReceiveLeased(*transfer, sequence_id, layers, call, &channel_failed);
+    if (got.ok()) return internal::ReadLeased(got->lease, options, got->arenas(), on_chunk);
+    if (!channel_failed) return got.status();
+    // The channel broke: this call reads over gRPC; the next one decides the path again.
   }
   return FetchChunksOverGrpc(sequence_id, options, on_chunk, call);
 }
@@ -412,6 +534,19 @@ absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequ
     (void)ReleaseLease(lease->lease_id, call);  // best effort: the TTL ends it otherwise
     if (read.ok()) return result;
     if (!absl::IsUnimplemented(read)) return read;
+  } else if (const std::shared_ptr<internal::TransferReader> transfer = TransferPath(call);
+             transfer != nullptr) {
+    bool channel_failed = false;
+    absl::StatusOr<internal::ReceivedBlocks> got =
+        ReceiveLeased(*transfer, sequence_id, layers, call, &channel_failed);
+    if (got.ok()) {
+      FetchIntoResult result;
+      absl::Status read =
+          internal::ReadLeasedInto(got->lease, buffers, options, got->arenas(), &result);
+      if (!read.ok()) return read;
+      return result;
+    }
+    if (!channel_failed) return got.status();
   }
   // Over gRPC: the shape comes from GetSequence (a lane with no tokens sends no chunk), the
   // rows from the dense chunks, copied in as they arrive.
@@ -754,9 +889,9 @@ absl::StatusOr<ServerInfo> KvCacheClient::GetServerInfo(const CallOptions& call)
         impl_->admin->GetServerInfo(&context, pb::GetServerInfoRequest(), &response));
   });
   if (!status.ok()) return status;
-  return ServerInfo{response.shard(),      response.incarnation(),     response.weight(),
-                    response.draining(),   response.started_unix_ms(), response.local_socket(),
-                    response.local_token()};
+  return ServerInfo{response.shard(),       response.incarnation(),     response.weight(),
+                    response.draining(),    response.started_unix_ms(), response.local_socket(),
+                    response.local_token(), response.transfer_port()};
 }
 
 }  // namespace kvc::client

@@ -19,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "client/src/lease_decode.h"
 #include "client/src/staging_space.h"
 #include "common/mutex.h"
 #include "kvc/client/types.h"
@@ -63,17 +64,13 @@ class LocalReader {
   absl::StatusOr<DeviceArenaHandle> DeviceArena(const std::string& pool, StorageFormat format);
 
  private:
-  struct Mapping {
-    const uint8_t* base = nullptr;
-    int64_t bytes = 0;
-  };
   LocalReader(int fd, std::string path, std::string token)
       : fd_(fd), path_(std::move(path)), token_(std::move(token)) {}
   // UNIMPLEMENTED (read it over gRPC) when `lease` is not from this reader's server; marks
   // the reader stale so that the client connects again.
   absl::Status CheckSameServer(const Lease& lease);
   // The mapped arena of (pool, format), mapped on first use.
-  absl::StatusOr<Mapping> Arena(const std::string& pool, StorageFormat format);
+  absl::StatusOr<ArenaView> Arena(const std::string& pool, StorageFormat format);
   // Sends one request line and reads the reply (and the fd sent with it, or -1). A broken
   // connection is closed for good: UNAVAILABLE.
   absl::StatusOr<std::string> Ask(const std::string& request, int* passed_fd)
@@ -84,7 +81,7 @@ class LocalReader {
   const std::string path_;
   const std::string token_;
   std::atomic<bool> stale_{false};
-  std::map<std::pair<std::string, int>, Mapping> maps_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, int>, ArenaView> maps_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvc::client::internal

@@ -11,6 +11,10 @@
 // message through pinned memory to the device and quantizes there, Fetch reads on the device
 // and copies back, against the same raw-gRPC and memcpy baselines.
 //
+// With a host pool it also measures the same-node path (a second client mapping the pool,
+// and staged appends) and, for every pool, a third client that receives leased blocks over a
+// transfer channel (docs/ARCHITECTURE.md "Transfers") as a reader on another node would.
+//
 // Each round runs every measurement once, in turn; the report gives the median over
 // rounds. Not a test: it asserts nothing about speed.
 #include <grpcpp/grpcpp.h>
@@ -315,6 +319,8 @@ int main(int argc, char** argv) {
   if (host_pool && mkdtemp(socket_dir) != nullptr) {
     options.local_socket = absl::StrCat(socket_dir, "/kvcached.sock");
   }
+  // Transfer channels for the third client (a reader that cannot map the pool).
+  options.transfer_listen = "127.0.0.1:0";
   auto server = kvc::cachesvc::KvCacheServer::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
@@ -324,7 +330,11 @@ int main(int argc, char** argv) {
   client_options.target = (*server)->address();
   client_options.max_message_bytes = options.max_message_bytes;
   client_options.local_reads = false;  // the gRPC path
+  client_options.transfers = false;
   auto client = kvc::client::KvCacheClient::Connect(client_options);
+  kvc::client::ClientOptions transfer_options = client_options;
+  transfer_options.transfers = true;
+  auto transfer_client = *kvc::client::KvCacheClient::Connect(transfer_options);
   kvc::client::ClientOptions local_options = client_options;
   local_options.local_reads = true;
   std::unique_ptr<kvc::client::KvCacheClient> local_client;
@@ -342,7 +352,8 @@ int main(int argc, char** argv) {
     kvc::cachesvc::ServerOptions tls_options = options;
     tls_options.tls.cert_file = certs + "/server.pem";
     tls_options.tls.key_file = certs + "/server.key";
-    tls_options.local_socket.clear();  // the path is the first server's
+    tls_options.local_socket.clear();     // the path is the first server's
+    tls_options.transfer_listen.clear();  // cleartext channels are refused beside TLS
     auto started = kvc::cachesvc::KvCacheServer::Start(tls_options);
     if (!started.ok()) {
       std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
@@ -382,6 +393,7 @@ int main(int argc, char** argv) {
 
   std::vector<double> t_raw_up, t_raw_down, t_append, t_fetch, t_memcpy;
   std::vector<double> t_tls_append, t_tls_fetch, t_local_fetch, t_local_into, t_local_append;
+  std::vector<double> t_transfer_fetch, t_transfer_into;
   EngineBuffers engine;
   engine.layers = layers;
   engine.heads = kHeads;
@@ -416,6 +428,18 @@ int main(int argc, char** argv) {
                          &t_fetch, local_client.get(), &t_local_fetch, &engine, &t_local_into,
                          layers)) {
       return 1;
+    }
+    {  // Fetch and FetchInto over a transfer channel, of a sequence appended over gRPC
+      std::vector<double> unused;
+      const std::string id =
+          TimedAppend(**client, messages, tokens_per_message, keys, values, &unused, layers);
+      if (id.empty() ||
+          !TimedFetch(*transfer_client, id, static_cast<int64_t>(2 * keys.size()), keys, bytes,
+                      &t_transfer_fetch) ||
+          !TimedFetchInto(*transfer_client, id, keys, &engine, &t_transfer_into)) {
+        return 1;
+      }
+      (void)(*client)->Release(id);
     }
     if (local_client != nullptr) {  // AppendStream through the staging region
       const std::string id = TimedAppend(*local_client, messages, tokens_per_message, keys, values,
@@ -491,6 +515,13 @@ int main(int argc, char** argv) {
     std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache FetchInto, same-node", local_into,
                 local_into / raw_down, local_into / memcpy_gbs);
   }
+  const double transfer_fetch = gb / Median(t_transfer_fetch);
+  const double transfer_into = gb / Median(t_transfer_into);
+  std::printf("%-34s %10.3f %14.3f %12.3f  (%s)\n", "kvcache Fetch, transfer channel",
+              transfer_fetch, transfer_fetch / raw_down, transfer_fetch / memcpy_gbs,
+              transfer_client->DataPath().c_str());
+  std::printf("%-34s %10.3f %14.3f %12.3f\n", "kvcache FetchInto, transfer", transfer_into,
+              transfer_into / raw_down, transfer_into / memcpy_gbs);
   double tls_append = 0, tls_fetch = 0;
   if (tls) {
     tls_append = gb / Median(t_tls_append);
@@ -512,15 +543,17 @@ int main(int argc, char** argv) {
         "\"tls_fetch_gbps\": %.4f, \"tls_fetch_vs_plaintext\": %.4f, "
         "\"local_fetch_gbps\": %.4f, \"local_fetch_vs_memcpy\": %.4f, "
         "\"local_fetch_into_gbps\": %.4f, \"local_fetch_into_vs_memcpy\": %.4f, "
-        "\"local_append_gbps\": %.4f, \"local_append_vs_memcpy\": %.4f}\n",
+        "\"local_append_gbps\": %.4f, \"local_append_vs_memcpy\": %.4f, "
+        "\"transfer_fetch_gbps\": %.4f, \"transfer_fetch_into_gbps\": %.4f}\n",
         static_cast<long long>(bytes), static_cast<long long>(payload_per_message), rounds,
         memcpy_gbs, raw_up, append, append / raw_up, raw_down, fetch, fetch / raw_down, tls_append,
         tls ? tls_append / append : 0.0, tls_fetch, tls ? tls_fetch / fetch : 0.0, local_fetch,
         local_fetch / memcpy_gbs, local_into, local_into / memcpy_gbs, local_append,
-        local_append / memcpy_gbs);
+        local_append / memcpy_gbs, transfer_fetch, transfer_into);
   }
   raw_server->Shutdown();
   local_client.reset();
+  transfer_client.reset();
   server->reset();  // removes its socket file
   if (!options.local_socket.empty()) std::filesystem::remove_all(socket_dir);
   if (!certs.empty()) (void)std::system(absl::StrCat("rm -rf ", certs).c_str());

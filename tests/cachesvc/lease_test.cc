@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <thread>
 
@@ -291,6 +292,93 @@ TEST_F(LeaseTest, ConcurrentMutationsNeverReachTheLeasedSnapshot) {
   EXPECT_EQ(mismatches.load(), 0) << "of " << reads.load() << " reads";
   KVC_ASSERT_OK(store_->ReleaseLease("", lease.lease_id));
   EXPECT_EQ(Used(), 0);
+}
+
+// A transfer's view of a lease (SendLeasedBlocks): what a sink receives, and what the lease
+// says it should be.
+class Collect final : public KvStore::BlockSink {
+ public:
+  std::function<void()> on_begin;
+  int64_t blocks = -1, announced = -1;
+  std::string bytes;
+  absl::Status Begin(int64_t n, int64_t b) override {
+    blocks = n;
+    announced = b;
+    if (on_begin) on_begin();
+    return absl::OkStatus();
+  }
+  absl::Status Write(const char* data, size_t n) override {
+    bytes.append(data, n);
+    return absl::OkStatus();
+  }
+};
+
+// The payload SendLeasedBlocks must produce: per format in number order, the lease's blocks
+// in lane order, each holding exactly the described records and zeros elsewhere.
+std::string ExpectedBlocks(KvStore& store, const LeaseSnapshot& lease) {
+  BlockPool* pool = *store.FindPool(lease.pool);
+  std::string out;
+  for (int f = 0; f < kernels::kNumStorageFormats; ++f) {
+    const auto format = static_cast<StorageFormat>(f);
+    for (const LeasedLane& lane : lease.lanes) {
+      for (const LeasedSegment& seg : lane.segments) {
+        if (seg.format != format) continue;
+        const kernels::BlockLayout l = pool->layout(format);
+        const auto* base = static_cast<const char*>(pool->arena(format).base);
+        for (size_t b = 0; b < seg.blocks.size(); ++b) {
+          std::string block(l.block_bytes, '\0');
+          const char* in = base + static_cast<size_t>(seg.blocks[b]) * l.block_bytes;
+          const size_t bt = static_cast<size_t>(lease.block_tokens);
+          const size_t n = std::min(bt, seg.positions.size() - b * bt);
+          block.replace(l.key_offset, n * l.record_bytes, in + l.key_offset, n * l.record_bytes);
+          block.replace(l.value_offset, n * l.record_bytes, in + l.value_offset,
+                        n * l.record_bytes);
+          out += block;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST_F(LeaseTest, SendsTheLeasedBlocksWithUndescribedSlotsZeroed) {
+  // A released sequence leaves its data in the blocks; a shorter one reuses them, so its
+  // last, partly filled blocks hold stale records past its tokens: they must not be sent.
+  const std::string old_seq = NewSequence(64);
+  KVC_ASSERT_OK(store_->Release(old_seq));
+  CompressionSpec tiers = Int4();
+  tiers.residual_tokens = 8;  // two segments per lane: 13 INT4 tokens, 8 raw
+  const std::string short_seq = NewSequence(21, tiers);
+  KVC_ASSERT_OK(Mutate(*store_, id_, Int4()));
+  for (const std::string& id : {id_, short_seq}) {
+    SCOPED_TRACE(id);
+    KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id));
+    Collect sink;
+    KVC_ASSERT_OK_AND_ASSIGN(const KvStore::SentBlocks sent,
+                             store_->SendLeasedBlocks("", lease.lease_id, &sink));
+    EXPECT_EQ(sent.bytes, static_cast<int64_t>(sink.bytes.size()));
+    EXPECT_EQ(sink.announced, sent.bytes) << "Begin announces the whole payload";
+    EXPECT_EQ(sink.blocks, sent.blocks);
+    EXPECT_EQ(sent.bytes, lease.leased_bytes);
+    EXPECT_TRUE(sink.bytes == ExpectedBlocks(*store_, lease)) << "payload differs";
+    KVC_ASSERT_OK(store_->ReleaseLease("", lease.lease_id));
+  }
+}
+
+TEST_F(LeaseTest, SendingAnEndedOrForeignLeaseSendsNothing) {
+  KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_));
+  Collect sink;
+  EXPECT_THAT(store_->SendLeasedBlocks("tenant-b", lease.lease_id, &sink).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(sink.blocks, -1) << "refused before Begin";
+  // Ended while it was being sent: whatever went out does not count.
+  sink.on_begin = [&] { EXPECT_TRUE(store_->ReleaseLease("", lease.lease_id).ok()); };
+  EXPECT_THAT(store_->SendLeasedBlocks("", lease.lease_id, &sink).status(),
+              StatusIs(absl::StatusCode::kAborted, "ended while its blocks were sent"));
+  EXPECT_TRUE(sink.bytes.empty()) << "nothing copied after the lease ended is written";
+  Collect again;
+  EXPECT_THAT(store_->SendLeasedBlocks("", lease.lease_id, &again).status(),
+              StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace

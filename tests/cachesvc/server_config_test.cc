@@ -31,6 +31,8 @@ TEST(ServerConfigTest, DefaultIsTheReferenceModelPool) {
 TEST(ServerConfigTest, ParsesPoolsAndFillsDefaults) {
   KVC_ASSERT_OK_AND_ASSIGN(ServerOptions o, ParseServerConfig(R"(
     listen: "0.0.0.0:6000"
+    transfer_listen: "0.0.0.0:6001"
+    transfer_advertise_host: "10.0.0.7"
     pools { name: "a" capacity_bytes: 1048576
             geometry { num_layers: 2 num_kv_heads: 1 head_dim: 64 dtype: DTYPE_BF16 } }
     pools { name: "b" capacity_bytes: 2097152 keep_free_bytes: 0
@@ -38,6 +40,8 @@ TEST(ServerConfigTest, ParsesPoolsAndFillsDefaults) {
                        rope { theta: 500000 } } }
   )"));
   EXPECT_EQ(o.listen, "0.0.0.0:6000");
+  EXPECT_EQ(o.transfer_listen, "0.0.0.0:6001");
+  EXPECT_EQ(o.transfer_advertise_host, "10.0.0.7");
   ASSERT_EQ(o.store.pools.size(), 2u);
   EXPECT_EQ(o.store.pools[0].geometry.block_tokens, 16);
   EXPECT_EQ(o.store.pools[0].geometry.num_query_heads, 1);

@@ -76,7 +76,11 @@ class CountingBackend final : public testing::ForwardingBackend {
 // An in-process kvcached (optionally with bearer-token authentication) and raw stubs.
 class HostileInputTest : public ::testing::TestWithParam<bool> {
  protected:
-  void SetUp() override { Start(testing::SmallServerOptions(), GetParam()); }
+  void SetUp() override {
+    ServerOptions options = testing::SmallServerOptions();
+    options.transfer_listen = "127.0.0.1:0";  // so the transfer RPCs reach their ids
+    Start(options, GetParam());
+  }
   void TearDown() override {
     server_.reset();
     if (!dir_.empty()) std::filesystem::remove_all(dir_);
@@ -322,6 +326,17 @@ TEST_P(HostileInputTest, AMegabyteStringInAnyFieldGetsTheContractsCodeAndAShortM
   pb::ReleaseLeaseResponse lease_released;
   ExpectShort(kv_->ReleaseLease(Ctx().get(), release_lease, &lease_released), GrpcCode::NOT_FOUND,
               "ReleaseLease.lease_id");
+  pb::SendLeaseRequest send;
+  send.set_transfer_id(huge);
+  send.set_lease_id(huge);
+  pb::SendLeaseResponse sent;
+  ExpectShort(kv_->SendLease(Ctx().get(), send, &sent), GrpcCode::NOT_FOUND,
+              "SendLease.transfer_id");
+  pb::CloseTransferRequest close_transfer;
+  close_transfer.set_transfer_id(huge);
+  pb::CloseTransferResponse transfer_closed;
+  ExpectShort(kv_->CloseTransfer(Ctx().get(), close_transfer, &transfer_closed),
+              GrpcCode::NOT_FOUND, "CloseTransfer.transfer_id");
   pb::LookupPrefixRequest lookup;
   lookup.set_pool(huge);
   lookup.mutable_prefix()->set_model("m");

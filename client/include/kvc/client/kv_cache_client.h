@@ -56,6 +56,12 @@ struct ClientOptions {
   // carries offsets, not bytes); a chunk that does not fit the free part of the region goes
   // over gRPC. 0: every Append carries its bytes over gRPC. AppendPath() says which.
   int64_t staging_bytes = int64_t{64} << 20;
+  // Without the same-node path, Fetch and FetchInto receive a lease's blocks over a transfer
+  // channel when the server offers one (ServerInfo.transfer_port; docs/ARCHITECTURE.md
+  // "Transfers"): raw blocks over TCP, decoded here, instead of per-token protobuf. The
+  // channel carries KV unencrypted: leave this off where the network between client and
+  // server is not trusted. A channel that fails is dropped and that call reads over gRPC.
+  bool transfers = true;
 };
 
 struct CallOptions {
@@ -67,6 +73,8 @@ class AttendSession;
 namespace internal {
 class LocalReader;
 class StagingSpace;
+class TransferReader;
+struct ReceivedBlocks;
 }  // namespace internal
 
 class KvCacheClient {
@@ -178,8 +186,8 @@ class KvCacheClient {
                                                      const CallOptions& call = {});
 
   const ClientOptions& options() const;
-  // How Fetch moves bytes: "shared-memory (PATH)", or "grpc (why not shared memory)". Decided
-  // on the first Fetch.
+  // How Fetch moves bytes: "shared-memory (PATH)", "transfer (HOST:PORT)", or "grpc (why
+  // neither)". Decided on the first Fetch, and again after the path broke.
   std::string DataPath() const;
   // How Append moves bytes: "staged (N-byte region)", or "grpc (why not staged)". Decided on
   // the first Append.
@@ -192,6 +200,18 @@ class KvCacheClient {
   // The same-node reader, when this client may use one; null: gRPC. Decided once, and again
   // after the server's end of the local socket closed (a restart).
   std::shared_ptr<internal::LocalReader> LocalPath(const CallOptions& call);
+  // The transfer channel, when there is no same-node path and the server offers transfers
+  // (decided with LocalPath); null: gRPC.
+  std::shared_ptr<internal::TransferReader> TransferPath(const CallOptions& call);
+  // OpenTransfer, then a connection to the channel (closed again if the connection fails).
+  absl::StatusOr<std::unique_ptr<internal::TransferReader>> OpenTransfer(const CallOptions& call);
+  // Leases `layers` and receives their blocks over `transfer`, then ends the lease. Sets
+  // *channel_failed when the channel (not the lease) failed: the caller reads over gRPC.
+  absl::StatusOr<internal::ReceivedBlocks> ReceiveLeased(internal::TransferReader& transfer,
+                                                         const std::string& sequence_id,
+                                                         const std::vector<int32_t>& layers,
+                                                         const CallOptions& call,
+                                                         bool* channel_failed);
   // The staging region Appends use, when this client may use one (decided with LocalPath);
   // null: gRPC.
   std::shared_ptr<internal::StagingSpace> LocalStaging(const CallOptions& call);

@@ -130,6 +130,8 @@ struct ServerInfo {
   // token its greeting carries.
   std::string local_socket;
   std::string local_token;
+  // Transfers (readers on other nodes): the server's transfer port; 0 = it offers none.
+  int32_t transfer_port = 0;
 };
 
 // What one tenant holds and may hold (AdminService.ListTenants).

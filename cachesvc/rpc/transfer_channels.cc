@@ -1,0 +1,340 @@
+#include "cachesvc/rpc/transfer_channels.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "cachesvc/core/quote.h"
+#include "cachesvc/core/salted_id.h"
+#include "common/logging.h"
+#include "common/transfer_wire.h"
+
+namespace kvc::cachesvc {
+namespace {
+
+constexpr size_t kMaxPending = 64;
+
+std::string Errno() { return std::generic_category().message(errno); }
+
+absl::Status UnknownChannel(const std::string& id) {
+  return absl::NotFoundError(
+      absl::StrCat("transfer ", Quoted(id), " does not exist (never opened, closed, or broken)"));
+}
+
+// Equal without an early exit: how long a comparison takes says nothing about the token.
+bool SameSecret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+void Reply(int fd, const std::string& line) {
+  (void)::send(fd, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+// Writes the frame header and then the blocks into the channel's connection.
+class ConnectionSink final : public KvStore::BlockSink {
+ public:
+  ConnectionSink(int fd, uint64_t nonce, absl::Time deadline)
+      : fd_(fd), nonce_(nonce), deadline_(deadline) {}
+  absl::Status Begin(int64_t /*blocks*/, int64_t bytes) override {
+    char header[transfer::kHeaderBytes];
+    transfer::EncodeHeader({nonce_, static_cast<uint64_t>(bytes), 0}, header);
+    begun_ = true;
+    return transfer::WriteAll(fd_, header, sizeof(header), deadline_);
+  }
+  absl::Status Write(const char* data, size_t bytes) override {
+    return transfer::WriteAll(fd_, data, bytes, deadline_);
+  }
+  bool begun() const { return begun_; }
+
+ private:
+  const int fd_;
+  const uint64_t nonce_;
+  const absl::Time deadline_;
+  bool begun_ = false;
+};
+
+}  // namespace
+
+TransferChannels::Channel::~Channel() {
+  kvc::MutexLock lock(&send_mu);
+  if (fd >= 0) ::close(fd);
+}
+
+absl::StatusOr<std::unique_ptr<TransferChannels>> TransferChannels::Start(
+    const TransferOptions& options, KvStore* store) {
+  std::unique_ptr<TransferChannels> t(new TransferChannels(options, store));
+  const auto colon = options.listen.rfind(':');
+  if (colon == std::string::npos || colon + 1 == options.listen.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer_listen ", Quoted(options.listen),
+                                                   " is not host:port (e.g. 0.0.0.0:50061)"));
+  }
+  std::string host = options.listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string port = options.listen.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc =
+          ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer_listen ", Quoted(options.listen), ": ", ::gai_strerror(rc)));
+  }
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr && t->listen_fd_ < 0; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 64) == 0) {
+      t->listen_fd_ = fd;
+    } else {
+      why = Errno();
+      ::close(fd);
+    }
+  }
+  ::freeaddrinfo(found);
+  if (t->listen_fd_ < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for transfers on ", Quoted(options.listen), ": ", why));
+  }
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  ::getsockname(t->listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
+  t->port_ =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+  t->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (t->wake_fd_ < 0) return absl::UnavailableError(absl::StrCat("eventfd: ", Errno()));
+  std::random_device rd;
+  t->salt_ = rd() ^ (static_cast<uint64_t>(rd()) << 32);
+  t->thread_ = std::thread([p = t.get()] { p->Serve(); });
+  return t;
+}
+
+TransferChannels::~TransferChannels() {
+  if (thread_.joinable()) {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+    thread_.join();
+  }
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+absl::StatusOr<TransferChannels::Opened> TransferChannels::Open(const std::string& scope) {
+  std::random_device rd;
+  std::string token;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&token, absl::Hex(rd(), absl::kZeroPad8));
+  auto channel = std::make_shared<Channel>();
+  channel->scope = scope;
+  channel->token = token;
+  channel->opened = absl::Now();
+  Opened o;
+  {
+    kvc::MutexLock lock(&mu_);
+    Sweep(scope);
+    int open = 0;
+    for (const auto& [id, c] : channels_) open += c->scope == scope ? 1 : 0;
+    if (open >= kMaxPerScope) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this client has ", open, " transfers open (the most): close those it does not use"));
+    }
+    o.id = SaltedId("t-", salt_, ++next_);
+    channels_.emplace(o.id, std::move(channel));
+  }
+  o.token = token;
+  o.host = options_.advertise_host;
+  o.port = port_;
+  o.connect_within_ms = absl::ToInt64Milliseconds(options_.connect_within);
+  Event("opened");
+  return o;
+}
+
+void TransferChannels::Sweep(const std::string& scope) {
+  const absl::Time now = absl::Now();
+  for (auto it = channels_.begin(); it != channels_.end();) {
+    Channel& c = *it->second;
+    bool drop = false;
+    if (c.scope == scope && c.send_mu.TryLock()) {
+      if (c.fd < 0) {
+        drop = now - c.opened > options_.connect_within;
+      } else {
+        // A reader never writes after its greeting: readable means it hung up.
+        pollfd p{c.fd, POLLIN, 0};
+        drop = c.broken || ::poll(&p, 1, 0) != 0;
+      }
+      c.send_mu.Unlock();
+    }
+    if (drop) {
+      Event("closed");
+      it = channels_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::shared_ptr<TransferChannels::Channel> TransferChannels::Find(const std::string& scope,
+                                                                  const std::string& id) {
+  kvc::MutexLock lock(&mu_);
+  auto it = channels_.find(id);
+  if (it == channels_.end() || it->second->scope != scope) return nullptr;
+  return it->second;
+}
+
+absl::Status TransferChannels::Close(const std::string& scope, const std::string& id) {
+  std::shared_ptr<Channel> gone;
+  {
+    kvc::MutexLock lock(&mu_);
+    auto it = channels_.find(id);
+    if (it == channels_.end() || it->second->scope != scope) return UnknownChannel(id);
+    gone = std::move(it->second);
+    channels_.erase(it);
+  }
+  Event("closed");
+  return absl::OkStatus();  // the connection closes when the last send on it is done
+}
+
+absl::StatusOr<KvStore::SentBlocks> TransferChannels::Send(const std::string& scope,
+                                                           const std::string& id,
+                                                           const std::string& lease_id,
+                                                           uint64_t nonce, absl::Time deadline) {
+  std::shared_ptr<Channel> c = Find(scope, id);
+  if (c == nullptr) return UnknownChannel(id);
+  kvc::MutexLock lock(&c->send_mu);
+  if (c->broken) {
+    return absl::UnavailableError(
+        absl::StrCat("transfer ", Quoted(id), " broke in an earlier send; open another"));
+  }
+  if (c->fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "transfer ", Quoted(id), " is not connected yet: connect and greet before SendLease"));
+  }
+  const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
+  ConnectionSink sink(c->fd, nonce, until);
+  absl::StatusOr<KvStore::SentBlocks> sent = store_->SendLeasedBlocks(scope, lease_id, &sink);
+  if (sent.ok()) {
+    Event("sent");
+    return sent;
+  }
+  Event("failed");
+  if (!sink.begun()) {
+    // Nothing of a payload went out: a header with the code keeps the channel in step.
+    char header[transfer::kHeaderBytes];
+    transfer::EncodeHeader({nonce, 0, static_cast<uint32_t>(sent.status().code())}, header);
+    if (transfer::WriteAll(c->fd, header, sizeof(header), until).ok()) return sent.status();
+  }
+  c->broken = true;
+  ::shutdown(c->fd, SHUT_RDWR);  // the reader sees the channel end at once
+  return sent.status();
+}
+
+void TransferChannels::Serve() {
+  std::vector<Pending> pending;
+  for (;;) {
+    std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+    for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), 500) < 0) {
+      if (errno == EINTR) continue;
+      KVC_LOG(ERROR) << "transfer listener: poll failed: " << Errno();
+      break;
+    }
+    if (fds[0].revents != 0) break;
+    const absl::Time now = absl::Now();
+    std::vector<Pending> kept;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      Pending& p = pending[i];
+      if (fds[i + 2].revents != 0 && Greet(p)) continue;
+      if (now - p.accepted > options_.connect_within) {
+        Reply(p.fd, "ERR no greeting in time\n");
+        ::close(p.fd);
+        Event("refused");
+        continue;
+      }
+      kept.push_back(std::move(p));
+    }
+    pending = std::move(kept);
+    if (fds[1].revents & POLLIN) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0 && pending.size() >= kMaxPending) {
+        Reply(fd, "ERR too many connections waiting to greet\n");
+        ::close(fd);
+        Event("refused");
+      } else if (fd >= 0) {
+        const int one = 1;
+        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        pending.push_back(Pending{fd, now, {}});
+      }
+    }
+  }
+  for (Pending& p : pending) ::close(p.fd);
+}
+
+bool TransferChannels::Greet(Pending& p) {
+  char buf[transfer::kMaxGreetingBytes];
+  const ssize_t n = ::recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT);
+  if (n <= 0) {
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+    ::close(p.fd);
+    return true;
+  }
+  p.line.append(buf, static_cast<size_t>(n));
+  const auto end = p.line.find('\n');
+  if (end == std::string::npos) {
+    if (p.line.size() < transfer::kMaxGreetingBytes) return false;
+    Reply(p.fd, "ERR greeting too long\n");
+    ::close(p.fd);
+    Event("refused");
+    return true;
+  }
+  const std::vector<std::string> words = absl::StrSplit(p.line.substr(0, end), ' ');
+  std::string why = "expected: KVC-TRANSFER 1 <transfer id> <token>";
+  if (words.size() == 4 && words[0] == "KVC-TRANSFER" && words[1] == "1" &&
+      end + 1 == p.line.size()) {
+    why = "unknown transfer or wrong token";
+    kvc::MutexLock lock(&mu_);
+    auto it = channels_.find(words[2]);
+    if (it != channels_.end() && SameSecret(it->second->token, words[3])) {
+      Channel& c = *it->second;
+      // A channel that is sending is connected already; never wait for it here.
+      if (c.send_mu.TryLock()) {
+        const bool fresh = c.fd < 0;
+        if (fresh) c.fd = p.fd;
+        c.send_mu.Unlock();
+        if (fresh) {
+          Reply(p.fd, "OK\n");
+          Event("connected");
+          return true;
+        }
+      }
+      why = "this transfer is connected already";
+    }
+  }
+  Reply(p.fd, absl::StrCat("ERR ", why, "\n"));
+  ::close(p.fd);
+  Event("refused");
+  return true;
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,111 @@
+// TransferChannels: the byte channels of KvCacheService.OpenTransfer / SendLease (issue #13
+// item 4; docs/ARCHITECTURE.md "Transfers"). A reader that cannot map the pools (another
+// node) opens a channel over gRPC (authenticated, in its scope), connects to the TCP listener
+// here and presents the channel's token; SendLease then writes a lease's blocks into the
+// connection as they lie in the pool (a frame header, then the raw blocks: no protobuf, no
+// per-token work on the server), and the reader decodes them with the client's codec.
+//
+// Failure: a reader that stops reading stalls a send for at most `write_stall`, then the
+// channel closes (DEADLINE_EXCEEDED); one that goes away breaks it (UNAVAILABLE); a lease
+// that ends while its blocks are read aborts the send (ABORTED). A failure after a payload
+// began closes the channel (the byte stream cannot be resynchronized): the reader opens
+// another. Channels are per scope (another tenant's id is NOT_FOUND), at most
+// kMaxPerScope each; an unconnected one is dropped after `connect_within`.
+// Thread-safe: sends on different channels run in parallel, on one channel in call order.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cachesvc/core/kv_store.h"
+#include "common/mutex.h"
+
+namespace kvc::cachesvc {
+
+struct TransferOptions {
+  std::string listen;          // "host:port" (port 0: any free one)
+  std::string advertise_host;  // what OpenTransfer tells readers ("" = the gRPC host)
+  absl::Duration connect_within = absl::Seconds(10);
+  absl::Duration write_stall = absl::Seconds(30);
+  // Called for "opened", "connected", "refused", "sent", "failed", "closed" (metrics).
+  std::function<void(const char* event)> on_event;
+};
+
+class TransferChannels {
+ public:
+  static constexpr int kMaxPerScope = 16;
+
+  // Binds the listener. UNAVAILABLE when it cannot; INVALID_ARGUMENT for a malformed address.
+  static absl::StatusOr<std::unique_ptr<TransferChannels>> Start(const TransferOptions& options,
+                                                                 KvStore* store);
+  TransferChannels(const TransferChannels&) = delete;
+  TransferChannels& operator=(const TransferChannels&) = delete;
+  // Stops listening and closes every channel; no send may be running.
+  ~TransferChannels();
+
+  int port() const { return port_; }
+
+  struct Opened {
+    std::string id;
+    std::string token;
+    std::string host;
+    int port = 0;
+    int64_t connect_within_ms = 0;
+  };
+  // RESOURCE_EXHAUSTED when the scope has kMaxPerScope channels open.
+  absl::StatusOr<Opened> Open(const std::string& scope);
+  // SendLease (see the proto). `deadline`: the call's.
+  absl::StatusOr<KvStore::SentBlocks> Send(const std::string& scope, const std::string& id,
+                                           const std::string& lease_id, uint64_t nonce,
+                                           absl::Time deadline);
+  absl::Status Close(const std::string& scope, const std::string& id);
+
+ private:
+  struct Channel {
+    std::string scope;
+    std::string token;
+    absl::Time opened;
+    kvc::Mutex send_mu;  // one send at a time, in call order
+    int fd ABSL_GUARDED_BY(send_mu) = -1;
+    bool broken ABSL_GUARDED_BY(send_mu) = false;
+    ~Channel();
+  };
+  struct Pending {  // an accepted connection whose greeting is not complete yet
+    int fd = -1;
+    absl::Time accepted;
+    std::string line;
+  };
+  TransferChannels(const TransferOptions& options, KvStore* store)
+      : options_(options), store_(store) {}
+  void Serve();
+  // Reads what arrived; true when the connection is done with (attached or refused).
+  bool Greet(Pending& p);
+  // Drops the scope's channels that are unconnected past connect_within or whose reader hung
+  // up.
+  void Sweep(const std::string& scope) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<Channel> Find(const std::string& scope, const std::string& id);
+  void Event(const char* event) const {
+    if (options_.on_event) options_.on_event(event);
+  }
+
+  const TransferOptions options_;
+  KvStore* const store_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;
+  int port_ = 0;
+  kvc::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t salt_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace kvc::cachesvc

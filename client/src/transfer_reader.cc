@@ -1,0 +1,199 @@
+#include "client/src/transfer_reader.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <random>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/transfer_wire.h"
+
+namespace kvc::client::internal {
+namespace {
+
+std::string Errno() { return std::generic_category().message(errno); }
+
+}  // namespace
+
+ArenaLookup ReceivedBlocks::arenas() const {
+  return [this](StorageFormat f) -> absl::StatusOr<ArenaView> {
+    const auto i = static_cast<size_t>(f);
+    if (i >= offsets.size()) return absl::InternalError("unknown storage format");
+    return ArenaView{payload.get() + offsets[i], sizes[i]};
+  };
+}
+
+absl::StatusOr<ReceivedBlocks> PlanReceive(const Lease& lease) {
+  ReceivedBlocks r;
+  r.lease = lease;
+  std::array<int64_t, 9> count{};
+  for (LeaseLane& lane : r.lease.lanes) {
+    for (LeaseSegment& seg : lane.segments) {
+      const auto f = static_cast<size_t>(seg.format);
+      if (f == 0 || f >= count.size() || lease.arena(seg.format) == nullptr) {
+        return absl::InternalError("the lease names no arena for a segment");
+      }
+      for (int32_t& block : seg.blocks) block = static_cast<int32_t>(count[f]++);
+    }
+  }
+  for (size_t f = 1; f < count.size(); ++f) {
+    r.offsets[f] = r.bytes;
+    if (count[f] == 0) continue;
+    r.sizes[f] = count[f] * lease.arena(static_cast<StorageFormat>(f))->block_bytes;
+    r.bytes += r.sizes[f];
+  }
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<TransferReader>> TransferReader::Connect(
+    const std::string& host, int port, const std::string& transfer_id, const std::string& token) {
+  const std::string where =
+      absl::StrCat(absl::StrContains(host, ':') ? absl::StrCat("[", host, "]") : host, ":", port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
+      rc != 0) {
+    return absl::UnavailableError(absl::StrCat("transfer ", where, ": ", ::gai_strerror(rc)));
+  }
+  int fd = -1;
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) continue;
+    // Non-blocking, so that an address that drops packets costs seconds, not minutes.
+    bool connected = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (!connected && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof(err);
+      if (::poll(&p, 1, 5000) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0) {
+        connected = err == 0;
+        errno = err;
+      } else {
+        errno = ETIMEDOUT;
+      }
+    }
+    if (!connected) {
+      why = Errno();
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to transfer ", where, ": ", why));
+  }
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Large reads: let the kernel keep a few MiB in flight.
+  const int buffer = 8 << 20;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  const std::string greeting = transfer::Greeting(transfer_id, token);
+  absl::Status st = transfer::WriteAll(fd, greeting.data(), greeting.size(), deadline);
+  std::string reply;
+  while (st.ok() && (reply.empty() || reply.back() != '\n') && reply.size() < 256) {
+    char c = 0;
+    st = transfer::ReadAll(fd, &c, 1, deadline);
+    reply.push_back(c);
+  }
+  if (!st.ok() || reply != "OK\n") {
+    ::close(fd);
+    if (!st.ok())
+      return absl::UnavailableError(absl::StrCat("transfer ", where, ": ", st.message()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "transfer ", where, " refused: ", absl::StripSuffix(reply.substr(0, 200), "\n")));
+  }
+  std::random_device rd;
+  const uint64_t first = rd() ^ (static_cast<uint64_t>(rd()) << 32);
+  return std::unique_ptr<TransferReader>(new TransferReader(fd, transfer_id, where, first));
+}
+
+TransferReader::~TransferReader() {
+  kvc::MutexLock lock(&mu_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TransferReader::Break() {
+  broken_.store(true, std::memory_order_relaxed);
+  // shutdown, not close: the server's write fails at once instead of stalling; the fd is
+  // closed with the reader.
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+bool TransferReader::Alive() {
+  if (broken_.load(std::memory_order_relaxed)) return false;
+  kvc::MutexLock lock(&mu_);  // not during a Fetch's read: that one will tell
+  if (fd_ < 0) return false;
+  // The server writes only what a SendLease asked for: readable between Fetches means it
+  // hung up.
+  pollfd p{fd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 0;
+}
+
+absl::StatusOr<ReceivedBlocks> TransferReader::Fetch(
+    const Lease& lease, const std::function<absl::Status(uint64_t nonce)>& send,
+    absl::Time deadline) {
+  absl::StatusOr<ReceivedBlocks> planned = PlanReceive(lease);
+  if (!planned.ok()) return planned.status();
+  ReceivedBlocks r = *std::move(planned);
+  kvc::MutexLock lock(&mu_);
+  if (broken_.load(std::memory_order_relaxed)) {
+    return absl::UnavailableError(absl::StrCat("transfer ", where_, " broke earlier"));
+  }
+  const uint64_t nonce = ++nonce_;
+  std::atomic<bool> sent_failed{false};
+  absl::Status sent;
+  std::thread call([&] {
+    sent = send(nonce);
+    if (!sent.ok()) sent_failed.store(true, std::memory_order_release);
+  });
+  // The call failing before any frame came means none may come (the server never reached the
+  // channel) or one may still be on its way: either way the stream cannot be trusted after.
+  const auto give_up = [&] { return sent_failed.load(std::memory_order_acquire); };
+  char raw[transfer::kHeaderBytes];
+  transfer::FrameHeader header;
+  absl::Status read = transfer::ReadAll(fd_, raw, sizeof(raw), deadline, give_up);
+  if (read.ok() && (!transfer::DecodeHeader(raw, &header) || header.nonce != nonce)) {
+    read = absl::InternalError(absl::StrCat("transfer ", where_, " is out of step"));
+  }
+  if (read.ok() && header.code == 0) {
+    if (header.payload_bytes != static_cast<uint64_t>(r.bytes)) {
+      read = absl::InternalError(absl::StrCat("transfer ", where_, " sends ", header.payload_bytes,
+                                              " bytes for a lease of ", r.bytes));
+    } else {
+      r.payload.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(r.bytes, 1))]);
+      read = transfer::ReadAll(fd_, r.payload.get(), static_cast<size_t>(r.bytes), deadline);
+    }
+  }
+  if (!read.ok()) Break();
+  call.join();
+  if (!sent.ok()) {
+    // A refusal the server announced in the frame leaves the stream in step; any other
+    // failure of the call does not.
+    if (!read.ok() || header.code == 0) Break();
+    return sent;
+  }
+  if (!read.ok()) return read;
+  if (header.code != 0) {
+    Break();
+    return absl::InternalError("the server announced a refusal but SendLease succeeded");
+  }
+  return r;
+}
+
+}  // namespace kvc::client::internal

@@ -1,0 +1,81 @@
+// TransferReader: the client's half of a transfer channel (KvCacheService.OpenTransfer /
+// SendLease; cachesvc/rpc/transfer_channels.h). It connects to the server's transfer
+// listener over TCP, greets with the channel's id and token, and then receives leased blocks:
+// Fetch runs the SendLease call on a helper thread while it reads the frame that call writes,
+// and hands back the blocks with the lease renumbered to them, ready for lease_decode.h (the
+// decode the shared-memory path uses too). Any failure of the byte stream closes the channel
+// for good (Alive() turns false): the client then opens another or reads over gRPC.
+// Thread-safe; one Fetch at a time per channel (later ones wait).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/src/lease_decode.h"
+#include "common/mutex.h"
+#include "kvc/client/types.h"
+
+namespace kvc::client::internal {
+
+// A lease's blocks as received. `lease` is the original with every segment's blocks
+// renumbered to their place among its format's blocks in the payload, so arenas() serves
+// them as the pool's arenas would.
+struct ReceivedBlocks {
+  Lease lease;
+  std::unique_ptr<uint8_t[]> payload;
+  int64_t bytes = 0;
+  std::array<int64_t, 9> offsets{};  // [StorageFormat]: where its blocks start
+  std::array<int64_t, 9> sizes{};    // [StorageFormat]: their bytes
+  ArenaLookup arenas() const;
+};
+
+// The lease renumbered as SendLease orders its blocks (per format in number order, then lane,
+// segment, block), and where each format's blocks lie in the payload. INTERNAL when a
+// segment's format has no arena in the lease.
+absl::StatusOr<ReceivedBlocks> PlanReceive(const Lease& lease);
+
+class TransferReader {
+ public:
+  // UNAVAILABLE when nothing accepts at host:port; FAILED_PRECONDITION when the server
+  // refuses the greeting (its reason).
+  static absl::StatusOr<std::unique_ptr<TransferReader>> Connect(const std::string& host, int port,
+                                                                 const std::string& transfer_id,
+                                                                 const std::string& token);
+  TransferReader(const TransferReader&) = delete;
+  TransferReader& operator=(const TransferReader&) = delete;
+  ~TransferReader();
+
+  const std::string& id() const { return id_; }
+  const std::string& where() const { return where_; }
+  // False once the byte stream failed or the server hung up. Never blocks.
+  bool Alive();
+
+  // The blocks of `lease`: runs send(nonce) (the SendLease call) on a helper thread and reads
+  // its frame until `deadline`. The call's error when it fails; UNAVAILABLE /
+  // DEADLINE_EXCEEDED / INTERNAL when the stream breaks, stalls or is out of step (the
+  // channel is then closed).
+  absl::StatusOr<ReceivedBlocks> Fetch(const Lease& lease,
+                                       const std::function<absl::Status(uint64_t nonce)>& send,
+                                       absl::Time deadline);
+
+ private:
+  TransferReader(int fd, std::string id, std::string where, uint64_t first_nonce)
+      : fd_(fd), id_(std::move(id)), where_(std::move(where)), nonce_(first_nonce) {}
+  void Break() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  kvc::Mutex mu_;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  const std::string id_;
+  const std::string where_;
+  uint64_t nonce_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> broken_{false};
+};
+
+}  // namespace kvc::client::internal

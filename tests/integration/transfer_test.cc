@@ -1,0 +1,297 @@
+// Transfer channels (issue #13 item 4) through the real client and server: a client that
+// cannot map the pool (here: local_reads off) receives each lease's blocks over a TCP channel
+// and decodes them itself; Fetch and FetchInto then return exactly what gRPC returns (every
+// dtype, stored records, layer subsets, unfinished layers, INT4 with a raw residual, a
+// StreamingLLM-compacted lane), and every lease ends. The channel's refusals and failures are
+// checked on the wire with raw stubs and sockets: a wrong token is refused, a send on an
+// unconnected channel is FAILED_PRECONDITION, a reader that goes away mid-payload breaks the
+// channel (UNAVAILABLE, then nothing more is sent on it) and pins nothing after its lease.
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+
+#include "cachesvc/metrics/metrics.h"
+#include "common/transfer_wire.h"
+#include "gtest/gtest.h"
+#include "kvcache/v1/kvcache_service.grpc.pb.h"
+#include "tests/integration/read_paths.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_server.h"
+
+namespace kvc {
+namespace {
+
+namespace pb = ::kvcache::v1;
+using ::kvc::testing::ExpectSame;
+using ::kvc::testing::Filled;
+using ::kvc::testing::Int4WithResidual;
+
+cachesvc::ServerOptions Options() {
+  cachesvc::ServerOptions o = testing::SmallServerOptions();
+  o.transfer_listen = "127.0.0.1:0";
+  return o;
+}
+
+std::unique_ptr<client::KvCacheClient> Client(const std::string& target, bool transfers) {
+  client::ClientOptions o;
+  o.target = target;
+  o.local_reads = false;  // as a reader on another node: the pool cannot be mapped
+  o.transfers = transfers;
+  return *client::KvCacheClient::Connect(o);
+}
+
+bool HasMetric(const cachesvc::KvCacheServer& s, const std::string& line) {
+  return s.metrics()->Serialize().find(line + "\n") != std::string::npos;
+}
+
+// A TCP connection to the server's transfer port; -1 on failure.
+int ConnectTo(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `line` and returns the server's one-line answer.
+std::string Greet(int fd, const std::string& line) {
+  if (::send(fd, line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size())) {
+    return "send failed";
+  }
+  std::string reply;
+  char c = 0;
+  while (reply.size() < 256 && ::recv(fd, &c, 1, 0) == 1) {
+    reply.push_back(c);
+    if (c == '\n') break;
+  }
+  return reply;
+}
+
+class TransferTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    t_ = testing::StartTestServer(Options());
+    auto channel = grpc::CreateChannel(t_.server->address(), grpc::InsecureChannelCredentials());
+    kv_ = pb::KvCacheService::NewStub(channel);
+  }
+  grpc::Status OpenTransfer(pb::OpenTransferResponse* opened) {
+    grpc::ClientContext ctx;
+    return kv_->OpenTransfer(&ctx, pb::OpenTransferRequest(), opened);
+  }
+  grpc::Status SendLease(const std::string& transfer, const std::string& lease, uint64_t nonce,
+                         pb::SendLeaseResponse* sent) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    pb::SendLeaseRequest r;
+    r.set_transfer_id(transfer);
+    r.set_lease_id(lease);
+    r.set_nonce(nonce);
+    return kv_->SendLease(&ctx, r, sent);
+  }
+
+  testing::TestServer t_;
+  std::unique_ptr<pb::KvCacheService::Stub> kv_;
+};
+
+TEST_F(TransferTest, FetchOverATransferEqualsFetchOverGrpc) {
+  auto via = Client(t_.server->address(), /*transfers=*/true);
+  auto grpc_only = Client(t_.server->address(), /*transfers=*/false);
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string raw, Filled(*via, 100));
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string q, Filled(*via, 90, Int4WithResidual()));
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string sink, Filled(*via, 120));
+  KVC_ASSERT_OK(via->Compress(sink, client::CompressionSpec::StreamingLlm(4, 30)).status());
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string ahead, Filled(*via, 40, {}, /*layers=*/1));
+
+  std::vector<client::FetchOptions> cases(6);
+  cases[1].dtype = client::DType::kF32;
+  cases[2].stored_format = true;
+  cases[3].layers = {2, 0};
+  cases[4].dtype = client::DType::kBF16;
+  cases[5].include_unfinished = true;
+  int fetches = 0;
+  for (const std::string& id : {raw, q, sink, ahead}) {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      SCOPED_TRACE(::testing::Message() << id << " case " << c);
+      KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult mine, via->Fetch(id, cases[c]));
+      KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult theirs, grpc_only->Fetch(id, cases[c]));
+      ExpectSame(mine, theirs);
+      ++fetches;
+    }
+    for (const client::DType dtype : {client::DType::kF16, client::DType::kF32}) {
+      for (const bool unfinished : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << id << " FetchInto unfinished " << unfinished);
+        testing::ExpectFetchIntoMatchesFetch(*via, *grpc_only, id, dtype, unfinished);
+        ++fetches;
+      }
+    }
+  }
+  const std::string port = std::to_string(t_.server->store()->transfer_port());
+  EXPECT_EQ(via->DataPath(), "transfer (127.0.0.1:" + port + ")");
+  EXPECT_EQ(via->AppendPath(), "grpc (no same-node path; transfer channels carry reads only)");
+  EXPECT_EQ(grpc_only->DataPath(), "grpc (local_reads and transfers are off)");
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, via->GetPoolStats(""));
+  EXPECT_EQ(stats.leases.granted, fetches) << "one lease per transfer Fetch";
+  EXPECT_EQ(stats.leases.released, fetches) << "and each ended at once";
+  EXPECT_EQ(stats.leases.active, 0);
+  EXPECT_TRUE(HasMetric(*t_.server, "kvc_transfer_events_total{event=\"opened\"} 1"));
+  EXPECT_TRUE(HasMetric(*t_.server, "kvc_transfer_events_total{event=\"connected\"} 1"));
+  EXPECT_TRUE(
+      HasMetric(*t_.server, "kvc_transfer_events_total{event=\"sent\"} " + std::to_string(fetches)))
+      << t_.server->metrics()->Serialize();
+  EXPECT_TRUE(HasMetric(*t_.server, "kvc_transfer_events_total{event=\"failed\"} 0"));
+  // Errors of the lease come back as they are; the channel stays in use.
+  EXPECT_THAT(via->Fetch("s-nothing", {}).status(), testing::StatusIs(absl::StatusCode::kNotFound));
+  KVC_ASSERT_OK(via->Fetch(raw, {}).status());
+  EXPECT_EQ(via->DataPath(), "transfer (127.0.0.1:" + port + ")");
+}
+
+TEST_F(TransferTest, TheChannelRefusesStrangersAndUnconnectedSends) {
+  pb::OpenTransferResponse opened;
+  ASSERT_TRUE(OpenTransfer(&opened).ok());
+  EXPECT_EQ(opened.port(), t_.server->store()->transfer_port());
+  EXPECT_EQ(opened.token().size(), 32u);
+  EXPECT_GT(opened.connect_within_ms(), 0);
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string id, Filled(*t_.client, 20));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::Lease lease, t_.client->LeaseSequence(id));
+  pb::SendLeaseResponse sent;
+  const grpc::Status early = SendLease(opened.transfer_id(), lease.lease_id, 1, &sent);
+  EXPECT_EQ(early.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << early.error_message();
+  EXPECT_NE(early.error_message().find("not connected"), std::string::npos);
+
+  // A wrong token, a wrong id and garbage are refused and closed.
+  for (const std::string& line : {transfer::Greeting(opened.transfer_id(), std::string(32, '0')),
+                                  transfer::Greeting("t-0000000000000000", opened.token()),
+                                  std::string("GET / HTTP/1.1\n")}) {
+    const int fd = ConnectTo(opened.port());
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(Greet(fd, line).rfind("ERR ", 0), 0u) << line;
+    ::close(fd);
+  }
+  EXPECT_TRUE(HasMetric(*t_.server, "kvc_transfer_events_total{event=\"refused\"} 3"));
+  const int fd = ConnectTo(opened.port());
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(Greet(fd, transfer::Greeting(opened.transfer_id(), opened.token())), "OK\n");
+  // A second connection to the same channel is refused.
+  const int again = ConnectTo(opened.port());
+  EXPECT_EQ(Greet(again, transfer::Greeting(opened.transfer_id(), opened.token())).rfind("ERR ", 0),
+            0u);
+  ::close(again);
+
+  // A lease that is not the caller's: a header with the code, and the channel stays usable.
+  const grpc::Status unknown = SendLease(opened.transfer_id(), "l-0000000000000000", 7, &sent);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::NOT_FOUND);
+  char raw[transfer::kHeaderBytes];
+  KVC_ASSERT_OK(transfer::ReadAll(fd, raw, sizeof(raw), absl::Now() + absl::Seconds(10)));
+  transfer::FrameHeader header;
+  ASSERT_TRUE(transfer::DecodeHeader(raw, &header));
+  EXPECT_EQ(header.nonce, 7u);
+  EXPECT_EQ(header.payload_bytes, 0u);
+  EXPECT_EQ(header.code, static_cast<uint32_t>(absl::StatusCode::kNotFound));
+
+  std::string payload;
+  std::thread reader([&] {
+    if (!transfer::ReadAll(fd, raw, sizeof(raw), absl::Now() + absl::Seconds(30)).ok()) return;
+    if (!transfer::DecodeHeader(raw, &header)) return;
+    payload.resize(header.payload_bytes);
+    (void)transfer::ReadAll(fd, payload.data(), payload.size(), absl::Now() + absl::Seconds(30));
+  });
+  const grpc::Status ok = SendLease(opened.transfer_id(), lease.lease_id, 8, &sent);
+  reader.join();
+  ASSERT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(header.nonce, 8u);
+  EXPECT_EQ(sent.bytes(), lease.leased_bytes);
+  EXPECT_EQ(static_cast<int64_t>(payload.size()), lease.leased_bytes);
+  EXPECT_EQ(sent.blocks(), 2 * 4 * 2) << "2 blocks per lane (20 tokens), 8 lanes, one format";
+  ::close(fd);
+  KVC_ASSERT_OK(t_.client->ReleaseLease(lease.lease_id).status());
+
+  // Another caller's id is unknown to CloseTransfer once closed.
+  grpc::ClientContext ctx;
+  pb::CloseTransferRequest close;
+  close.set_transfer_id(opened.transfer_id());
+  pb::CloseTransferResponse closed;
+  EXPECT_TRUE(kv_->CloseTransfer(&ctx, close, &closed).ok());
+  grpc::ClientContext ctx2;
+  EXPECT_EQ(kv_->CloseTransfer(&ctx2, close, &closed).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// A reader that takes the header and goes away: the server's send fails, the channel is
+// broken for good, and the lease's blocks go back when the lease ends.
+TEST_F(TransferTest, AReaderThatGoesAwayBreaksTheChannelAndPinsNothing) {
+  // About 16 MiB of blocks: more than the sockets buffer, so the server is still writing.
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string id, Filled(*t_.client, 16000));
+  pb::OpenTransferResponse opened;
+  ASSERT_TRUE(OpenTransfer(&opened).ok());
+  const int fd = ConnectTo(opened.port());
+  ASSERT_GE(fd, 0);
+  const int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  ASSERT_EQ(Greet(fd, transfer::Greeting(opened.transfer_id(), opened.token())), "OK\n");
+  KVC_ASSERT_OK_AND_ASSIGN(const client::Lease lease,
+                           t_.client->LeaseSequence(id, {}, absl::Seconds(2)));
+  std::thread reader([&] {
+    char raw[transfer::kHeaderBytes];
+    (void)transfer::ReadAll(fd, raw, sizeof(raw), absl::Now() + absl::Seconds(30));
+    ::close(fd);  // gone mid-payload
+  });
+  pb::SendLeaseResponse sent;
+  const grpc::Status failed = SendLease(opened.transfer_id(), lease.lease_id, 1, &sent);
+  reader.join();
+  EXPECT_EQ(failed.error_code(), grpc::StatusCode::UNAVAILABLE) << failed.error_message();
+  const grpc::Status after = SendLease(opened.transfer_id(), lease.lease_id, 2, &sent);
+  EXPECT_EQ(after.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(after.error_message().find("broke"), std::string::npos) << after.error_message();
+  EXPECT_TRUE(HasMetric(*t_.server, "kvc_transfer_events_total{event=\"failed\"} 1"));
+  // The lease was not released by anyone: its TTL ends it and the pool is as before it.
+  KVC_ASSERT_OK(t_.client->Release(id).status());
+  EXPECT_GT(t_.client->GetPoolStats("")->used_bytes, 0) << "the lease still pins the blocks";
+  for (int i = 0; i < 100 && t_.client->GetPoolStats("")->used_bytes > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(t_.client->GetPoolStats("")->used_bytes, 0);
+  EXPECT_EQ(t_.client->GetPoolStats("")->leases.expired, 1);
+}
+
+// A server restart breaks the client's channel: the client notices the hang-up before its
+// next Fetch and opens a channel to the new server.
+TEST_F(TransferTest, AClientReopensItsChannelAfterARestart) {
+  auto via = Client(t_.server->address(), /*transfers=*/true);
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string before, Filled(*via, 50));
+  KVC_ASSERT_OK(via->Fetch(before, {}).status());
+  const std::string first_port = std::to_string(t_.server->store()->transfer_port());
+  EXPECT_EQ(via->DataPath(), "transfer (127.0.0.1:" + first_port + ")");
+  const std::string address = t_.server->address();
+  t_ = {};
+  cachesvc::ServerOptions o = Options();
+  o.listen = address;  // the same gRPC address: the client's channel reconnects to it
+  t_ = testing::StartTestServer(o);
+  KVC_ASSERT_OK(via->GetServerInfo().status());  // retried until the channel is back
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string after, Filled(*via, 30));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult got, via->Fetch(after, {}));
+  EXPECT_EQ(got.visible_tokens, 30);
+  const std::string second_port = std::to_string(t_.server->store()->transfer_port());
+  EXPECT_EQ(via->DataPath(), "transfer (127.0.0.1:" + second_port + ")");
+  EXPECT_TRUE(HasMetric(*t_.server, "kvc_transfer_events_total{event=\"connected\"} 1"));
+}
+
+TEST(TransferConfigTest, ServersWithTlsOfferNoCleartextChannel) {
+  cachesvc::ServerOptions o = Options();
+  o.tls.cert_file = "/nonexistent/cert.pem";
+  o.tls.key_file = "/nonexistent/key.pem";
+  // Refused for the combination, before any file is read.
+  EXPECT_THAT(cachesvc::KvCacheServer::Start(o).status(),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition, "in the clear"));
+}
+
+}  // namespace
+}  // namespace kvc
