@@ -111,7 +111,10 @@ def request_seeds():
         "lease_layer_ttl": (18, ld(1, "fz") + packed(2, [1]) + vi(3, 2000)),
         "renew_lease": (19, ld(1, "l-0000000000000000") + vi(2, 1000)),
         "release_lease": (20, ld(1, "l-0000000000000000")),
-        "server_info": (21, b""),
+        "open_transfer": (21, b""),
+        "send_lease": (22, ld(1, "t-0000000000000000") + ld(2, "l-0000000000000000") + vi(3, 1)),
+        "close_transfer": (23, ld(1, "t-0000000000000000")),
+        "server_info": (24, b""),
     }
     return {name: bytes([rpc]) + msg for name, (rpc, msg) in seeds.items()}
 

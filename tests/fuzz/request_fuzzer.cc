@@ -74,6 +74,9 @@ kvc::cachesvc::ServerOptions Options(const std::string& socket) {
   b.capacity_bytes = 32 * 2 * 4 * 16 * 4;
   options.store.pools = {f, b};
   options.store.max_sequences = 16;
+  // Transfer channels: the fuzzer cannot connect to one, so its RPCs meet every refusal
+  // (unknown, unconnected, too many) but never a payload.
+  options.transfer_listen = "127.0.0.1:0";
   return options;
 }
 
@@ -292,6 +295,18 @@ void Send(Harness& h, int rpc, const uint8_t* data, size_t size) {
       return Unary<v1::ReleaseLeaseRequest, v1::ReleaseLeaseResponse>(
           data, size, "ReleaseLease",
           [&](auto* c, const auto& q, auto* r) { return kv.ReleaseLease(c, q, r); });
+    case 21:
+      return Unary<v1::OpenTransferRequest, v1::OpenTransferResponse>(
+          data, size, "OpenTransfer",
+          [&](auto* c, const auto& q, auto* r) { return kv.OpenTransfer(c, q, r); });
+    case 22:
+      return Unary<v1::SendLeaseRequest, v1::SendLeaseResponse>(
+          data, size, "SendLease",
+          [&](auto* c, const auto& q, auto* r) { return kv.SendLease(c, q, r); });
+    case 23:
+      return Unary<v1::CloseTransferRequest, v1::CloseTransferResponse>(
+          data, size, "CloseTransfer",
+          [&](auto* c, const auto& q, auto* r) { return kv.CloseTransfer(c, q, r); });
     default:
       return Unary<v1::GetServerInfoRequest, v1::ServerInfo>(
           data, size, "GetServerInfo",
@@ -299,7 +314,7 @@ void Send(Harness& h, int rpc, const uint8_t* data, size_t size) {
   }
 }
 
-constexpr int kRpcs = 22;
+constexpr int kRpcs = 25;
 
 }  // namespace
 
