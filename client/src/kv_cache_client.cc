@@ -389,7 +389,11 @@ absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const Fe
     bool channel_failed = false;
     absl::StatusOr<internal::ReceivedBlocks> got =
         ReceiveLeased(*transfer, sequence_id, layers, call, &channel_failed);
-    if (got.ok()) return internal::ReadLeased(got->lease, options, got->arenas(), on_chunk);
+    if (got.ok()) {
+      absl::Status read = internal::ReadLeased(got->lease, options, got->arenas(), on_chunk);
+      transfer->Recycle(*std::move(got));
+      return read;
+    }
     if (!channel_failed) return got.status();
     // The channel broke: this call reads over gRPC; the next one decides the path again.
   }
@@ -543,6 +547,7 @@ absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequ
       FetchIntoResult result;
       absl::Status read =
           internal::ReadLeasedInto(got->lease, buffers, options, got->arenas(), &result);
+      transfer->Recycle(*std::move(got));
       if (!read.ok()) return read;
       return result;
     }

@@ -99,9 +99,8 @@ absl::StatusOr<std::unique_ptr<TransferReader>> TransferReader::Connect(
   }
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  // Large reads: let the kernel keep a few MiB in flight.
-  const int buffer = 8 << 20;
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof(buffer));
+  // No SO_RCVBUF: setting it turns off the kernel's receive-window autotuning and is capped at
+  // net.core.rmem_max (208 KiB by default).
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
   const std::string greeting = transfer::Greeting(transfer_id, token);
   absl::Status st = transfer::WriteAll(fd, greeting.data(), greeting.size(), deadline);
@@ -176,7 +175,14 @@ absl::StatusOr<ReceivedBlocks> TransferReader::Fetch(
       read = absl::InternalError(absl::StrCat("transfer ", where_, " sends ", header.payload_bytes,
                                               " bytes for a lease of ", r.bytes));
     } else {
-      r.payload.reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(r.bytes, 1))]);
+      if (spare_ != nullptr && spare_bytes_ >= r.bytes) {
+        r.payload = std::move(spare_);
+        r.capacity = spare_bytes_;
+        spare_bytes_ = 0;
+      } else {
+        r.capacity = std::max<int64_t>(r.bytes, 1);
+        r.payload.reset(new uint8_t[static_cast<size_t>(r.capacity)]);
+      }
       read = transfer::ReadAll(fd_, r.payload.get(), static_cast<size_t>(r.bytes), deadline);
     }
   }
@@ -194,6 +200,15 @@ absl::StatusOr<ReceivedBlocks> TransferReader::Fetch(
     return absl::InternalError("the server announced a refusal but SendLease succeeded");
   }
   return r;
+}
+
+void TransferReader::Recycle(ReceivedBlocks blocks) {
+  if (blocks.payload == nullptr || blocks.capacity > kMaxSpareBytes) return;
+  kvc::MutexLock lock(&mu_);
+  if (blocks.capacity > spare_bytes_) {
+    spare_ = std::move(blocks.payload);
+    spare_bytes_ = blocks.capacity;
+  }
 }
 
 }  // namespace kvc::client::internal

@@ -31,6 +31,7 @@ struct ReceivedBlocks {
   Lease lease;
   std::unique_ptr<uint8_t[]> payload;
   int64_t bytes = 0;
+  int64_t capacity = 0;              // of payload (a reused buffer may be larger than bytes)
   std::array<int64_t, 9> offsets{};  // [StorageFormat]: where its blocks start
   std::array<int64_t, 9> sizes{};    // [StorageFormat]: their bytes
   ArenaLookup arenas() const;
@@ -64,6 +65,10 @@ class TransferReader {
   absl::StatusOr<ReceivedBlocks> Fetch(const Lease& lease,
                                        const std::function<absl::Status(uint64_t nonce)>& send,
                                        absl::Time deadline);
+  // Gives a Fetch's payload back once it is decoded: the next Fetch that fits reuses it
+  // instead of faulting in fresh pages (up to kMaxSpareBytes are kept).
+  void Recycle(ReceivedBlocks blocks);
+  static constexpr int64_t kMaxSpareBytes = int64_t{1} << 30;
 
  private:
   TransferReader(int fd, std::string id, std::string where, uint64_t first_nonce)
@@ -75,6 +80,8 @@ class TransferReader {
   const std::string id_;
   const std::string where_;
   uint64_t nonce_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<uint8_t[]> spare_ ABSL_GUARDED_BY(mu_);  // a recycled payload buffer
+  int64_t spare_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> broken_{false};
 };
 
