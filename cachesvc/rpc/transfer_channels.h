@@ -76,7 +76,10 @@ class TransferChannels {
     kvc::Mutex send_mu;  // one send at a time, in call order
     int fd ABSL_GUARDED_BY(send_mu) = -1;
     bool broken ABSL_GUARDED_BY(send_mu) = false;
-    ~Channel();
+    Channel() = default;
+    Channel(const Channel&) = delete;
+    Channel& operator=(const Channel&) = delete;
+    ~Channel();  // closes the connection
   };
   struct Pending {  // an accepted connection whose greeting is not complete yet
     int fd = -1;
