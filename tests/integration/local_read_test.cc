@@ -105,12 +105,7 @@ TEST_F(LocalReadTest, FetchFromTheMappedPoolEqualsFetchOverGrpc) {
   // One layer ahead of the others: visible vs unfinished tokens.
   KVC_ASSERT_OK_AND_ASSIGN(const std::string ahead, Filled(*local, 40, {}, /*layers=*/1));
 
-  std::vector<client::FetchOptions> cases(6);
-  cases[1].dtype = client::DType::kF32;
-  cases[2].stored_format = true;
-  cases[3].layers = {2, 0};
-  cases[4].dtype = client::DType::kBF16;
-  cases[5].include_unfinished = true;
+  const std::vector<client::FetchOptions> cases = testing::FetchCases();
   for (const std::string& id : {raw, q, ahead}) {
     for (size_t c = 0; c < cases.size(); ++c) {
       SCOPED_TRACE(::testing::Message() << id << " case " << c);

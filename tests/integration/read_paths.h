@@ -51,6 +51,18 @@ inline client::CreateSequenceOptions Int4WithResidual() {
   return o;
 }
 
+// The Fetch options both read paths are compared on: the pool's dtype, f32, stored records,
+// a layer subset out of order, bf16, and unfinished layers.
+inline std::vector<client::FetchOptions> FetchCases() {
+  std::vector<client::FetchOptions> cases(6);
+  cases[1].dtype = client::DType::kF32;
+  cases[2].stored_format = true;
+  cases[3].layers = {2, 0};
+  cases[4].dtype = client::DType::kBF16;
+  cases[5].include_unfinished = true;
+  return cases;
+}
+
 inline void ExpectSame(const client::FetchResult& a, const client::FetchResult& b) {
   EXPECT_EQ(a.visible_tokens, b.visible_tokens);
   EXPECT_EQ(a.dtype, b.dtype);

@@ -112,12 +112,7 @@ TEST_F(TransferTest, FetchOverATransferEqualsFetchOverGrpc) {
   KVC_ASSERT_OK(via->Compress(sink, client::CompressionSpec::StreamingLlm(4, 30)).status());
   KVC_ASSERT_OK_AND_ASSIGN(const std::string ahead, Filled(*via, 40, {}, /*layers=*/1));
 
-  std::vector<client::FetchOptions> cases(6);
-  cases[1].dtype = client::DType::kF32;
-  cases[2].stored_format = true;
-  cases[3].layers = {2, 0};
-  cases[4].dtype = client::DType::kBF16;
-  cases[5].include_unfinished = true;
+  const std::vector<client::FetchOptions> cases = testing::FetchCases();
   int fetches = 0;
   for (const std::string& id : {raw, q, sink, ahead}) {
     for (size_t c = 0; c < cases.size(); ++c) {
