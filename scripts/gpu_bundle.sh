@@ -49,7 +49,8 @@ COMPRESS=${KVC_BUNDLE_COMPRESS:-1}
 # lane_plan_test, server_config_test) stay out: they would test nothing new on a GPU.
 CORE_TESTS=(device_pool_test kv_store_test compression_test residual_test concurrent_fetch_test
   threaded_model_test kv_store_model_test fault_injection_test stats_scaling_test)
-SERVICE_TESTS=(service_test compress_service_test operability_test device_read_test)
+SERVICE_TESTS=(service_test compress_service_test operability_test device_read_test
+  transfer_test)
 PROGRAMS=(kvcached kvcachectl kvc_kernel_checks kvc_gpu_bench kvc_longctx_demo
   kvc_longctx_service_demo rpc_benchmark kvc_cuda_ipc_probe)
 TARGETS=("${PROGRAMS[@]}" "${CORE_TESTS[@]}" "${SERVICE_TESTS[@]}")

@@ -14,7 +14,8 @@
 #   5. core:<test>     the KvStore-level gtest suites with KVC_TEST_POOL_DEVICE=cuda:0
 #   6. service:<test>  the gRPC service suites with KVC_TEST_POOL_DEVICE=cuda:0, and
 #                      device_read_test: the bundle's kvcached and the test as two processes,
-#                      a device pool read through real CUDA IPC (kvc/client/device_reader.h)
+#                      a device pool read through real CUDA IPC (kvc/client/device_reader.h);
+#                      transfer_test: a device pool's leased blocks over a transfer channel
 #   6a. service_demo   kvc_longctx_service_demo: the same 1M-token 70B-shaped INT4 sequence in a
 #                      cuda:0 pool of the service core (KvStore), appended from device memory,
 #                      Attend on every layer: needles found, step time, bytes vs f16
@@ -134,7 +135,7 @@ if [[ -n "${KVC_GPU_BUILD_DIR:-}" ]]; then
     device_pool_test kv_store_test \
     compression_test residual_test concurrent_fetch_test threaded_model_test \
     kv_store_model_test fault_injection_test stats_scaling_test service_test \
-    compress_service_test operability_test device_read_test; do
+    compress_service_test operability_test device_read_test transfer_test; do
     f=$(find "$KVC_GPU_BUILD_DIR" -path '*/CMakeFiles' -prune -o -type f -name "$t" -perm -u+x \
       -print 2> /dev/null | head -1)
     [[ -n "$f" ]] && ln -s "$f" "$BIN/$t"
@@ -327,6 +328,8 @@ gtest_step service operability_test 25
 # Two processes: the bundle's kvcached with a cuda:0 pool, the test reading it through real
 # CUDA IPC (kvc/client/device_reader.h).
 KVC_KVCACHED="$BIN/kvcached" gtest_step service device_read_test 30
+# Transfer channels from a cuda:0 pool: leased blocks copied off the device and sent over TCP.
+gtest_step service transfer_test 15
 
 # ---- step 6a: the 1M-token demo through the service core: KvStore with a cuda:0 pool,
 # device-resident appends, Attend on every layer (its JSON goes into details.tar.gz)
