@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""What a same-node fetch costs in Python against a gRPC fetch and a NumPy copy of the same
-bytes, through a real kvcached (with a local_socket) on this node and the Python client
-(pip install ./client/python).
+"""What a same-node fetch and a fetch over a transfer channel cost in Python against a gRPC
+fetch and a NumPy copy of the same bytes, through a real kvcached (with a local_socket and a
+transfer_listen) on this node and the Python client (pip install ./client/python).
 
 A sequence of --tokens tokens of Llama-3-8B's KV shape (32 layers x 8 kv heads x head_dim 128,
 f16: 128 KiB per token) is appended once; each round then measures, in the same run:
   copy     np.copyto of the same bytes between two preallocated arrays (the baseline)
-  grpc     Client(local_reads=False).fetch(seq)
-  local    Client().fetch(seq): a lease, each lane gathered from the mapped pool, released
-and checks that both fetches return the appended bytes.
+  grpc      Client(local_reads=False, transfers=False).fetch(seq)
+  local     Client().fetch(seq): a lease, each lane gathered from the mapped pool, released
+  transfer  Client(local_reads=False).fetch(seq): a lease, its blocks received over the
+            transfer channel (TCP over loopback here), released, each lane gathered
+and checks that every fetch returns the appended bytes.
 
   scripts/local_read_benchmark.py [--kvcached build/cachesvc/kvcached] [--tokens 2048]
                                   [--rounds 5] [--json FILE]
@@ -37,6 +39,7 @@ def start(binary: str, capacity: int, tmp: pathlib.Path):
     return start_kvcached(binary, (
         'pools { name: "bench" capacity_bytes: %d geometry { num_layers: %d num_kv_heads: %d '
         'num_query_heads: %d head_dim: %d dtype: DTYPE_F16 } }\nlocal_socket: "%s"\n'
+        'transfer_listen: "127.0.0.1:0"\n'
         % (capacity, LAYERS, KV_HEADS, 4 * KV_HEADS, HEAD_DIM, tmp / "kvcached.sock")), tmp)
 
 
@@ -65,8 +68,9 @@ def main() -> None:
         proc, target = start(args.kvcached, total + total // 4 + (64 << 20), pathlib.Path(tmp))
         try:
             with kvcache.Client(target, timeout=600, max_message_bytes=64 << 20) as local, \
-                    kvcache.Client(target, timeout=600, local_reads=False,
-                                   max_message_bytes=64 << 20) as remote:
+                    kvcache.Client(target, timeout=600, local_reads=False, transfers=False,
+                                   max_message_bytes=64 << 20) as remote, \
+                    kvcache.Client(target, timeout=600, local_reads=False) as transfer:
                 seq = remote.create_sequence(pool="bench").sequence_id
                 per_message = max(1, (1 << 20) // (KV_HEADS * HEAD_DIM * 2))
                 with remote.append_stream() as stream:
@@ -76,18 +80,20 @@ def main() -> None:
                             stream.append(seq, layer, at, keys[at:at + n], values[at:at + n])
                 src = np.ones(total, dtype=np.uint8)
                 dst = np.zeros(total, dtype=np.uint8)
-                times = {"copy": [], "grpc": [], "local": []}
+                times = {"copy": [], "grpc": [], "local": [], "transfer": []}
                 for _ in range(args.rounds):
                     t0 = time.perf_counter()
                     np.copyto(dst, src)
                     times["copy"].append(time.perf_counter() - t0)
-                    for name, client in (("grpc", remote), ("local", local)):
+                    for name, client in (("grpc", remote), ("local", local),
+                                         ("transfer", transfer)):
                         t0 = time.perf_counter()
                         result = client.fetch(seq)
                         times[name].append(time.perf_counter() - t0)
                         check(result, keys, values, args.tokens)
                         del result
                 path = local.data_path
+                transfer_path = transfer.data_path
         finally:
             proc.kill()
             proc.wait()
@@ -96,14 +102,15 @@ def main() -> None:
           f"{HEAD_DIM} f16 = {total / 2**20:.0f} MiB, median of {args.rounds} rounds")
     print(f"{'measurement':<34} {'GB/s':>8} {'vs copy':>9} {'vs gRPC':>9}")
     for name, label in (("copy", "NumPy copy of the same bytes"), ("grpc", "fetch over gRPC"),
-                        ("local", "fetch, same-node mapping")):
+                        ("local", "fetch, same-node mapping"),
+                        ("transfer", "fetch, transfer channel")):
         print(f"{label:<34} {gbps[name]:8.3f} {gbps[name] / gbps['copy']:9.3f} "
               f"{gbps[name] / gbps['grpc']:9.3f}")
-    print(f"data path: {path}")
+    print(f"data paths: {path}; {transfer_path}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(
             {"tokens": args.tokens, "bytes": total, "rounds": args.rounds, "gbps": gbps,
-             "data_path": path}) + "\n")
+             "data_path": path, "transfer_data_path": transfer_path}) + "\n")
 
 
 if __name__ == "__main__":

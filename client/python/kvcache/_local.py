@@ -22,7 +22,7 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -60,6 +60,65 @@ def connect_local(info: Any) -> Tuple[Optional["LocalReader"], str]:
     except KvCacheError as e:
         return None, f"grpc ({e.message})"
 
+
+def raw_format(lease: svc.Lease, dtype: Optional[DType]) -> Optional[DType]:
+    """The dtype a read of `lease` returns when every segment is stored in that dtype's raw
+    format (read without decoding); None when one is not."""
+    dt = DType(lease.dtype) if dtype is None or dtype == DType.POOL else DType(dtype)
+    raw = _RAW_FORMAT.get(dt)
+    if raw is None:
+        return None
+    if any(s.format != raw for lane in lease.lanes for s in lane.segments):
+        return None
+    return dt
+
+
+def gather(lease: svc.Lease, dt: DType, include_unfinished: bool,
+           arena_of: Callable[[int], np.ndarray]) -> Dict[Tuple[int, int], FetchedHead]:
+    """Each lane's tokens below its layer's limit (visible tokens, or the layer's appended
+    ones with include_unfinished), copied out of the arenas `arena_of(storage format)` gives
+    (uint8, block b of the format at b * block_bytes): one gather per segment. Every segment
+    is in `dt`'s raw format (raw_format)."""
+    np_dtype = NUMPY_DTYPE[dt]
+    layouts = {a.format: a for a in lease.arenas}
+    bt = lease.block_tokens
+    heads: Dict[Tuple[int, int], FetchedHead] = {}
+    layer_limit = {layer: (lease.layer_tokens[i] if include_unfinished
+                           else lease.visible_tokens)
+                   for i, layer in enumerate(lease.layers)}
+    for lane in lease.lanes:
+        limit = layer_limit[lane.layer]
+        keys, values, positions = [], [], []
+        for seg in lane.segments:
+            pos = lease_positions(seg)
+            if len(pos) == 0:
+                continue
+            layout = layouts.get(seg.format)
+            if layout is None:
+                raise Internal("the lease names no arena for a segment")
+            arena = arena_of(seg.format)
+            blocks = np.asarray(seg.blocks, dtype=np.int64)
+            total = arena.size // layout.block_bytes
+            if blocks.size and (blocks.min() < 0 or blocks.max() >= total):
+                raise Internal(f"a lease block is outside the {arena.size}-byte arena")
+            per_block = arena[:total * layout.block_bytes].reshape(total, layout.block_bytes)
+            rb = layout.record_bytes
+            keep = pos < limit
+            for offset, out in ((layout.key_offset, keys), (layout.value_offset, values)):
+                # One gather: each block's records of this lane, then the stored tokens.
+                rows = per_block[blocks, offset:offset + bt * rb].reshape(-1, rb)[:len(pos)]
+                out.append(rows if keep.all() else rows[keep])
+            positions.append(pos[keep])
+        n = sum(len(p) for p in positions)
+        if n == 0:
+            continue  # as gRPC: a lane with no tokens sends no chunk
+        k = keys[0] if len(keys) == 1 else np.concatenate(keys)
+        v = values[0] if len(values) == 1 else np.concatenate(values)
+        p = positions[0] if len(positions) == 1 else np.concatenate(positions)
+        heads[(lane.layer, lane.kv_head)] = FetchedHead(
+            k.view(np_dtype).reshape(n, lease.head_dim),
+            v.view(np_dtype).reshape(n, lease.head_dim), p)
+    return heads
 
 class StagingSpace:
     """A staging region mapped writable, and which of its bytes appends in flight use (first
@@ -224,51 +283,11 @@ class LocalReader:
             # these mappings. Over gRPC, and connect again next time.
             self._stale = True
             return None
-        dt = DType(lease.dtype) if dtype is None or dtype == DType.POOL else DType(dtype)
-        raw = _RAW_FORMAT.get(dt)
-        if raw is None or lease.device != "cpu":
+        dt = raw_format(lease, dtype)
+        if dt is None or lease.device != "cpu":
             return None
-        if any(s.format != raw for lane in lease.lanes for s in lane.segments):
-            return None
-        np_dtype = NUMPY_DTYPE[dt]
-        layouts = {a.format: a for a in lease.arenas}
-        bt = lease.block_tokens
-        heads: Dict[Tuple[int, int], FetchedHead] = {}
-        layer_limit = {layer: (lease.layer_tokens[i] if include_unfinished
-                               else lease.visible_tokens)
-                       for i, layer in enumerate(lease.layers)}
-        for lane in lease.lanes:
-            limit = layer_limit[lane.layer]
-            keys, values, positions = [], [], []
-            for seg in lane.segments:
-                pos = lease_positions(seg)
-                if len(pos) == 0:
-                    continue
-                layout = layouts.get(seg.format)
-                if layout is None:
-                    raise Internal("the lease names no arena for a segment")
-                arena = self._arena(lease.pool, seg.format)
-                blocks = np.asarray(seg.blocks, dtype=np.int64)
-                total = arena.size // layout.block_bytes
-                if blocks.size and (blocks.min() < 0 or blocks.max() >= total):
-                    raise Internal(f"a lease block is outside the {arena.size}-byte arena")
-                per_block = arena[:total * layout.block_bytes].reshape(total, layout.block_bytes)
-                rb = layout.record_bytes
-                keep = pos < limit
-                for offset, out in ((layout.key_offset, keys), (layout.value_offset, values)):
-                    # One gather: each block's records of this lane, then the stored tokens.
-                    rows = per_block[blocks, offset:offset + bt * rb].reshape(-1, rb)[:len(pos)]
-                    out.append(rows if keep.all() else rows[keep])
-                positions.append(pos[keep])
-            n = sum(len(p) for p in positions)
-            if n == 0:
-                continue  # as gRPC: a lane with no tokens sends no chunk
-            k = keys[0] if len(keys) == 1 else np.concatenate(keys)
-            v = values[0] if len(values) == 1 else np.concatenate(values)
-            p = positions[0] if len(positions) == 1 else np.concatenate(positions)
-            heads[(lane.layer, lane.kv_head)] = FetchedHead(
-                k.view(np_dtype).reshape(n, lease.head_dim),
-                v.view(np_dtype).reshape(n, lease.head_dim), p)
+        heads = gather(lease, dt, include_unfinished,
+                       lambda storage: self._arena(lease.pool, storage))
         # A block of an expired lease may have been handed to another sequence meanwhile.
         if time.time() * 1000 >= lease.expires_unix_ms:
             raise Aborted("the lease expired while it was read; fetch again")

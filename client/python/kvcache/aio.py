@@ -1,8 +1,9 @@
 """AsyncClient: the asyncio variant of kvcache.Client (grpc.aio), with the same methods,
 arguments, retry rules and exceptions; every call is a coroutine, fetch_chunks an async
 iterator, append_stream and attend_session async context managers. On the server's node
-fetch() reads from the server's memory as Client.fetch does (``data_path``), and append() and
-append_stream() copy into a staging region as Client's do (``append_path``); the socket
+fetch() reads from the server's memory as Client.fetch does (``data_path``; elsewhere it
+receives leased blocks over the server's transfer channel, as Client.fetch does), and append()
+and append_stream() copy into a staging region as Client's do (``append_path``); the socket
 requests and the large copies run in the loop's default executor, never on the event loop.
 
     async with kvcache.AsyncClient("127.0.0.1:50051") as client:
@@ -16,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import (Any, AsyncIterator, Awaitable, Callable, List, Optional, Sequence, Tuple,
-                    TypeVar)
+from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence,
+                    Tuple, TypeVar)
 
 import grpc
 import grpc.aio
@@ -32,12 +33,14 @@ from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
-from kvcache._local import LocalReader, StagingSpace, connect_local, server_info_failed
+from kvcache._local import (LocalReader, StagingSpace, connect_local, gather, raw_format,
+                            server_info_failed)
+from kvcache._transfer import TransferReader, target_host
 from kvcache.client import _SERVER_MAY_STILL_READ
 from kvcache.errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition,
                             KvCacheError, from_rpc_error)
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
-                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
+                           DType, DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
                            Prefix, PublishResult, ReleaseResult, StorageLike, parse_dtype,
                            parse_storage)
 
@@ -69,7 +72,7 @@ class AsyncClient:
                  tls_key: Optional[PathLike] = None, tls_server_name: Optional[str] = None,
                  token: Optional[str] = None, max_message_bytes: int = 16 << 20,
                  interceptors: Sequence[Any] = (), local_reads: bool = True,
-                 staging_bytes: int = 64 << 20):
+                 transfers: bool = True, staging_bytes: int = 64 << 20):
         self._s: Settings = make_settings(
             target, timeout=timeout, max_attempts=max_attempts, initial_backoff=initial_backoff,
             max_backoff=max_backoff, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
@@ -87,13 +90,19 @@ class AsyncClient:
         self._append_stream = self._channel.stream_unary(
             _codec.KV_SERVICE + "AppendStream", request_serializer=None,
             response_deserializer=svc.AppendStreamResponse.FromString)
-        # The same-node read path, decided on the first fetch as Client does, and the
-        # appends' staging region, on the first append. The local socket's requests and the
-        # copies out of the mapping run in the loop's default executor, never on the loop.
+        # The same-node read path (or else the transfer channel), decided on the first fetch
+        # as Client does, and the appends' staging region, on the first append. The local
+        # socket's requests, the channel's reads and the copies out of the mapping or the
+        # received blocks run in the loop's default executor, never on the loop.
         self._local_lock = asyncio.Lock()
         self._local: Optional[LocalReader] = None
-        self._local_decided = not local_reads
-        self._data_path = "grpc (local_reads is off)" if not local_reads else "grpc (no fetch yet)"
+        self._local_reads = local_reads
+        self._transfers = transfers
+        self._transfer: Optional[TransferReader] = None
+        self._target = target
+        self._local_decided = not local_reads and not transfers
+        self._data_path = ("grpc (local_reads and transfers are off)" if self._local_decided
+                           else "grpc (no fetch yet)")
         self._staging_bytes = staging_bytes
         self._staging: Optional[StagingSpace] = None
         self._staging_decided = False
@@ -104,11 +113,13 @@ class AsyncClient:
         await self._channel.close()
         if self._local is not None:
             self._local.close()
+        if self._transfer is not None:
+            self._transfer.close()
 
     @property
     def data_path(self) -> str:
-        """How fetch() moves bytes: "shared-memory (PATH)", or "grpc (why not shared
-        memory)". Decided on the first fetch."""
+        """How fetch() moves bytes: "shared-memory (PATH)", "transfer (HOST:PORT)", or
+        "grpc (why neither)". Decided on the first fetch."""
         return self._data_path
 
     @property
@@ -130,7 +141,8 @@ class AsyncClient:
             if local is None:
                 # Undecided while the server is unreachable, as the read path is.
                 self._staging_decided = self._local_decided
-                self._append_path = self._data_path
+                self._append_path = ("grpc (no same-node path; transfer channels carry reads "
+                                     "only)" if self._transfer is not None else self._data_path)
                 return None
             try:
                 self._staging = await asyncio.get_running_loop().run_in_executor(
@@ -143,9 +155,15 @@ class AsyncClient:
 
     async def _local_path(self, timeout: Optional[float]) -> Optional[LocalReader]:
         async with self._local_lock:
-            if self._local_decided and (self._local is None or self._local.alive()):
+            if self._local_decided and self._transfer is not None:
+                if self._transfer.alive():
+                    return None
+                # The channel broke (or the server hung up): decide again.
+                self._transfer.close()
+                self._transfer, self._local_decided = None, False
+            elif self._local_decided and (self._local is None or self._local.alive()):
                 return self._local
-            if self._local_decided:
+            elif self._local_decided:
                 # As Client._local_path: the server restarted; decide again.
                 assert self._local is not None
                 self._local.close()
@@ -159,9 +177,82 @@ class AsyncClient:
                 self._local_decided, self._data_path = server_info_failed(e)
                 return None
             self._local_decided = True
-            self._local, self._data_path = await asyncio.get_running_loop().run_in_executor(
-                None, connect_local, info)
-            return self._local
+            if self._local_reads:
+                self._local, self._data_path = await asyncio.get_running_loop().run_in_executor(
+                    None, connect_local, info)
+                if self._local is not None:
+                    return self._local
+            else:
+                self._data_path = "grpc (local_reads is off)"
+            # No same-node path: a transfer channel, if the server offers one.
+            if info.transfer_port > 0 and not self._transfers:
+                self._data_path = self._data_path[:-1] + "; transfers are off)"
+            elif info.transfer_port > 0:
+                try:
+                    self._transfer = await self._open_transfer(timeout)
+                    self._data_path = f"transfer ({self._transfer.where})"
+                except KvCacheError as e:
+                    self._data_path = self._data_path[:-1] + f"; transfer: {e.message})"
+            return None
+
+    async def _open_transfer(self, timeout: Optional[float]) -> TransferReader:
+        opened = await self._call(self._kv.OpenTransfer, svc.OpenTransferRequest(), timeout,
+                                  retry=False)
+        host = opened.host or target_host(self._target)
+        try:
+            if not host:
+                raise FailedPrecondition("the target names no host to connect to (a unix "
+                                         "socket?)")
+            return await asyncio.get_running_loop().run_in_executor(
+                None, TransferReader, host, opened.port, opened.transfer_id, opened.token)
+        except KvCacheError:
+            try:  # best effort: the server drops an unconnected channel after a while
+                await self._call(self._kv.CloseTransfer,
+                                 svc.CloseTransferRequest(transfer_id=opened.transfer_id),
+                                 timeout, retry=False)
+            except KvCacheError:
+                pass
+            raise
+
+    async def _fetch_transferred(self, transfer: TransferReader, seq: Any,
+                                 layers: Optional[Sequence[int]], dtype: DTypeLike,
+                                 include_unfinished: bool,
+                                 timeout: Optional[float]) -> Optional[FetchResult]:
+        """As Client._fetch_transferred: the channel is read on an executor thread while the
+        SendLease call runs on the loop."""
+        lease = await self.lease_sequence(seq, layers, timeout=timeout)
+        try:
+            dt = raw_format(lease, None if dtype is None else parse_dtype(dtype))
+            if dt is None:
+                return None
+            loop = asyncio.get_running_loop()
+            request = svc.SendLeaseRequest(transfer_id=transfer.id, lease_id=lease.lease_id)
+
+            async def call(nonce: int) -> Any:
+                request.nonce = nonce
+                return await self._kv.SendLease(request, timeout=self._timeout(timeout),
+                                                metadata=self._s.metadata)
+
+            def receive() -> Dict[Tuple[int, int], Any]:
+                return transfer.fetch(
+                    lease, lambda nonce: asyncio.run_coroutine_threadsafe(call(nonce), loop),
+                    self._timeout(timeout),
+                    lambda renumbered, arenas: gather(renumbered, dt, include_unfinished,
+                                                      arenas.__getitem__))
+
+            try:
+                heads = await loop.run_in_executor(None, receive)
+            except KvCacheError:
+                if transfer.alive():
+                    raise  # refused by the server (NotFound, ...): the channel is fine
+                return None
+        finally:
+            try:  # best effort: the TTL ends it otherwise
+                await self.release_lease(lease, timeout=timeout)
+            except KvCacheError:
+                pass
+        return FetchResult(visible_tokens=lease.visible_tokens,
+                           dtype=dt if heads else DType.POOL, heads=heads)
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -294,7 +385,13 @@ class AsyncClient:
                     tenant: str = "", timeout: Optional[float] = None) -> FetchResult:
         """See Client.fetch (the same-node path too)."""
         local = await self._local_path(timeout) if not tenant else None
-        if local is not None:
+        transfer = self._transfer if not tenant and local is None else None
+        if transfer is not None:
+            result = await self._fetch_transferred(transfer, seq, layers, dtype,
+                                                   include_unfinished, timeout)
+            if result is not None:
+                return result
+        elif local is not None:
             lease = await self.lease_sequence(seq, layers, timeout=timeout)
             try:
                 wanted = None if dtype is None else parse_dtype(dtype)

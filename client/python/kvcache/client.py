@@ -32,11 +32,13 @@ from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
-from kvcache._local import LocalReader, StagingSpace, connect_local, server_info_failed
+from kvcache._local import (LocalReader, StagingSpace, connect_local, gather, raw_format,
+                            server_info_failed)
+from kvcache._transfer import TransferReader, target_host
 from kvcache.errors import (Aborted, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition,
                             Internal, KvCacheError, Unavailable, Unknown, from_rpc_error)
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
-                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
+                           DType, DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
                            Prefix, PublishResult, ReleaseResult, StorageLike, parse_dtype,
                            parse_storage)
 
@@ -58,7 +60,7 @@ class Client:
                  tls_key: Optional[PathLike] = None, tls_server_name: Optional[str] = None,
                  token: Optional[str] = None, max_message_bytes: int = 16 << 20,
                  interceptors: Sequence[Any] = (), local_reads: bool = True,
-                 staging_bytes: int = 64 << 20):
+                 transfers: bool = True, staging_bytes: int = 64 << 20):
         """target: any gRPC target (host:port, unix:/path, dns:///...). timeout: default
         deadline of each call in seconds. max_attempts: for retried reads (1 = no retries).
         tls_ca: PEM CA file; set = TLS (tls_cert + tls_key for mTLS; tls_server_name when the
@@ -67,6 +69,9 @@ class Client:
         local_reads: fetch() reads host pools from the server's memory when the server is on
         this node and lets this process map its pools (its ``local_socket``; docs/
         ARCHITECTURE.md "Same-node reads"); ``data_path`` says which path is used and why.
+        transfers: without the same-node path, fetch() receives the leased blocks over the
+        server's transfer channel when it offers one (its ``transfer_listen``; docs/
+        ARCHITECTURE.md "Transfers"), for records stored in the requested dtype's raw format.
         staging_bytes: with local_reads on the server's node, append() and append_stream()
         copy keys and values into a staging region of this many bytes that the server reads
         them from (0: always send them over gRPC); ``append_path`` says which.
@@ -88,8 +93,14 @@ class Client:
         # The same-node path, decided on the first fetch (kvcache/_local.py).
         self._local_lock = threading.Lock()
         self._local: Optional[LocalReader] = None
-        self._local_decided = not local_reads
-        self._data_path = "grpc (local_reads is off)" if not local_reads else "grpc (no fetch yet)"
+        self._local_reads = local_reads
+        # Without the same-node path: the transfer channel (kvcache/_transfer.py).
+        self._transfers = transfers
+        self._transfer: Optional[TransferReader] = None
+        self._target = target
+        self._local_decided = not local_reads and not transfers
+        self._data_path = ("grpc (local_reads and transfers are off)" if self._local_decided
+                           else "grpc (no fetch yet)")
         # Appends' staging region, decided on the first append (kvcache/_local.py).
         self._staging_bytes = staging_bytes
         self._staging: Optional[StagingSpace] = None
@@ -111,11 +122,13 @@ class Client:
         with self._local_lock:
             if self._local is not None:
                 self._local.close()
+            if self._transfer is not None:
+                self._transfer.close()
 
     @property
     def data_path(self) -> str:
-        """How fetch() moves bytes: "shared-memory (PATH)", or "grpc (why not shared
-        memory)". Decided on the first fetch."""
+        """How fetch() moves bytes: "shared-memory (PATH)", "transfer (HOST:PORT)", or
+        "grpc (why neither)". Decided on the first fetch."""
         with self._local_lock:
             return self._data_path
 
@@ -140,7 +153,8 @@ class Client:
             if local is None:
                 # Undecided while the server is unreachable, as the read path is.
                 self._staging_decided = self._local_decided
-                self._append_path = self._data_path
+                self._append_path = ("grpc (no same-node path; transfer channels carry reads "
+                                     "only)" if self._transfer is not None else self._data_path)
                 return None
             self._staging_decided = True
             try:
@@ -153,9 +167,15 @@ class Client:
 
     def _local_path(self, timeout: Optional[float]) -> Optional[LocalReader]:
         with self._local_lock:
-            if self._local_decided and (self._local is None or self._local.alive()):
+            if self._local_decided and self._transfer is not None:
+                if self._transfer.alive():
+                    return None
+                # The channel broke (or the server hung up): decide again.
+                self._transfer.close()
+                self._transfer, self._local_decided = None, False
+            elif self._local_decided and (self._local is None or self._local.alive()):
                 return self._local
-            if self._local_decided:
+            elif self._local_decided:
                 # The server's end closed (a restart) or another server's lease came by: the
                 # mappings and the staging region are of memory it no longer serves.
                 assert self._local is not None
@@ -170,8 +190,81 @@ class Client:
                 self._local_decided, self._data_path = server_info_failed(e)
                 return None
             self._local_decided = True
-            self._local, self._data_path = connect_local(info)
-            return self._local
+            if self._local_reads:
+                self._local, self._data_path = connect_local(info)
+                if self._local is not None:
+                    return self._local
+            else:
+                self._data_path = "grpc (local_reads is off)"
+            # No same-node path: a transfer channel, if the server offers one.
+            if info.transfer_port > 0 and not self._transfers:
+                self._data_path = self._data_path[:-1] + "; transfers are off)"
+            elif info.transfer_port > 0:
+                try:
+                    self._transfer = self._open_transfer(timeout)
+                    self._data_path = f"transfer ({self._transfer.where})"
+                except KvCacheError as e:
+                    self._data_path = self._data_path[:-1] + f"; transfer: {e.message})"
+            return None
+
+    def _open_transfer(self, timeout: Optional[float]) -> TransferReader:
+        opened = self._call(self._kv.OpenTransfer, svc.OpenTransferRequest(), timeout,
+                            retry=False)
+        host = opened.host or target_host(self._target)
+        try:
+            if not host:
+                raise FailedPrecondition("the target names no host to connect to (a unix "
+                                         "socket?)")
+            return TransferReader(host, opened.port, opened.transfer_id, opened.token)
+        except KvCacheError:
+            try:  # best effort: the server drops an unconnected channel after a while
+                self._call(self._kv.CloseTransfer,
+                           svc.CloseTransferRequest(transfer_id=opened.transfer_id), timeout,
+                           retry=False)
+            except KvCacheError:
+                pass
+            raise
+
+    def _transfer_path(self) -> Optional[TransferReader]:
+        """The transfer channel _local_path decided on, if it did."""
+        with self._local_lock:
+            return self._transfer
+
+    def _fetch_transferred(self, transfer: TransferReader, seq: Any,
+                           layers: Optional[Sequence[int]], dtype: DTypeLike,
+                           include_unfinished: bool,
+                           timeout: Optional[float]) -> Optional[FetchResult]:
+        """fetch() over the transfer channel; None when the records need decoding or the
+        channel broke (then over gRPC; the next fetch decides the path again)."""
+        lease = self.lease_sequence(seq, layers, timeout=timeout)
+        try:
+            dt = raw_format(lease, None if dtype is None else parse_dtype(dtype))
+            if dt is None:
+                return None
+
+            def send(nonce: int) -> Any:
+                request = svc.SendLeaseRequest(transfer_id=transfer.id,
+                                               lease_id=lease.lease_id, nonce=nonce)
+                return self._kv.SendLease.future(request, timeout=self._timeout(timeout),
+                                                 metadata=self._s.metadata)
+
+            try:
+                heads = transfer.fetch(
+                    lease, send, self._timeout(timeout),
+                    lambda renumbered, arenas: gather(renumbered, dt, include_unfinished,
+                                                      arenas.__getitem__))
+            except KvCacheError:
+                if transfer.alive():
+                    raise  # refused by the server (NotFound, ...): the channel is fine
+                return None
+        finally:
+            try:  # best effort: the TTL ends it otherwise
+                self.release_lease(lease, timeout=timeout)
+            except KvCacheError:
+                pass
+        # As the gRPC path, whose dtype comes with the chunks: POOL when there were none.
+        return FetchResult(visible_tokens=lease.visible_tokens,
+                           dtype=dt if heads else DType.POOL, heads=heads)
 
     def __enter__(self) -> "Client":
         return self
@@ -310,10 +403,17 @@ class Client:
         """Fetches the visible tokens, dense in `dtype` (None = pool's), assembled per
         (layer, kv head): result[(layer, head)].keys / .values [n, head_dim], .positions.
         On the same node (``data_path``) the records are copied from the mapped pool under a
-        lease, when every one is stored in `dtype`'s raw format (others are decoded by the
-        server: over gRPC); the result is the same either way."""
+        lease, elsewhere received over the server's transfer channel, when every one is
+        stored in `dtype`'s raw format (others are decoded by the server: over gRPC); the
+        result is the same either way."""
         local = self._local_path(timeout) if not tenant else None
-        if local is not None:
+        transfer = self._transfer_path() if not tenant and local is None else None
+        if transfer is not None:
+            result = self._fetch_transferred(transfer, seq, layers, dtype, include_unfinished,
+                                             timeout)
+            if result is not None:
+                return result
+        elif local is not None:
             lease = self.lease_sequence(seq, layers, timeout=timeout)
             try:
                 wanted = None if dtype is None else parse_dtype(dtype)
