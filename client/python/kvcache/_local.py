@@ -5,9 +5,9 @@ the C++ client's LocalReader (client/src/local_reader.h) does.
 The reader connects to the socket the server names in GetServerInfo, checks that the
 greeting carries the server's token (the same server, not another one at that path),
 receives each arena's memfd once (SCM_RIGHTS) and maps it read-only. A read copies each
-lane's records out of the mapping with NumPy (one gather per segment). Records stored in
-another format than the requested dtype's raw one (INT4, FP8, ... or f16 asked as f32) are
-not decoded here: read() returns None and the caller fetches over gRPC.
+lane's records out of the mapping with NumPy (one gather per segment); records stored in
+another format than the requested dtype's raw one (INT4, FP8, NVFP4, ... or f16 asked as
+f32) are decoded as the server would (kvcache/_decode.py).
 
 The same connection opens staging regions for appends (open_staging, StagingSpace): the
 server's memfd mapped writable here, which Client.append and append_stream copy keys and values
@@ -27,18 +27,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
-from kvcache._proto.kvcache.v1 import types_pb2
 from kvcache.errors import (Aborted, DeadlineExceeded, FailedPrecondition, Internal,
                             KvCacheError, Unavailable)
-from kvcache.types import NUMPY_DTYPE, DType, FetchedHead, FetchResult, lease_positions
+from kvcache._decode import DECODABLE, decode, output_dtype
+from kvcache.types import DType, FetchedHead, FetchResult, lease_positions
 
 _MAX_LINE = 512
-# The storage format whose records are exactly a dtype's rows.
-_RAW_FORMAT = {
-    DType.F16: types_pb2.STORAGE_FORMAT_F16,
-    DType.BF16: types_pb2.STORAGE_FORMAT_BF16,
-    DType.F32: types_pb2.STORAGE_FORMAT_F32,
-}
 
 
 def server_info_failed(error: KvCacheError) -> Tuple[bool, str]:
@@ -61,14 +55,13 @@ def connect_local(info: Any) -> Tuple[Optional["LocalReader"], str]:
         return None, f"grpc ({e.message})"
 
 
-def raw_format(lease: svc.Lease, dtype: Optional[DType]) -> Optional[DType]:
-    """The dtype a read of `lease` returns when every segment is stored in that dtype's raw
-    format (read without decoding); None when one is not."""
-    dt = DType(lease.dtype) if dtype is None or dtype == DType.POOL else DType(dtype)
-    raw = _RAW_FORMAT.get(dt)
-    if raw is None:
+def read_dtype(lease: svc.Lease, dtype: Optional[DType]) -> Optional[DType]:
+    """The dtype a read of `lease` returns (`dtype`, or the pool's); None when a segment is
+    in a storage format this client cannot decode (then fetch over gRPC)."""
+    dt = output_dtype(lease.dtype, dtype)
+    if dt is None:
         return None
-    if any(s.format != raw for lane in lease.lanes for s in lane.segments):
+    if any(s.format not in DECODABLE for lane in lease.lanes for s in lane.segments):
         return None
     return dt
 
@@ -77,9 +70,8 @@ def gather(lease: svc.Lease, dt: DType, include_unfinished: bool,
            arena_of: Callable[[int], np.ndarray]) -> Dict[Tuple[int, int], FetchedHead]:
     """Each lane's tokens below its layer's limit (visible tokens, or the layer's appended
     ones with include_unfinished), copied out of the arenas `arena_of(storage format)` gives
-    (uint8, block b of the format at b * block_bytes): one gather per segment. Every segment
-    is in `dt`'s raw format (raw_format)."""
-    np_dtype = NUMPY_DTYPE[dt]
+    (uint8, block b of the format at b * block_bytes): one gather per segment, then the
+    records decoded into `dt` where they are stored in another format (_decode.decode)."""
     layouts = {a.format: a for a in lease.arenas}
     bt = lease.block_tokens
     heads: Dict[Tuple[int, int], FetchedHead] = {}
@@ -107,7 +99,8 @@ def gather(lease: svc.Lease, dt: DType, include_unfinished: bool,
             for offset, out in ((layout.key_offset, keys), (layout.value_offset, values)):
                 # One gather: each block's records of this lane, then the stored tokens.
                 rows = per_block[blocks, offset:offset + bt * rb].reshape(-1, rb)[:len(pos)]
-                out.append(rows if keep.all() else rows[keep])
+                out.append(decode(seg.format, lease.head_dim, rows if keep.all() else rows[keep],
+                                  dt))
             positions.append(pos[keep])
         n = sum(len(p) for p in positions)
         if n == 0:
@@ -115,9 +108,7 @@ def gather(lease: svc.Lease, dt: DType, include_unfinished: bool,
         k = keys[0] if len(keys) == 1 else np.concatenate(keys)
         v = values[0] if len(values) == 1 else np.concatenate(values)
         p = positions[0] if len(positions) == 1 else np.concatenate(positions)
-        heads[(lane.layer, lane.kv_head)] = FetchedHead(
-            k.view(np_dtype).reshape(n, lease.head_dim),
-            v.view(np_dtype).reshape(n, lease.head_dim), p)
+        heads[(lane.layer, lane.kv_head)] = FetchedHead(k, v, p)
     return heads
 
 class StagingSpace:
@@ -275,15 +266,16 @@ class LocalReader:
              include_unfinished: bool) -> Optional[FetchResult]:
         """The lease's tokens below each layer's limit (visible tokens, or the layer's
         appended ones with include_unfinished) as a dense FetchResult equal to a gRPC fetch
-        of the same layers; None when a segment would need decoding or the lease is another
-        server's (fetch over gRPC then).
+        of the same layers (records in other formats decoded as the server would); None when
+        a segment's format is unknown here or the lease is another server's (fetch over gRPC
+        then).
         Aborted when the lease could have ended before the read finished."""
         if lease.local_token != self.token:
             # Another server's lease (this one restarted): its block ids mean nothing in
             # these mappings. Over gRPC, and connect again next time.
             self._stale = True
             return None
-        dt = raw_format(lease, dtype)
+        dt = read_dtype(lease, dtype)
         if dt is None or lease.device != "cpu":
             return None
         heads = gather(lease, dt, include_unfinished,

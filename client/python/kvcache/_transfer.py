@@ -8,8 +8,8 @@ leases the layers, asks SendLease to write the lease's blocks into the channel w
 side reads them, ends the lease (the payload is this process's copy) and gathers each lane's
 records out of the payload with the same code as the same-node path (_local.gather): the
 blocks of each storage format arrive in lane order, so each segment's blocks are renumbered to
-their place in the payload. Records that would need decoding (INT4, FP8, ... or f16 asked as
-f32) are not read this way: the caller fetches those over gRPC without sending anything.
+their place in the payload; records in another format than the requested dtype's raw one are
+decoded as the server would (kvcache/_decode.py).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
-from kvcache._local import (LocalReader, StagingSpace, connect_local, gather, raw_format,
+from kvcache._local import (LocalReader, StagingSpace, connect_local, gather, read_dtype,
                             server_info_failed)
 from kvcache._transfer import TransferReader, target_host
 from kvcache.client import _SERVER_MAY_STILL_READ
@@ -222,7 +222,7 @@ class AsyncClient:
         SendLease call runs on the loop."""
         lease = await self.lease_sequence(seq, layers, timeout=timeout)
         try:
-            dt = raw_format(lease, None if dtype is None else parse_dtype(dtype))
+            dt = read_dtype(lease, None if dtype is None else parse_dtype(dtype))
             if dt is None:
                 return None
             loop = asyncio.get_running_loop()

@@ -32,7 +32,7 @@ from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
-from kvcache._local import (LocalReader, StagingSpace, connect_local, gather, raw_format,
+from kvcache._local import (LocalReader, StagingSpace, connect_local, gather, read_dtype,
                             server_info_failed)
 from kvcache._transfer import TransferReader, target_host
 from kvcache.errors import (Aborted, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition,
@@ -71,7 +71,7 @@ class Client:
         ARCHITECTURE.md "Same-node reads"); ``data_path`` says which path is used and why.
         transfers: without the same-node path, fetch() receives the leased blocks over the
         server's transfer channel when it offers one (its ``transfer_listen``; docs/
-        ARCHITECTURE.md "Transfers"), for records stored in the requested dtype's raw format.
+        ARCHITECTURE.md "Transfers").
         staging_bytes: with local_reads on the server's node, append() and append_stream()
         copy keys and values into a staging region of this many bytes that the server reads
         them from (0: always send them over gRPC); ``append_path`` says which.
@@ -234,11 +234,11 @@ class Client:
                            layers: Optional[Sequence[int]], dtype: DTypeLike,
                            include_unfinished: bool,
                            timeout: Optional[float]) -> Optional[FetchResult]:
-        """fetch() over the transfer channel; None when the records need decoding or the
-        channel broke (then over gRPC; the next fetch decides the path again)."""
+        """fetch() over the transfer channel; None when a record's format is unknown here or
+        the channel broke (then over gRPC; the next fetch decides the path again)."""
         lease = self.lease_sequence(seq, layers, timeout=timeout)
         try:
-            dt = raw_format(lease, None if dtype is None else parse_dtype(dtype))
+            dt = read_dtype(lease, None if dtype is None else parse_dtype(dtype))
             if dt is None:
                 return None
 
@@ -403,9 +403,9 @@ class Client:
         """Fetches the visible tokens, dense in `dtype` (None = pool's), assembled per
         (layer, kv head): result[(layer, head)].keys / .values [n, head_dim], .positions.
         On the same node (``data_path``) the records are copied from the mapped pool under a
-        lease, elsewhere received over the server's transfer channel, when every one is
-        stored in `dtype`'s raw format (others are decoded by the server: over gRPC); the
-        result is the same either way."""
+        lease, elsewhere received over the server's transfer channel when it offers one, and
+        records stored in a low-bit format are decoded here (kvcache/_decode.py) exactly as the
+        server would: the result is the same on every path."""
         local = self._local_path(timeout) if not tenant else None
         transfer = self._transfer_path() if not tenant and local is None else None
         if transfer is not None:
