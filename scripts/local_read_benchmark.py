@@ -10,10 +10,13 @@ f16: 128 KiB per token) is appended once; each round then measures, in the same 
   local     Client().fetch(seq): a lease, each lane gathered from the mapped pool, released
   transfer  Client(local_reads=False).fetch(seq): a lease, its blocks received over the
             transfer channel (TCP over loopback here), released, each lane gathered
-and checks that every fetch returns the appended bytes.
+and checks that every fetch returns the appended bytes. With --storage (int8, fp8_e4m3,
+int4_g32, int4_g64, nvfp4) the sequence is stored in that format: gRPC's fetch is decoded by
+the server, the others by the client (kvcache/_decode.py), and they must agree bit for bit;
+GB/s then counts the dense f16 bytes returned.
 
   scripts/local_read_benchmark.py [--kvcached build/cachesvc/kvcached] [--tokens 2048]
-                                  [--rounds 5] [--json FILE]
+                                  [--storage FORMAT] [--rounds 5] [--json FILE]
 
 Medians over rounds. A measurement, not a test: it asserts nothing about speed.
 """
@@ -44,6 +47,7 @@ def start(binary: str, capacity: int, tmp: pathlib.Path):
 
 
 def check(result: kvcache.FetchResult, keys: np.ndarray, values: np.ndarray, tokens: int) -> None:
+    """Exactly the appended bytes (raw f16)."""
     for layer in range(LAYERS):
         for head in range(KV_HEADS):
             h = result[(layer, head)]
@@ -52,10 +56,28 @@ def check(result: kvcache.FetchResult, keys: np.ndarray, values: np.ndarray, tok
                 sys.exit(f"fetch returned other bytes for layer {layer} head {head}")
 
 
+def check_close(result: kvcache.FetchResult, keys: np.ndarray, tokens: int) -> None:
+    """Within a low-bit format's error of the appended keys."""
+    for layer in range(LAYERS):
+        for head in range(KV_HEADS):
+            h = result[(layer, head)]
+            err = np.abs(h.keys.astype(np.float32) - keys[:, head].astype(np.float32)).mean()
+            if h.keys.shape != (tokens, HEAD_DIM) or not err < 0.2:
+                sys.exit(f"fetch returned keys {err:.3f} off for layer {layer} head {head}")
+
+
+def same(a: kvcache.FetchResult, b: kvcache.FetchResult) -> None:
+    for key in a.heads:
+        if (a[key].keys.tobytes() != b[key].keys.tobytes()
+                or a[key].values.tobytes() != b[key].values.tobytes()):
+            sys.exit(f"the client's decode differs from the server's at {key}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kvcached", default="build/cachesvc/kvcached")
     ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--storage", default="", help="store in this low-bit format")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -71,7 +93,8 @@ def main() -> None:
                     kvcache.Client(target, timeout=600, local_reads=False, transfers=False,
                                    max_message_bytes=64 << 20) as remote, \
                     kvcache.Client(target, timeout=600, local_reads=False) as transfer:
-                seq = remote.create_sequence(pool="bench").sequence_id
+                policy = kvcache.CompressionSpec(storage=args.storage) if args.storage else None
+                seq = remote.create_sequence(pool="bench", policy=policy).sequence_id
                 per_message = max(1, (1 << 20) // (KV_HEADS * HEAD_DIM * 2))
                 with remote.append_stream() as stream:
                     for at in range(0, args.tokens, per_message):
@@ -85,13 +108,21 @@ def main() -> None:
                     t0 = time.perf_counter()
                     np.copyto(dst, src)
                     times["copy"].append(time.perf_counter() - t0)
+                    decoded = None
                     for name, client in (("grpc", remote), ("local", local),
                                          ("transfer", transfer)):
                         t0 = time.perf_counter()
                         result = client.fetch(seq)
                         times[name].append(time.perf_counter() - t0)
-                        check(result, keys, values, args.tokens)
+                        if not args.storage:
+                            check(result, keys, values, args.tokens)
+                        elif decoded is None:
+                            check_close(result, keys, args.tokens)
+                            decoded = result
+                        else:
+                            same(result, decoded)
                         del result
+                    del decoded
                 path = local.data_path
                 transfer_path = transfer.data_path
         finally:
@@ -99,7 +130,8 @@ def main() -> None:
             proc.wait()
     gbps = {k: total / 1e9 / statistics.median(v) for k, v in times.items()}
     print(f"local_read_benchmark: {args.tokens} tokens x {LAYERS} layers x {KV_HEADS} kv heads x "
-          f"{HEAD_DIM} f16 = {total / 2**20:.0f} MiB, median of {args.rounds} rounds")
+          f"{HEAD_DIM} f16 = {total / 2**20:.0f} MiB, stored {args.storage or 'f16'}, "
+          f"median of {args.rounds} rounds")
     print(f"{'measurement':<34} {'GB/s':>8} {'vs copy':>9} {'vs gRPC':>9}")
     for name, label in (("copy", "NumPy copy of the same bytes"), ("grpc", "fetch over gRPC"),
                         ("local", "fetch, same-node mapping"),
@@ -109,7 +141,8 @@ def main() -> None:
     print(f"data paths: {path}; {transfer_path}")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(
-            {"tokens": args.tokens, "bytes": total, "rounds": args.rounds, "gbps": gbps,
+            {"tokens": args.tokens, "bytes": total, "storage": args.storage or "f16",
+             "rounds": args.rounds, "gbps": gbps,
              "data_path": path, "transfer_data_path": transfer_path}) + "\n")
 
 
