@@ -12,8 +12,8 @@ f16: 128 KiB per token) is appended once; each round then measures, in the same 
             transfer channel (TCP over loopback here), released, each lane gathered
 and checks that every fetch returns the appended bytes. With --storage (int8, fp8_e4m3,
 int4_g32, int4_g64, nvfp4) the sequence is stored in that format: gRPC's fetch is decoded by
-the server, the others by the client (kvcache/_decode.py), and they must agree bit for bit;
-GB/s then counts the dense f16 bytes returned.
+the server, the others by the client (client_decode=True: kvcache/_decode.py), and they must
+agree bit for bit; GB/s then counts the dense f16 bytes returned.
 
   scripts/local_read_benchmark.py [--kvcached build/cachesvc/kvcached] [--tokens 2048]
                                   [--storage FORMAT] [--rounds 5] [--json FILE]
@@ -89,10 +89,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         proc, target = start(args.kvcached, total + total // 4 + (64 << 20), pathlib.Path(tmp))
         try:
-            with kvcache.Client(target, timeout=600, max_message_bytes=64 << 20) as local, \
+            decode = bool(args.storage)
+            with kvcache.Client(target, timeout=600, max_message_bytes=64 << 20,
+                                client_decode=decode) as local, \
                     kvcache.Client(target, timeout=600, local_reads=False, transfers=False,
                                    max_message_bytes=64 << 20) as remote, \
-                    kvcache.Client(target, timeout=600, local_reads=False) as transfer:
+                    kvcache.Client(target, timeout=600, local_reads=False,
+                                   client_decode=decode) as transfer:
                 policy = kvcache.CompressionSpec(storage=args.storage) if args.storage else None
                 seq = remote.create_sequence(pool="bench", policy=policy).sequence_id
                 per_message = max(1, (1 << 20) // (KV_HEADS * HEAD_DIM * 2))

@@ -1,9 +1,9 @@
 """Same-node reads through the Python client against a real kvcached with a local_socket:
 fetch() maps the host pool and returns exactly what the gRPC path returns (f16, bf16 and f32
 pools, a layer subset, an unfinished layer, a StreamingLLM-compacted sequence), ending every
-lease it took; records in another format (INT4, or f16 asked as f32) are decoded here with
-the same result (test_record_decode.py: every format); a server without the socket, or a uid
-it refuses, leaves the client on gRPC saying why. AsyncClient takes the same path (its reads off the event loop)."""
+lease it took; records in another format (INT4, or f16 asked as f32) come over gRPC with the
+same result (decoded here with client_decode: test_record_decode.py); a server without the
+socket, or a uid it refuses, leaves the client on gRPC saying why. AsyncClient takes the same path (its reads off the event loop)."""
 
 from __future__ import annotations
 
@@ -80,8 +80,8 @@ def test_fetch_from_the_mapped_pool_equals_fetch_over_grpc(local_server: Server)
         assert after.granted - before.granted == mapped  # every one read from the mapping
         assert after.released - before.released == mapped and after.active == 0
 
-        # Records in another format than the requested dtype's are decoded here, equal all
-        # the same.
+        # Records in another format than the requested dtype's come over gRPC, equal all the
+        # same.
         int4 = _filled(local, "f16", 40, policy=CompressionSpec(storage="int4_g32"))
         _same(local.fetch(int4), remote.fetch(int4))
         _same(local.fetch(seqs[0], dtype="f32"), remote.fetch(seqs[0], dtype="f32"))
@@ -159,8 +159,8 @@ def test_async_client_reads_the_mapped_pool_too(local_server: Server, server: Se
     asyncio.run(run())
     with kvcache.Client(local_server.target, local_reads=False) as remote:
         after = remote.pool_stats().leases
-        # Every fetch but the missing sequence's took a lease, read it and ended it (the INT4
-        # ones decoded here).
+        # Every fetch but the missing sequence's took a lease and ended it; the INT4 ones
+        # then came over gRPC (client_decode is off).
         assert after.granted - before.granted == 9
         assert after.released - before.released == 9 and after.active == 0
 

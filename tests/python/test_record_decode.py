@@ -1,6 +1,7 @@
-"""The Python client's decode of stored records (kvcache/_decode.py) against the server's: a
-sequence stored in every storage format (with and without a raw recent window), read through
-the mapped pool and over a transfer channel into f16, bf16 and f32, equals a gRPC Fetch
+"""The Python client's decode of stored records (kvcache/_decode.py, client_decode=True)
+against the server's: a sequence stored in every storage format (with and without a raw
+recent window), read through the mapped pool and over a transfer channel into f16, bf16 and
+f32, equals a gRPC Fetch
 (decoded by kvcached) bit for bit; values span zeros, tiny and large magnitudes so every code
 and scale path is reached."""
 
@@ -66,8 +67,9 @@ def _stored(c: kvcache.Client, pool: str, storage: str, residual: int, n: int = 
 @pytest.mark.parametrize("storage", FORMATS)
 def test_decoded_records_equal_the_servers_on_every_path(decode_server: Server,
                                                          storage: str) -> None:
-    with kvcache.Client(decode_server.target) as local, \
-            kvcache.Client(decode_server.target, local_reads=False) as transfer, \
+    with kvcache.Client(decode_server.target, client_decode=True) as local, \
+            kvcache.Client(decode_server.target, local_reads=False, client_decode=True) \
+            as transfer, \
             kvcache.Client(decode_server.target, local_reads=False, transfers=False) as grpc_:
         sends = decode_server.rpc_count("SendLease")
         fetches = decode_server.rpc_count("Fetch")

@@ -3,7 +3,8 @@ and no local socket (a client on another node sees the same): fetch() receives t
 blocks over the channel and returns exactly what the gRPC path returns (f16, bf16 and f32
 pools, a layer subset, an unfinished layer, a layer ahead, a StreamingLLM-compacted
 sequence), from many threads at once, ending every lease it took; INT4 records, and f16 ones
-asked as f32, are received and decoded here (test_record_decode.py: every format); a channel
+asked as f32, come over gRPC decoded by the server, or with client_decode over the channel,
+decoded here (test_record_decode.py: every format); a channel
 the server closed, or one to a server that restarted, is replaced on the next fetch;
 data_path says why a client stays on gRPC. AsyncClient takes the same path (its reads off the event loop)."""
 
@@ -84,18 +85,28 @@ def test_fetches_from_many_threads_share_one_channel(transfer_server: Server) ->
         assert c.pool_stats().leases.active == 0
 
 
-def test_low_bit_records_and_other_dtypes_are_decoded_here(transfer_server: Server) -> None:
-    with kvcache.Client(transfer_server.target) as c, _grpc_only(transfer_server) as g:
+def test_low_bit_records_come_over_grpc_unless_the_client_decodes(
+        transfer_server: Server) -> None:
+    with kvcache.Client(transfer_server.target) as c, _grpc_only(transfer_server) as g, \
+            kvcache.Client(transfer_server.target, client_decode=True) as d:
         raw = _filled(c, "f16", 50)
         c.fetch(raw)  # decides the path
+        d.fetch(raw)
         int4 = _filled(c, "f16", 50, policy=CompressionSpec(storage="int4_g32"))
+        want = [g.fetch(int4), g.fetch(raw, dtype="f32")]
         sends = transfer_server.rpc_count("SendLease")
         fetches = transfer_server.rpc_count("Fetch")
-        _same(c.fetch(int4), g.fetch(int4))
-        _same(c.fetch(raw, dtype="f32"), g.fetch(raw, dtype="f32"))
-        assert transfer_server.rpc_count("SendLease") - sends == 2  # both over the channel
-        assert transfer_server.rpc_count("Fetch") - fetches == 2  # g's only
-        assert c.data_path.startswith("transfer (")
+        _same(c.fetch(int4), want[0])
+        _same(c.fetch(raw, dtype="f32"), want[1])
+        # Leased, nothing sent, then fetched over gRPC (decoded by the server).
+        assert transfer_server.rpc_count("SendLease") - sends == 0
+        assert transfer_server.rpc_count("Fetch") - fetches == 2
+        _same(d.fetch(int4), want[0])
+        _same(d.fetch(raw, dtype="f32"), want[1])
+        # Received over the channel and decoded here.
+        assert transfer_server.rpc_count("SendLease") - sends == 2
+        assert transfer_server.rpc_count("Fetch") - fetches == 2
+        assert c.data_path.startswith("transfer (") and d.data_path.startswith("transfer (")
         assert c.pool_stats().leases.active == 0
         with pytest.raises(kvcache.NotFound):
             c.fetch("no-such-sequence")
@@ -164,7 +175,7 @@ def test_async_client_receives_over_the_channel_too(transfer_server: Server) -> 
             for expected, result in zip(want, got):
                 _same(result, expected)
             assert c.data_path.startswith("transfer ("), c.data_path
-            assert len(reads) == 9 and loop_thread not in reads  # never on the event loop
+            assert len(reads) == 6 and loop_thread not in reads  # never on the event loop
             with pytest.raises(kvcache.NotFound):
                 await c.fetch("s-nothing")
         async with kvcache.AsyncClient(transfer_server.target, transfers=False) as c:
@@ -172,7 +183,8 @@ def test_async_client_receives_over_the_channel_too(transfer_server: Server) -> 
             assert c.data_path == "grpc (the server has no local_socket; transfers are off)"
 
     asyncio.run(run())
-    assert transfer_server.rpc_count("SendLease") - sends == 9
+    # The INT4 fetches went over gRPC without a SendLease (client_decode is off).
+    assert transfer_server.rpc_count("SendLease") - sends == 6
 
 
 def test_a_client_that_outlives_a_server_restart_opens_a_channel_to_the_new_one(

@@ -5,9 +5,11 @@ the C++ client's LocalReader (client/src/local_reader.h) does.
 The reader connects to the socket the server names in GetServerInfo, checks that the
 greeting carries the server's token (the same server, not another one at that path),
 receives each arena's memfd once (SCM_RIGHTS) and maps it read-only. A read copies each
-lane's records out of the mapping with NumPy (one gather per segment); records stored in
+lane's records out of the mapping with NumPy (one gather per segment). Records stored in
 another format than the requested dtype's raw one (INT4, FP8, NVFP4, ... or f16 asked as
-f32) are decoded as the server would (kvcache/_decode.py).
+f32) are decoded as the server would (kvcache/_decode.py) when the client's client_decode
+is on; otherwise read() returns None and the caller fetches over gRPC (the server's C++
+decode is faster than NumPy's).
 
 The same connection opens staging regions for appends (open_staging, StagingSpace): the
 server's memfd mapped writable here, which Client.append and append_stream copy keys and values
@@ -29,7 +31,7 @@ import numpy as np
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache.errors import (Aborted, DeadlineExceeded, FailedPrecondition, Internal,
                             KvCacheError, Unavailable)
-from kvcache._decode import DECODABLE, decode, output_dtype
+from kvcache._decode import DECODABLE, RAW_FORMAT, decode, output_dtype
 from kvcache.types import DType, FetchedHead, FetchResult, lease_positions
 
 _MAX_LINE = 512
@@ -55,13 +57,15 @@ def connect_local(info: Any) -> Tuple[Optional["LocalReader"], str]:
         return None, f"grpc ({e.message})"
 
 
-def read_dtype(lease: svc.Lease, dtype: Optional[DType]) -> Optional[DType]:
-    """The dtype a read of `lease` returns (`dtype`, or the pool's); None when a segment is
-    in a storage format this client cannot decode (then fetch over gRPC)."""
+def read_dtype(lease: svc.Lease, dtype: Optional[DType], decode: bool) -> Optional[DType]:
+    """The dtype a read of `lease` returns (`dtype`, or the pool's); None when a segment
+    would need decoding and `decode` is off (or its format is unknown here): fetch over gRPC
+    then, decoded by the server."""
     dt = output_dtype(lease.dtype, dtype)
     if dt is None:
         return None
-    if any(s.format not in DECODABLE for lane in lease.lanes for s in lane.segments):
+    allowed = DECODABLE if decode else {RAW_FORMAT[dt]}
+    if any(s.format not in allowed for lane in lease.lanes for s in lane.segments):
         return None
     return dt
 
@@ -262,20 +266,20 @@ class LocalReader:
             self._maps[key] = (m, array)
             return array
 
-    def read(self, lease: svc.Lease, dtype: Optional[DType],
-             include_unfinished: bool) -> Optional[FetchResult]:
+    def read(self, lease: svc.Lease, dtype: Optional[DType], include_unfinished: bool,
+             decode: bool = False) -> Optional[FetchResult]:
         """The lease's tokens below each layer's limit (visible tokens, or the layer's
         appended ones with include_unfinished) as a dense FetchResult equal to a gRPC fetch
-        of the same layers (records in other formats decoded as the server would); None when
-        a segment's format is unknown here or the lease is another server's (fetch over gRPC
-        then).
+        of the same layers (with `decode`, records in other formats decoded as the server
+        would); None when a segment needs decoding and `decode` is off, or the lease is
+        another server's (fetch over gRPC then).
         Aborted when the lease could have ended before the read finished."""
         if lease.local_token != self.token:
             # Another server's lease (this one restarted): its block ids mean nothing in
             # these mappings. Over gRPC, and connect again next time.
             self._stale = True
             return None
-        dt = read_dtype(lease, dtype)
+        dt = read_dtype(lease, dtype, decode)
         if dt is None or lease.device != "cpu":
             return None
         heads = gather(lease, dt, include_unfinished,

@@ -72,7 +72,8 @@ class AsyncClient:
                  tls_key: Optional[PathLike] = None, tls_server_name: Optional[str] = None,
                  token: Optional[str] = None, max_message_bytes: int = 16 << 20,
                  interceptors: Sequence[Any] = (), local_reads: bool = True,
-                 transfers: bool = True, staging_bytes: int = 64 << 20):
+                 transfers: bool = True, client_decode: bool = False,
+                 staging_bytes: int = 64 << 20):
         self._s: Settings = make_settings(
             target, timeout=timeout, max_attempts=max_attempts, initial_backoff=initial_backoff,
             max_backoff=max_backoff, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
@@ -98,6 +99,7 @@ class AsyncClient:
         self._local: Optional[LocalReader] = None
         self._local_reads = local_reads
         self._transfers = transfers
+        self._client_decode = client_decode
         self._transfer: Optional[TransferReader] = None
         self._target = target
         self._local_decided = not local_reads and not transfers
@@ -222,7 +224,8 @@ class AsyncClient:
         SendLease call runs on the loop."""
         lease = await self.lease_sequence(seq, layers, timeout=timeout)
         try:
-            dt = read_dtype(lease, None if dtype is None else parse_dtype(dtype))
+            dt = read_dtype(lease, None if dtype is None else parse_dtype(dtype),
+                            self._client_decode)
             if dt is None:
                 return None
             loop = asyncio.get_running_loop()
@@ -396,7 +399,7 @@ class AsyncClient:
             try:
                 wanted = None if dtype is None else parse_dtype(dtype)
                 result = await asyncio.get_running_loop().run_in_executor(
-                    None, local.read, lease, wanted, include_unfinished)
+                    None, local.read, lease, wanted, include_unfinished, self._client_decode)
             finally:
                 try:  # best effort: the TTL ends it otherwise
                     await self.release_lease(lease, timeout=timeout)

@@ -60,7 +60,8 @@ class Client:
                  tls_key: Optional[PathLike] = None, tls_server_name: Optional[str] = None,
                  token: Optional[str] = None, max_message_bytes: int = 16 << 20,
                  interceptors: Sequence[Any] = (), local_reads: bool = True,
-                 transfers: bool = True, staging_bytes: int = 64 << 20):
+                 transfers: bool = True, client_decode: bool = False,
+                 staging_bytes: int = 64 << 20):
         """target: any gRPC target (host:port, unix:/path, dns:///...). timeout: default
         deadline of each call in seconds. max_attempts: for retried reads (1 = no retries).
         tls_ca: PEM CA file; set = TLS (tls_cert + tls_key for mTLS; tls_server_name when the
@@ -72,6 +73,12 @@ class Client:
         transfers: without the same-node path, fetch() receives the leased blocks over the
         server's transfer channel when it offers one (its ``transfer_listen``; docs/
         ARCHITECTURE.md "Transfers").
+        client_decode: on those two paths, records stored in a low-bit format (or in another
+        dtype than the requested one) are decoded here in NumPy, bit for bit as the server
+        decodes them, instead of fetched over gRPC decoded by the server. Off by default: the
+        server's decode plus gRPC is ~3x faster than NumPy's decode on one machine (docs/
+        BENCHMARKS.md); on when a slow network or busy server cores make the compressed
+        bytes worth decoding here.
         staging_bytes: with local_reads on the server's node, append() and append_stream()
         copy keys and values into a staging region of this many bytes that the server reads
         them from (0: always send them over gRPC); ``append_path`` says which.
@@ -96,6 +103,7 @@ class Client:
         self._local_reads = local_reads
         # Without the same-node path: the transfer channel (kvcache/_transfer.py).
         self._transfers = transfers
+        self._client_decode = client_decode
         self._transfer: Optional[TransferReader] = None
         self._target = target
         self._local_decided = not local_reads and not transfers
@@ -234,11 +242,12 @@ class Client:
                            layers: Optional[Sequence[int]], dtype: DTypeLike,
                            include_unfinished: bool,
                            timeout: Optional[float]) -> Optional[FetchResult]:
-        """fetch() over the transfer channel; None when a record's format is unknown here or
-        the channel broke (then over gRPC; the next fetch decides the path again)."""
+        """fetch() over the transfer channel; None when a record needs decoding and
+        client_decode is off, or the channel broke (then over gRPC; the next fetch decides the path again)."""
         lease = self.lease_sequence(seq, layers, timeout=timeout)
         try:
-            dt = read_dtype(lease, None if dtype is None else parse_dtype(dtype))
+            dt = read_dtype(lease, None if dtype is None else parse_dtype(dtype),
+                            self._client_decode)
             if dt is None:
                 return None
 
@@ -403,9 +412,10 @@ class Client:
         """Fetches the visible tokens, dense in `dtype` (None = pool's), assembled per
         (layer, kv head): result[(layer, head)].keys / .values [n, head_dim], .positions.
         On the same node (``data_path``) the records are copied from the mapped pool under a
-        lease, elsewhere received over the server's transfer channel when it offers one, and
-        records stored in a low-bit format are decoded here (kvcache/_decode.py) exactly as the
-        server would: the result is the same on every path."""
+        lease, elsewhere received over the server's transfer channel when it offers one;
+        records stored in a low-bit format come over gRPC decoded by the server, or with
+        client_decode are decoded here (kvcache/_decode.py) exactly as the server would: the
+        result is the same on every path."""
         local = self._local_path(timeout) if not tenant else None
         transfer = self._transfer_path() if not tenant and local is None else None
         if transfer is not None:
@@ -417,7 +427,7 @@ class Client:
             lease = self.lease_sequence(seq, layers, timeout=timeout)
             try:
                 wanted = None if dtype is None else parse_dtype(dtype)
-                result = local.read(lease, wanted, include_unfinished)
+                result = local.read(lease, wanted, include_unfinished, self._client_decode)
             finally:
                 try:  # best effort: the TTL ends it otherwise
                     self.release_lease(lease, timeout=timeout)
