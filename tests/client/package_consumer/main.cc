@@ -5,6 +5,9 @@
 #include <vector>
 
 #include "kvc/client/kv_cache_client.h"
+#ifdef KVC_CONSUMER_DEVICE
+#include "kvc/client/device_reader.h"
+#endif
 
 int main(int argc, char** argv) {
   if (argc != 2) return 64;
@@ -53,6 +56,31 @@ int main(int argc, char** argv) {
       }
     }
   }
+#ifdef KVC_CONSUMER_DEVICE
+  // The device reader links and runs from the package: without a CUDA backend it says so;
+  // with one, a sequence of a host pool is refused before anything is read.
+  auto device = kvc::client::DeviceReader::Create(client->get());
+  if (device.ok()) {
+    std::vector<float> out(keys.size());
+    kvc::client::FetchIntoOptions into;
+    into.dtype = kvc::client::DType::kF32;
+    into.num_kv_heads = g.num_kv_heads;
+    into.head_dim = g.head_dim;
+    auto read = (*device)->FetchInto(seq->sequence_id, {{0, out.data(), out.data(), n}}, into);
+    if (read.status().code() != absl::StatusCode::kFailedPrecondition) {
+      std::fprintf(stderr, "DeviceReader::FetchInto of a host pool: %s\n",
+                   read.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("consumer: device reader refuses a host pool: %s\n",
+                std::string(read.status().message()).c_str());
+  } else if (device.status().code() != absl::StatusCode::kUnavailable) {
+    std::fprintf(stderr, "DeviceReader::Create: %s\n", device.status().ToString().c_str());
+    return 1;
+  } else {
+    std::printf("consumer: %s\n", std::string(device.status().message()).c_str());
+  }
+#endif
   if (!(*client)->Release(seq->sequence_id).ok()) return 1;
   std::printf("consumer: OK (%d layers, %d tokens)\n", g.num_layers, n);
   return 0;
