@@ -4,6 +4,7 @@ missing binary fails the tests (it never skips them)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pathlib
@@ -13,7 +14,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from typing import Iterator, List
+from typing import Any, Iterator, List
 
 import numpy as np
 import pytest
@@ -142,3 +143,46 @@ def wait_until(predicate, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return predicate()
+
+
+@contextlib.contextmanager
+def threads_calling(owner: Any, name: str) -> Iterator[List[int]]:
+    """The thread of every call of owner.name (a class's method) while the block runs: an
+    asyncio client's blocking work must never run on the event loop's thread."""
+    threads: List[int] = []
+    real = getattr(owner, name)
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    setattr(owner, name, spy)
+    try:
+        yield threads
+    finally:
+        setattr(owner, name, real)
+
+
+def fill_after_restart(c: kvcache.Client) -> str:
+    """After kvcached was started again at the client's address: waits for the client to
+    reconnect, appends 40 tokens of KV the old server never held to a new f16 sequence (the new
+    server hands out the old one's block ids again) and checks that fetch returns exactly
+    them, whatever path it takes. Returns the sequence."""
+    deadline = time.monotonic() + 20
+    while True:  # the gRPC channel reconnects with its backoff
+        try:
+            seq = c.create_sequence(pool="f16").sequence_id
+            break
+        except kvcache.Unavailable:
+            assert time.monotonic() < deadline, "the client never reconnected"
+            time.sleep(0.1)
+    for layer in range(LAYERS):
+        k = random_kv(40, dtype=np.float16, seed=100 + layer)
+        v = random_kv(40, dtype=np.float16, seed=200 + layer)
+        c.append(seq, layer, 0, k, v)
+    got = c.fetch(seq)
+    for layer in range(LAYERS):
+        for head in range(KV_HEADS):
+            want = random_kv(40, dtype=np.float16, seed=100 + layer)[:, head, :]
+            assert np.array_equal(got[(layer, head)].keys, want), (layer, head)
+    return seq

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from typing import Iterator
 
 import numpy as np
@@ -18,7 +17,8 @@ import pytest
 
 import kvcache
 import kvcache._local as local_module
-from conftest import HEAD_DIM, KV_HEADS, LAYERS, Server, random_kv, start
+from conftest import (HEAD_DIM, LAYERS, Server, fill_after_restart, random_kv, start,
+                      threads_calling)
 from kvcache import CompressionSpec, StreamingLLM
 
 
@@ -123,22 +123,12 @@ def test_async_client_reads_the_mapped_pool_too(local_server: Server, server: Se
         async with kvcache.AsyncClient(local_server.target) as c:
             assert c.data_path == "grpc (no fetch yet)"
             loop_thread = threading.get_ident()
-            reads = []
-            real_read = local_module.LocalReader.read
-
-            def spy(self, *args, **kwargs):
-                reads.append(threading.get_ident())
-                return real_read(self, *args, **kwargs)
-
-            local_module.LocalReader.read = spy
-            try:
+            with threads_calling(local_module.LocalReader, "read") as reads:
                 # Concurrent fetches share the one reader (its socket requests are locked).
                 got = await asyncio.gather(*[
                     c.fetch(seq, **kw)
                     for seq in (f16, f32, int4)
                     for kw in ({}, {"layers": [1]}, {"include_unfinished": True})])
-            finally:
-                local_module.LocalReader.read = real_read
             for (key, expected), result in zip(want.items(), got):
                 _same(result, expected)
             assert c.data_path.startswith("shared-memory ("), c.data_path
@@ -179,23 +169,7 @@ def test_a_client_that_outlives_a_server_restart_reads_only_the_new_servers_kv(t
         first.stop()
         second = start(tmp_path, config, listen=first.target)
         try:
-            deadline = time.monotonic() + 20
-            while True:  # the channel reconnects with gRPC's backoff
-                try:
-                    seq = c.create_sequence(pool="f16").sequence_id
-                    break
-                except kvcache.Unavailable:
-                    assert time.monotonic() < deadline, "the client never reconnected"
-                    time.sleep(0.1)
-            for layer in range(LAYERS):  # other bytes than the old sequence's, same blocks
-                k = random_kv(40, dtype=np.float16, seed=100 + layer)
-                v = random_kv(40, dtype=np.float16, seed=200 + layer)
-                c.append(seq, layer, 0, k, v)
-            got = c.fetch(seq)
-            for layer in range(LAYERS):
-                for head in range(KV_HEADS):
-                    want = random_kv(40, dtype=np.float16, seed=100 + layer)[:, head, :]
-                    assert np.array_equal(got[(layer, head)].keys, want), (layer, head)
+            fill_after_restart(c)
             assert c.data_path.startswith("shared-memory"), c.data_path
             assert c.append_path.startswith("staged"), c.append_path
             with pytest.raises(kvcache.NotFound):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Iterator
 
 import numpy as np
@@ -20,7 +19,7 @@ import pytest
 
 import kvcache
 import kvcache._transfer as transfer_module
-from conftest import HEAD_DIM, KV_HEADS, LAYERS, Server, random_kv, start, wait_until
+from conftest import HEAD_DIM, Server, fill_after_restart, start, threads_calling, wait_until
 from kvcache import CompressionSpec, StreamingLLM
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from test_local_read import _filled, _same
@@ -158,20 +157,10 @@ def test_async_client_receives_over_the_channel_too(transfer_server: Server) -> 
         async with kvcache.AsyncClient(transfer_server.target) as c:
             assert c.data_path == "grpc (no fetch yet)"
             loop_thread = threading.get_ident()
-            reads = []
-            real_fetch = transfer_module.TransferReader.fetch
-
-            def spy(self, *args, **kw):
-                reads.append(threading.get_ident())
-                return real_fetch(self, *args, **kw)
-
-            transfer_module.TransferReader.fetch = spy
-            try:
+            with threads_calling(transfer_module.TransferReader, "fetch") as reads:
                 # Concurrent fetches share the one channel (its fetches run one at a time).
                 got = await asyncio.gather(*[c.fetch(seq, **kw) for seq in (f16, f32, int4)
                                              for kw in kwargs])
-            finally:
-                transfer_module.TransferReader.fetch = real_fetch
             for expected, result in zip(want, got):
                 _same(result, expected)
             assert c.data_path.startswith("transfer ("), c.data_path
@@ -198,22 +187,7 @@ def test_a_client_that_outlives_a_server_restart_opens_a_channel_to_the_new_one(
         first.stop()
         second = start(tmp_path, config, listen=first.target)
         try:
-            deadline = time.monotonic() + 20
-            while True:  # the gRPC channel reconnects with its backoff
-                try:
-                    seq = c.create_sequence(pool="f16").sequence_id
-                    break
-                except kvcache.Unavailable:
-                    assert time.monotonic() < deadline, "the client never reconnected"
-                    time.sleep(0.1)
-            for layer in range(LAYERS):
-                k = random_kv(40, dtype=np.float16, seed=100 + layer)
-                c.append(seq, layer, 0, k, k)
-            got = c.fetch(seq)
-            for layer in range(LAYERS):
-                for head in range(KV_HEADS):
-                    want = random_kv(40, dtype=np.float16, seed=100 + layer)[:, head, :]
-                    assert np.array_equal(got[(layer, head)].keys, want), (layer, head)
+            fill_after_restart(c)
             assert c.data_path.startswith("transfer ("), c.data_path
             assert second.rpc_count("SendLease") == 1
             with pytest.raises(kvcache.NotFound):

@@ -44,10 +44,12 @@ def server_info_failed(error: KvCacheError) -> Tuple[bool, str]:
     return decided, f"grpc (GetServerInfo failed: {error})"
 
 
-def connect_local(info: Any) -> Tuple[Optional["LocalReader"], str]:
-    """The reader of the local socket GetServerInfo's reply names (None when there is none
-    or it refuses), and what data_path says. Blocking: the asyncio client runs it in an
-    executor."""
+def connect_local(info: Any, local_reads: bool = True) -> Tuple[Optional["LocalReader"], str]:
+    """The reader of the local socket GetServerInfo's reply names (None when there is none,
+    it refuses or local_reads is off), and what data_path says. Blocking: the asyncio client
+    runs it in an executor."""
+    if not local_reads:
+        return None, "grpc (local_reads is off)"
     if not info.local_socket:
         return None, "grpc (the server has no local_socket)"
     try:

@@ -56,6 +56,21 @@ def target_host(target: str) -> str:
     return host
 
 
+def should_open(info: Any, transfers: bool, data_path: str) -> Tuple[bool, str]:
+    """After the same-node path was not taken (`data_path` says why): whether to open the
+    transfer channel GetServerInfo's reply `info` offers, and what data_path says if not."""
+    if info.transfer_port <= 0:
+        return False, data_path
+    if not transfers:
+        return False, data_path[:-1] + "; transfers are off)"
+    return True, data_path
+
+
+def refused(data_path: str, error: KvCacheError) -> str:
+    """data_path after opening a channel failed."""
+    return data_path[:-1] + f"; transfer: {error.message})"
+
+
 def plan(lease: svc.Lease) -> Tuple[svc.Lease, Dict[int, Tuple[int, int]], int]:
     """The lease with every segment's blocks renumbered to their place among the payload's
     blocks of that format, each format's (offset, bytes) in the payload, and the payload's

@@ -36,6 +36,8 @@ from kvcache._proto.kvcache.v1 import types_pb2
 from kvcache._local import (LocalReader, StagingSpace, connect_local, gather, read_dtype,
                             server_info_failed)
 from kvcache._transfer import TransferReader, target_host
+from kvcache._transfer import refused as transfer_refused
+from kvcache._transfer import should_open as transfer_should_open
 from kvcache.client import _SERVER_MAY_STILL_READ
 from kvcache.errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition,
                             KvCacheError, from_rpc_error)
@@ -179,22 +181,19 @@ class AsyncClient:
                 self._local_decided, self._data_path = server_info_failed(e)
                 return None
             self._local_decided = True
-            if self._local_reads:
-                self._local, self._data_path = await asyncio.get_running_loop().run_in_executor(
-                    None, connect_local, info)
-                if self._local is not None:
-                    return self._local
-            else:
-                self._data_path = "grpc (local_reads is off)"
+            self._local, self._data_path = await asyncio.get_running_loop().run_in_executor(
+                None, connect_local, info, self._local_reads)
+            if self._local is not None:
+                return self._local
             # No same-node path: a transfer channel, if the server offers one.
-            if info.transfer_port > 0 and not self._transfers:
-                self._data_path = self._data_path[:-1] + "; transfers are off)"
-            elif info.transfer_port > 0:
+            open_one, self._data_path = transfer_should_open(info, self._transfers,
+                                                             self._data_path)
+            if open_one:
                 try:
                     self._transfer = await self._open_transfer(timeout)
                     self._data_path = f"transfer ({self._transfer.where})"
                 except KvCacheError as e:
-                    self._data_path = self._data_path[:-1] + f"; transfer: {e.message})"
+                    self._data_path = transfer_refused(self._data_path, e)
             return None
 
     async def _open_transfer(self, timeout: Optional[float]) -> TransferReader:
