@@ -194,3 +194,26 @@ def test_a_client_that_outlives_a_server_restart_opens_a_channel_to_the_new_one(
                 c.fetch(old)
         finally:
             second.stop()
+
+
+def test_a_refused_send_leaves_the_channel_usable(transfer_server: Server) -> None:
+    """A lease that ended before SendLease: the server writes a frame with the refusal and no
+    payload, the fetch raises it, and the channel stays in step for the next one."""
+    with kvcache.Client(transfer_server.target) as c, _grpc_only(transfer_server) as g:
+        seq = _filled(c, "f16", 30)
+        _same(c.fetch(seq), g.fetch(seq))
+        reader = c._transfer
+        assert reader is not None
+        lease = c.lease_sequence(seq)
+        c.release_lease(lease)
+
+        def send(nonce: int):
+            request = svc.SendLeaseRequest(transfer_id=reader.id, lease_id=lease.lease_id,
+                                           nonce=nonce)
+            return c._kv.SendLease.future(request, timeout=10)
+
+        with pytest.raises(kvcache.NotFound):
+            reader.fetch(lease, send, 10, lambda renumbered, arenas: None)
+        assert reader.alive()
+        _same(c.fetch(seq), g.fetch(seq))
+        assert c._transfer is reader  # the same channel served it
