@@ -3,7 +3,8 @@ fetch() maps the host pool and returns exactly what the gRPC path returns (f16, 
 pools, a layer subset, an unfinished layer, a StreamingLLM-compacted sequence), ending every
 lease it took; records in another format (INT4, or f16 asked as f32) come over gRPC with the
 same result (decoded here with client_decode: test_record_decode.py); a server without the
-socket, or a uid it refuses, leaves the client on gRPC saying why. AsyncClient takes the same path (its reads off the event loop)."""
+socket, or a uid it refuses, leaves the client on gRPC saying why. AsyncClient takes the same
+path (its reads off the event loop)."""
 
 from __future__ import annotations
 

@@ -4,9 +4,10 @@ blocks over the channel and returns exactly what the gRPC path returns (f16, bf1
 pools, a layer subset, an unfinished layer, a layer ahead, a StreamingLLM-compacted
 sequence), from many threads at once, ending every lease it took; INT4 records, and f16 ones
 asked as f32, come over gRPC decoded by the server, or with client_decode over the channel,
-decoded here (test_record_decode.py: every format); a channel
-the server closed, or one to a server that restarted, is replaced on the next fetch;
-data_path says why a client stays on gRPC. AsyncClient takes the same path (its reads off the event loop)."""
+decoded here (test_record_decode.py: every format); a channel the server closed, or one to a
+server that restarted, is replaced on the next fetch; a refusal announced in the frame leaves
+the channel usable; data_path says why a client stays on gRPC. AsyncClient takes the same
+path (its reads off the event loop)."""
 
 from __future__ import annotations
 

@@ -41,8 +41,8 @@ from kvcache._transfer import should_open as transfer_should_open
 from kvcache.client import _SERVER_MAY_STILL_READ
 from kvcache.errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition,
                             KvCacheError, from_rpc_error)
-from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
-                           DType, DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
+from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec, DType,
+                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
                            Prefix, PublishResult, ReleaseResult, StorageLike, parse_dtype,
                            parse_storage)
 

@@ -39,8 +39,8 @@ from kvcache._transfer import refused as transfer_refused
 from kvcache._transfer import should_open as transfer_should_open
 from kvcache.errors import (Aborted, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition,
                             Internal, KvCacheError, Unavailable, Unknown, from_rpc_error)
-from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec,
-                           DType, DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
+from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec, DType,
+                           DTypeLike, FetchedChunk, FetchResult, LayerQueries, LayerQueryStats,
                            Prefix, PublishResult, ReleaseResult, StorageLike, parse_dtype,
                            parse_storage)
 
@@ -242,7 +242,8 @@ class Client:
                            include_unfinished: bool,
                            timeout: Optional[float]) -> Optional[FetchResult]:
         """fetch() over the transfer channel; None when a record needs decoding and
-        client_decode is off, or the channel broke (then over gRPC; the next fetch decides the path again)."""
+        client_decode is off, or the channel broke (then over gRPC; the next fetch decides
+        the path again)."""
         lease = self.lease_sequence(seq, layers, timeout=timeout)
         try:
             dt = read_dtype(lease, None if dtype is None else parse_dtype(dtype),
