@@ -267,9 +267,9 @@ void TransferChannels::Serve() {
       Pending& p = pending[i];
       if (fds[i + 2].revents != 0 && Greet(p)) continue;
       if (now - p.accepted > options_.connect_within) {
+        Event("refused");
         Reply(p.fd, "ERR no greeting in time\n");
         ::close(p.fd);
-        Event("refused");
         continue;
       }
       kept.push_back(std::move(p));
@@ -278,9 +278,9 @@ void TransferChannels::Serve() {
     if (fds[1].revents & POLLIN) {
       const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd >= 0 && pending.size() >= kMaxPending) {
+        Event("refused");
         Reply(fd, "ERR too many connections waiting to greet\n");
         ::close(fd);
-        Event("refused");
       } else if (fd >= 0) {
         const int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -303,9 +303,9 @@ bool TransferChannels::Greet(Pending& p) {
   const auto end = p.line.find('\n');
   if (end == std::string::npos) {
     if (p.line.size() < transfer::kMaxGreetingBytes) return false;
+    Event("refused");
     Reply(p.fd, "ERR greeting too long\n");
     ::close(p.fd);
-    Event("refused");
     return true;
   }
   const std::vector<std::string> words = absl::StrSplit(p.line.substr(0, end), ' ');
@@ -323,17 +323,19 @@ bool TransferChannels::Greet(Pending& p) {
         if (fresh) c.fd = p.fd;
         c.send_mu.Unlock();
         if (fresh) {
-          Reply(p.fd, "OK\n");
           Event("connected");
+          Reply(p.fd, "OK\n");
           return true;
         }
       }
       why = "this transfer is connected already";
     }
   }
+  // Counted before the reply (here and above), so that whoever has read a reply sees it
+  // counted (TransferTest reads the metric right after the refusal).
+  Event("refused");
   Reply(p.fd, absl::StrCat("ERR ", why, "\n"));
   ::close(p.fd);
-  Event("refused");
   return true;
 }
 
