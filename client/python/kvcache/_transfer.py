@@ -161,9 +161,9 @@ class TransferReader:
 
     def _read_exactly(self, view: memoryview, deadline: float,
                       give_up: Callable[[], bool]) -> None:
-        """Fills `view` from the socket. Unavailable when the server closes first;
-        DeadlineExceeded past `deadline`; Unavailable as well when `give_up()` turns true
-        while nothing arrives (the SendLease call failed: no more bytes may come)."""
+        """Fills `view` from the socket. Unavailable when the server closes first; _Deadline
+        past `deadline`; _GaveUp when `give_up()` turns true while nothing arrives (the
+        SendLease call failed: no more bytes may come). fetch() turns both into errors."""
         got = 0
         while got < len(view):
             left = deadline - time.monotonic()
@@ -227,8 +227,8 @@ class TransferReader:
                         # stream cannot be trusted after.
                         raise _call_error(future) from None
                     if isinstance(e, _Deadline):
-                        raise Unavailable(f"transfer {self.where}: no data before the "
-                                          "deadline") from None
+                        raise DeadlineExceeded(f"transfer {self.where}: the payload did not "
+                                               "arrive before the deadline") from None
                     raise
                 try:
                     future.result(timeout=max(deadline - time.monotonic(), 0.001))
