@@ -1,0 +1,224 @@
+// KvCacheClient's data-path decision: whether reads go through the same-node mapping
+// (local_reader.h), a transfer channel (transfer_reader.h) or gRPC, and whether appends are
+// staged (staging_space.h). Decided on first use, and again after a path broke or the server
+// restarted; DataPath()/AppendPath() say what was decided and why.
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/src/client_impl.h"
+#include "client/src/local_reader.h"
+#include "client/src/staging_space.h"
+#include "client/src/transfer_reader.h"
+#include "common/mutex.h"
+#include "kvc/client/kv_cache_client.h"
+#include "kvcache/v1/kvcache_service.grpc.pb.h"
+#include "proto/rpc_status.h"
+
+namespace kvc::client {
+
+namespace pb = ::kvcache::v1;
+
+std::string KvCacheClient::DataPath() const {
+  kvc::MutexLock lock(&impl_->local_mu);
+  return impl_->data_path;
+}
+
+std::string KvCacheClient::AppendPath() const {
+  kvc::MutexLock lock(&impl_->local_mu);
+  return impl_->append_path;
+}
+
+std::shared_ptr<internal::StagingSpace> KvCacheClient::LocalStaging(const CallOptions& call) {
+  {
+    kvc::MutexLock lock(&impl_->local_mu);
+    if (impl_->options.staging_bytes <= 0) {
+      impl_->staging_decided = true;
+      impl_->append_path = "grpc (staging_bytes is 0)";
+      return nullptr;
+    }
+  }
+  // Every time, not only the first: after a restart it drops the old server's region too.
+  const std::shared_ptr<internal::LocalReader> local = LocalPath(call);
+  kvc::MutexLock lock(&impl_->local_mu);
+  if (impl_->staging_decided) return impl_->staging;  // another thread was first
+  if (local == nullptr) {
+    // Undecided while the server is unreachable, as the read path is.
+    impl_->staging_decided = impl_->local_decided;
+    impl_->append_path = impl_->transfer != nullptr
+                             ? "grpc (no same-node path; transfer channels carry reads only)"
+                             : impl_->data_path;
+    return nullptr;
+  }
+  if (local != impl_->local) return nullptr;  // dropped meanwhile: the next Append decides
+  absl::StatusOr<std::unique_ptr<internal::StagingSpace>> space =
+      local->OpenStaging(impl_->options.staging_bytes);
+  impl_->staging_decided = true;
+  if (!space.ok()) {
+    impl_->append_path = absl::StrCat("grpc (", space.status().message(), ")");
+    return nullptr;
+  }
+  impl_->staging = *std::move(space);
+  impl_->append_path = absl::StrCat("staged (", impl_->staging->bytes(), "-byte region)");
+  return impl_->staging;
+}
+
+namespace {
+
+// The host part of a gRPC target ("host:port", "dns:///host:port", "ipv4:h:p", "[::1]:p");
+// "" for unix sockets and anything else without one.
+std::string TargetHost(std::string target) {
+  if (absl::StartsWith(target, "unix:")) return "";
+  for (const char* scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (absl::StartsWith(target, scheme)) {
+      target = target.substr(std::strlen(scheme));
+      break;
+    }
+  }
+  target = target.substr(0, target.find(','));  // ipv4:a:p,b:p -> the first address
+  const auto colon = target.rfind(':');
+  std::string host = colon == std::string::npos ? target : target.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+}  // namespace
+
+std::shared_ptr<internal::LocalReader> KvCacheClient::LocalPath(const CallOptions& call) {
+  kvc::MutexLock lock(&impl_->local_mu);
+  if (impl_->local_decided) {
+    if (impl_->transfer != nullptr) {
+      if (impl_->transfer->Alive()) return nullptr;
+      // The channel broke (or the server hung up): decide again.
+      impl_->transfer.reset();
+      impl_->local_decided = false;
+    } else if (impl_->local == nullptr || impl_->local->Alive()) {
+      return impl_->local;
+    } else {
+      // The server's end closed (it exited or restarted) or a lease of another server came
+      // by: the mappings and the staging region are of memory that server no longer
+      // serves. Decide again; calls still holding the old reader finish with it (their
+      // leases are checked against its token).
+      impl_->local.reset();
+      impl_->local_decided = false;
+      impl_->staging.reset();
+      impl_->staging_decided = false;
+      impl_->append_path = "grpc (no Append since the local socket closed)";
+    }
+  }
+  if (!impl_->options.local_reads && !impl_->options.transfers) {
+    impl_->local_decided = true;
+    impl_->data_path = "grpc (local_reads and transfers are off)";
+    return nullptr;
+  }
+  absl::StatusOr<ServerInfo> info = GetServerInfo(call);
+  // Unreachable now: the next Fetch asks again (the server may be starting). Any other
+  // failure (an older server, a proxy without AdminService) decides for gRPC.
+  impl_->local_decided =
+      !absl::IsUnavailable(info.status()) && !absl::IsDeadlineExceeded(info.status());
+  if (!info.ok()) {
+    impl_->data_path = absl::StrCat("grpc (GetServerInfo failed: ", info.status().message(), ")");
+    return nullptr;
+  }
+  std::string why_not_local = "local_reads is off";
+  if (impl_->options.local_reads) {
+    why_not_local = "the server has no local_socket";
+    if (!info->local_socket.empty()) {
+      absl::StatusOr<std::unique_ptr<internal::LocalReader>> reader =
+          internal::LocalReader::Connect(info->local_socket, info->local_token);
+      if (reader.ok()) {
+        impl_->local = *std::move(reader);
+        impl_->data_path = absl::StrCat("shared-memory (", info->local_socket, ")");
+        return impl_->local;
+      }
+      why_not_local = std::string(reader.status().message());
+    }
+  }
+  // No same-node path: a transfer channel, if the server offers one.
+  std::string why_not_transfer;
+  if (info->transfer_port > 0 && !impl_->options.transfers) {
+    why_not_transfer = "; transfers are off";
+  } else if (info->transfer_port > 0) {
+    absl::StatusOr<std::unique_ptr<internal::TransferReader>> transfer = OpenTransfer(call);
+    if (transfer.ok()) {
+      impl_->transfer = *std::move(transfer);
+      impl_->data_path = absl::StrCat("transfer (", impl_->transfer->where(), ")");
+      return nullptr;
+    }
+    why_not_transfer = absl::StrCat("; transfer: ", transfer.status().message());
+  }
+  impl_->data_path = absl::StrCat("grpc (", why_not_local, why_not_transfer, ")");
+  return nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<internal::TransferReader>> KvCacheClient::OpenTransfer(
+    const CallOptions& call) {
+  pb::OpenTransferResponse response;
+  {
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    const absl::Status status =
+        FromGrpcStatus(impl_->kv->OpenTransfer(&context, pb::OpenTransferRequest(), &response));
+    if (!status.ok()) return status;
+  }
+  const std::string host =
+      response.host().empty() ? TargetHost(impl_->options.target) : response.host();
+  absl::StatusOr<std::unique_ptr<internal::TransferReader>> reader =
+      host.empty()
+          ? absl::FailedPreconditionError("the target names no host to connect to (a unix socket?)")
+          : internal::TransferReader::Connect(host, response.port(), response.transfer_id(),
+                                              response.token());
+  if (!reader.ok()) {
+    // Best effort: an unconnected channel is dropped by the server after connect_within.
+    grpc::ClientContext context;
+    impl_->Prepare(&context, call);
+    pb::CloseTransferRequest close;
+    close.set_transfer_id(response.transfer_id());
+    pb::CloseTransferResponse closed;
+    (void)impl_->kv->CloseTransfer(&context, close, &closed);
+  }
+  return reader;
+}
+
+std::shared_ptr<internal::TransferReader> KvCacheClient::TransferPath(const CallOptions& call) {
+  if (LocalPath(call) != nullptr) return nullptr;
+  kvc::MutexLock lock(&impl_->local_mu);
+  return impl_->transfer;
+}
+
+absl::StatusOr<internal::ReceivedBlocks> KvCacheClient::ReceiveLeased(
+    internal::TransferReader& transfer, const std::string& sequence_id,
+    const std::vector<int32_t>& layers, const CallOptions& call, bool* channel_failed) {
+  *channel_failed = false;
+  absl::StatusOr<Lease> lease = LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
+  if (!lease.ok()) return lease.status();
+  const absl::Duration budget =
+      call.deadline > absl::ZeroDuration() ? call.deadline : impl_->options.default_deadline;
+  absl::StatusOr<internal::ReceivedBlocks> got = transfer.Fetch(
+      *lease,
+      [&](uint64_t nonce) {
+        pb::SendLeaseRequest request;
+        request.set_transfer_id(transfer.id());
+        request.set_lease_id(lease->lease_id);
+        request.set_nonce(nonce);
+        pb::SendLeaseResponse response;
+        grpc::ClientContext context;
+        impl_->Prepare(&context, call);
+        return FromGrpcStatus(impl_->kv->SendLease(&context, request, &response));
+      },
+      absl::Now() + budget);
+  // The blocks are this process's copy now: the lease can end before they are decoded.
+  (void)ReleaseLease(lease->lease_id, call);  // best effort: the TTL ends it otherwise
+  *channel_failed = !got.ok() && !transfer.Alive();
+  return got;
+}
+
+}  // namespace kvc::client
