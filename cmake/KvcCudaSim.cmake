@@ -8,7 +8,7 @@
 # Included from kernels/CMakeLists.txt; defines kvc_kernels_cuda as kernels/cuda does.
 set(_kvc_sim_dir ${CMAKE_CURRENT_SOURCE_DIR}/../tests/kernels/cudasim)
 set(_kvc_sim_gen)
-foreach(cu tokens scoring budgets select attention attention_fast)
+foreach(cu ${KVC_CUDA_KERNEL_UNITS})
   set(_out ${CMAKE_CURRENT_BINARY_DIR}/cudasim_gen/${cu}.cc)
   add_custom_command(OUTPUT ${_out}
     COMMAND ${CMAKE_COMMAND} -DIN=${CMAKE_CURRENT_SOURCE_DIR}/cuda/${cu}.cu -DOUT=${_out}
