@@ -1,0 +1,59 @@
+// The NCCL entry points of NCCL transfer channels (issue #13 item 4: a device pool's leased
+// blocks sent with ncclSend to a reader on another GPU), loaded at run time with dlopen so
+// that kvcached and the client library build and run where NCCL is missing: there, asking
+// for an NCCL channel is a clear error naming the library and why it could not be loaded.
+//
+// The few ABI types are declared here (NCCL's C ABI: a 128-byte unique id passed by value,
+// an opaque communicator pointer, int results and data types, cudaStream_t as a pointer), so
+// nothing includes nccl.h. Shared by kvcached and the client library: Abseil and libdl only.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvc::nccl {
+
+inline constexpr size_t kUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
+struct UniqueId {
+  char internal[kUniqueIdBytes];
+};
+using Comm = struct ncclComm*;
+using Result = int;  // ncclResult_t
+inline constexpr Result kSuccess = 0;
+inline constexpr Result kInProgress = 7;
+inline constexpr int kUint8 = 1;  // ncclUint8: payloads are bytes
+// The oldest NCCL with point-to-point ncclSend/ncclRecv and ncclCommAbort: 2.7.
+inline constexpr int kMinVersion = 2700;
+
+struct Api {
+  std::string library;  // as given to Load
+  int version = 0;      // ncclGetVersion's number (2.28.9: 22809)
+
+  Result (*GetUniqueId)(UniqueId* id) = nullptr;
+  Result (*CommInitRank)(Comm* comm, int nranks, UniqueId id, int rank) = nullptr;
+  Result (*CommDestroy)(Comm comm) = nullptr;
+  Result (*CommAbort)(Comm comm) = nullptr;
+  Result (*CommGetAsyncError)(Comm comm, Result* async_error) = nullptr;
+  Result (*Send)(const void* buffer, size_t count, int datatype, int peer, Comm comm,
+                 void* stream) = nullptr;
+  Result (*Recv)(void* buffer, size_t count, int datatype, int peer, Comm comm,
+                 void* stream) = nullptr;
+  const char* (*GetErrorString)(Result result) = nullptr;
+
+  // OK for kSuccess; otherwise UNAVAILABLE "<what>: <NCCL's words> (NCCL error N)".
+  absl::Status Check(Result result, const char* what) const;
+  // "NCCL 2.28.9 (libnccl.so.2)", for logs and connection info.
+  std::string Describe() const;
+};
+
+// Loads `library` (a file name searched as dlopen does, or a path) and every entry point
+// above, once per process and name: later calls return the same Api, and a failure is
+// reported again without retrying. FAILED_PRECONDITION naming the library and the reason
+// (dlopen's message, the missing symbol, a version older than 2.7). The library is never
+// unloaded (NCCL keeps threads of its own).
+absl::StatusOr<const Api*> Load(const std::string& library = "libnccl.so.2");
+
+}  // namespace kvc::nccl
