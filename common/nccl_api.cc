@@ -48,7 +48,7 @@ Loaded Open(const std::string& library) {
   const auto refuse = [&](const std::string& why) {
     out.status = absl::FailedPreconditionError(
         absl::StrCat("NCCL could not be loaded from ", library, ": ", why,
-                     " (NCCL transfers need NCCL >= 2.7 on this machine; TCP transfers and "
+                     " (NCCL transfers need NCCL >= 2.14 on this machine; TCP transfers and "
                      "same-node reads do not)"));
     return std::move(out);
   };
@@ -60,7 +60,7 @@ Loaded Open(const std::string& library) {
   std::string missing;
   bool ok = Bind(handle, "ncclGetVersion", &get_version, &missing);
   ok &= Bind(handle, "ncclGetUniqueId", &api->GetUniqueId, &missing);
-  ok &= Bind(handle, "ncclCommInitRank", &api->CommInitRank, &missing);
+  ok &= Bind(handle, "ncclCommInitRankConfig", &api->CommInitRankConfig, &missing);
   ok &= Bind(handle, "ncclCommDestroy", &api->CommDestroy, &missing);
   ok &= Bind(handle, "ncclCommAbort", &api->CommAbort, &missing);
   ok &= Bind(handle, "ncclCommGetAsyncError", &api->CommGetAsyncError, &missing);
@@ -71,7 +71,7 @@ Loaded Open(const std::string& library) {
   if (!ok) return refuse(absl::StrCat("it has no ", missing, " (not NCCL, or too old)"));
   if (get_version(&api->version) != kSuccess) return refuse("ncclGetVersion failed");
   if (api->version < kMinVersion) {
-    return refuse(absl::StrCat("its version is ", api->version, ", older than ", kMinVersion));
+    return refuse(absl::StrCat("its version is ", api->version, ", older than 2.14"));
   }
   out.api = std::move(api);
   return out;
@@ -82,8 +82,8 @@ Loaded Open(const std::string& library) {
 absl::Status Api::Check(Result result, const char* what) const {
   if (result == kSuccess) return absl::OkStatus();
   const char* words = GetErrorString != nullptr ? GetErrorString(result) : nullptr;
-  return absl::UnavailableError(absl::StrCat(what, ": ", words != nullptr ? words : "failed",
-                                             " (NCCL error ", result, ")"));
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", words != nullptr ? words : "failed", " (NCCL error ", result, ")"));
 }
 
 std::string Api::Describe() const {

@@ -25,15 +25,33 @@ using Result = int;  // ncclResult_t
 inline constexpr Result kSuccess = 0;
 inline constexpr Result kInProgress = 7;
 inline constexpr int kUint8 = 1;  // ncclUint8: payloads are bytes
-// The oldest NCCL with point-to-point ncclSend/ncclRecv and ncclCommAbort: 2.7.
-inline constexpr int kMinVersion = 2700;
+// The oldest NCCL with nonblocking communicators (ncclConfig_t.blocking), which is how a
+// join that never completes can be given up on (ncclCommAbort): 2.14.
+inline constexpr int kMinVersion = 21400;
+
+// ncclConfig_t as NCCL 2.14 declared it. NCCL reads `size` bytes of a caller's config and
+// gives every field a later `version` added its default, so this prefix is what any NCCL
+// since 2.14 expects from a 2.14 caller.
+struct Config {
+  size_t size = sizeof(Config);
+  unsigned int magic = 0xcafebeef;
+  unsigned int version = 21400;
+  int blocking = 0;  // 0: calls may return kInProgress; poll CommGetAsyncError
+  int cga_cluster_size = kUndefined;
+  int min_ctas = kUndefined;
+  int max_ctas = kUndefined;
+  const char* net_name = nullptr;
+  static constexpr int kUndefined = -2147483647 - 1;  // NCCL_CONFIG_UNDEF_INT
+};
+static_assert(sizeof(Config) == 40, "ncclConfig_t v2.14 is 40 bytes on LP64 machines");
 
 struct Api {
   std::string library;  // as given to Load
   int version = 0;      // ncclGetVersion's number (2.28.9: 22809)
 
   Result (*GetUniqueId)(UniqueId* id) = nullptr;
-  Result (*CommInitRank)(Comm* comm, int nranks, UniqueId id, int rank) = nullptr;
+  Result (*CommInitRankConfig)(Comm* comm, int nranks, UniqueId id, int rank,
+                               Config* config) = nullptr;
   Result (*CommDestroy)(Comm comm) = nullptr;
   Result (*CommAbort)(Comm comm) = nullptr;
   Result (*CommGetAsyncError)(Comm comm, Result* async_error) = nullptr;
@@ -52,7 +70,7 @@ struct Api {
 // Loads `library` (a file name searched as dlopen does, or a path) and every entry point
 // above, once per process and name: later calls return the same Api, and a failure is
 // reported again without retrying. FAILED_PRECONDITION naming the library and the reason
-// (dlopen's message, the missing symbol, a version older than 2.7). The library is never
+// (dlopen's message, the missing symbol, a version older than 2.14). The library is never
 // unloaded (NCCL keeps threads of its own).
 absl::StatusOr<const Api*> Load(const std::string& library = "libnccl.so.2");
 
