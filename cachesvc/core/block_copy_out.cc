@@ -1,4 +1,5 @@
-// BlockPool::CopyBlocksOut: whole leased blocks into host memory for a transfer channel.
+// BlockPool::CopyBlocksOut: whole leased blocks into host memory (a TCP transfer channel) or
+// the pool's own memory (a sender that sends from the device).
 // The one place besides the pools that computes a block's address: it hands it straight to
 // the backend's copy op (check_deps.sh lets this file through for that).
 #include <algorithm>
@@ -10,12 +11,16 @@
 namespace kvc::cachesvc {
 
 absl::Status BlockPool::CopyBlocksOut(StorageFormat format, absl::Span<const BlockId> blocks,
-                                      absl::Span<const int32_t> slots, char* dst) {
+                                      absl::Span<const int32_t> slots, char* dst, CopyTo to) {
   if (slots.size() != blocks.size()) return absl::InternalError("CopyBlocksOut: slots != blocks");
   const kernels::PagedArena a = arena(format);
   const kernels::BlockLayout& l = a.layout;
   kernels::KernelBackend* const b = backend();
   const kernels::StreamHandle stream;
+  const auto copy = [&](char* out, const char* in, size_t bytes) {
+    return to == CopyTo::kHost ? b->CopyToHost(out, in, bytes, stream)
+                               : b->CopyOnDevice(out, in, bytes, stream);
+  };
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockId id = blocks[i];
     if (id < 0 || id >= a.num_blocks) {
@@ -27,13 +32,15 @@ absl::Status BlockPool::CopyBlocksOut(StorageFormat format, absl::Span<const Blo
     const auto n = static_cast<size_t>(std::clamp(slots[i], 0, l.block_tokens));
     kernels::KernelStatus ks;
     if (n == static_cast<size_t>(l.block_tokens)) {
-      ks = b->CopyToHost(out, in, l.block_bytes, stream);
+      ks = copy(out, in, l.block_bytes);
     } else {
-      std::memset(out, 0, l.block_bytes);
-      ks = b->CopyToHost(out + l.key_offset, in + l.key_offset, n * l.record_bytes, stream);
-      if (ks.ok()) {
-        ks = b->CopyToHost(out + l.value_offset, in + l.value_offset, n * l.record_bytes, stream);
+      if (to == CopyTo::kHost) {
+        std::memset(out, 0, l.block_bytes);
+      } else {
+        ks = b->Memset(out, 0, l.block_bytes, stream);
       }
+      if (ks.ok()) ks = copy(out + l.key_offset, in + l.key_offset, n * l.record_bytes);
+      if (ks.ok()) ks = copy(out + l.value_offset, in + l.value_offset, n * l.record_bytes);
     }
     if (!ks.ok()) return absl::InternalError(absl::StrCat("CopyBlocksOut: ", ks.detail));
   }

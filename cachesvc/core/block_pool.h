@@ -56,14 +56,17 @@ class BlockPool {
         "this pool's memory cannot be mapped by another process (device memory)");
   }
 
-  // Copies whole blocks of `format` into host memory at `dst` (block i at i * block_bytes),
-  // keeping only the first slots[i] token records of block i and zeroing the rest: a leased
-  // block's later slots may be written meanwhile (an append filling a partly filled block)
-  // or hold an earlier owner's data. For blocks a lease pins (SendLease). INTERNAL for a
-  // block outside the arena. Through the backend's copy op (block_copy_out.cc), so the same
-  // for host and device pools.
-  virtual absl::Status CopyBlocksOut(StorageFormat format, absl::Span<const BlockId> blocks,
-                                     absl::Span<const int32_t> slots, char* dst);
+  // Copies whole blocks of `format` to `dst` (block i at i * block_bytes), keeping only the
+  // first slots[i] token records of block i and zeroing the rest: a leased block's later
+  // slots may be written meanwhile (an append filling a partly filled block) or hold an
+  // earlier owner's data. For blocks a lease pins (SendLease). `dst` is host memory
+  // (kHost), or memory of this pool's backend (kPoolMemory: device memory of a device pool,
+  // for a sender that sends from the device). Returns once the copy finished. INTERNAL for
+  // a block outside the arena. Through the backend's copy ops (block_copy_out.cc), so the
+  // same for host and device pools.
+  enum class CopyTo { kHost, kPoolMemory };
+  absl::Status CopyBlocksOut(StorageFormat format, absl::Span<const BlockId> blocks,
+                             absl::Span<const int32_t> slots, char* dst, CopyTo to);
 
   virtual int64_t capacity_bytes() const = 0;
   // Thread-safe momentary values.

@@ -7,6 +7,7 @@
 // different sequences run in parallel (their kernel work too).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -100,13 +101,25 @@ class KvStore {
   // Ends the lease at once; returns the blocks that went back to the pool.
   absl::StatusOr<int64_t> ReleaseLease(const std::string& scope, const std::string& lease_id);
   // Where SendLeasedBlocks puts a lease's blocks (a transfer channel): Begin once, before
-  // any byte, with the payload's size; then Write in order.
+  // any byte, with the payload's size; then Write in order, a piece at a time.
   class BlockSink {
    public:
     virtual ~BlockSink() = default;
     virtual absl::Status Begin(int64_t blocks, int64_t bytes) = 0;
     virtual absl::Status Write(const char* data, size_t bytes) = 0;
+    // Where Write's bytes lie: host memory (false: a TCP channel), or memory of the lease's
+    // pool (true: a sender from the device, such as an NCCL channel). Only a device pool's
+    // lease is sent to such a sink (FAILED_PRECONDITION before Begin otherwise), with the
+    // calling thread bound to the pool's device (KernelBackend::BindThread) before Begin.
+    virtual bool FromPoolMemory() const { return false; }
   };
+  // The pieces Write gets: each storage format's blocks (in the order below) in runs of
+  // SendPieceBlocks(block_bytes), the last run of a format shorter. A reader that must post
+  // each piece's size (NCCL) computes them from the lease.
+  static constexpr size_t kSendPieceBytes = size_t{4} << 20;
+  static size_t SendPieceBlocks(size_t block_bytes) {
+    return std::max<size_t>(1, kSendPieceBytes / block_bytes);
+  }
   struct SentBlocks {
     int64_t blocks = 0;
     int64_t bytes = 0;
@@ -116,7 +129,8 @@ class KvStore {
   // slots the lease does not describe zeroed (they may be written meanwhile or hold another
   // sequence's data). NOT_FOUND, before Begin, for a lease that is not live; ABORTED, after
   // Begin, when the lease ended during the copy (blocks may have been recycled: nothing sent
-  // counts); the sink's errors as they come.
+  // counts); FAILED_PRECONDITION, before Begin, for a host pool's lease and a sink that
+  // sends from pool memory; the sink's errors as they come.
   absl::StatusOr<SentBlocks> SendLeasedBlocks(const std::string& scope, const std::string& lease_id,
                                               BlockSink* sink);
   // Lease statistics of one pool (empty = every pool summed); NOT_FOUND for an unknown pool.

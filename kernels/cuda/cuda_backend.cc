@@ -180,6 +180,7 @@ class CudaBackend final : public KernelBackend {
     KVC_KERNEL_RETURN_IF_ERROR(SetDevice());
     return FromCuda(cudaMemsetAsync(dst, value, bytes, ToStream(s)));
   }
+  KernelStatus BindThread() override { return SetDevice(); }
   KernelStatus Synchronize(StreamHandle s) override {
     KVC_KERNEL_RETURN_IF_ERROR(SetDevice());
     return FromCuda(cudaStreamSynchronize(ToStream(s)));

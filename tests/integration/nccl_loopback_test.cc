@@ -107,8 +107,8 @@ TEST(NcclLoopbackTest, RefusesHostBuffersWrongPeersAndUnjoinedComms) {
   std::vector<uint8_t> host(64);
   void* device = DeviceBuffer(64);
   EXPECT_EQ(api.Send(host.data(), host.size(), kUint8, 1, p.rank0, nullptr), 4);  // invalid arg
-  EXPECT_EQ(api.Send(device, 64, kUint8, 0, p.rank0, nullptr), 4);  // itself
-  EXPECT_EQ(api.Send(device, 16, 7, 1, p.rank0, nullptr), 4);       // floats
+  EXPECT_EQ(api.Send(device, 64, kUint8, 0, p.rank0, nullptr), 4);                // itself
+  EXPECT_EQ(api.Send(device, 16, 7, 1, p.rank0, nullptr), 4);                     // floats
   EXPECT_THAT(api.Check(4, "ncclSend").message(), HasSubstr("device buffers only"));
   EXPECT_EQ(api.CommDestroy(p.rank0), kSuccess);
   EXPECT_EQ(api.CommDestroy(p.rank1), kSuccess);

@@ -159,8 +159,8 @@ int Move(char* device, size_t bytes, ncclComm* c, cudaStream_t stream, bool send
   return kSuccess;
 }
 
-int Transfer(char* device, size_t bytes, int datatype, int peer, ncclComm* c,
-             cudaStream_t stream, bool send) {
+int Transfer(char* device, size_t bytes, int datatype, int peer, ncclComm* c, cudaStream_t stream,
+             bool send) {
   if (c == nullptr || datatype != 1 || peer != 1 - c->rank) return kInvalidArgument;
   ++c->active;
   // An abort from another thread (the way to end a send the peer never receives) makes the
@@ -219,9 +219,8 @@ KVC_EXPORT int ncclGetUniqueId(UniqueId* id) {
   return kSuccess;
 }
 
-KVC_EXPORT int ncclCommInitRankConfig(ncclComm** comm, int nranks,
-                                                                  UniqueId id, int rank,
-                                                                  Config* config) {
+KVC_EXPORT int ncclCommInitRankConfig(ncclComm** comm, int nranks, UniqueId id, int rank,
+                                      Config* config) {
   if (comm == nullptr || nranks != 2 || (rank != 0 && rank != 1) ||
       std::memcmp(id.internal, kMagic, sizeof(kMagic)) != 0 ||
       (config != nullptr && config->magic != 0xcafebeef)) {
@@ -249,16 +248,14 @@ KVC_EXPORT int ncclCommGetAsyncError(ncclComm* comm, int* error) {
 KVC_EXPORT int ncclCommAbort(ncclComm* comm) { return End(comm); }
 KVC_EXPORT int ncclCommDestroy(ncclComm* comm) { return End(comm); }
 
-KVC_EXPORT int ncclSend(const void* buffer, size_t count,
-                                                    int datatype, int peer, ncclComm* comm,
-                                                    cudaStream_t stream) {
+KVC_EXPORT int ncclSend(const void* buffer, size_t count, int datatype, int peer, ncclComm* comm,
+                        cudaStream_t stream) {
   return Transfer(static_cast<char*>(const_cast<void*>(buffer)), count, datatype, peer, comm,
                   stream, /*send=*/true);
 }
 
-KVC_EXPORT int ncclRecv(void* buffer, size_t count, int datatype,
-                                                    int peer, ncclComm* comm,
-                                                    cudaStream_t stream) {
+KVC_EXPORT int ncclRecv(void* buffer, size_t count, int datatype, int peer, ncclComm* comm,
+                        cudaStream_t stream) {
   return Transfer(static_cast<char*>(buffer), count, datatype, peer, comm, stream, /*send=*/false);
 }
 

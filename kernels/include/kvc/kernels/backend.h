@@ -70,6 +70,9 @@ class KernelBackend {
     return KernelStatus::Ok();
   }
   virtual void DestroyStream(StreamHandle /*stream*/) {}
+  // Makes this backend's device the calling thread's current one (CUDA: cudaSetDevice), for
+  // libraries that act on the current device, such as NCCL. Host backends: nothing to do.
+  virtual KernelStatus BindThread() { return KernelStatus::Ok(); }
   // Host memory for staging copies: page-locked for CUDA, so CopyToDevice/CopyToHost on it
   // are truly asynchronous (and the host must not touch it until Synchronize); ordinary
   // 64-byte aligned memory for host backends. FreeHost(nullptr) is a no-op.
