@@ -37,6 +37,11 @@ Result Settle(const Api& api, Comm comm, int seconds = 10) {
   return state;
 }
 
+// A nonblocking comm's send or receive: kInProgress at the call, then its outcome.
+Result Done(const Api& api, Comm comm, Result at_call) {
+  return at_call == kInProgress ? Settle(api, comm) : at_call;
+}
+
 struct Pair {
   Comm rank0 = nullptr;
   Comm rank1 = nullptr;
@@ -83,11 +88,11 @@ TEST(NcclLoopbackTest, MovesBytesBetweenDeviceBuffersInCallOrder) {
   ASSERT_EQ(cudaMemcpy(src_b, b.data(), small, cudaMemcpyHostToDevice), cudaSuccess);
   Result sent_a = -1, sent_b = -1;
   std::thread sender([&] {
-    sent_a = api.Send(src_a, big, kUint8, 1, p.rank0, nullptr);
-    sent_b = api.Send(src_b, small, kUint8, 1, p.rank0, nullptr);
+    sent_a = Done(api, p.rank0, api.Send(src_a, big, kUint8, 1, p.rank0, nullptr));
+    sent_b = Done(api, p.rank0, api.Send(src_b, small, kUint8, 1, p.rank0, nullptr));
   });
-  EXPECT_EQ(api.Recv(dst_a, big, kUint8, 0, p.rank1, nullptr), kSuccess);
-  EXPECT_EQ(api.Recv(dst_b, small, kUint8, 0, p.rank1, nullptr), kSuccess);
+  EXPECT_EQ(Done(api, p.rank1, api.Recv(dst_a, big, kUint8, 0, p.rank1, nullptr)), kSuccess);
+  EXPECT_EQ(Done(api, p.rank1, api.Recv(dst_b, small, kUint8, 0, p.rank1, nullptr)), kSuccess);
   sender.join();
   EXPECT_EQ(sent_a, kSuccess);
   EXPECT_EQ(sent_b, kSuccess);
@@ -141,12 +146,13 @@ TEST(NcclLoopbackTest, AbortEndsASendNobodyReceives) {
   Pair p = Join(api);
   const size_t bytes = size_t{64} << 20;  // far more than a socket buffers
   void* src = DeviceBuffer(bytes);
-  Result sent = -1;
-  std::thread sender([&] { sent = api.Send(src, bytes, kUint8, 1, p.rank0, nullptr); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_EQ(api.CommAbort(p.rank0), kSuccess);  // from another thread, as a watchdog would
-  sender.join();
-  EXPECT_NE(sent, kSuccess);
+  EXPECT_EQ(api.Send(src, bytes, kUint8, 1, p.rank0, nullptr), kInProgress);
+  EXPECT_EQ(Settle(api, p.rank0, 1), kInProgress) << "nobody receives";
+  Result second = api.Send(src, 16, kUint8, 1, p.rank0, nullptr);
+  EXPECT_EQ(second, 5) << "one operation at a time, as NCCL's nonblocking comms";
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(api.CommAbort(p.rank0), kSuccess);  // as a watchdog would
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
   EXPECT_EQ(api.CommDestroy(p.rank1), kSuccess);
   EXPECT_EQ(cudaFree(src), cudaSuccess);
 }
@@ -156,10 +162,12 @@ TEST(NcclLoopbackTest, APeerThatGoesAwayFailsTheNextSend) {
   Pair p = Join(api);
   EXPECT_EQ(api.CommDestroy(p.rank1), kSuccess);
   void* src = DeviceBuffer(size_t{8} << 20);
-  EXPECT_EQ(api.Send(src, size_t{8} << 20, kUint8, 1, p.rank0, nullptr), 6);  // remote error
+  EXPECT_EQ(Done(api, p.rank0, api.Send(src, size_t{8} << 20, kUint8, 1, p.rank0, nullptr)),
+            6);  // remote error
   Result state = kSuccess;
   EXPECT_EQ(api.CommGetAsyncError(p.rank0, &state), kSuccess);
-  EXPECT_EQ(state, 6);
+  EXPECT_EQ(state, 6) << "the error stays";
+  EXPECT_EQ(api.Send(src, 16, kUint8, 1, p.rank0, nullptr), 6);
   EXPECT_EQ(api.CommDestroy(p.rank0), kSuccess);
   EXPECT_EQ(cudaFree(src), cudaSuccess);
 }

@@ -9,9 +9,10 @@
 // blocking = 0: kInProgress until joined, ncclCommGetAsyncError says when, ncclCommAbort
 // gives up), ncclSend/ncclRecv of bytes between DEVICE buffers only (a host pointer is
 // ncclInvalidArgument, as NCCL refuses it), matched in call order, and an error once a peer
-// goes away. What differs: send and receive run when called (after synchronizing their
-// stream) instead of being enqueued on it, one connection carries everything, and only
-// ncclUint8 payloads between ranks 0 and 1 are accepted.
+// goes away. What differs: a send or receive synchronizes its stream and then moves the
+// bytes (on the comm's own thread when nonblocking, kInProgress until done) instead of being
+// enqueued on the stream, so synchronizing the stream afterwards waits for nothing; one
+// connection carries everything; only ncclUint8 payloads between ranks 0 and 1.
 #include <cuda_runtime.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -81,9 +82,10 @@ struct ncclComm {  // NOLINT(readability-identifier-naming): NCCL's ABI name
   int rank = 0;
   std::atomic<int> state{kInProgress};  // what ncclCommGetAsyncError answers
   std::atomic<bool> aborted{false};
+  bool blocking = true;
   std::atomic<int> fd{-1};
-  std::atomic<int> active{0};  // sends and receives running: End waits for them
   std::thread join;
+  std::thread op;  // nonblocking: the send or receive in progress (one at a time, as in NCCL)
 };
 
 namespace {
@@ -138,9 +140,7 @@ bool OnDevice(const void* p) {
 
 // Moves `bytes` between the device buffer and the peer, a piece at a time through host memory.
 int Move(char* device, size_t bytes, ncclComm* c, cudaStream_t stream, bool send) {
-  if (c->state != kSuccess) return c->state == kInProgress ? kInvalidUsage : c->state.load();
   if (bytes == 0) return kSuccess;
-  if (device == nullptr || !OnDevice(device)) return kInvalidArgument;
   if (cudaStreamSynchronize(stream) != cudaSuccess) return kUnhandledCudaError;
   std::vector<char> host(bytes < kPiece ? bytes : kPiece);
   for (size_t at = 0; at < bytes; at += host.size()) {
@@ -148,10 +148,7 @@ int Move(char* device, size_t bytes, ncclComm* c, cudaStream_t stream, bool send
     if (send && cudaMemcpy(host.data(), device + at, n, cudaMemcpyDeviceToHost) != cudaSuccess) {
       return kUnhandledCudaError;
     }
-    if (!IoAll(c->fd, host.data(), n, send)) {
-      c->state = kRemoteError;  // the peer went away (or this comm was aborted)
-      return kRemoteError;
-    }
+    if (!IoAll(c->fd, host.data(), n, send)) return kRemoteError;  // peer gone, or aborted
     if (!send && cudaMemcpy(device + at, host.data(), n, cudaMemcpyHostToDevice) != cudaSuccess) {
       return kUnhandledCudaError;
     }
@@ -159,22 +156,33 @@ int Move(char* device, size_t bytes, ncclComm* c, cudaStream_t stream, bool send
   return kSuccess;
 }
 
+// Arguments are checked at the call, as NCCL does; a nonblocking comm then moves the bytes on
+// a thread of its own and answers kInProgress until they have moved (ncclCommGetAsyncError;
+// an error stays, as NCCL's async errors do). An abort from another thread makes the socket
+// fail, so the move returns.
 int Transfer(char* device, size_t bytes, int datatype, int peer, ncclComm* c, cudaStream_t stream,
              bool send) {
   if (c == nullptr || datatype != 1 || peer != 1 - c->rank) return kInvalidArgument;
-  ++c->active;
-  // An abort from another thread (the way to end a send the peer never receives) makes the
-  // socket fail, so the move returns; the comm is freed only once it has.
-  const int result = c->aborted ? kSystemError : Move(device, bytes, c, stream, send);
-  --c->active;
-  return result;
+  if (const int state = c->state; state != kSuccess) {
+    return state == kInProgress ? kInvalidUsage : state;
+  }
+  if (bytes > 0 && (device == nullptr || !OnDevice(device))) return kInvalidArgument;
+  if (c->blocking) {
+    const int result = Move(device, bytes, c, stream, send);
+    if (result != kSuccess) c->state = result;
+    return result;
+  }
+  if (c->op.joinable()) c->op.join();  // finished: the state was not kInProgress
+  c->state = kInProgress;
+  c->op = std::thread([=] { c->state = Move(device, bytes, c, stream, send); });
+  return kInProgress;
 }
 
 int End(ncclComm* c) {
   if (c == nullptr) return kInvalidArgument;
   c->aborted = true;
   if (const int fd = c->fd.load(); fd >= 0) ::shutdown(fd, SHUT_RDWR);
-  while (c->active > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (c->op.joinable()) c->op.join();
   if (c->join.joinable()) c->join.join();
   if (const int fd = c->fd.load(); fd >= 0) ::close(fd);
   delete c;
@@ -230,8 +238,9 @@ KVC_EXPORT int ncclCommInitRankConfig(ncclComm** comm, int nranks, UniqueId id, 
                          strnlen(id.internal + sizeof(kMagic), sizeof(id.internal) - 8));
   auto* c = new ncclComm();
   c->rank = rank;
+  c->blocking = config == nullptr || config->blocking != 0;
   *comm = c;
-  if (config != nullptr && config->blocking == 0) {
+  if (!c->blocking) {
     c->join = std::thread([c, name] { c->state = Join(c, name); });
     return kInProgress;
   }
