@@ -34,6 +34,10 @@ ABSL_FLAG(std::string, transfer_listen, "",
           "host:port of the TCP listener that sends leased blocks to readers on other nodes "
           "(OpenTransfer; port 0 = any free one); overrides the config's transfer_listen. "
           "Carries KV in the clear: refused with tls");
+ABSL_FLAG(std::string, transfer_nccl_library, "",
+          "the NCCL library (e.g. libnccl.so.2) that sends device pools' leased blocks to "
+          "readers on other GPUs (OpenTransfer kind NCCL); overrides the config's "
+          "transfer_nccl_library. Carries KV in the clear: refused with tls");
 ABSL_FLAG(int32_t, shutdown_grace_seconds, 10,
           "on SIGTERM/SIGINT, how long in-flight calls may take to finish");
 
@@ -80,6 +84,9 @@ int main(int argc, char** argv) {
   }
   if (!absl::GetFlag(FLAGS_transfer_listen).empty()) {
     options.transfer_listen = absl::GetFlag(FLAGS_transfer_listen);
+  }
+  if (!absl::GetFlag(FLAGS_transfer_nccl_library).empty()) {
+    options.transfer_nccl_library = absl::GetFlag(FLAGS_transfer_nccl_library);
   }
 
   // Block the signals before gRPC starts its threads, so only sigwait sees them.

@@ -149,6 +149,9 @@ class KvStore {
   // The transfer listener's port (0 = none); set once at startup, before serving.
   void SetTransferPort(int port) { transfer_port_ = port; }
   int transfer_port() const { return transfer_port_; }
+  // What serves NCCL transfers ("" = none), for ServerInfo; set once at startup.
+  void SetNcclTransfers(std::string describe) { nccl_transfers_ = std::move(describe); }
+  const std::string& nccl_transfers() const { return nccl_transfers_; }
 
   // `scope`: as in requests.h.
   absl::StatusOr<SequenceSnapshot> GetSequence(const std::string& sequence_id,
@@ -229,6 +232,7 @@ class KvStore {
   std::string local_socket_;
   std::string local_token_;
   int transfer_port_ = 0;
+  std::string nccl_transfers_;
 };
 
 }  // namespace kvc::cachesvc

@@ -104,6 +104,7 @@ grpc::Status AdminServiceImpl::GetServerInfo(grpc::ServerContext* context,
   response->set_local_socket(store_->local_socket());
   response->set_local_token(store_->local_token());
   response->set_transfer_port(store_->transfer_port());
+  response->set_nccl_transfers(store_->nccl_transfers());
   return scope.Finish(grpc::Status::OK);
 }
 

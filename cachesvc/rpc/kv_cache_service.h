@@ -5,6 +5,7 @@
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
 #include "cachesvc/rpc/access_control.h"
+#include "cachesvc/rpc/nccl_channels.h"
 #include "cachesvc/rpc/staging_regions.h"
 #include "cachesvc/rpc/transfer_channels.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
@@ -13,15 +14,18 @@ namespace kvc::cachesvc {
 
 class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
  public:
-  // `metrics` may be null; `staging` too (no local socket: a staged Append is refused), and
-  // `transfers` (no transfer_listen: OpenTransfer is refused).
+  // `metrics` may be null; `staging` too (no local socket: a staged Append is refused),
+  // `transfers` (no transfer_listen: TCP transfers are refused) and `nccl` (no
+  // transfer_nccl_library: NCCL transfers are refused).
   KvCacheServiceImpl(KvStore* store, Metrics* metrics, const AccessControl* access,
-                     const StagingRegions* staging = nullptr, TransferChannels* transfers = nullptr)
+                     const StagingRegions* staging = nullptr, TransferChannels* transfers = nullptr,
+                     NcclChannels* nccl = nullptr)
       : store_(store),
         metrics_(metrics),
         access_(access),
         staging_(staging),
-        transfers_(transfers) {}
+        transfers_(transfers),
+        nccl_(nccl) {}
 
   grpc::Status LookupPrefix(grpc::ServerContext* context,
                             const kvcache::v1::LookupPrefixRequest* request,
@@ -84,6 +88,7 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
   const AccessControl* access_;
   const StagingRegions* staging_;
   TransferChannels* transfers_;
+  NcclChannels* nccl_;
 };
 
 }  // namespace kvc::cachesvc

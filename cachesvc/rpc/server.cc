@@ -11,6 +11,7 @@
 #include "cachesvc/rpc/admin_service.h"
 #include "cachesvc/rpc/kv_cache_service.h"
 #include "cachesvc/rpc/local_socket.h"
+#include "cachesvc/rpc/nccl_channels.h"
 #include "cachesvc/rpc/staging_regions.h"
 #include "cachesvc/rpc/tls_credentials.h"
 #include "cachesvc/rpc/transfer_channels.h"
@@ -40,6 +41,11 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   if (!options.transfer_listen.empty() && options.tls.enabled()) {
     return absl::FailedPreconditionError(
         "transfer_listen carries KV in the clear and cannot be combined with tls: unset one");
+  }
+  if (!options.transfer_nccl_library.empty() && options.tls.enabled()) {
+    return absl::FailedPreconditionError(
+        "transfer_nccl_library carries KV in the clear and cannot be combined with tls: unset "
+        "one");
   }
   if (options.insecure && !IsLoopback(options.listen)) {
     KVC_LOG(WARNING) << "INSECURE: listening on '" << options.listen
@@ -93,11 +99,27 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
     KVC_LOG(INFO) << "transfers: readers connect to port " << server->transfers_->port()
                   << " (transfer_listen " << options.transfer_listen << ")";
   }
+  if (!options.transfer_nccl_library.empty()) {
+    NcclChannelOptions nccl;
+    nccl.library = options.transfer_nccl_library;
+    nccl.on_event = [metrics = server->metrics_.get()](const char* event) {
+      metrics->RecordTransferEvent(event);
+    };
+    absl::StatusOr<std::unique_ptr<NcclChannels>> started =
+        NcclChannels::Start(nccl, server->store_.get());
+    if (!started.ok()) {
+      return absl::Status(started.status().code(),
+                          absl::StrCat("transfer_nccl_library: ", started.status().message()));
+    }
+    server->nccl_ = *std::move(started);
+    server->store_->SetNcclTransfers(server->nccl_->Describe());
+    KVC_LOG(INFO) << "NCCL transfers of device pools' blocks: " << server->nccl_->Describe();
+  }
   server->access_ = std::make_unique<AccessControl>(server->auth_.get(), server->limits_.get(),
                                                     server->metrics_.get());
   server->kv_service_ = std::make_unique<KvCacheServiceImpl>(
       server->store_.get(), server->metrics_.get(), server->access_.get(), server->staging_.get(),
-      server->transfers_.get());
+      server->transfers_.get(), server->nccl_.get());
   KvCacheServer* self = server.get();
   server->admin_service_ = std::make_unique<AdminServiceImpl>(
       server->store_.get(), server->metrics_.get(), server->access_.get(),

@@ -24,6 +24,7 @@ class Authenticator;
 class CallLimits;
 class LocalSocket;
 class StagingRegions;
+class NcclChannels;
 class TransferChannels;
 
 class KvCacheServer {
@@ -72,6 +73,7 @@ class KvCacheServer {
   // Transfer channels (with transfer_listen only): before the service that sends on them,
   // so destroyed after it (and after grpc::Server, whose calls may be sending).
   std::unique_ptr<TransferChannels> transfers_;
+  std::unique_ptr<NcclChannels> nccl_;  // with transfer_nccl_library only; as transfers_
   std::unique_ptr<KvCacheServiceImpl> kv_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -186,6 +186,7 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
                                    config.local_socket_uids().end());
   options.transfer_listen = config.transfer_listen();
   options.transfer_advertise_host = config.transfer_advertise_host();
+  options.transfer_nccl_library = config.transfer_nccl_library();
   if (config.verify_shared_reads_every() > 0) {
     options.store.verify_shared_reads_every = config.verify_shared_reads_every();
   }

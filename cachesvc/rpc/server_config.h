@@ -27,6 +27,8 @@ struct ServerOptions {
   // Transfers (transfer_channels.h): "host:port" of the TCP listener; "" = off.
   std::string transfer_listen;
   std::string transfer_advertise_host;  // "" = the host clients reached gRPC at
+  // NCCL transfers (nccl_channels.h): the library to load; "" = off.
+  std::string transfer_nccl_library;
 };
 
 // One host pool named "default", shaped like the reference model (SmolLM2-135M: 30 layers,

@@ -33,6 +33,7 @@ TEST(ServerConfigTest, ParsesPoolsAndFillsDefaults) {
     listen: "0.0.0.0:6000"
     transfer_listen: "0.0.0.0:6001"
     transfer_advertise_host: "10.0.0.7"
+    transfer_nccl_library: "libnccl.so.2"
     pools { name: "a" capacity_bytes: 1048576
             geometry { num_layers: 2 num_kv_heads: 1 head_dim: 64 dtype: DTYPE_BF16 } }
     pools { name: "b" capacity_bytes: 2097152 keep_free_bytes: 0
@@ -42,6 +43,7 @@ TEST(ServerConfigTest, ParsesPoolsAndFillsDefaults) {
   EXPECT_EQ(o.listen, "0.0.0.0:6000");
   EXPECT_EQ(o.transfer_listen, "0.0.0.0:6001");
   EXPECT_EQ(o.transfer_advertise_host, "10.0.0.7");
+  EXPECT_EQ(o.transfer_nccl_library, "libnccl.so.2");
   ASSERT_EQ(o.store.pools.size(), 2u);
   EXPECT_EQ(o.store.pools[0].geometry.block_tokens, 16);
   EXPECT_EQ(o.store.pools[0].geometry.num_query_heads, 1);

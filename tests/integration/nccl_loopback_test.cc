@@ -128,6 +128,19 @@ TEST(NcclLoopbackTest, RefusesHostBuffersWrongPeersAndUnjoinedComms) {
   EXPECT_EQ(cudaFree(device), cudaSuccess);
 }
 
+TEST(NcclLoopbackTest, AReceiveOfAnotherSizeFails) {
+  const Api& api = Loopback();
+  Pair p = Join(api);
+  void* src = DeviceBuffer(32);
+  void* dst = DeviceBuffer(32);
+  EXPECT_EQ(api.Send(src, 32, kUint8, 1, p.rank0, nullptr), kInProgress);
+  EXPECT_EQ(Done(api, p.rank1, api.Recv(dst, 16, kUint8, 0, p.rank1, nullptr)), 5);
+  EXPECT_EQ(api.CommDestroy(p.rank1), kSuccess);
+  EXPECT_EQ(api.CommDestroy(p.rank0), kSuccess);
+  EXPECT_EQ(cudaFree(src), cudaSuccess);
+  EXPECT_EQ(cudaFree(dst), cudaSuccess);
+}
+
 TEST(NcclLoopbackTest, AbortEndsAJoinNobodyCompletes) {
   const Api& api = Loopback();
   UniqueId id{};

@@ -286,6 +286,26 @@ TEST(TransferConfigTest, ServersWithTlsOfferNoCleartextChannel) {
   // Refused for the combination, before any file is read.
   EXPECT_THAT(cachesvc::KvCacheServer::Start(o).status(),
               testing::StatusIs(absl::StatusCode::kFailedPrecondition, "in the clear"));
+  o.transfer_listen.clear();
+  o.transfer_nccl_library = "libnccl.so.2";
+  EXPECT_THAT(cachesvc::KvCacheServer::Start(o).status(),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                "transfer_nccl_library carries KV in the clear"));
+}
+
+// A server asked for NCCL transfers that cannot load the library does not start, and says
+// which library and why; with the machine's NCCL it starts and says which NCCL serves them.
+TEST(TransferConfigTest, AnNcclLibraryThatCannotBeLoadedFailsStartup) {
+  cachesvc::ServerOptions o = Options();
+  o.transfer_nccl_library = "libkvc-no-such-nccl.so";
+  EXPECT_THAT(cachesvc::KvCacheServer::Start(o).status(),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition,
+                                "transfer_nccl_library: NCCL could not be loaded from "
+                                "libkvc-no-such-nccl.so: "));
+  o.transfer_nccl_library = "libnccl.so.2";
+  testing::TestServer t = testing::StartTestServer(o);
+  EXPECT_EQ(t.server->store()->nccl_transfers().rfind("NCCL 2.", 0), 0u)
+      << t.server->store()->nccl_transfers();
 }
 
 }  // namespace

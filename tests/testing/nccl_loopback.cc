@@ -9,10 +9,12 @@
 // blocking = 0: kInProgress until joined, ncclCommGetAsyncError says when, ncclCommAbort
 // gives up), ncclSend/ncclRecv of bytes between DEVICE buffers only (a host pointer is
 // ncclInvalidArgument, as NCCL refuses it), matched in call order, and an error once a peer
-// goes away. What differs: a send or receive synchronizes its stream and then moves the
-// bytes (on the comm's own thread when nonblocking, kInProgress until done) instead of being
-// enqueued on the stream, so synchronizing the stream afterwards waits for nothing; one
-// connection carries everything; only ncclUint8 payloads between ranks 0 and 1.
+// goes away, and sends and receives that must match in size (a mismatch is
+// ncclInvalidUsage on the receiving side). What differs: a send or receive synchronizes its
+// stream and then moves the bytes (on the comm's own thread when nonblocking, kInProgress
+// until done) instead of being enqueued on the stream, so synchronizing the stream
+// afterwards waits for nothing; one connection carries everything; only ncclUint8 payloads
+// between ranks 0 and 1.
 #include <cuda_runtime.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -140,8 +142,12 @@ bool OnDevice(const void* p) {
 
 // Moves `bytes` between the device buffer and the peer, a piece at a time through host memory.
 int Move(char* device, size_t bytes, ncclComm* c, cudaStream_t stream, bool send) {
-  if (bytes == 0) return kSuccess;
   if (cudaStreamSynchronize(stream) != cudaSuccess) return kUnhandledCudaError;
+  // Each message carries its size, so that a receive of another size fails as it does with
+  // NCCL (whose sends and receives must match) instead of splitting the byte stream.
+  uint64_t size = bytes;
+  if (!IoAll(c->fd, reinterpret_cast<char*>(&size), sizeof(size), send)) return kRemoteError;
+  if (size != bytes) return kInvalidUsage;
   std::vector<char> host(bytes < kPiece ? bytes : kPiece);
   for (size_t at = 0; at < bytes; at += host.size()) {
     const size_t n = bytes - at < host.size() ? bytes - at : host.size();

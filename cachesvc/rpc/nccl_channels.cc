@@ -1,0 +1,350 @@
+#include "cachesvc/rpc/nccl_channels.h"
+
+#include <algorithm>
+#include <atomic>
+#include <optional>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cachesvc/core/quote.h"
+#include "cachesvc/core/salted_id.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/transfer_wire.h"
+
+namespace kvc::cachesvc {
+
+// One channel: its communicator (rank 0, on its pool's device), the stream its sends run on
+// and a header buffer in pool memory (NCCL sends device memory only).
+struct NcclChannels::Channel {
+  const nccl::Api* api = nullptr;
+  std::string scope;
+  BlockPool* pool = nullptr;
+  absl::Time opened;
+  kvc::Mutex send_mu;  // one send at a time, in call order
+  bool joined ABSL_GUARDED_BY(send_mu) = false;
+  bool broken ABSL_GUARDED_BY(send_mu) = false;
+  std::optional<BackendBuffer> header;
+  kernels::StreamHandle stream;
+
+  // The communicator is used by the sending thread and aborted by the watchdog or on
+  // close: comm_mu orders the two (an aborted comm is freed by NCCL and never used again).
+  // The sending thread holds it for calls that return at once, never while it waits.
+  kvc::Mutex comm_mu;
+  nccl::Comm comm ABSL_GUARDED_BY(comm_mu) = nullptr;
+  // When the NCCL wait in progress must have finished (watchdog); InfiniteFuture: none.
+  kvc::Mutex wait_mu;
+  absl::Time wait_until ABSL_GUARDED_BY(wait_mu) = absl::InfiniteFuture();
+  std::atomic<bool> stalled{false};  // the watchdog aborted a wait
+
+  // Returns the comm's state (kInProgress, kSuccess or an error); an aborted comm's is -1.
+  nccl::Result State() {
+    kvc::MutexLock lock(&comm_mu);
+    if (comm == nullptr) return -1;
+    nccl::Result state = nccl::kInProgress;
+    const nccl::Result r = api->CommGetAsyncError(comm, &state);
+    return r == nccl::kSuccess ? state : r;
+  }
+  void Abort() {
+    kvc::MutexLock lock(&comm_mu);
+    if (comm != nullptr) (void)api->CommAbort(comm);
+    comm = nullptr;
+  }
+  Channel() = default;
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+  ~Channel() {
+    Abort();
+    if (pool != nullptr) pool->backend()->DestroyStream(stream);
+  }
+};
+
+namespace {
+
+absl::Status UnknownChannel(const std::string& id) {
+  return absl::NotFoundError(
+      absl::StrCat("transfer ", Quoted(id), " does not exist (never opened, closed, or broken)"));
+}
+
+}  // namespace
+
+// Sends a SendLease's frame on a joined channel: the header, then each piece as it comes.
+class NcclChannels::Sink final : public KvStore::BlockSink {
+ public:
+  Sink(Channel* c, uint64_t nonce, absl::Time until) : c_(c), nonce_(nonce), until_(until) {}
+  bool FromPoolMemory() const override { return true; }
+  absl::Status Begin(int64_t /*blocks*/, int64_t bytes) override {
+    begun_ = true;
+    return SendHeader({nonce_, static_cast<uint64_t>(bytes), 0});
+  }
+  absl::Status Write(const char* data, size_t bytes) override { return Post(data, bytes); }
+  bool begun() const { return begun_; }
+
+  absl::Status SendHeader(const transfer::FrameHeader& h) {
+    char host[transfer::kHeaderBytes];
+    transfer::EncodeHeader(h, host);
+    kernels::KernelBackend* b = c_->pool->backend();
+    kernels::KernelStatus ks = b->CopyToDevice(c_->header->data(), host, sizeof(host), c_->stream);
+    if (ks.ok()) ks = b->Synchronize(c_->stream);
+    if (!ks.ok()) return absl::InternalError(absl::StrCat("NCCL frame header: ", ks.detail));
+    return Post(static_cast<const char*>(c_->header->data()), sizeof(host));
+  }
+
+ private:
+  // One ncclSend, waited for: until it is enqueued (nonblocking comms answer kInProgress
+  // first), then until the stream has run it (the peer received it). The watchdog aborts the
+  // comm past until_, which ends either wait.
+  absl::Status Post(const char* data, size_t bytes) {
+    {
+      kvc::MutexLock lock(&c_->wait_mu);
+      c_->wait_until = until_;
+    }
+    absl::Status status = PostAndWait(data, bytes);
+    {
+      kvc::MutexLock lock(&c_->wait_mu);
+      c_->wait_until = absl::InfiniteFuture();
+    }
+    if (!status.ok() && c_->stalled) {
+      return absl::DeadlineExceededError(
+          "the reader did not receive within the send's time (write_stall or the call's "
+          "deadline); the transfer is closed: open another");
+    }
+    return status;
+  }
+  absl::Status PostAndWait(const char* data, size_t bytes) {
+    nccl::Result r = -1;
+    {
+      kvc::MutexLock lock(&c_->comm_mu);
+      if (c_->comm == nullptr) return absl::UnavailableError("the transfer was aborted");
+      r = c_->api->Send(data, bytes, nccl::kUint8, 1, c_->comm, c_->stream.native);
+    }
+    while (r == nccl::kInProgress) {
+      absl::SleepFor(absl::Microseconds(50));
+      r = c_->State();
+    }
+    KVC_RETURN_IF_ERROR(c_->api->Check(r, "ncclSend"));
+    const kernels::KernelStatus ks = c_->pool->backend()->Synchronize(c_->stream);
+    if (!ks.ok()) return absl::UnavailableError(absl::StrCat("ncclSend: ", ks.detail));
+    return c_->api->Check(c_->State(), "ncclSend");
+  }
+
+  Channel* const c_;
+  const uint64_t nonce_;
+  const absl::Time until_;
+  bool begun_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<NcclChannels>> NcclChannels::Start(
+    const NcclChannelOptions& options, KvStore* store) {
+  KVC_ASSIGN_OR_RETURN(const nccl::Api* api, nccl::Load(options.library));
+  std::unique_ptr<NcclChannels> n(new NcclChannels(options, store, api));
+  std::random_device rd;
+  n->salt_ = rd() ^ (static_cast<uint64_t>(rd()) << 32);
+  n->watchdog_ = std::thread([p = n.get()] { p->Watch(); });
+  return n;
+}
+
+NcclChannels::~NcclChannels() {
+  {
+    kvc::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (watchdog_.joinable()) watchdog_.join();
+  kvc::MutexLock lock(&mu_);
+  channels_.clear();  // each aborts its comm
+}
+
+bool NcclChannels::Names(const std::string& id) { return absl::StartsWith(id, "n-"); }
+
+absl::StatusOr<NcclChannels::Opened> NcclChannels::Open(const std::string& scope,
+                                                        const std::string& pool_name) {
+  KVC_ASSIGN_OR_RETURN(BlockPool * pool, store_->FindPool(pool_name));
+  if (pool->options().device == "cpu") {
+    return absl::FailedPreconditionError(
+        absl::StrCat("pool ", Quoted(pool->options().name),
+                     " is in host memory: NCCL transfers carry device pools' blocks (open a "
+                     "TCP transfer for host pools)"));
+  }
+  {
+    kvc::MutexLock lock(&mu_);
+    Sweep(scope);
+    int open = 0;
+    for (const auto& [id, c] : channels_) open += c->scope == scope ? 1 : 0;
+    if (open >= kMaxPerScope) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this client has ", open, " transfers open (the most): close those it does not use"));
+    }
+  }
+  auto c = std::make_shared<Channel>();
+  c->api = api_;
+  c->scope = scope;
+  c->pool = pool;
+  c->opened = absl::Now();
+  kernels::KernelBackend* b = pool->backend();
+  KVC_ASSIGN_OR_RETURN(BackendBuffer header, BackendBuffer::Allocate(b, transfer::kHeaderBytes));
+  c->header = std::move(header);
+  if (const kernels::KernelStatus ks = b->CreateStream(&c->stream); !ks.ok()) {
+    c->pool = nullptr;  // no stream to destroy
+    return absl::UnavailableError(absl::StrCat("cannot make a stream: ", ks.detail));
+  }
+  if (const kernels::KernelStatus ks = b->BindThread(); !ks.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot use the pool's device: ", ks.detail));
+  }
+  nccl::UniqueId id{};
+  KVC_RETURN_IF_ERROR(api_->Check(api_->GetUniqueId(&id), "ncclGetUniqueId"));
+  nccl::Config config;  // nonblocking: the join completes when the reader joins
+  {
+    kvc::MutexLock lock(&c->comm_mu);
+    const nccl::Result r = api_->CommInitRankConfig(&c->comm, 2, id, 0, &config);
+    if (r != nccl::kSuccess && r != nccl::kInProgress) {
+      if (c->comm != nullptr) (void)api_->CommAbort(c->comm);
+      c->comm = nullptr;
+      return api_->Check(r, "ncclCommInitRankConfig");
+    }
+  }
+  Opened o;
+  {
+    kvc::MutexLock lock(&mu_);
+    o.id = SaltedId("n-", salt_, ++next_);
+    channels_.emplace(o.id, std::move(c));
+  }
+  o.unique_id.assign(id.internal, sizeof(id.internal));
+  o.connect_within_ms = absl::ToInt64Milliseconds(options_.connect_within);
+  o.nccl_version = api_->version;
+  Event("opened");
+  return o;
+}
+
+void NcclChannels::Sweep(const std::string& scope) {
+  const absl::Time now = absl::Now();
+  for (auto it = channels_.begin(); it != channels_.end();) {
+    Channel& c = *it->second;
+    bool drop = false;
+    if (c.scope == scope && c.send_mu.TryLock()) {
+      if (c.broken) {
+        drop = true;
+      } else if (!c.joined) {
+        const nccl::Result state = c.State();
+        if (state == nccl::kSuccess) {
+          c.joined = true;
+          Event("connected");
+        } else {
+          drop = state != nccl::kInProgress || now - c.opened > options_.connect_within;
+        }
+      }
+      c.send_mu.Unlock();
+    }
+    if (drop) {
+      Event("closed");
+      it = channels_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::shared_ptr<NcclChannels::Channel> NcclChannels::Find(const std::string& scope,
+                                                          const std::string& id) {
+  kvc::MutexLock lock(&mu_);
+  auto it = channels_.find(id);
+  if (it == channels_.end() || it->second->scope != scope) return nullptr;
+  return it->second;
+}
+
+absl::Status NcclChannels::Close(const std::string& scope, const std::string& id) {
+  std::shared_ptr<Channel> gone;
+  {
+    kvc::MutexLock lock(&mu_);
+    auto it = channels_.find(id);
+    if (it == channels_.end() || it->second->scope != scope) return UnknownChannel(id);
+    gone = std::move(it->second);
+    channels_.erase(it);
+  }
+  Event("closed");
+  return absl::OkStatus();  // the comm is aborted when the last send on it is done
+}
+
+absl::StatusOr<KvStore::SentBlocks> NcclChannels::Send(const std::string& scope,
+                                                       const std::string& id,
+                                                       const std::string& lease_id,
+                                                       uint64_t nonce, absl::Time deadline) {
+  std::shared_ptr<Channel> c = Find(scope, id);
+  if (c == nullptr) return UnknownChannel(id);
+  kvc::MutexLock lock(&c->send_mu);
+  if (c->broken) {
+    return absl::UnavailableError(
+        absl::StrCat("transfer ", Quoted(id), " broke in an earlier send; open another"));
+  }
+  if (const kernels::KernelStatus ks = c->pool->backend()->BindThread(); !ks.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot use the pool's device: ", ks.detail));
+  }
+  // The reader joins before it asks for a send, but the two joins finish apart: wait for
+  // ours within the channel's join time.
+  const absl::Time join_by = std::min(deadline, c->opened + options_.connect_within);
+  while (!c->joined) {
+    const nccl::Result state = c->State();
+    if (state == nccl::kSuccess) {
+      c->joined = true;
+      Event("connected");
+    } else if (state != nccl::kInProgress || absl::Now() > join_by) {
+      c->broken = true;
+      c->Abort();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "transfer ", Quoted(id),
+          state != nccl::kInProgress
+              ? absl::StrCat(" could not be joined: ", api_->Check(state, "ncclCommInitRank")
+                                                           .message())
+              : " was not joined in time: the reader joins (rank 1, the unique id) within "
+                "connect_within_ms of OpenTransfer, then sends SendLease"));
+    } else {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
+  Sink sink(c.get(), nonce, until);
+  absl::StatusOr<KvStore::SentBlocks> sent = store_->SendLeasedBlocks(scope, lease_id, &sink);
+  if (sent.ok()) {
+    Event("sent");
+    return sent;
+  }
+  Event("failed");
+  if (!sink.begun() && !c->stalled) {
+    // Nothing of a payload went out: a header with the code keeps the channel in step.
+    if (sink.SendHeader({nonce, 0, static_cast<uint32_t>(sent.status().code())}).ok()) {
+      return sent.status();
+    }
+  }
+  c->broken = true;
+  c->Abort();  // the reader's receives fail at once
+  return sent.status();
+}
+
+void NcclChannels::Watch() {
+  for (;;) {
+    std::vector<std::shared_ptr<Channel>> all;
+    {
+      kvc::MutexLock lock(&mu_);
+      if (stopping_) return;
+      for (const auto& [id, c] : channels_) all.push_back(c);
+    }
+    const absl::Time now = absl::Now();
+    for (const std::shared_ptr<Channel>& c : all) {
+      bool late = false;
+      {
+        kvc::MutexLock lock(&c->wait_mu);
+        late = now > c->wait_until;
+      }
+      if (late && !c->stalled.exchange(true)) {
+        KVC_LOG(WARNING) << "NCCL transfer: a reader stopped receiving; aborting its channel";
+        c->Abort();
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,102 @@
+// NcclChannels: transfer channels over NCCL (KvCacheService.OpenTransfer with kind NCCL;
+// issue #13 item 4; docs/ARCHITECTURE.md "Transfers"). A reader on another GPU opens one
+// for a device pool and gets an NCCL unique id; both sides join a two-rank communicator
+// (kvcached rank 0 on the pool's device, the reader rank 1 on its own); SendLease then sends
+// the same 32-byte frame header as the TCP wire and, after it, the lease's blocks device to
+// device, in the pieces KvStore::SendPieceBlocks documents (each an ncclSend the reader
+// matches with an ncclRecv of the same size). NCCL is loaded at run time
+// (common/nccl_api.h) from ServerConfig.transfer_nccl_library.
+//
+// Failure: a join not complete within `connect_within` is aborted and the channel dropped
+// (on the scope's next Open or Send); a send the reader does not receive within
+// `write_stall` is aborted by the watchdog (DEADLINE_EXCEEDED); a lease that ends while its
+// blocks are copied ABORTED. A refusal before the payload sends a header with the code (the
+// channel stays in step); a failure after it breaks the channel for good (UNAVAILABLE
+// afterwards). Channels are per scope, at most kMaxPerScope each. Thread-safe: sends on one
+// channel run one at a time, in call order.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "cachesvc/core/backend_buffer.h"
+#include "cachesvc/core/kv_store.h"
+#include "common/mutex.h"
+#include "common/nccl_api.h"
+
+namespace kvc::cachesvc {
+
+struct NcclChannelOptions {
+  std::string library;  // what nccl::Load opens ("libnccl.so.2", or a path)
+  absl::Duration connect_within = absl::Seconds(10);
+  absl::Duration write_stall = absl::Seconds(30);
+  // Called for "opened", "connected", "sent", "failed", "closed" (metrics).
+  std::function<void(const char* event)> on_event;
+};
+
+class NcclChannels {
+ public:
+  static constexpr int kMaxPerScope = 16;
+
+  // Loads the library: FAILED_PRECONDITION naming it and why when it cannot.
+  static absl::StatusOr<std::unique_ptr<NcclChannels>> Start(const NcclChannelOptions& options,
+                                                             KvStore* store);
+  NcclChannels(const NcclChannels&) = delete;
+  NcclChannels& operator=(const NcclChannels&) = delete;
+  // Aborts every channel; no send may be running.
+  ~NcclChannels();
+
+  // "NCCL 2.28.9 (libnccl.so.2)".
+  std::string Describe() const { return api_->Describe(); }
+
+  struct Opened {
+    std::string id;
+    std::string unique_id;  // nccl::kUniqueIdBytes bytes
+    int64_t connect_within_ms = 0;
+    int nccl_version = 0;
+  };
+  // NOT_FOUND pool; FAILED_PRECONDITION for a host pool; RESOURCE_EXHAUSTED when the scope
+  // has kMaxPerScope channels; UNAVAILABLE when NCCL refuses to start the join.
+  absl::StatusOr<Opened> Open(const std::string& scope, const std::string& pool);
+  // SendLease (see the proto). `deadline`: the call's.
+  absl::StatusOr<KvStore::SentBlocks> Send(const std::string& scope, const std::string& id,
+                                           const std::string& lease_id, uint64_t nonce,
+                                           absl::Time deadline);
+  absl::Status Close(const std::string& scope, const std::string& id);
+
+  // Whether `id` names an NCCL channel (its ids start with "n-"; TCP channels' with "t-").
+  static bool Names(const std::string& id);
+
+ private:
+  struct Channel;
+  class Sink;
+  NcclChannels(const NcclChannelOptions& options, KvStore* store, const nccl::Api* api)
+      : options_(options), store_(store), api_(api) {}
+  // Drops the scope's channels whose join timed out or that broke (aborting their comms).
+  void Sweep(const std::string& scope) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<Channel> Find(const std::string& scope, const std::string& id);
+  // Aborts the comm of a send still running past its deadline (a reader that stopped).
+  void Watch();
+  void Event(const char* event) const {
+    if (options_.on_event) options_.on_event(event);
+  }
+
+  const NcclChannelOptions options_;
+  KvStore* const store_;
+  const nccl::Api* const api_;
+  kvc::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t salt_ = 0;
+  std::thread watchdog_;
+};
+
+}  // namespace kvc::cachesvc

@@ -1,0 +1,274 @@
+// NCCL transfers (OpenTransfer kind NCCL; issue #13 item 4) against a real in-process server
+// on cudasim, with libkvc_nccl_loopback.so standing in for libnccl (NCCL refuses two ranks on
+// one GPU, and CI has none). This test is the reader (rank 1): it joins with the unique id,
+// asks for a lease, receives the frame header and the pieces the contract says with ncclRecv
+// into device memory, and finds exactly the blocks a TCP channel would send. Refusals: a
+// host pool, a server without NCCL, an unknown kind, a send before anyone joined; a refused
+// lease sends a header with its code and the channel stays usable; a reader that stops
+// receiving breaks the channel (DEADLINE_EXCEEDED, then UNAVAILABLE) and pins nothing.
+#include <cuda_runtime.h>
+#include <grpcpp/grpcpp.h>
+
+#include <array>
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cachesvc/core/kv_store.h"
+#include "common/nccl_api.h"
+#include "common/transfer_wire.h"
+#include "gtest/gtest.h"
+#include "kvcache/v1/admin_service.grpc.pb.h"
+#include "kvcache/v1/kvcache_service.grpc.pb.h"
+#include "tests/integration/read_paths.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/test_server.h"
+
+namespace kvc {
+namespace {
+
+namespace pb = ::kvcache::v1;
+using ::kvc::testing::Filled;
+using ::kvc::testing::Int4WithResidual;
+
+const nccl::Api& Loopback() {
+  absl::StatusOr<const nccl::Api*> api = nccl::Load(KVC_NCCL_LOOPBACK);
+  EXPECT_TRUE(api.ok()) << api.status();
+  return **api;
+}
+
+cachesvc::ServerOptions Options(bool nccl) {
+  cachesvc::ServerOptions o = testing::SmallServerOptions();
+  o.store.pools[0].device = "cuda:0";  // cudasim's
+  cachesvc::PoolOptions host = o.store.pools[0];
+  host.name = "host";
+  host.device = "cpu";
+  o.store.pools.push_back(host);
+  if (nccl) o.transfer_nccl_library = KVC_NCCL_LOOPBACK;
+  return o;
+}
+
+// What a TCP channel would carry for the lease: the store's blocks through a host sink.
+class HostCollect final : public cachesvc::KvStore::BlockSink {
+ public:
+  std::string bytes;
+  absl::Status Begin(int64_t /*blocks*/, int64_t /*bytes*/) override { return absl::OkStatus(); }
+  absl::Status Write(const char* data, size_t n) override {
+    bytes.append(data, n);
+    return absl::OkStatus();
+  }
+};
+
+// The pieces the contract announces for a lease: per format, runs of max(1, 4 MiB / block).
+std::vector<size_t> Pieces(const client::Lease& lease) {
+  std::array<size_t, 9> blocks{};
+  for (const client::LeaseLane& lane : lease.lanes) {
+    for (const client::LeaseSegment& seg : lane.segments) {
+      blocks[static_cast<size_t>(seg.format)] += seg.blocks.size();
+    }
+  }
+  std::vector<size_t> pieces;
+  for (size_t f = 1; f < blocks.size(); ++f) {
+    if (blocks[f] == 0) continue;
+    const auto bb =
+        static_cast<size_t>(lease.arena(static_cast<client::StorageFormat>(f))->block_bytes);
+    const size_t run = std::max<size_t>(1, (size_t{4} << 20) / bb);
+    for (size_t at = 0; at < blocks[f]; at += run) pieces.push_back(std::min(run, blocks[f] - at) * bb);
+  }
+  return pieces;
+}
+
+class NcclTransferTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    t_ = testing::StartTestServer(Options(/*nccl=*/true));
+    auto channel = grpc::CreateChannel(t_.server->address(), grpc::InsecureChannelCredentials());
+    kv_ = pb::KvCacheService::NewStub(channel);
+    admin_ = pb::AdminService::NewStub(channel);
+  }
+  void TearDown() override {
+    if (comm_ != nullptr) (void)api_.CommAbort(comm_);
+    for (void* d : device_) (void)cudaFree(d);
+  }
+  grpc::Status Open(pb::TransferKind kind, const std::string& pool,
+                    pb::OpenTransferResponse* opened) {
+    grpc::ClientContext ctx;
+    pb::OpenTransferRequest r;
+    r.set_kind(kind);
+    r.set_pool(pool);
+    return kv_->OpenTransfer(&ctx, r, opened);
+  }
+  // Opens an NCCL transfer of the device pool and joins it as rank 1.
+  std::string OpenAndJoin() {
+    pb::OpenTransferResponse opened;
+    const grpc::Status s = Open(pb::TRANSFER_KIND_NCCL, "small", &opened);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(opened.nccl_unique_id().size(), nccl::kUniqueIdBytes);
+    nccl::UniqueId id{};
+    std::memcpy(id.internal, opened.nccl_unique_id().data(), nccl::kUniqueIdBytes);
+    nccl::Config config;
+    EXPECT_EQ(api_.CommInitRankConfig(&comm_, 2, id, 1, &config), nccl::kInProgress);
+    EXPECT_EQ(Settle(), nccl::kSuccess);
+    return opened.transfer_id();
+  }
+  nccl::Result Settle() {
+    nccl::Result state = nccl::kInProgress;
+    for (int i = 0; i < 10000 && state == nccl::kInProgress; ++i) {
+      if (api_.CommGetAsyncError(comm_, &state) != nccl::kSuccess) return -1;
+      if (state == nccl::kInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return state;
+  }
+  nccl::Result Recv(void* device, size_t bytes) {
+    const nccl::Result r = api_.Recv(device, bytes, nccl::kUint8, 0, comm_, nullptr);
+    return r == nccl::kInProgress ? Settle() : r;
+  }
+  void* Device(size_t bytes) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    device_.push_back(p);
+    return p;
+  }
+  // SendLease on another thread (the reader receives meanwhile).
+  std::future<grpc::Status> SendLease(const std::string& transfer, const std::string& lease,
+                                      uint64_t nonce, int deadline_s = 60) {
+    return std::async(std::launch::async, [=] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(deadline_s));
+      pb::SendLeaseRequest r;
+      r.set_transfer_id(transfer);
+      r.set_lease_id(lease);
+      r.set_nonce(nonce);
+      pb::SendLeaseResponse sent;
+      return kv_->SendLease(&ctx, r, &sent);
+    });
+  }
+  transfer::FrameHeader ReceiveHeader() {
+    void* d = Device(transfer::kHeaderBytes);
+    EXPECT_EQ(Recv(d, transfer::kHeaderBytes), nccl::kSuccess);
+    char host[transfer::kHeaderBytes] = {};
+    EXPECT_EQ(cudaMemcpy(host, d, sizeof(host), cudaMemcpyDeviceToHost), cudaSuccess);
+    transfer::FrameHeader h;
+    EXPECT_TRUE(transfer::DecodeHeader(host, &h)) << "not a frame header";
+    return h;
+  }
+
+  testing::TestServer t_;
+  std::unique_ptr<pb::KvCacheService::Stub> kv_;
+  std::unique_ptr<pb::AdminService::Stub> admin_;
+  const nccl::Api& api_ = Loopback();
+  nccl::Comm comm_ = nullptr;
+  std::vector<void*> device_;
+};
+
+TEST_F(NcclTransferTest, TheReaderReceivesWhatATcpChannelCarries) {
+  grpc::ClientContext ctx;
+  pb::ServerInfo info;
+  ASSERT_TRUE(admin_->GetServerInfo(&ctx, pb::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.nccl_transfers().rfind("NCCL 2.14.0 (", 0), 0u) << info.nccl_transfers();
+
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string raw, Filled(*t_.client, 100));
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string q, Filled(*t_.client, 90, Int4WithResidual()));
+  const std::string transfer = OpenAndJoin();
+  EXPECT_EQ(transfer.rfind("n-", 0), 0u);
+  uint64_t nonce = 40;
+  for (const std::string& id : {raw, q, raw}) {
+    SCOPED_TRACE(id);
+    KVC_ASSERT_OK_AND_ASSIGN(const client::Lease lease, t_.client->LeaseSequence(id));
+    std::future<grpc::Status> sending = SendLease(transfer, lease.lease_id, ++nonce);
+    const transfer::FrameHeader h = ReceiveHeader();
+    EXPECT_EQ(h.nonce, nonce);
+    EXPECT_EQ(h.code, 0u);
+    EXPECT_EQ(h.payload_bytes, static_cast<uint64_t>(lease.leased_bytes));
+    std::string payload;
+    for (const size_t piece : Pieces(lease)) {
+      void* d = Device(piece);
+      ASSERT_EQ(Recv(d, piece), nccl::kSuccess);
+      std::string host(piece, '\0');
+      ASSERT_EQ(cudaMemcpy(host.data(), d, piece, cudaMemcpyDeviceToHost), cudaSuccess);
+      payload += host;
+    }
+    const grpc::Status sent = sending.get();
+    EXPECT_TRUE(sent.ok()) << sent.error_message();
+    HostCollect tcp;
+    KVC_ASSERT_OK(t_.server->store()->SendLeasedBlocks("", lease.lease_id, &tcp).status());
+    EXPECT_EQ(payload.size(), tcp.bytes.size());
+    EXPECT_TRUE(payload == tcp.bytes) << "the NCCL payload differs from the TCP one";
+    KVC_ASSERT_OK(t_.client->ReleaseLease(lease.lease_id).status());
+  }
+  const std::string metrics = t_.server->metrics()->Serialize();
+  EXPECT_NE(metrics.find("kvc_transfer_events_total{event=\"sent\"} 3\n"), std::string::npos)
+      << metrics;
+}
+
+TEST_F(NcclTransferTest, ARefusedLeaseSendsItsCodeAndTheTransferStaysUsable) {
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string raw, Filled(*t_.client, 40));
+  const std::string transfer = OpenAndJoin();
+  std::future<grpc::Status> refused = SendLease(transfer, "l-nothing", 5);
+  const transfer::FrameHeader h = ReceiveHeader();
+  EXPECT_EQ(h.nonce, 5u);
+  EXPECT_EQ(h.code, static_cast<uint32_t>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_EQ(h.payload_bytes, 0u);
+  EXPECT_EQ(refused.get().error_code(), grpc::StatusCode::NOT_FOUND);
+  // Still in step: the next lease arrives whole.
+  KVC_ASSERT_OK_AND_ASSIGN(const client::Lease lease, t_.client->LeaseSequence(raw));
+  std::future<grpc::Status> sending = SendLease(transfer, lease.lease_id, 6);
+  EXPECT_EQ(ReceiveHeader().nonce, 6u);
+  for (const size_t piece : Pieces(lease)) ASSERT_EQ(Recv(Device(piece), piece), nccl::kSuccess);
+  EXPECT_TRUE(sending.get().ok());
+  KVC_ASSERT_OK(t_.client->ReleaseLease(lease.lease_id).status());
+}
+
+TEST_F(NcclTransferTest, RefusalsSayWhy) {
+  pb::OpenTransferResponse opened;
+  grpc::Status s = Open(pb::TRANSFER_KIND_NCCL, "host", &opened);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("in host memory"), std::string::npos) << s.error_message();
+  s = Open(pb::TRANSFER_KIND_NCCL, "nope", &opened);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  s = Open(static_cast<pb::TransferKind>(7), "", &opened);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  // TCP transfers are not offered by this server (no transfer_listen).
+  s = Open(pb::TRANSFER_KIND_TCP, "", &opened);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  // Nobody joined: a send waits for the join only as long as the call may.
+  ASSERT_TRUE(Open(pb::TRANSFER_KIND_NCCL, "small", &opened).ok());
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string raw, Filled(*t_.client, 20));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::Lease lease, t_.client->LeaseSequence(raw));
+  const grpc::Status alone = SendLease(opened.transfer_id(), lease.lease_id, 1, 1).get();
+  EXPECT_NE(alone.error_code(), grpc::StatusCode::OK);
+  KVC_ASSERT_OK(t_.client->ReleaseLease(lease.lease_id).status());
+  // A server without transfer_nccl_library.
+  testing::TestServer plain = testing::StartTestServer(Options(/*nccl=*/false));
+  auto stub = pb::KvCacheService::NewStub(
+      grpc::CreateChannel(plain.server->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  pb::OpenTransferRequest r;
+  r.set_kind(pb::TRANSFER_KIND_NCCL);
+  s = stub->OpenTransfer(&ctx, r, &opened);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("transfer_nccl_library is unset"), std::string::npos);
+}
+
+TEST_F(NcclTransferTest, AReaderThatStopsReceivingBreaksTheTransferAndPinsNothing) {
+  // ~3 MiB of blocks: more than the loopback's socket buffers, so the send waits for a
+  // receive (as NCCL's would) that never comes.
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string raw, Filled(*t_.client, 3000));
+  const std::string transfer = OpenAndJoin();
+  KVC_ASSERT_OK_AND_ASSIGN(const client::Lease lease, t_.client->LeaseSequence(raw));
+  std::future<grpc::Status> stalled = SendLease(transfer, lease.lease_id, 9, /*deadline_s=*/2);
+  EXPECT_EQ(ReceiveHeader().nonce, 9u);  // and then nothing more is received
+  EXPECT_EQ(stalled.get().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  KVC_ASSERT_OK(t_.client->ReleaseLease(lease.lease_id).status());
+  KVC_ASSERT_OK_AND_ASSIGN(const client::Lease again, t_.client->LeaseSequence(raw));
+  const grpc::Status after = SendLease(transfer, again.lease_id, 10).get();
+  EXPECT_EQ(after.error_code(), grpc::StatusCode::UNAVAILABLE) << after.error_message();
+  KVC_ASSERT_OK(t_.client->ReleaseLease(again.lease_id).status());
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, t_.client->GetPoolStats("small"));
+  EXPECT_EQ(stats.leases.active, 0);
+}
+
+}  // namespace
+}  // namespace kvc
