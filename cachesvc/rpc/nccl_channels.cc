@@ -138,8 +138,8 @@ class NcclChannels::Sink final : public KvStore::BlockSink {
   bool begun_ = false;
 };
 
-absl::StatusOr<std::unique_ptr<NcclChannels>> NcclChannels::Start(
-    const NcclChannelOptions& options, KvStore* store) {
+absl::StatusOr<std::unique_ptr<NcclChannels>> NcclChannels::Start(const NcclChannelOptions& options,
+                                                                  KvStore* store) {
   KVC_ASSIGN_OR_RETURN(const nccl::Api* api, nccl::Load(options.library));
   std::unique_ptr<NcclChannels> n(new NcclChannels(options, store, api));
   std::random_device rd;
@@ -270,8 +270,8 @@ absl::Status NcclChannels::Close(const std::string& scope, const std::string& id
 
 absl::StatusOr<KvStore::SentBlocks> NcclChannels::Send(const std::string& scope,
                                                        const std::string& id,
-                                                       const std::string& lease_id,
-                                                       uint64_t nonce, absl::Time deadline) {
+                                                       const std::string& lease_id, uint64_t nonce,
+                                                       absl::Time deadline) {
   std::shared_ptr<Channel> c = Find(scope, id);
   if (c == nullptr) return UnknownChannel(id);
   kvc::MutexLock lock(&c->send_mu);
@@ -296,8 +296,8 @@ absl::StatusOr<KvStore::SentBlocks> NcclChannels::Send(const std::string& scope,
       return absl::FailedPreconditionError(absl::StrCat(
           "transfer ", Quoted(id),
           state != nccl::kInProgress
-              ? absl::StrCat(" could not be joined: ", api_->Check(state, "ncclCommInitRank")
-                                                           .message())
+              ? absl::StrCat(" could not be joined: ",
+                             api_->Check(state, "ncclCommInitRank").message())
               : " was not joined in time: the reader joins (rank 1, the unique id) within "
                 "connect_within_ms of OpenTransfer, then sends SendLease"));
     } else {

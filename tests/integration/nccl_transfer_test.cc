@@ -75,7 +75,8 @@ std::vector<size_t> Pieces(const client::Lease& lease) {
     const auto bb =
         static_cast<size_t>(lease.arena(static_cast<client::StorageFormat>(f))->block_bytes);
     const size_t run = std::max<size_t>(1, (size_t{4} << 20) / bb);
-    for (size_t at = 0; at < blocks[f]; at += run) pieces.push_back(std::min(run, blocks[f] - at) * bb);
+    for (size_t at = 0; at < blocks[f]; at += run)
+      pieces.push_back(std::min(run, blocks[f] - at) * bb);
   }
   return pieces;
 }
