@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <optional>
-#include <random>
 #include <utility>
 #include <vector>
 
@@ -11,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cachesvc/core/quote.h"
-#include "cachesvc/core/salted_id.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/transfer_wire.h"
@@ -62,15 +60,6 @@ struct NcclChannels::Channel {
     if (pool != nullptr) pool->backend()->DestroyStream(stream);
   }
 };
-
-namespace {
-
-absl::Status UnknownChannel(const std::string& id) {
-  return absl::NotFoundError(
-      absl::StrCat("transfer ", Quoted(id), " does not exist (never opened, closed, or broken)"));
-}
-
-}  // namespace
 
 // Sends a SendLease's frame on a joined channel: the header, then each piece as it comes.
 class NcclChannels::Sink final : public KvStore::BlockSink {
@@ -142,8 +131,6 @@ absl::StatusOr<std::unique_ptr<NcclChannels>> NcclChannels::Start(const NcclChan
                                                                   KvStore* store) {
   KVC_ASSIGN_OR_RETURN(const nccl::Api* api, nccl::Load(options.library));
   std::unique_ptr<NcclChannels> n(new NcclChannels(options, store, api));
-  std::random_device rd;
-  n->salt_ = rd() ^ (static_cast<uint64_t>(rd()) << 32);
   n->watchdog_ = std::thread([p = n.get()] { p->Watch(); });
   return n;
 }
@@ -154,8 +141,7 @@ NcclChannels::~NcclChannels() {
     stopping_ = true;
   }
   if (watchdog_.joinable()) watchdog_.join();
-  kvc::MutexLock lock(&mu_);
-  channels_.clear();  // each aborts its comm
+  channels_.Clear();  // each aborts its comm
 }
 
 bool NcclChannels::Names(const std::string& id) { return absl::StartsWith(id, "n-"); }
@@ -168,16 +154,6 @@ absl::StatusOr<NcclChannels::Opened> NcclChannels::Open(const std::string& scope
         absl::StrCat("pool ", Quoted(pool->options().name),
                      " is in host memory: NCCL transfers carry device pools' blocks (open a "
                      "TCP transfer for host pools)"));
-  }
-  {
-    kvc::MutexLock lock(&mu_);
-    Sweep(scope);
-    int open = 0;
-    for (const auto& [id, c] : channels_) open += c->scope == scope ? 1 : 0;
-    if (open >= kMaxPerScope) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "this client has ", open, " transfers open (the most): close those it does not use"));
-    }
   }
   auto c = std::make_shared<Channel>();
   c->api = api_;
@@ -207,11 +183,9 @@ absl::StatusOr<NcclChannels::Opened> NcclChannels::Open(const std::string& scope
     }
   }
   Opened o;
-  {
-    kvc::MutexLock lock(&mu_);
-    o.id = SaltedId("n-", salt_, ++next_);
-    channels_.emplace(o.id, std::move(c));
-  }
+  const absl::Time now = absl::Now();
+  KVC_ASSIGN_OR_RETURN(o.id,
+                       channels_.Add(std::move(c), [&](Channel& ch) { return Done(ch, now); }));
   o.unique_id.assign(id.internal, sizeof(id.internal));
   o.connect_within_ms = absl::ToInt64Milliseconds(options_.connect_within);
   o.nccl_version = api_->version;
@@ -219,51 +193,25 @@ absl::StatusOr<NcclChannels::Opened> NcclChannels::Open(const std::string& scope
   return o;
 }
 
-void NcclChannels::Sweep(const std::string& scope) {
-  const absl::Time now = absl::Now();
-  for (auto it = channels_.begin(); it != channels_.end();) {
-    Channel& c = *it->second;
-    bool drop = false;
-    if (c.scope == scope && c.send_mu.TryLock()) {
-      if (c.broken) {
-        drop = true;
-      } else if (!c.joined) {
-        const nccl::Result state = c.State();
-        if (state == nccl::kSuccess) {
-          c.joined = true;
-          Event("connected");
-        } else {
-          drop = state != nccl::kInProgress || now - c.opened > options_.connect_within;
-        }
-      }
-      c.send_mu.Unlock();
-    }
-    if (drop) {
-      Event("closed");
-      it = channels_.erase(it);
+bool NcclChannels::Done(Channel& c, absl::Time now) {
+  if (!c.send_mu.TryLock()) return false;  // sending: in use
+  bool done = c.broken;
+  if (!done && !c.joined) {
+    const nccl::Result state = c.State();
+    if (state == nccl::kSuccess) {
+      c.joined = true;
+      Event("connected");
     } else {
-      ++it;
+      done = state != nccl::kInProgress || now - c.opened > options_.connect_within;
     }
   }
-}
-
-std::shared_ptr<NcclChannels::Channel> NcclChannels::Find(const std::string& scope,
-                                                          const std::string& id) {
-  kvc::MutexLock lock(&mu_);
-  auto it = channels_.find(id);
-  if (it == channels_.end() || it->second->scope != scope) return nullptr;
-  return it->second;
+  c.send_mu.Unlock();
+  if (done) Event("closed");
+  return done;
 }
 
 absl::Status NcclChannels::Close(const std::string& scope, const std::string& id) {
-  std::shared_ptr<Channel> gone;
-  {
-    kvc::MutexLock lock(&mu_);
-    auto it = channels_.find(id);
-    if (it == channels_.end() || it->second->scope != scope) return UnknownChannel(id);
-    gone = std::move(it->second);
-    channels_.erase(it);
-  }
+  KVC_RETURN_IF_ERROR(channels_.Close(scope, id));
   Event("closed");
   return absl::OkStatus();  // the comm is aborted when the last send on it is done
 }
@@ -272,8 +220,8 @@ absl::StatusOr<KvStore::SentBlocks> NcclChannels::Send(const std::string& scope,
                                                        const std::string& id,
                                                        const std::string& lease_id, uint64_t nonce,
                                                        absl::Time deadline) {
-  std::shared_ptr<Channel> c = Find(scope, id);
-  if (c == nullptr) return UnknownChannel(id);
+  std::shared_ptr<Channel> c = channels_.Find(scope, id);
+  if (c == nullptr) return ScopedChannels<Channel>::Unknown(id);
   kvc::MutexLock lock(&c->send_mu);
   if (c->broken) {
     return absl::UnavailableError(
@@ -325,12 +273,11 @@ absl::StatusOr<KvStore::SentBlocks> NcclChannels::Send(const std::string& scope,
 
 void NcclChannels::Watch() {
   for (;;) {
-    std::vector<std::shared_ptr<Channel>> all;
     {
       kvc::MutexLock lock(&mu_);
       if (stopping_) return;
-      for (const auto& [id, c] : channels_) all.push_back(c);
     }
+    const std::vector<std::shared_ptr<Channel>> all = channels_.All();
     const absl::Time now = absl::Now();
     for (const std::shared_ptr<Channel>& c : all) {
       bool late = false;

@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "cachesvc/core/backend_buffer.h"
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/rpc/scoped_channels.h"
 #include "common/mutex.h"
 #include "common/nccl_api.h"
 
@@ -43,7 +44,7 @@ struct NcclChannelOptions {
 
 class NcclChannels {
  public:
-  static constexpr int kMaxPerScope = 16;
+  static constexpr int kMaxPerScope = ScopedChannels<int>::kMaxPerScope;
 
   // Loads the library: FAILED_PRECONDITION naming it and why when it cannot.
   static absl::StatusOr<std::unique_ptr<NcclChannels>> Start(const NcclChannelOptions& options,
@@ -79,9 +80,9 @@ class NcclChannels {
   class Sink;
   NcclChannels(const NcclChannelOptions& options, KvStore* store, const nccl::Api* api)
       : options_(options), store_(store), api_(api) {}
-  // Drops the scope's channels whose join timed out or that broke (aborting their comms).
-  void Sweep(const std::string& scope) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::shared_ptr<Channel> Find(const std::string& scope, const std::string& id);
+  // Whether a channel is finished with: broken, or not joined within connect_within
+  // (counted closed; its comm is aborted when it is dropped). Never waits for a send.
+  bool Done(Channel& c, absl::Time now);
   // Aborts the comm of a send still running past its deadline (a reader that stopped).
   void Watch();
   void Event(const char* event) const {
@@ -91,11 +92,9 @@ class NcclChannels {
   const NcclChannelOptions options_;
   KvStore* const store_;
   const nccl::Api* const api_;
+  ScopedChannels<Channel> channels_{"n-"};
   kvc::Mutex mu_;
-  std::map<std::string, std::shared_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t salt_ = 0;
   std::thread watchdog_;
 };
 

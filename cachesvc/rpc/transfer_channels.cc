@@ -18,8 +18,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cachesvc/core/quote.h"
-#include "cachesvc/core/salted_id.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "common/transfer_wire.h"
 
 namespace kvc::cachesvc {
@@ -28,11 +28,6 @@ namespace {
 constexpr size_t kMaxPending = 64;
 
 std::string Errno() { return std::generic_category().message(errno); }
-
-absl::Status UnknownChannel(const std::string& id) {
-  return absl::NotFoundError(
-      absl::StrCat("transfer ", Quoted(id), " does not exist (never opened, closed, or broken)"));
-}
 
 // Equal without an early exit: how long a comparison takes says nothing about the token.
 bool SameSecret(const std::string& a, const std::string& b) {
@@ -126,8 +121,6 @@ absl::StatusOr<std::unique_ptr<TransferChannels>> TransferChannels::Start(
                                         : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
   t->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (t->wake_fd_ < 0) return absl::UnavailableError(absl::StrCat("eventfd: ", Errno()));
-  std::random_device rd;
-  t->salt_ = rd() ^ (static_cast<uint64_t>(rd()) << 32);
   t->thread_ = std::thread([p = t.get()] { p->Serve(); });
   return t;
 }
@@ -151,18 +144,9 @@ absl::StatusOr<TransferChannels::Opened> TransferChannels::Open(const std::strin
   channel->token = token;
   channel->opened = absl::Now();
   Opened o;
-  {
-    kvc::MutexLock lock(&mu_);
-    Sweep(scope);
-    int open = 0;
-    for (const auto& [id, c] : channels_) open += c->scope == scope ? 1 : 0;
-    if (open >= kMaxPerScope) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "this client has ", open, " transfers open (the most): close those it does not use"));
-    }
-    o.id = SaltedId("t-", salt_, ++next_);
-    channels_.emplace(o.id, std::move(channel));
-  }
+  const absl::Time now = absl::Now();
+  KVC_ASSIGN_OR_RETURN(o.id,
+                       channels_.Add(std::move(channel), [&](Channel& c) { return Done(c, now); }));
   o.token = token;
   o.host = options_.advertise_host;
   o.port = port_;
@@ -171,47 +155,23 @@ absl::StatusOr<TransferChannels::Opened> TransferChannels::Open(const std::strin
   return o;
 }
 
-void TransferChannels::Sweep(const std::string& scope) {
-  const absl::Time now = absl::Now();
-  for (auto it = channels_.begin(); it != channels_.end();) {
-    Channel& c = *it->second;
-    bool drop = false;
-    if (c.scope == scope && c.send_mu.TryLock()) {
-      if (c.fd < 0) {
-        drop = now - c.opened > options_.connect_within;
-      } else {
-        // A reader never writes after its greeting: readable means it hung up.
-        pollfd p{c.fd, POLLIN, 0};
-        drop = c.broken || ::poll(&p, 1, 0) != 0;
-      }
-      c.send_mu.Unlock();
-    }
-    if (drop) {
-      Event("closed");
-      it = channels_.erase(it);
-    } else {
-      ++it;
-    }
+bool TransferChannels::Done(Channel& c, absl::Time now) {
+  if (!c.send_mu.TryLock()) return false;  // sending: in use
+  bool done = false;
+  if (c.fd < 0) {
+    done = now - c.opened > options_.connect_within;
+  } else {
+    // A reader never writes after its greeting: readable means it hung up.
+    pollfd p{c.fd, POLLIN, 0};
+    done = c.broken || ::poll(&p, 1, 0) != 0;
   }
-}
-
-std::shared_ptr<TransferChannels::Channel> TransferChannels::Find(const std::string& scope,
-                                                                  const std::string& id) {
-  kvc::MutexLock lock(&mu_);
-  auto it = channels_.find(id);
-  if (it == channels_.end() || it->second->scope != scope) return nullptr;
-  return it->second;
+  c.send_mu.Unlock();
+  if (done) Event("closed");
+  return done;
 }
 
 absl::Status TransferChannels::Close(const std::string& scope, const std::string& id) {
-  std::shared_ptr<Channel> gone;
-  {
-    kvc::MutexLock lock(&mu_);
-    auto it = channels_.find(id);
-    if (it == channels_.end() || it->second->scope != scope) return UnknownChannel(id);
-    gone = std::move(it->second);
-    channels_.erase(it);
-  }
+  KVC_RETURN_IF_ERROR(channels_.Close(scope, id));
   Event("closed");
   return absl::OkStatus();  // the connection closes when the last send on it is done
 }
@@ -220,8 +180,8 @@ absl::StatusOr<KvStore::SentBlocks> TransferChannels::Send(const std::string& sc
                                                            const std::string& id,
                                                            const std::string& lease_id,
                                                            uint64_t nonce, absl::Time deadline) {
-  std::shared_ptr<Channel> c = Find(scope, id);
-  if (c == nullptr) return UnknownChannel(id);
+  std::shared_ptr<Channel> c = channels_.Find(scope, id);
+  if (c == nullptr) return ScopedChannels<Channel>::Unknown(id);
   kvc::MutexLock lock(&c->send_mu);
   if (c->broken) {
     return absl::UnavailableError(
@@ -313,10 +273,9 @@ bool TransferChannels::Greet(Pending& p) {
   if (words.size() == 4 && words[0] == "KVC-TRANSFER" && words[1] == "1" &&
       end + 1 == p.line.size()) {
     why = "unknown transfer or wrong token";
-    kvc::MutexLock lock(&mu_);
-    auto it = channels_.find(words[2]);
-    if (it != channels_.end() && SameSecret(it->second->token, words[3])) {
-      Channel& c = *it->second;
+    const std::shared_ptr<Channel> found = channels_.FindById(words[2]);
+    if (found != nullptr && SameSecret(found->token, words[3])) {
+      Channel& c = *found;
       // A channel that is sending is connected already; never wait for it here.
       if (c.send_mu.TryLock()) {
         const bool fresh = c.fd < 0;

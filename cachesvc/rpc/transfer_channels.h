@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/rpc/scoped_channels.h"
 #include "common/mutex.h"
 
 namespace kvc::cachesvc {
@@ -41,7 +42,7 @@ struct TransferOptions {
 
 class TransferChannels {
  public:
-  static constexpr int kMaxPerScope = 16;
+  static constexpr int kMaxPerScope = ScopedChannels<int>::kMaxPerScope;
 
   // Binds the listener. UNAVAILABLE when it cannot; INVALID_ARGUMENT for a malformed address.
   static absl::StatusOr<std::unique_ptr<TransferChannels>> Start(const TransferOptions& options,
@@ -91,10 +92,9 @@ class TransferChannels {
   void Serve();
   // Reads what arrived; true when the connection is done with (attached or refused).
   bool Greet(Pending& p);
-  // Drops the scope's channels that are unconnected past connect_within or whose reader hung
-  // up.
-  void Sweep(const std::string& scope) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::shared_ptr<Channel> Find(const std::string& scope, const std::string& id);
+  // Whether a channel is finished with: unconnected past connect_within, broken, or its
+  // reader hung up (counted closed). Never waits for a send.
+  bool Done(Channel& c, absl::Time now);
   void Event(const char* event) const {
     if (options_.on_event) options_.on_event(event);
   }
@@ -104,10 +104,7 @@ class TransferChannels {
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   int port_ = 0;
-  kvc::Mutex mu_;
-  std::map<std::string, std::shared_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t salt_ = 0;
+  ScopedChannels<Channel> channels_{"t-"};
   std::thread thread_;
 };
 
