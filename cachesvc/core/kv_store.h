@@ -107,11 +107,12 @@ class KvStore {
     virtual ~BlockSink() = default;
     virtual absl::Status Begin(int64_t blocks, int64_t bytes) = 0;
     virtual absl::Status Write(const char* data, size_t bytes) = 0;
-    // Where Write's bytes lie: host memory (false: a TCP channel), or memory of the lease's
-    // pool (true: a sender from the device, such as an NCCL channel). Only a device pool's
-    // lease is sent to such a sink (FAILED_PRECONDITION before Begin otherwise), with the
-    // calling thread bound to the pool's device (KernelBackend::BindThread) before Begin.
-    virtual bool FromPoolMemory() const { return false; }
+    // Where Write's bytes lie: host memory (null: a TCP channel), or the memory of the pool
+    // returned (a sender from the device, such as an NCCL channel, whose communicator lives
+    // on that pool's device). Only that pool's leases are sent to such a sink, and only if
+    // it is a device pool (FAILED_PRECONDITION before Begin otherwise), with the calling
+    // thread bound to the pool's device (KernelBackend::BindThread) before Begin.
+    virtual const BlockPool* SendsFromPool() const { return nullptr; }
   };
   // The pieces Write gets: each storage format's blocks (in the order below) in runs of
   // SendPieceBlocks(block_bytes), the last run of a format shorter. A reader that must post
@@ -129,8 +130,8 @@ class KvStore {
   // slots the lease does not describe zeroed (they may be written meanwhile or hold another
   // sequence's data). NOT_FOUND, before Begin, for a lease that is not live; ABORTED, after
   // Begin, when the lease ended during the copy (blocks may have been recycled: nothing sent
-  // counts); FAILED_PRECONDITION, before Begin, for a host pool's lease and a sink that
-  // sends from pool memory; the sink's errors as they come.
+  // counts); FAILED_PRECONDITION, before Begin, for a sink that sends from a pool's memory
+  // and a lease of another pool or of a host pool; the sink's errors as they come.
   absl::StatusOr<SentBlocks> SendLeasedBlocks(const std::string& scope, const std::string& lease_id,
                                               BlockSink* sink);
   // Lease statistics of one pool (empty = every pool summed); NOT_FOUND for an unknown pool.

@@ -124,10 +124,16 @@ absl::StatusOr<KvStore::SentBlocks> KvStore::SendLeasedBlocks(const std::string&
     total.bytes += n * static_cast<int64_t>(bb);
     if (n > 0) largest_piece = std::max(largest_piece, SendPieceBlocks(bb) * bb);
   }
-  const bool to_pool_memory = sink->FromPoolMemory();
+  const BlockPool* const sink_pool = sink->SendsFromPool();
+  const bool to_pool_memory = sink_pool != nullptr;
   std::vector<char> host_piece;
   std::optional<BackendBuffer> pool_piece;  // to_pool_memory: the pieces, in the pool's memory
   if (to_pool_memory) {
+    if (sink_pool != pool) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "lease ", Quoted(lease_id), " is of pool ", Quoted(pool->options().name),
+          "; this transfer carries pool ", Quoted(sink_pool->options().name), "'s leases"));
+    }
     if (pool->options().device == "cpu") {
       return absl::FailedPreconditionError(
           absl::StrCat("lease ", Quoted(lease_id), " is of pool ", Quoted(pool->options().name),

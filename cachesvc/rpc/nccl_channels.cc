@@ -65,7 +65,7 @@ struct NcclChannels::Channel {
 class NcclChannels::Sink final : public KvStore::BlockSink {
  public:
   Sink(Channel* c, uint64_t nonce, absl::Time until) : c_(c), nonce_(nonce), until_(until) {}
-  bool FromPoolMemory() const override { return true; }
+  const BlockPool* SendsFromPool() const override { return c_->pool; }
   absl::Status Begin(int64_t /*blocks*/, int64_t bytes) override {
     begun_ = true;
     return SendHeader({nonce_, static_cast<uint64_t>(bytes), 0});

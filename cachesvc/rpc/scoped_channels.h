@@ -96,8 +96,8 @@ class ScopedChannels {
   }
 
   static absl::Status Unknown(const std::string& id) {
-    return absl::NotFoundError(absl::StrCat(
-        "transfer ", Quoted(id), " does not exist (never opened, closed, or broken)"));
+    return absl::NotFoundError(
+        absl::StrCat("transfer ", Quoted(id), " does not exist (never opened, closed, or broken)"));
   }
 
  private:

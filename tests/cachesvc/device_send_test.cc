@@ -38,7 +38,7 @@ class PoolMemoryCollect final : public KvStore::BlockSink {
   std::string bytes;
   std::vector<size_t> pieces;
   int64_t announced = -1;
-  bool FromPoolMemory() const override { return true; }
+  const BlockPool* SendsFromPool() const override { return pool_; }
   absl::Status Begin(int64_t /*blocks*/, int64_t n) override {
     announced = n;
     return absl::OkStatus();
