@@ -20,6 +20,7 @@
 #include "common/nccl_api.h"
 #include "common/transfer_wire.h"
 #include "gtest/gtest.h"
+#include "kvc/client/nccl_reader.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "tests/integration/read_paths.h"
@@ -46,6 +47,9 @@ cachesvc::ServerOptions Options(bool nccl) {
   host.name = "host";
   host.device = "cpu";
   o.store.pools.push_back(host);
+  cachesvc::PoolOptions other = o.store.pools[0];
+  other.name = "other";  // a second device pool
+  o.store.pools.push_back(other);
   if (nccl) o.transfer_nccl_library = KVC_NCCL_LOOPBACK;
   return o;
 }
@@ -213,6 +217,18 @@ TEST_F(NcclTransferTest, ARefusedLeaseSendsItsCodeAndTheTransferStaysUsable) {
   EXPECT_EQ(h.code, static_cast<uint32_t>(grpc::StatusCode::NOT_FOUND));
   EXPECT_EQ(h.payload_bytes, 0u);
   EXPECT_EQ(refused.get().error_code(), grpc::StatusCode::NOT_FOUND);
+  // A lease of another pool than the transfer's: refused the same way.
+  client::CreateSequenceOptions in_other;
+  in_other.pool = "other";
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string elsewhere, Filled(*t_.client, 20, in_other));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::Lease foreign, t_.client->LeaseSequence(elsewhere));
+  std::future<grpc::Status> wrong_pool = SendLease(transfer, foreign.lease_id, 4);
+  EXPECT_EQ(ReceiveHeader().code, static_cast<uint32_t>(grpc::StatusCode::FAILED_PRECONDITION));
+  const grpc::Status wrong = wrong_pool.get();
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(wrong.error_message().find("this transfer carries pool 'small'"), std::string::npos)
+      << wrong.error_message();
+  KVC_ASSERT_OK(t_.client->ReleaseLease(foreign.lease_id).status());
   // Still in step: the next lease arrives whole.
   KVC_ASSERT_OK_AND_ASSIGN(const client::Lease lease, t_.client->LeaseSequence(raw));
   std::future<grpc::Status> sending = SendLease(transfer, lease.lease_id, 6);
@@ -269,6 +285,74 @@ TEST_F(NcclTransferTest, AReaderThatStopsReceivingBreaksTheTransferAndPinsNothin
   KVC_ASSERT_OK(t_.client->ReleaseLease(again.lease_id).status());
   KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, t_.client->GetPoolStats("small"));
   EXPECT_EQ(stats.leases.active, 0);
+}
+
+// The client library's reader (kvc::client::NcclReader) against the same server: FetchInto
+// into device buffers equals FetchInto over gRPC into host memory, byte for byte.
+TEST_F(NcclTransferTest, TheClientReaderFetchesWhatGrpcFetches) {
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string raw, Filled(*t_.client, 100));
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string q, Filled(*t_.client, 90, Int4WithResidual()));
+  client::NcclReader::Options ro;
+  ro.pool = "small";
+  ro.library = KVC_NCCL_LOOPBACK;
+  KVC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::NcclReader> reader,
+                           client::NcclReader::Open(t_.client.get(), ro));
+  EXPECT_NE(reader->Describe().find("NCCL 2.14.0"), std::string::npos) << reader->Describe();
+  const int64_t cap = 128;
+  for (const std::string& id : {raw, q}) {
+    for (const client::DType dtype : {client::DType::kF16, client::DType::kF32}) {
+      SCOPED_TRACE(::testing::Message() << id << " dtype " << static_cast<int>(dtype));
+      client::FetchIntoOptions fo;
+      fo.dtype = dtype;
+      fo.num_kv_heads = testing::kHeads;
+      fo.head_dim = testing::kDim;
+      fo.positions = true;
+      const size_t bytes = static_cast<size_t>(testing::kHeads * cap * testing::kDim) *
+                           (dtype == client::DType::kF32 ? 4 : 2);
+      std::vector<client::LayerBuffers> on_device, on_host;
+      std::vector<std::string> host(2 * testing::kLayers, std::string(bytes, '\0'));
+      for (int l = 0; l < testing::kLayers; ++l) {
+        on_device.push_back({l, Device(bytes), Device(bytes), cap});
+        on_host.push_back({l, host[2 * l].data(), host[2 * l + 1].data(), cap});
+        ASSERT_EQ(cudaMemset(on_device.back().keys, 0, bytes), cudaSuccess);
+        ASSERT_EQ(cudaMemset(on_device.back().values, 0, bytes), cudaSuccess);
+      }
+      KVC_ASSERT_OK_AND_ASSIGN(const client::FetchIntoResult mine,
+                               reader->FetchInto(id, on_device, fo));
+      KVC_ASSERT_OK_AND_ASSIGN(const client::FetchIntoResult theirs,
+                               t_.client->FetchInto(id, on_host, fo));
+      EXPECT_EQ(mine.lane_tokens, theirs.lane_tokens);
+      EXPECT_EQ(mine.positions, theirs.positions);
+      EXPECT_EQ(mine.visible_tokens, theirs.visible_tokens);
+      for (int l = 0; l < testing::kLayers; ++l) {
+        for (int kv = 0; kv < 2; ++kv) {
+          std::string got(bytes, '\0');
+          ASSERT_EQ(cudaMemcpy(got.data(), kv == 0 ? on_device[l].keys : on_device[l].values, bytes,
+                               cudaMemcpyDeviceToHost),
+                    cudaSuccess);
+          EXPECT_TRUE(got == host[2 * l + kv]) << "layer " << l << (kv == 0 ? " keys" : " values");
+        }
+      }
+    }
+  }
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, t_.client->GetPoolStats("small"));
+  EXPECT_EQ(stats.leases.active, 0) << "every lease ended";
+  // A sequence of another pool is refused, and the transfer stays usable.
+  client::CreateSequenceOptions in_other;
+  in_other.pool = "other";
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string elsewhere, Filled(*t_.client, 20, in_other));
+  client::FetchIntoOptions fo;
+  fo.dtype = client::DType::kF16;
+  fo.num_kv_heads = testing::kHeads;
+  fo.head_dim = testing::kDim;
+  std::vector<client::LayerBuffers> buffers;
+  buffers.reserve(testing::kLayers);
+  for (int l = 0; l < testing::kLayers; ++l) {
+    buffers.push_back({l, Device(size_t{1} << 16), Device(size_t{1} << 16), cap});
+  }
+  EXPECT_THAT(reader->FetchInto(elsewhere, buffers, fo).status(),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition, "carries pool"));
+  KVC_ASSERT_OK(reader->FetchInto(raw, buffers, fo).status());
 }
 
 }  // namespace

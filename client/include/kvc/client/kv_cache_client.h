@@ -185,6 +185,16 @@ class KvCacheClient {
   absl::StatusOr<DeviceArenaHandle> ShareDeviceArena(const std::string& pool, StorageFormat format,
                                                      const CallOptions& call = {});
 
+  // NCCL transfers (the server's ServerInfo::nccl_transfers): opens one of device pool
+  // `pool` for a reader that joins it as rank 1 (kvc::client::NcclReader does); then
+  // SendLease sends a lease's frame on it and CloseTransfer ends it. FAILED_PRECONDITION when
+  // the server offers none or `pool` is a host pool.
+  absl::StatusOr<NcclTransfer> OpenNcclTransfer(const std::string& pool,
+                                                const CallOptions& call = {});
+  absl::Status SendLease(const std::string& transfer_id, const std::string& lease_id,
+                         uint64_t nonce, const CallOptions& call = {});
+  absl::Status CloseTransfer(const std::string& transfer_id, const CallOptions& call = {});
+
   const ClientOptions& options() const;
   // How Fetch moves bytes: "shared-memory (PATH)", "transfer (HOST:PORT)", or "grpc (why
   // neither)". Decided on the first Fetch, and again after the path broke.

@@ -249,6 +249,15 @@ struct DeviceArenaHandle {
   std::array<uint8_t, 64> cuda_ipc{};
 };
 
+// An NCCL transfer opened for a reader (KvCacheClient::OpenNcclTransfer; kvc::client::NcclReader
+// joins and reads it).
+struct NcclTransfer {
+  std::string transfer_id;
+  std::string unique_id;  // ncclUniqueId, 128 bytes
+  int64_t connect_within_ms = 0;
+  int32_t nccl_version = 0;  // the server's
+};
+
 struct LeaseArena {
   StorageFormat format = StorageFormat::kPoolDefault;
   int64_t block_bytes = 0;   // block b starts at byte b * block_bytes of the format's arena

@@ -1,0 +1,327 @@
+#include "kvc/client/nccl_reader.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/device/device_decode.h"
+#include "common/mutex.h"
+#include "common/nccl_api.h"
+#include "common/transfer_wire.h"
+#include "kvc/kernels/backend.h"
+
+namespace kvc::client {
+
+namespace {
+
+// The contract's piece rule (OpenTransferResponse.nccl_unique_id): per storage format, runs
+// of max(1, 4 MiB / block_bytes) blocks, each its own ncclSend.
+size_t PieceBlocks(size_t block_bytes) {
+  return std::max<size_t>(1, (size_t{4} << 20) / block_bytes);
+}
+
+// Where each format's blocks land in the payload, and the lease renumbered to match: the
+// server sends per format in number order, each format's blocks in lane order.
+struct Plan {
+  Lease lease;
+  std::array<int64_t, 9> count{};
+  std::array<size_t, 9> offset{};
+  std::array<size_t, 9> block_bytes{};
+  size_t bytes = 0;
+};
+
+absl::StatusOr<Plan> PlanReceive(const Lease& lease) {
+  Plan p;
+  p.lease = lease;
+  for (LeaseLane& lane : p.lease.lanes) {
+    for (LeaseSegment& seg : lane.segments) {
+      const auto f = static_cast<size_t>(seg.format);
+      if (f == 0 || f >= p.count.size() || lease.arena(seg.format) == nullptr) {
+        return absl::InternalError("the lease names no arena for a segment");
+      }
+      for (int32_t& block : seg.blocks) block = static_cast<int32_t>(p.count[f]++);
+    }
+  }
+  for (size_t f = 1; f < p.count.size(); ++f) {
+    p.offset[f] = p.bytes;
+    if (p.count[f] == 0) continue;
+    p.block_bytes[f] =
+        static_cast<size_t>(lease.arena(static_cast<StorageFormat>(f))->block_bytes);
+    p.bytes += static_cast<size_t>(p.count[f]) * p.block_bytes[f];
+  }
+  return p;
+}
+
+}  // namespace
+
+struct NcclReader::Impl {
+  KvCacheClient* client = nullptr;
+  Options options;
+  const nccl::Api* api = nullptr;
+  NcclTransfer transfer;
+  std::unique_ptr<kernels::KernelBackend> backend;
+  kernels::StreamHandle stream;
+  bool stream_made = false;
+
+  kvc::Mutex fetch_mu;  // one FetchInto at a time
+  bool broken ABSL_GUARDED_BY(fetch_mu) = false;
+  uint64_t nonce ABSL_GUARDED_BY(fetch_mu) = 0;
+  std::unique_ptr<internal::Scratch> payload ABSL_GUARDED_BY(fetch_mu);
+  size_t payload_bytes ABSL_GUARDED_BY(fetch_mu) = 0;
+  std::unique_ptr<internal::Scratch> header;
+
+  // The communicator, aborted by the watchdog when a receive outlives its deadline (the
+  // server stopped sending): as on the server, comm_mu orders uses and the abort.
+  kvc::Mutex comm_mu;
+  nccl::Comm comm ABSL_GUARDED_BY(comm_mu) = nullptr;
+  kvc::Mutex wait_mu;
+  absl::Time wait_until ABSL_GUARDED_BY(wait_mu) = absl::InfiniteFuture();
+  bool stopping ABSL_GUARDED_BY(wait_mu) = false;
+  std::atomic<bool> stalled{false};
+  std::thread watchdog;
+
+  nccl::Result State() {
+    kvc::MutexLock lock(&comm_mu);
+    if (comm == nullptr) return -1;
+    nccl::Result state = nccl::kInProgress;
+    const nccl::Result r = api->CommGetAsyncError(comm, &state);
+    return r == nccl::kSuccess ? state : r;
+  }
+  void Abort() {
+    kvc::MutexLock lock(&comm_mu);
+    if (comm != nullptr) (void)api->CommAbort(comm);
+    comm = nullptr;
+  }
+  void Watch() {
+    for (;;) {
+      {
+        kvc::MutexLock lock(&wait_mu);
+        if (stopping) return;
+        if (absl::Now() > wait_until && !stalled.exchange(true)) {
+          wait_until = absl::InfiniteFuture();
+          Abort();
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  // Waits for an operation that answered `r`, then for the stream that runs it, within
+  // `deadline` (the watchdog aborts the communicator past it).
+  absl::Status Finish(nccl::Result r, const char* what, absl::Time deadline) {
+    {
+      kvc::MutexLock lock(&wait_mu);
+      wait_until = deadline;
+    }
+    while (r == nccl::kInProgress) {
+      absl::SleepFor(absl::Microseconds(50));
+      r = State();
+    }
+    absl::Status status = api->Check(r, what);
+    if (status.ok()) {
+      status = internal::FromKernel(backend->Synchronize(stream), what);
+      if (status.ok()) status = api->Check(State(), what);
+    }
+    {
+      kvc::MutexLock lock(&wait_mu);
+      wait_until = absl::InfiniteFuture();
+    }
+    if (!status.ok() && stalled) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": nothing arrived before the call's deadline; the transfer is "
+                       "closed"));
+    }
+    return status;
+  }
+  // A failure mid-frame: the byte stream is out of step, so the transfer is done with.
+  absl::Status Break(std::future<absl::Status>& sending, absl::Status why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu) {
+    broken = true;
+    Abort();
+    (void)sending.get();  // the server's send fails once the communicator is gone
+    return why;
+  }
+  absl::Status Receive(void* dst, size_t bytes, absl::Time deadline) {
+    nccl::Result r = -1;
+    {
+      kvc::MutexLock lock(&comm_mu);
+      if (comm == nullptr) return absl::UnavailableError("the NCCL transfer was aborted");
+      r = api->Recv(dst, bytes, nccl::kUint8, 0, comm, stream.native);
+    }
+    return Finish(r, "ncclRecv", deadline);
+  }
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl() {
+    {
+      kvc::MutexLock lock(&wait_mu);
+      stopping = true;
+    }
+    if (watchdog.joinable()) watchdog.join();
+    Abort();
+    if (!transfer.transfer_id.empty()) (void)client->CloseTransfer(transfer.transfer_id);
+    header.reset();
+    {
+      kvc::MutexLock lock(&fetch_mu);
+      payload.reset();
+    }
+    if (stream_made) backend->DestroyStream(stream);
+  }
+};
+
+NcclReader::NcclReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NcclReader::~NcclReader() = default;
+
+std::string NcclReader::Describe() const {
+  return absl::StrCat(impl_->api->Describe(), ", transfer ", impl_->transfer.transfer_id);
+}
+
+absl::StatusOr<std::unique_ptr<NcclReader>> NcclReader::Open(KvCacheClient* client,
+                                                             const Options& options,
+                                                             const CallOptions& call) {
+  if (!kernels::CudaBackendCompiled()) {
+    return absl::UnavailableError("this build of the kvcache client has no CUDA backend");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->client = client;
+  impl->options = options;
+  absl::StatusOr<const nccl::Api*> api = nccl::Load(options.library);
+  if (!api.ok()) return api.status();
+  impl->api = *api;
+  kernels::BackendOptions backend_options;
+  backend_options.device = options.device;
+  if (const kernels::KernelStatus ks =
+          kernels::CreateBackend(kernels::BackendKind::kCuda, backend_options, &impl->backend);
+      !ks.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("no CUDA backend for cuda:", options.device, ": ", ks.detail));
+  }
+  KVC_RETURN_IF_KERNEL_ERROR(impl->backend->CreateStream(&impl->stream), "NcclReader: stream");
+  impl->stream_made = true;
+  impl->header = std::make_unique<internal::Scratch>(impl->backend.get());
+  KVC_RETURN_IF_KERNEL_ERROR(impl->header->Allocate(transfer::kHeaderBytes),
+                             "NcclReader: header buffer");
+  absl::StatusOr<NcclTransfer> transfer = client->OpenNcclTransfer(options.pool, call);
+  if (!transfer.ok()) return transfer.status();
+  impl->transfer = *std::move(transfer);
+  if (impl->transfer.unique_id.size() != nccl::kUniqueIdBytes) {
+    return absl::InternalError("the server's NCCL unique id is not 128 bytes");
+  }
+  nccl::UniqueId id{};
+  std::memcpy(id.internal, impl->transfer.unique_id.data(), nccl::kUniqueIdBytes);
+  KVC_RETURN_IF_KERNEL_ERROR(impl->backend->BindThread(), "NcclReader: device");
+  nccl::Config config;  // nonblocking: a join the server never completes can be given up on
+  nccl::Result r = -1;
+  {
+    kvc::MutexLock lock(&impl->comm_mu);
+    r = impl->api->CommInitRankConfig(&impl->comm, 2, id, 1, &config);
+    if (r != nccl::kSuccess && r != nccl::kInProgress) {
+      if (impl->comm != nullptr) (void)impl->api->CommAbort(impl->comm);
+      impl->comm = nullptr;
+      return impl->api->Check(r, "ncclCommInitRankConfig");
+    }
+  }
+  impl->watchdog = std::thread([p = impl.get()] { p->Watch(); });
+  const absl::Time join_by = absl::Now() + absl::Milliseconds(impl->transfer.connect_within_ms);
+  while (r == nccl::kInProgress && absl::Now() < join_by) {
+    absl::SleepFor(absl::Milliseconds(1));
+    r = impl->State();
+  }
+  if (r != nccl::kSuccess) {
+    return r == nccl::kInProgress
+               ? absl::UnavailableError("the NCCL transfer was not joined in time")
+               : impl->api->Check(r, "joining the NCCL transfer");
+  }
+  return std::unique_ptr<NcclReader>(new NcclReader(std::move(impl)));
+}
+
+absl::StatusOr<FetchIntoResult> NcclReader::FetchInto(const std::string& sequence_id,
+                                                      const std::vector<LayerBuffers>& buffers,
+                                                      const FetchIntoOptions& options,
+                                                      const CallOptions& call) {
+  Impl& m = *impl_;
+  absl::StatusOr<std::vector<int32_t>> layers = internal::CheckDeviceBuffers(buffers, options);
+  if (!layers.ok()) return layers.status();
+  kvc::MutexLock lock(&m.fetch_mu);
+  if (m.broken) {
+    return absl::UnavailableError(
+        absl::StrCat("NCCL transfer ", m.transfer.transfer_id, " broke earlier; open another"));
+  }
+  absl::StatusOr<Lease> lease =
+      m.client->LeaseSequence(sequence_id, *layers, absl::ZeroDuration(), call);
+  if (!lease.ok()) return lease.status();
+  std::optional<internal::LeaseRelease> release;
+  release.emplace(m.client, lease->lease_id, call);
+  absl::StatusOr<Plan> plan = PlanReceive(*lease);
+  if (!plan.ok()) return plan.status();
+  if (m.payload == nullptr || m.payload_bytes < plan->bytes) {
+    m.payload = std::make_unique<internal::Scratch>(m.backend.get());
+    m.payload_bytes = 0;
+    KVC_RETURN_IF_KERNEL_ERROR(m.payload->Allocate(std::max<size_t>(plan->bytes, 1)),
+                               "NcclReader: payload buffer");
+    m.payload_bytes = plan->bytes;
+  }
+  KVC_RETURN_IF_KERNEL_ERROR(m.backend->BindThread(), "NcclReader: device");
+  const absl::Duration budget = call.deadline > absl::ZeroDuration()
+                                    ? call.deadline
+                                    : m.client->options().default_deadline;
+  const absl::Time deadline = absl::Now() + budget;
+  const uint64_t nonce = ++m.nonce;
+  std::future<absl::Status> sending = std::async(std::launch::async, [&] {
+    return m.client->SendLease(m.transfer.transfer_id, lease->lease_id, nonce, call);
+  });
+  absl::Status got = m.Receive(m.header->get(), transfer::kHeaderBytes, deadline);
+  if (!got.ok()) return m.Break(sending, got);
+  char host[transfer::kHeaderBytes];
+  got = internal::FromKernel(
+      m.backend->CopyToHost(host, m.header->get(), sizeof(host), m.stream), "frame header");
+  if (got.ok()) got = internal::FromKernel(m.backend->Synchronize(m.stream), "frame header");
+  if (!got.ok()) return m.Break(sending, got);
+  transfer::FrameHeader h;
+  if (!transfer::DecodeHeader(host, &h) || h.nonce != nonce) {
+    return m.Break(sending, absl::InternalError("the NCCL transfer sent another frame than this one's"));
+  }
+  if (h.code != 0) {
+    // Refused before the payload (the transfer stays in step): the call says why.
+    const absl::Status refused = sending.get();
+    return refused.ok() ? absl::InternalError("SendLease succeeded but sent no payload")
+                        : refused;
+  }
+  if (h.payload_bytes != plan->bytes) {
+    return m.Break(sending, absl::InternalError(absl::StrCat("the frame announces ", h.payload_bytes,
+                                                  " bytes; the lease has ", plan->bytes)));
+  }
+  char* base = static_cast<char*>(m.payload->get());
+  for (size_t f = 1; f < plan->count.size(); ++f) {
+    const auto n = static_cast<size_t>(plan->count[f]);
+    const size_t run = n == 0 ? 0 : PieceBlocks(plan->block_bytes[f]);
+    for (size_t at = 0; at < n; at += run) {
+      const size_t bytes = std::min(run, n - at) * plan->block_bytes[f];
+      got = m.Receive(base + plan->offset[f] + at * plan->block_bytes[f], bytes, deadline);
+      if (!got.ok()) return m.Break(sending, got);
+    }
+  }
+  if (const absl::Status sent = sending.get(); !sent.ok()) {
+    m.broken = true;
+    m.Abort();
+    return sent;
+  }
+  release.reset();  // the blocks are this process's copy now
+  return internal::DecodeOnDevice(
+      plan->lease,
+      [&](StorageFormat format) {
+        const auto f = static_cast<size_t>(format);
+        return internal::DeviceArena{base + plan->offset[f], plan->count[f]};
+      },
+      m.backend.get(), buffers, options);
+}
+
+}  // namespace kvc::client
