@@ -443,6 +443,11 @@ TEST_P(HostileInputTest, EveryEnumOutsideTheContractIsInvalidArgument) {
   pb::LookupPrefixResponse looked;
   ExpectShort(kv_->LookupPrefix(Ctx().get(), lookup, &looked), GrpcCode::INVALID_ARGUMENT,
               "LookupPrefix.storage");
+  pb::OpenTransferRequest open;
+  open.set_kind(static_cast<pb::TransferKind>(7));
+  pb::OpenTransferResponse opened;
+  ExpectShort(kv_->OpenTransfer(Ctx().get(), open, &opened), GrpcCode::INVALID_ARGUMENT,
+              "OpenTransfer.kind");
   pb::CompressRequest compress;
   compress.set_sequence_id(id);
   compress.mutable_spec()->mutable_h2o()->set_heavy(4);
