@@ -26,7 +26,6 @@ absl::Status FromKernel(const kernels::KernelStatus& ks, const std::string& what
   }
 }
 
-
 absl::StatusOr<std::vector<int32_t>> CheckDeviceBuffers(const std::vector<LayerBuffers>& buffers,
                                                         const FetchIntoOptions& options) {
   if (options.dtype != DType::kF16 && options.dtype != DType::kBF16 &&
@@ -50,7 +49,6 @@ absl::StatusOr<std::vector<int32_t>> CheckDeviceBuffers(const std::vector<LayerB
 }
 
 namespace {
-
 
 size_t ElementBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 

@@ -52,8 +52,7 @@ absl::StatusOr<Plan> PlanReceive(const Lease& lease) {
   for (size_t f = 1; f < p.count.size(); ++f) {
     p.offset[f] = p.bytes;
     if (p.count[f] == 0) continue;
-    p.block_bytes[f] =
-        static_cast<size_t>(lease.arena(static_cast<StorageFormat>(f))->block_bytes);
+    p.block_bytes[f] = static_cast<size_t>(lease.arena(static_cast<StorageFormat>(f))->block_bytes);
     p.bytes += static_cast<size_t>(p.count[f]) * p.block_bytes[f];
   }
   return p;
@@ -134,7 +133,8 @@ struct NcclReader::Impl {
     }
     if (!status.ok() && stalled) {
       return absl::DeadlineExceededError(
-          absl::StrCat(what, ": nothing arrived before the call's deadline; the transfer is "
+          absl::StrCat(what,
+                       ": nothing arrived before the call's deadline; the transfer is "
                        "closed"));
     }
     return status;
@@ -270,9 +270,8 @@ absl::StatusOr<FetchIntoResult> NcclReader::FetchInto(const std::string& sequenc
     m.payload_bytes = plan->bytes;
   }
   KVC_RETURN_IF_KERNEL_ERROR(m.backend->BindThread(), "NcclReader: device");
-  const absl::Duration budget = call.deadline > absl::ZeroDuration()
-                                    ? call.deadline
-                                    : m.client->options().default_deadline;
+  const absl::Duration budget =
+      call.deadline > absl::ZeroDuration() ? call.deadline : m.client->options().default_deadline;
   const absl::Time deadline = absl::Now() + budget;
   const uint64_t nonce = ++m.nonce;
   std::future<absl::Status> sending = std::async(std::launch::async, [&] {
@@ -281,23 +280,24 @@ absl::StatusOr<FetchIntoResult> NcclReader::FetchInto(const std::string& sequenc
   absl::Status got = m.Receive(m.header->get(), transfer::kHeaderBytes, deadline);
   if (!got.ok()) return m.Break(sending, got);
   char host[transfer::kHeaderBytes];
-  got = internal::FromKernel(
-      m.backend->CopyToHost(host, m.header->get(), sizeof(host), m.stream), "frame header");
+  got = internal::FromKernel(m.backend->CopyToHost(host, m.header->get(), sizeof(host), m.stream),
+                             "frame header");
   if (got.ok()) got = internal::FromKernel(m.backend->Synchronize(m.stream), "frame header");
   if (!got.ok()) return m.Break(sending, got);
   transfer::FrameHeader h;
   if (!transfer::DecodeHeader(host, &h) || h.nonce != nonce) {
-    return m.Break(sending, absl::InternalError("the NCCL transfer sent another frame than this one's"));
+    return m.Break(sending,
+                   absl::InternalError("the NCCL transfer sent another frame than this one's"));
   }
   if (h.code != 0) {
     // Refused before the payload (the transfer stays in step): the call says why.
     const absl::Status refused = sending.get();
-    return refused.ok() ? absl::InternalError("SendLease succeeded but sent no payload")
-                        : refused;
+    return refused.ok() ? absl::InternalError("SendLease succeeded but sent no payload") : refused;
   }
   if (h.payload_bytes != plan->bytes) {
-    return m.Break(sending, absl::InternalError(absl::StrCat("the frame announces ", h.payload_bytes,
-                                                  " bytes; the lease has ", plan->bytes)));
+    return m.Break(sending,
+                   absl::InternalError(absl::StrCat("the frame announces ", h.payload_bytes,
+                                                    " bytes; the lease has ", plan->bytes)));
   }
   char* base = static_cast<char*>(m.payload->get());
   for (size_t f = 1; f < plan->count.size(); ++f) {

@@ -22,8 +22,7 @@ absl::StatusOr<NcclTransfer> KvCacheClient::OpenNcclTransfer(const std::string& 
   pb::OpenTransferResponse response;
   grpc::ClientContext context;
   impl_->Prepare(&context, call);
-  const absl::Status status =
-      FromGrpcStatus(impl_->kv->OpenTransfer(&context, request, &response));
+  const absl::Status status = FromGrpcStatus(impl_->kv->OpenTransfer(&context, request, &response));
   if (!status.ok()) return status;
   if (response.kind() != pb::TRANSFER_KIND_NCCL) {
     return absl::FailedPreconditionError(
@@ -49,8 +48,7 @@ absl::Status KvCacheClient::SendLease(const std::string& transfer_id, const std:
   return FromGrpcStatus(impl_->kv->SendLease(&context, request, &response));
 }
 
-absl::Status KvCacheClient::CloseTransfer(const std::string& transfer_id,
-                                          const CallOptions& call) {
+absl::Status KvCacheClient::CloseTransfer(const std::string& transfer_id, const CallOptions& call) {
   pb::CloseTransferRequest request;
   request.set_transfer_id(transfer_id);
   pb::CloseTransferResponse response;
