@@ -7,7 +7,8 @@
 # before the question is prefilled (SnapKV's window holds the question). Starts its own kvcached (4 GiB f16 pool) on a free loopback
 # port; writes per-haystack JSON, markdown and logs under $EVAL_OUT
 # (default .cache/eval/allocation). Knobs: EVAL_LENGTHS (1024,2048), EVAL_DEPTHS (9 depths),
-# EVAL_KEYS (3 keys per cell: 2 haystacks x 9 x 3 = 54 cases per length), EVAL_POLICIES.
+# EVAL_KEYS (3 keys per cell: 2 haystacks x 9 x 3 = 54 cases per length), EVAL_POLICIES,
+# EVAL_HAYSTACKS ("emma web_bible"; one of them to run a long grid in two sittings).
 # Answers are scored within 32 greedy tokens (the model often restates the question first);
 # --key-tokens also counts the pass key's digit tokens each cache holds. Summary, paired
 # differences and plot: scripts/worker/summarize_allocation_eval.py $EVAL_OUT --plot F.png.
@@ -35,7 +36,7 @@ start_kvcached "${KVCACHED}" --capacity=4GiB
 trap stop_kvcached EXIT
 echo "run_allocation_eval: kvcached at ${KVC_TARGET}; output in ${OUT}" >&2
 start=$(date +%s)
-for hay in emma web_bible; do
+for hay in ${EVAL_HAYSTACKS:-emma web_bible}; do
   "${BIN}" passkey --kv=kvcached --target "${KVC_TARGET}" --haystack-file "${CORPUS}/${hay}.txt" \
     --label "${hay}" --lengths "${LENGTHS}" --depths "${DEPTHS}" --keys "${KEYS}" \
     --answer-tokens 32 --key-tokens --policies "${POLICIES}" --json "${OUT}/passkey_${hay}.json" \
