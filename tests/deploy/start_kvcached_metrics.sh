@@ -5,6 +5,7 @@
 start_kvcached_metrics() {
   local bin=$1 log=$2
   shift 2
+  : >"$log"  # exists before the first poll below (the background shell opens it later)
   "$bin" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 "$@" >"$log" 2>&1 &
   KVC_PID=$!
   KVC_TARGET="" KVC_METRICS=""

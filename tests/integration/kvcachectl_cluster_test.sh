@@ -19,6 +19,9 @@ trap 'for p in "${PIDS[@]}"; do kill -9 $p 2>/dev/null || true; done; rm -rf "$W
 # Three shards on free loopback ports (as tests/testing/start_kvcached.sh starts one).
 ADDR=()
 for i in 0 1 2; do
+  # Exists before the first poll below: the background shell opens it only when it runs,
+  # and under load that can be after the poll (sed on a missing file ends the script).
+  : >"$WORK/kc-$i.log"
   "$KVCACHED" --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --capacity=64MiB \
     --shard=kc-$i 2>"$WORK/kc-$i.log" &
   PIDS+=($!)
