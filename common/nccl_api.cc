@@ -93,6 +93,42 @@ std::string Api::Describe() const {
                       version / 100 % (wide ? 100 : 10), ".", version % 100, " (", library, ")");
 }
 
+Result GuardedComm::Join(const UniqueId& id, int rank) {
+  kvc::MutexLock lock(&mu_);
+  Config config;  // nonblocking: a join the other side never completes can be given up on
+  const Result r = api_->CommInitRankConfig(&comm_, 2, id, rank, &config);
+  if (r != kSuccess && r != kInProgress) {
+    if (comm_ != nullptr) (void)api_->CommAbort(comm_);
+    comm_ = nullptr;
+  }
+  peer_ = 1 - rank;
+  return r;
+}
+
+Result GuardedComm::State() {
+  kvc::MutexLock lock(&mu_);
+  if (comm_ == nullptr) return -1;
+  Result state = kInProgress;
+  const Result r = api_->CommGetAsyncError(comm_, &state);
+  return r == kSuccess ? state : r;
+}
+
+Result GuardedComm::Send(const void* buffer, size_t bytes, void* stream) {
+  kvc::MutexLock lock(&mu_);
+  return comm_ == nullptr ? -1 : api_->Send(buffer, bytes, kUint8, peer_, comm_, stream);
+}
+
+Result GuardedComm::Recv(void* buffer, size_t bytes, void* stream) {
+  kvc::MutexLock lock(&mu_);
+  return comm_ == nullptr ? -1 : api_->Recv(buffer, bytes, kUint8, peer_, comm_, stream);
+}
+
+void GuardedComm::Abort() {
+  kvc::MutexLock lock(&mu_);
+  if (comm_ != nullptr) (void)api_->CommAbort(comm_);
+  comm_ = nullptr;
+}
+
 absl::StatusOr<const Api*> Load(const std::string& library) {
   Registry& r = TheRegistry();
   kvc::MutexLock lock(&r.mu);

@@ -11,8 +11,10 @@
 #include <cstddef>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 
 namespace kvc::nccl {
 
@@ -73,5 +75,33 @@ struct Api {
 // (dlopen's message, the missing symbol, a version older than 2.14). The library is never
 // unloaded (NCCL keeps threads of its own).
 absl::StatusOr<const Api*> Load(const std::string& library = "libnccl.so.2");
+
+// One side of a two-rank communicator, used by one thread and aborted by another (a
+// watchdog, a close): the lock orders the two, and an aborted communicator (which NCCL
+// frees) is never used again. Every call here returns at once (nonblocking communicators);
+// callers wait outside it. Thread-safe.
+class GuardedComm {
+ public:
+  explicit GuardedComm(const Api* api) : api_(api) {}
+  GuardedComm(const GuardedComm&) = delete;
+  GuardedComm& operator=(const GuardedComm&) = delete;
+  ~GuardedComm() { Abort(); }
+
+  // Starts joining as `rank` (0 or 1) of 2, nonblocking: kSuccess or kInProgress; any other
+  // result aborts what was started and is returned.
+  Result Join(const UniqueId& id, int rank);
+  // kInProgress, kSuccess or the communicator's error; -1 once aborted (or never joined).
+  Result State();
+  // To or from the other rank, on `stream` (a cudaStream_t); -1 once aborted.
+  Result Send(const void* buffer, size_t bytes, void* stream);
+  Result Recv(void* buffer, size_t bytes, void* stream);
+  void Abort();
+
+ private:
+  const Api* const api_;
+  kvc::Mutex mu_;
+  Comm comm_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int peer_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 }  // namespace kvc::nccl

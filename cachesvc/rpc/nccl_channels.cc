@@ -19,7 +19,8 @@ namespace kvc::cachesvc {
 // One channel: its communicator (rank 0, on its pool's device), the stream its sends run on
 // and a header buffer in pool memory (NCCL sends device memory only).
 struct NcclChannels::Channel {
-  const nccl::Api* api = nullptr;
+  explicit Channel(const nccl::Api* a) : api(a), comm(a) {}
+  const nccl::Api* const api;
   std::string scope;
   BlockPool* pool = nullptr;
   absl::Time opened;
@@ -29,30 +30,15 @@ struct NcclChannels::Channel {
   std::optional<BackendBuffer> header;
   kernels::StreamHandle stream;
 
-  // The communicator is used by the sending thread and aborted by the watchdog or on
-  // close: comm_mu orders the two (an aborted comm is freed by NCCL and never used again).
-  // The sending thread holds it for calls that return at once, never while it waits.
-  kvc::Mutex comm_mu;
-  nccl::Comm comm ABSL_GUARDED_BY(comm_mu) = nullptr;
+  // Used by the sending thread, aborted by the watchdog or on close.
+  nccl::GuardedComm comm;
   // When the NCCL wait in progress must have finished (watchdog); InfiniteFuture: none.
   kvc::Mutex wait_mu;
   absl::Time wait_until ABSL_GUARDED_BY(wait_mu) = absl::InfiniteFuture();
   std::atomic<bool> stalled{false};  // the watchdog aborted a wait
 
-  // Returns the comm's state (kInProgress, kSuccess or an error); an aborted comm's is -1.
-  nccl::Result State() {
-    kvc::MutexLock lock(&comm_mu);
-    if (comm == nullptr) return -1;
-    nccl::Result state = nccl::kInProgress;
-    const nccl::Result r = api->CommGetAsyncError(comm, &state);
-    return r == nccl::kSuccess ? state : r;
-  }
-  void Abort() {
-    kvc::MutexLock lock(&comm_mu);
-    if (comm != nullptr) (void)api->CommAbort(comm);
-    comm = nullptr;
-  }
-  Channel() = default;
+  nccl::Result State() { return comm.State(); }
+  void Abort() { comm.Abort(); }
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
   ~Channel() {
@@ -105,12 +91,8 @@ class NcclChannels::Sink final : public KvStore::BlockSink {
     return status;
   }
   absl::Status PostAndWait(const char* data, size_t bytes) {
-    nccl::Result r = -1;
-    {
-      kvc::MutexLock lock(&c_->comm_mu);
-      if (c_->comm == nullptr) return absl::UnavailableError("the transfer was aborted");
-      r = c_->api->Send(data, bytes, nccl::kUint8, 1, c_->comm, c_->stream.native);
-    }
+    nccl::Result r = c_->comm.Send(data, bytes, c_->stream.native);
+    if (r == -1) return absl::UnavailableError("the transfer was aborted");
     while (r == nccl::kInProgress) {
       absl::SleepFor(absl::Microseconds(50));
       r = c_->State();
@@ -155,8 +137,7 @@ absl::StatusOr<NcclChannels::Opened> NcclChannels::Open(const std::string& scope
                      " is in host memory: NCCL transfers carry device pools' blocks (open a "
                      "TCP transfer for host pools)"));
   }
-  auto c = std::make_shared<Channel>();
-  c->api = api_;
+  auto c = std::make_shared<Channel>(api_);
   c->scope = scope;
   c->pool = pool;
   c->opened = absl::Now();
@@ -172,15 +153,9 @@ absl::StatusOr<NcclChannels::Opened> NcclChannels::Open(const std::string& scope
   }
   nccl::UniqueId id{};
   KVC_RETURN_IF_ERROR(api_->Check(api_->GetUniqueId(&id), "ncclGetUniqueId"));
-  nccl::Config config;  // nonblocking: the join completes when the reader joins
-  {
-    kvc::MutexLock lock(&c->comm_mu);
-    const nccl::Result r = api_->CommInitRankConfig(&c->comm, 2, id, 0, &config);
-    if (r != nccl::kSuccess && r != nccl::kInProgress) {
-      if (c->comm != nullptr) (void)api_->CommAbort(c->comm);
-      c->comm = nullptr;
-      return api_->Check(r, "ncclCommInitRankConfig");
-    }
+  // Nonblocking: the join completes when the reader joins.
+  if (const nccl::Result r = c->comm.Join(id, 0); r != nccl::kSuccess && r != nccl::kInProgress) {
+    return api_->Check(r, "ncclCommInitRankConfig");
   }
   Opened o;
   const absl::Time now = absl::Now();

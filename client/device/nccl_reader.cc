@@ -77,26 +77,17 @@ struct NcclReader::Impl {
   std::unique_ptr<internal::Scratch> header;
 
   // The communicator, aborted by the watchdog when a receive outlives its deadline (the
-  // server stopped sending): as on the server, comm_mu orders uses and the abort.
-  kvc::Mutex comm_mu;
-  nccl::Comm comm ABSL_GUARDED_BY(comm_mu) = nullptr;
+  // server stopped sending). Set once in Open.
+  std::unique_ptr<nccl::GuardedComm> comm;
   kvc::Mutex wait_mu;
   absl::Time wait_until ABSL_GUARDED_BY(wait_mu) = absl::InfiniteFuture();
   bool stopping ABSL_GUARDED_BY(wait_mu) = false;
   std::atomic<bool> stalled{false};
   std::thread watchdog;
 
-  nccl::Result State() {
-    kvc::MutexLock lock(&comm_mu);
-    if (comm == nullptr) return -1;
-    nccl::Result state = nccl::kInProgress;
-    const nccl::Result r = api->CommGetAsyncError(comm, &state);
-    return r == nccl::kSuccess ? state : r;
-  }
+  nccl::Result State() { return comm == nullptr ? -1 : comm->State(); }
   void Abort() {
-    kvc::MutexLock lock(&comm_mu);
-    if (comm != nullptr) (void)api->CommAbort(comm);
-    comm = nullptr;
+    if (comm != nullptr) comm->Abort();
   }
   void Watch() {
     for (;;) {
@@ -148,12 +139,8 @@ struct NcclReader::Impl {
     return why;
   }
   absl::Status Receive(void* dst, size_t bytes, absl::Time deadline) {
-    nccl::Result r = -1;
-    {
-      kvc::MutexLock lock(&comm_mu);
-      if (comm == nullptr) return absl::UnavailableError("the NCCL transfer was aborted");
-      r = api->Recv(dst, bytes, nccl::kUint8, 0, comm, stream.native);
-    }
+    const nccl::Result r = comm->Recv(dst, bytes, stream.native);
+    if (r == -1) return absl::UnavailableError("the NCCL transfer was aborted");
     return Finish(r, "ncclRecv", deadline);
   }
 
@@ -218,16 +205,11 @@ absl::StatusOr<std::unique_ptr<NcclReader>> NcclReader::Open(KvCacheClient* clie
   nccl::UniqueId id{};
   std::memcpy(id.internal, impl->transfer.unique_id.data(), nccl::kUniqueIdBytes);
   KVC_RETURN_IF_KERNEL_ERROR(impl->backend->BindThread(), "NcclReader: device");
-  nccl::Config config;  // nonblocking: a join the server never completes can be given up on
-  nccl::Result r = -1;
-  {
-    kvc::MutexLock lock(&impl->comm_mu);
-    r = impl->api->CommInitRankConfig(&impl->comm, 2, id, 1, &config);
-    if (r != nccl::kSuccess && r != nccl::kInProgress) {
-      if (impl->comm != nullptr) (void)impl->api->CommAbort(impl->comm);
-      impl->comm = nullptr;
-      return impl->api->Check(r, "ncclCommInitRankConfig");
-    }
+  // Nonblocking: a join the server never completes can be given up on.
+  impl->comm = std::make_unique<nccl::GuardedComm>(impl->api);
+  nccl::Result r = impl->comm->Join(id, 1);
+  if (r != nccl::kSuccess && r != nccl::kInProgress) {
+    return impl->api->Check(r, "ncclCommInitRankConfig");
   }
   impl->watchdog = std::thread([p = impl.get()] { p->Watch(); });
   const absl::Time join_by = absl::Now() + absl::Milliseconds(impl->transfer.connect_within_ms);
