@@ -59,14 +59,14 @@ Loaded Open(const std::string& library) {
   Result (*get_version)(int*) = nullptr;
   std::string missing;
   bool ok = Bind(handle, "ncclGetVersion", &get_version, &missing);
-  ok &= Bind(handle, "ncclGetUniqueId", &api->GetUniqueId, &missing);
-  ok &= Bind(handle, "ncclCommInitRankConfig", &api->CommInitRankConfig, &missing);
-  ok &= Bind(handle, "ncclCommDestroy", &api->CommDestroy, &missing);
-  ok &= Bind(handle, "ncclCommAbort", &api->CommAbort, &missing);
-  ok &= Bind(handle, "ncclCommGetAsyncError", &api->CommGetAsyncError, &missing);
-  ok &= Bind(handle, "ncclSend", &api->Send, &missing);
-  ok &= Bind(handle, "ncclRecv", &api->Recv, &missing);
-  ok &= Bind(handle, "ncclGetErrorString", &api->GetErrorString, &missing);
+  ok &= Bind(handle, "ncclGetUniqueId", &api->get_unique_id, &missing);
+  ok &= Bind(handle, "ncclCommInitRankConfig", &api->comm_init_rank_config, &missing);
+  ok &= Bind(handle, "ncclCommDestroy", &api->comm_destroy, &missing);
+  ok &= Bind(handle, "ncclCommAbort", &api->comm_abort, &missing);
+  ok &= Bind(handle, "ncclCommGetAsyncError", &api->comm_get_async_error, &missing);
+  ok &= Bind(handle, "ncclSend", &api->send, &missing);
+  ok &= Bind(handle, "ncclRecv", &api->recv, &missing);
+  ok &= Bind(handle, "ncclGetErrorString", &api->get_error_string, &missing);
   // Not dlclose'd on failure either: unloading a half-inspected library buys nothing.
   if (!ok) return refuse(absl::StrCat("it has no ", missing, " (not NCCL, or too old)"));
   if (get_version(&api->version) != kSuccess) return refuse("ncclGetVersion failed");
@@ -81,7 +81,7 @@ Loaded Open(const std::string& library) {
 
 absl::Status Api::Check(Result result, const char* what) const {
   if (result == kSuccess) return absl::OkStatus();
-  const char* words = GetErrorString != nullptr ? GetErrorString(result) : nullptr;
+  const char* words = get_error_string != nullptr ? get_error_string(result) : nullptr;
   return absl::UnavailableError(
       absl::StrCat(what, ": ", words != nullptr ? words : "failed", " (NCCL error ", result, ")"));
 }
@@ -96,9 +96,9 @@ std::string Api::Describe() const {
 Result GuardedComm::Join(const UniqueId& id, int rank) {
   kvc::MutexLock lock(&mu_);
   Config config;  // nonblocking: a join the other side never completes can be given up on
-  const Result r = api_->CommInitRankConfig(&comm_, 2, id, rank, &config);
+  const Result r = api_->comm_init_rank_config(&comm_, 2, id, rank, &config);
   if (r != kSuccess && r != kInProgress) {
-    if (comm_ != nullptr) (void)api_->CommAbort(comm_);
+    if (comm_ != nullptr) (void)api_->comm_abort(comm_);
     comm_ = nullptr;
   }
   peer_ = 1 - rank;
@@ -109,23 +109,23 @@ Result GuardedComm::State() {
   kvc::MutexLock lock(&mu_);
   if (comm_ == nullptr) return -1;
   Result state = kInProgress;
-  const Result r = api_->CommGetAsyncError(comm_, &state);
+  const Result r = api_->comm_get_async_error(comm_, &state);
   return r == kSuccess ? state : r;
 }
 
 Result GuardedComm::Send(const void* buffer, size_t bytes, void* stream) {
   kvc::MutexLock lock(&mu_);
-  return comm_ == nullptr ? -1 : api_->Send(buffer, bytes, kUint8, peer_, comm_, stream);
+  return comm_ == nullptr ? -1 : api_->send(buffer, bytes, kUint8, peer_, comm_, stream);
 }
 
 Result GuardedComm::Recv(void* buffer, size_t bytes, void* stream) {
   kvc::MutexLock lock(&mu_);
-  return comm_ == nullptr ? -1 : api_->Recv(buffer, bytes, kUint8, peer_, comm_, stream);
+  return comm_ == nullptr ? -1 : api_->recv(buffer, bytes, kUint8, peer_, comm_, stream);
 }
 
 void GuardedComm::Abort() {
   kvc::MutexLock lock(&mu_);
-  if (comm_ != nullptr) (void)api_->CommAbort(comm_);
+  if (comm_ != nullptr) (void)api_->comm_abort(comm_);
   comm_ = nullptr;
 }
 

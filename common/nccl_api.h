@@ -38,7 +38,7 @@ struct Config {
   size_t size = sizeof(Config);
   unsigned int magic = 0xcafebeef;
   unsigned int version = 21400;
-  int blocking = 0;  // 0: calls may return kInProgress; poll CommGetAsyncError
+  int blocking = 0;  // 0: calls may return kInProgress; poll comm_get_async_error
   int cga_cluster_size = kUndefined;
   int min_ctas = kUndefined;
   int max_ctas = kUndefined;
@@ -51,17 +51,17 @@ struct Api {
   std::string library;  // as given to Load
   int version = 0;      // ncclGetVersion's number (2.28.9: 22809)
 
-  Result (*GetUniqueId)(UniqueId* id) = nullptr;
-  Result (*CommInitRankConfig)(Comm* comm, int nranks, UniqueId id, int rank,
-                               Config* config) = nullptr;
-  Result (*CommDestroy)(Comm comm) = nullptr;
-  Result (*CommAbort)(Comm comm) = nullptr;
-  Result (*CommGetAsyncError)(Comm comm, Result* async_error) = nullptr;
-  Result (*Send)(const void* buffer, size_t count, int datatype, int peer, Comm comm,
+  Result (*get_unique_id)(UniqueId* id) = nullptr;
+  Result (*comm_init_rank_config)(Comm* comm, int nranks, UniqueId id, int rank,
+                                  Config* config) = nullptr;
+  Result (*comm_destroy)(Comm comm) = nullptr;
+  Result (*comm_abort)(Comm comm) = nullptr;
+  Result (*comm_get_async_error)(Comm comm, Result* async_error) = nullptr;
+  Result (*send)(const void* buffer, size_t count, int datatype, int peer, Comm comm,
                  void* stream) = nullptr;
-  Result (*Recv)(void* buffer, size_t count, int datatype, int peer, Comm comm,
+  Result (*recv)(void* buffer, size_t count, int datatype, int peer, Comm comm,
                  void* stream) = nullptr;
-  const char* (*GetErrorString)(Result result) = nullptr;
+  const char* (*get_error_string)(Result result) = nullptr;
 
   // OK for kSuccess; otherwise UNAVAILABLE "<what>: <NCCL's words> (NCCL error N)".
   absl::Status Check(Result result, const char* what) const;

@@ -152,7 +152,7 @@ absl::StatusOr<NcclChannels::Opened> NcclChannels::Open(const std::string& scope
     return absl::UnavailableError(absl::StrCat("cannot use the pool's device: ", ks.detail));
   }
   nccl::UniqueId id{};
-  KVC_RETURN_IF_ERROR(api_->Check(api_->GetUniqueId(&id), "ncclGetUniqueId"));
+  KVC_RETURN_IF_ERROR(api_->Check(api_->get_unique_id(&id), "ncclGetUniqueId"));
   // Nonblocking: the join completes when the reader joins.
   if (const nccl::Result r = c->comm.Join(id, 0); r != nccl::kSuccess && r != nccl::kInProgress) {
     return api_->Check(r, "ncclCommInitRankConfig");

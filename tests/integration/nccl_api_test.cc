@@ -27,8 +27,8 @@ TEST(NcclApiTest, LoadsTheMachinesNcclAndMakesUniqueIds) {
   EXPECT_THAT((*api)->Describe(), StartsWith("NCCL 2."));
   EXPECT_THAT((*api)->Describe(), HasSubstr("(libnccl.so.2)"));
   UniqueId a{}, b{};
-  ASSERT_TRUE((*api)->Check((*api)->GetUniqueId(&a), "ncclGetUniqueId").ok());
-  ASSERT_TRUE((*api)->Check((*api)->GetUniqueId(&b), "ncclGetUniqueId").ok());
+  ASSERT_TRUE((*api)->Check((*api)->get_unique_id(&a), "ncclGetUniqueId").ok());
+  ASSERT_TRUE((*api)->Check((*api)->get_unique_id(&b), "ncclGetUniqueId").ok());
   EXPECT_NE(std::memcmp(a.internal, b.internal, kUniqueIdBytes), 0) << "two ids are the same";
   // Loaded once: the same table again.
   absl::StatusOr<const Api*> again = Load("libnccl.so.2");

@@ -30,7 +30,7 @@ Result Settle(const Api& api, Comm comm, int seconds = 10) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
   Result state = kInProgress;
   while (std::chrono::steady_clock::now() < until) {
-    if (api.CommGetAsyncError(comm, &state) != kSuccess) return -1;
+    if (api.comm_get_async_error(comm, &state) != kSuccess) return -1;
     if (state != kInProgress) return state;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -50,11 +50,11 @@ struct Pair {
 // Both ranks join nonblocking, as kvcached (rank 0) and a reader (rank 1) will.
 Pair Join(const Api& api) {
   UniqueId id{};
-  EXPECT_EQ(api.GetUniqueId(&id), kSuccess);
+  EXPECT_EQ(api.get_unique_id(&id), kSuccess);
   Config config;
   Pair p;
-  EXPECT_EQ(api.CommInitRankConfig(&p.rank0, 2, id, 0, &config), kInProgress);
-  EXPECT_EQ(api.CommInitRankConfig(&p.rank1, 2, id, 1, &config), kInProgress);
+  EXPECT_EQ(api.comm_init_rank_config(&p.rank0, 2, id, 0, &config), kInProgress);
+  EXPECT_EQ(api.comm_init_rank_config(&p.rank1, 2, id, 1, &config), kInProgress);
   EXPECT_EQ(Settle(api, p.rank0), kSuccess);
   EXPECT_EQ(Settle(api, p.rank1), kSuccess);
   return p;
@@ -88,11 +88,11 @@ TEST(NcclLoopbackTest, MovesBytesBetweenDeviceBuffersInCallOrder) {
   ASSERT_EQ(cudaMemcpy(src_b, b.data(), small, cudaMemcpyHostToDevice), cudaSuccess);
   Result sent_a = -1, sent_b = -1;
   std::thread sender([&] {
-    sent_a = Done(api, p.rank0, api.Send(src_a, big, kUint8, 1, p.rank0, nullptr));
-    sent_b = Done(api, p.rank0, api.Send(src_b, small, kUint8, 1, p.rank0, nullptr));
+    sent_a = Done(api, p.rank0, api.send(src_a, big, kUint8, 1, p.rank0, nullptr));
+    sent_b = Done(api, p.rank0, api.send(src_b, small, kUint8, 1, p.rank0, nullptr));
   });
-  EXPECT_EQ(Done(api, p.rank1, api.Recv(dst_a, big, kUint8, 0, p.rank1, nullptr)), kSuccess);
-  EXPECT_EQ(Done(api, p.rank1, api.Recv(dst_b, small, kUint8, 0, p.rank1, nullptr)), kSuccess);
+  EXPECT_EQ(Done(api, p.rank1, api.recv(dst_a, big, kUint8, 0, p.rank1, nullptr)), kSuccess);
+  EXPECT_EQ(Done(api, p.rank1, api.recv(dst_b, small, kUint8, 0, p.rank1, nullptr)), kSuccess);
   sender.join();
   EXPECT_EQ(sent_a, kSuccess);
   EXPECT_EQ(sent_b, kSuccess);
@@ -101,8 +101,8 @@ TEST(NcclLoopbackTest, MovesBytesBetweenDeviceBuffersInCallOrder) {
   ASSERT_EQ(cudaMemcpy(got_b.data(), dst_b, small, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_TRUE(got_a == a);
   EXPECT_TRUE(got_b == b);
-  EXPECT_EQ(api.CommDestroy(p.rank0), kSuccess);
-  EXPECT_EQ(api.CommDestroy(p.rank1), kSuccess);
+  EXPECT_EQ(api.comm_destroy(p.rank0), kSuccess);
+  EXPECT_EQ(api.comm_destroy(p.rank1), kSuccess);
   for (void* d : {src_a, src_b, dst_a, dst_b}) EXPECT_EQ(cudaFree(d), cudaSuccess);
 }
 
@@ -111,20 +111,20 @@ TEST(NcclLoopbackTest, RefusesHostBuffersWrongPeersAndUnjoinedComms) {
   Pair p = Join(api);
   std::vector<uint8_t> host(64);
   void* device = DeviceBuffer(64);
-  EXPECT_EQ(api.Send(host.data(), host.size(), kUint8, 1, p.rank0, nullptr), 4);  // invalid arg
-  EXPECT_EQ(api.Send(device, 64, kUint8, 0, p.rank0, nullptr), 4);                // itself
-  EXPECT_EQ(api.Send(device, 16, 7, 1, p.rank0, nullptr), 4);                     // floats
+  EXPECT_EQ(api.send(host.data(), host.size(), kUint8, 1, p.rank0, nullptr), 4);  // invalid arg
+  EXPECT_EQ(api.send(device, 64, kUint8, 0, p.rank0, nullptr), 4);                // itself
+  EXPECT_EQ(api.send(device, 16, 7, 1, p.rank0, nullptr), 4);                     // floats
   EXPECT_THAT(api.Check(4, "ncclSend").message(), HasSubstr("device buffers only"));
-  EXPECT_EQ(api.CommDestroy(p.rank0), kSuccess);
-  EXPECT_EQ(api.CommDestroy(p.rank1), kSuccess);
+  EXPECT_EQ(api.comm_destroy(p.rank0), kSuccess);
+  EXPECT_EQ(api.comm_destroy(p.rank1), kSuccess);
   // A comm whose peer has not joined yet cannot send.
   UniqueId id{};
-  ASSERT_EQ(api.GetUniqueId(&id), kSuccess);
+  ASSERT_EQ(api.get_unique_id(&id), kSuccess);
   Config config;
   Comm alone = nullptr;
-  ASSERT_EQ(api.CommInitRankConfig(&alone, 2, id, 0, &config), kInProgress);
-  EXPECT_EQ(api.Send(device, 64, kUint8, 1, alone, nullptr), 5);  // invalid usage
-  EXPECT_EQ(api.CommAbort(alone), kSuccess);
+  ASSERT_EQ(api.comm_init_rank_config(&alone, 2, id, 0, &config), kInProgress);
+  EXPECT_EQ(api.send(device, 64, kUint8, 1, alone, nullptr), 5);  // invalid usage
+  EXPECT_EQ(api.comm_abort(alone), kSuccess);
   EXPECT_EQ(cudaFree(device), cudaSuccess);
 }
 
@@ -133,10 +133,10 @@ TEST(NcclLoopbackTest, AReceiveOfAnotherSizeFails) {
   Pair p = Join(api);
   void* src = DeviceBuffer(32);
   void* dst = DeviceBuffer(32);
-  EXPECT_EQ(api.Send(src, 32, kUint8, 1, p.rank0, nullptr), kInProgress);
-  EXPECT_EQ(Done(api, p.rank1, api.Recv(dst, 16, kUint8, 0, p.rank1, nullptr)), 5);
-  EXPECT_EQ(api.CommDestroy(p.rank1), kSuccess);
-  EXPECT_EQ(api.CommDestroy(p.rank0), kSuccess);
+  EXPECT_EQ(api.send(src, 32, kUint8, 1, p.rank0, nullptr), kInProgress);
+  EXPECT_EQ(Done(api, p.rank1, api.recv(dst, 16, kUint8, 0, p.rank1, nullptr)), 5);
+  EXPECT_EQ(api.comm_destroy(p.rank1), kSuccess);
+  EXPECT_EQ(api.comm_destroy(p.rank0), kSuccess);
   EXPECT_EQ(cudaFree(src), cudaSuccess);
   EXPECT_EQ(cudaFree(dst), cudaSuccess);
 }
@@ -144,13 +144,13 @@ TEST(NcclLoopbackTest, AReceiveOfAnotherSizeFails) {
 TEST(NcclLoopbackTest, AbortEndsAJoinNobodyCompletes) {
   const Api& api = Loopback();
   UniqueId id{};
-  ASSERT_EQ(api.GetUniqueId(&id), kSuccess);
+  ASSERT_EQ(api.get_unique_id(&id), kSuccess);
   Config config;
   Comm comm = nullptr;
-  ASSERT_EQ(api.CommInitRankConfig(&comm, 2, id, 0, &config), kInProgress);
+  ASSERT_EQ(api.comm_init_rank_config(&comm, 2, id, 0, &config), kInProgress);
   EXPECT_EQ(Settle(api, comm, 1), kInProgress);  // nobody joins
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(api.CommAbort(comm), kSuccess);
+  EXPECT_EQ(api.comm_abort(comm), kSuccess);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
 }
 
@@ -159,29 +159,29 @@ TEST(NcclLoopbackTest, AbortEndsASendNobodyReceives) {
   Pair p = Join(api);
   const size_t bytes = size_t{64} << 20;  // far more than a socket buffers
   void* src = DeviceBuffer(bytes);
-  EXPECT_EQ(api.Send(src, bytes, kUint8, 1, p.rank0, nullptr), kInProgress);
+  EXPECT_EQ(api.send(src, bytes, kUint8, 1, p.rank0, nullptr), kInProgress);
   EXPECT_EQ(Settle(api, p.rank0, 1), kInProgress) << "nobody receives";
-  Result second = api.Send(src, 16, kUint8, 1, p.rank0, nullptr);
+  Result second = api.send(src, 16, kUint8, 1, p.rank0, nullptr);
   EXPECT_EQ(second, 5) << "one operation at a time, as NCCL's nonblocking comms";
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(api.CommAbort(p.rank0), kSuccess);  // as a watchdog would
+  EXPECT_EQ(api.comm_abort(p.rank0), kSuccess);  // as a watchdog would
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
-  EXPECT_EQ(api.CommDestroy(p.rank1), kSuccess);
+  EXPECT_EQ(api.comm_destroy(p.rank1), kSuccess);
   EXPECT_EQ(cudaFree(src), cudaSuccess);
 }
 
 TEST(NcclLoopbackTest, APeerThatGoesAwayFailsTheNextSend) {
   const Api& api = Loopback();
   Pair p = Join(api);
-  EXPECT_EQ(api.CommDestroy(p.rank1), kSuccess);
+  EXPECT_EQ(api.comm_destroy(p.rank1), kSuccess);
   void* src = DeviceBuffer(size_t{8} << 20);
-  EXPECT_EQ(Done(api, p.rank0, api.Send(src, size_t{8} << 20, kUint8, 1, p.rank0, nullptr)),
+  EXPECT_EQ(Done(api, p.rank0, api.send(src, size_t{8} << 20, kUint8, 1, p.rank0, nullptr)),
             6);  // remote error
   Result state = kSuccess;
-  EXPECT_EQ(api.CommGetAsyncError(p.rank0, &state), kSuccess);
+  EXPECT_EQ(api.comm_get_async_error(p.rank0, &state), kSuccess);
   EXPECT_EQ(state, 6) << "the error stays";
-  EXPECT_EQ(api.Send(src, 16, kUint8, 1, p.rank0, nullptr), 6);
-  EXPECT_EQ(api.CommDestroy(p.rank0), kSuccess);
+  EXPECT_EQ(api.send(src, 16, kUint8, 1, p.rank0, nullptr), 6);
+  EXPECT_EQ(api.comm_destroy(p.rank0), kSuccess);
   EXPECT_EQ(cudaFree(src), cudaSuccess);
 }
 

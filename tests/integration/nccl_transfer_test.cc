@@ -94,7 +94,7 @@ class NcclTransferTest : public ::testing::Test {
     admin_ = pb::AdminService::NewStub(channel);
   }
   void TearDown() override {
-    if (comm_ != nullptr) (void)api_.CommAbort(comm_);
+    if (comm_ != nullptr) (void)api_.comm_abort(comm_);
     for (void* d : device_) (void)cudaFree(d);
   }
   grpc::Status Open(pb::TransferKind kind, const std::string& pool,
@@ -114,20 +114,20 @@ class NcclTransferTest : public ::testing::Test {
     nccl::UniqueId id{};
     std::memcpy(id.internal, opened.nccl_unique_id().data(), nccl::kUniqueIdBytes);
     nccl::Config config;
-    EXPECT_EQ(api_.CommInitRankConfig(&comm_, 2, id, 1, &config), nccl::kInProgress);
+    EXPECT_EQ(api_.comm_init_rank_config(&comm_, 2, id, 1, &config), nccl::kInProgress);
     EXPECT_EQ(Settle(), nccl::kSuccess);
     return opened.transfer_id();
   }
   nccl::Result Settle() {
     nccl::Result state = nccl::kInProgress;
     for (int i = 0; i < 10000 && state == nccl::kInProgress; ++i) {
-      if (api_.CommGetAsyncError(comm_, &state) != nccl::kSuccess) return -1;
+      if (api_.comm_get_async_error(comm_, &state) != nccl::kSuccess) return -1;
       if (state == nccl::kInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     return state;
   }
   nccl::Result Recv(void* device, size_t bytes) {
-    const nccl::Result r = api_.Recv(device, bytes, nccl::kUint8, 0, comm_, nullptr);
+    const nccl::Result r = api_.recv(device, bytes, nccl::kUint8, 0, comm_, nullptr);
     return r == nccl::kInProgress ? Settle() : r;
   }
   void* Device(size_t bytes) {
