@@ -54,6 +54,11 @@ absl::StatusOr<DType> ValidateAppend(const AppendParams& p, const PoolOptions& p
     return absl::InvalidArgumentError(absl::StrCat("keys and values are device memory but pool '",
                                                    pool.name, "' is on the host"));
   }
+  if (p.on_device && !p.device.empty() && p.device != pool.device) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "keys and values are on ", p.device, " but the sequence's pool '", pool.name, "' is on ",
+        pool.device, ": send them over a transfer of a pool on ", pool.device));
+  }
   const DType dtype = p.dtype.value_or(g.dtype);
   const int64_t expected = p.num_tokens * g.TokenLayerBytes(dtype);
   for (const auto& [name, data] : {std::pair<const char*, absl::string_view>{"keys", p.keys},

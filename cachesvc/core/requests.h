@@ -126,6 +126,9 @@ struct AppendParams {
   // pool's device (KernelBackend::Allocate), read there by the write kernels without staging;
   // never dereferenced on the host. INVALID_ARGUMENT on a host pool.
   bool on_device = false;
+  // With on_device, when set: the device the memory is on ("cuda:1"). A sequence whose pool is
+  // on another device is FAILED_PRECONDITION (an NCCL Append received into its transfer's pool).
+  std::string device;
 };
 
 struct AppendResult {

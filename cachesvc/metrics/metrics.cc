@@ -349,9 +349,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
                              .Help(
                                  "Transfer channel events: opened, connected, refused (bad "
                                  "greeting, wrong token, none in time), sent (a lease's "
-                                 "blocks), failed (a send that failed), closed.")
+                                 "blocks), received (an Append's keys and values, NCCL), "
+                                 "failed (a send or receive that failed), closed.")
                              .Register(*m->registry_);
-  for (const char* event : {"opened", "connected", "refused", "sent", "failed", "closed"})
+  for (const char* event :
+       {"opened", "connected", "refused", "sent", "received", "failed", "closed"})
     m->transfer_events_->Add({{"event", event}});
   m->transfer_bytes_ = &prometheus::BuildCounter()
                             .Name("kvc_transfer_bytes_total")

@@ -183,6 +183,11 @@ grpc::Status KvCacheServiceImpl::CloseTransfer(grpc::ServerContext* context,
 
 absl::StatusOr<AppendParams> KvCacheServiceImpl::AppendFromProto(
     const pb::AppendRequest& request, std::shared_ptr<const StagingRegion>* hold) const {
+  if (request.has_nccl()) {
+    return absl::InvalidArgumentError(
+        "an AppendStream message cannot take its keys and values over NCCL (nccl set): "
+        "send those with Append, one at a time per transfer");
+  }
   KVC_ASSIGN_OR_RETURN(AppendParams params, FromProto(request));
   if (!request.has_staged()) return params;
   if (!request.keys().empty() || !request.values().empty()) {
@@ -212,11 +217,47 @@ absl::StatusOr<AppendParams> KvCacheServiceImpl::AppendFromProto(
   return params;
 }
 
+absl::StatusOr<AppendResult> KvCacheServiceImpl::AppendOverNccl(const pb::AppendRequest& request,
+                                                                const std::string& scope,
+                                                                absl::Time deadline) {
+  if (nccl_ == nullptr) return NoNcclTransfers();
+  const pb::NcclKv& nccl = request.nccl();
+  absl::StatusOr<AppendResult> result;
+  KVC_RETURN_IF_ERROR(nccl_->Receive(
+      scope, nccl.transfer_id(), nccl.nonce(), nccl.bytes(), deadline,
+      [&](const char* keys, const char* values, const std::string& device) {
+        // Received: a refusal from here on leaves the transfer in step.
+        if (!request.keys().empty() || !request.values().empty() || request.has_staged()) {
+          return absl::InvalidArgumentError(
+              "an Append carries its keys and values in one of keys/values, staged or nccl");
+        }
+        absl::StatusOr<AppendParams> params = FromProto(request);
+        if (!params.ok()) return params.status();
+        params->scope = scope;
+        params->keys = absl::string_view(keys, static_cast<size_t>(nccl.bytes()));
+        params->values = absl::string_view(values, static_cast<size_t>(nccl.bytes()));
+        params->on_device = true;
+        params->device = device;
+        result = store_->Append(*params);
+        return result.status();
+      }));
+  return result;
+}
+
 grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext* context,
                                         const pb::AppendRequest* request,
                                         pb::AppendResponse* response) {
   RpcScope scope(metrics_, kService, "Append");
   KVC_AUTHENTICATE_OR_FINISH(caller);
+  if (request->has_nccl()) {
+    KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "Append"));
+    KVC_ASSIGN_OR_FINISH(const AppendResult result,
+                         AppendOverNccl(*request, owner, absl::FromChrono(context->deadline())));
+    scope.AddReceived(2 * request->nccl().bytes());
+    response->set_layer_tokens(result.layer_tokens);
+    response->set_visible_tokens(result.visible_tokens);
+    return scope.Finish(grpc::Status::OK);
+  }
   std::shared_ptr<const StagingRegion> staged;
   KVC_ASSIGN_OR_FINISH(AppendParams params, AppendFromProto(*request, &staged));
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "Append"));

@@ -82,6 +82,9 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
   // staged (`hold` then keeps the region mapped until the params are dropped).
   absl::StatusOr<AppendParams> AppendFromProto(const kvcache::v1::AppendRequest& request,
                                                std::shared_ptr<const StagingRegion>* hold) const;
+  // An Append whose keys and values come over an NCCL transfer of `scope`'s (request.nccl).
+  absl::StatusOr<AppendResult> AppendOverNccl(const kvcache::v1::AppendRequest& request,
+                                              const std::string& scope, absl::Time deadline);
 
   KvStore* store_;
   Metrics* metrics_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -16,18 +17,21 @@
 
 namespace kvc::cachesvc {
 
-// One channel: its communicator (rank 0, on its pool's device), the stream its sends run on
-// and a header buffer in pool memory (NCCL sends device memory only).
+// One channel: its communicator (rank 0, on its pool's device), the stream its operations
+// run on, a header buffer in pool memory (NCCL moves device memory only) and the buffer
+// Appends receive keys and values into (grown to the largest Append, kept until closed).
 struct NcclChannels::Channel {
   explicit Channel(const nccl::Api* a) : api(a), comm(a) {}
   const nccl::Api* const api;
   std::string scope;
   BlockPool* pool = nullptr;
   absl::Time opened;
-  kvc::Mutex send_mu;  // one send at a time, in call order
-  bool joined ABSL_GUARDED_BY(send_mu) = false;
-  bool broken ABSL_GUARDED_BY(send_mu) = false;
+  kvc::Mutex op_mu;  // one send or receive at a time, in call order
+  bool joined ABSL_GUARDED_BY(op_mu) = false;
+  bool broken ABSL_GUARDED_BY(op_mu) = false;
   std::optional<BackendBuffer> header;
+  std::optional<BackendBuffer> incoming ABSL_GUARDED_BY(op_mu);
+  size_t incoming_bytes ABSL_GUARDED_BY(op_mu) = 0;
   kernels::StreamHandle stream;
 
   // Used by the sending thread, aborted by the watchdog or on close.
@@ -39,6 +43,12 @@ struct NcclChannels::Channel {
 
   nccl::Result State() { return comm.State(); }
   void Abort() { comm.Abort(); }
+  // One NCCL operation (`post` enqueues it), waited for: until it is enqueued (nonblocking
+  // comms answer kInProgress first), then until the stream has run it (the peer took or gave
+  // the bytes). The watchdog aborts the comm past `until`, which ends either wait.
+  absl::Status Run(const char* what, absl::Time until, const std::function<nccl::Result()>& post);
+  // Reads the frame header received into `header`.
+  absl::StatusOr<transfer::FrameHeader> ReceivedHeader();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
   ~Channel() {
@@ -56,7 +66,10 @@ class NcclChannels::Sink final : public KvStore::BlockSink {
     begun_ = true;
     return SendHeader({nonce_, static_cast<uint64_t>(bytes), 0});
   }
-  absl::Status Write(const char* data, size_t bytes) override { return Post(data, bytes); }
+  absl::Status Write(const char* data, size_t bytes) override {
+    return c_->Run("ncclSend", until_,
+                   [&] { return c_->comm.Send(data, bytes, c_->stream.native); });
+  }
   bool begun() const { return begun_; }
 
   absl::Status SendHeader(const transfer::FrameHeader& h) {
@@ -66,48 +79,61 @@ class NcclChannels::Sink final : public KvStore::BlockSink {
     kernels::KernelStatus ks = b->CopyToDevice(c_->header->data(), host, sizeof(host), c_->stream);
     if (ks.ok()) ks = b->Synchronize(c_->stream);
     if (!ks.ok()) return absl::InternalError(absl::StrCat("NCCL frame header: ", ks.detail));
-    return Post(static_cast<const char*>(c_->header->data()), sizeof(host));
+    const char* device = static_cast<const char*>(c_->header->data());
+    return c_->Run("ncclSend", until_,
+                   [&] { return c_->comm.Send(device, sizeof(host), c_->stream.native); });
   }
 
  private:
-  // One ncclSend, waited for: until it is enqueued (nonblocking comms answer kInProgress
-  // first), then until the stream has run it (the peer received it). The watchdog aborts the
-  // comm past until_, which ends either wait.
-  absl::Status Post(const char* data, size_t bytes) {
-    {
-      kvc::MutexLock lock(&c_->wait_mu);
-      c_->wait_until = until_;
-    }
-    absl::Status status = PostAndWait(data, bytes);
-    {
-      kvc::MutexLock lock(&c_->wait_mu);
-      c_->wait_until = absl::InfiniteFuture();
-    }
-    if (!status.ok() && c_->stalled) {
-      return absl::DeadlineExceededError(
-          "the reader did not receive within the send's time (write_stall or the call's "
-          "deadline); the transfer is closed: open another");
-    }
-    return status;
-  }
-  absl::Status PostAndWait(const char* data, size_t bytes) {
-    nccl::Result r = c_->comm.Send(data, bytes, c_->stream.native);
-    if (r == -1) return absl::UnavailableError("the transfer was aborted");
-    while (r == nccl::kInProgress) {
-      absl::SleepFor(absl::Microseconds(50));
-      r = c_->State();
-    }
-    KVC_RETURN_IF_ERROR(c_->api->Check(r, "ncclSend"));
-    const kernels::KernelStatus ks = c_->pool->backend()->Synchronize(c_->stream);
-    if (!ks.ok()) return absl::UnavailableError(absl::StrCat("ncclSend: ", ks.detail));
-    return c_->api->Check(c_->State(), "ncclSend");
-  }
-
   Channel* const c_;
   const uint64_t nonce_;
   const absl::Time until_;
   bool begun_ = false;
 };
+
+absl::Status NcclChannels::Channel::Run(const char* what, absl::Time until,
+                                        const std::function<nccl::Result()>& post) {
+  {
+    kvc::MutexLock lock(&wait_mu);
+    wait_until = until;
+  }
+  absl::Status status = [&] {
+    nccl::Result r = post();
+    if (r == -1) return absl::UnavailableError("the transfer was aborted");
+    while (r == nccl::kInProgress) {
+      absl::SleepFor(absl::Microseconds(50));
+      r = State();
+    }
+    KVC_RETURN_IF_ERROR(api->Check(r, what));
+    const kernels::KernelStatus ks = pool->backend()->Synchronize(stream);
+    if (!ks.ok()) return absl::UnavailableError(absl::StrCat(what, ": ", ks.detail));
+    return api->Check(State(), what);
+  }();
+  {
+    kvc::MutexLock lock(&wait_mu);
+    wait_until = absl::InfiniteFuture();
+  }
+  if (!status.ok() && stalled) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the peer did not complete an ", what,
+                     " within its time (write_stall or the call's deadline); the transfer is "
+                     "closed: open another"));
+  }
+  return status;
+}
+
+absl::StatusOr<transfer::FrameHeader> NcclChannels::Channel::ReceivedHeader() {
+  char host[transfer::kHeaderBytes];
+  kernels::KernelBackend* b = pool->backend();
+  kernels::KernelStatus ks = b->CopyToHost(host, header->data(), sizeof(host), stream);
+  if (ks.ok()) ks = b->Synchronize(stream);
+  if (!ks.ok()) return absl::InternalError(absl::StrCat("NCCL frame header: ", ks.detail));
+  transfer::FrameHeader h;
+  if (!transfer::DecodeHeader(host, &h)) {
+    return absl::AbortedError("what arrived is not a frame header (the transfer is out of step)");
+  }
+  return h;
+}
 
 absl::StatusOr<std::unique_ptr<NcclChannels>> NcclChannels::Start(const NcclChannelOptions& options,
                                                                   KvStore* store) {
@@ -169,7 +195,7 @@ absl::StatusOr<NcclChannels::Opened> NcclChannels::Open(const std::string& scope
 }
 
 bool NcclChannels::Done(Channel& c, absl::Time now) {
-  if (!c.send_mu.TryLock()) return false;  // sending: in use
+  if (!c.op_mu.TryLock()) return false;  // sending or receiving: in use
   bool done = c.broken;
   if (!done && !c.joined) {
     const nccl::Result state = c.State();
@@ -180,9 +206,96 @@ bool NcclChannels::Done(Channel& c, absl::Time now) {
       done = state != nccl::kInProgress || now - c.opened > options_.connect_within;
     }
   }
-  c.send_mu.Unlock();
+  c.op_mu.Unlock();
   if (done) Event("closed");
   return done;
+}
+
+absl::Status NcclChannels::Ready(Channel& c, const std::string& id, absl::Time deadline) {
+  c.op_mu.AssertHeld();
+  if (c.broken) {
+    return absl::UnavailableError(
+        absl::StrCat("transfer ", Quoted(id), " broke in an earlier call; open another"));
+  }
+  if (const kernels::KernelStatus ks = c.pool->backend()->BindThread(); !ks.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot use the pool's device: ", ks.detail));
+  }
+  // The peer joins before its first call, but the two joins finish apart: wait for ours
+  // within the channel's join time.
+  const absl::Time join_by = std::min(deadline, c.opened + options_.connect_within);
+  while (!c.joined) {
+    const nccl::Result state = c.State();
+    if (state == nccl::kSuccess) {
+      c.joined = true;
+      Event("connected");
+    } else if (state != nccl::kInProgress || absl::Now() > join_by) {
+      c.broken = true;
+      c.Abort();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "transfer ", Quoted(id),
+          state != nccl::kInProgress
+              ? absl::StrCat(" could not be joined: ",
+                             api_->Check(state, "ncclCommInitRank").message())
+              : " was not joined in time: the peer joins (rank 1, the unique id) within "
+                "connect_within_ms of OpenTransfer, then calls SendLease or Append"));
+    } else {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclChannels::Receive(const std::string& scope, const std::string& id, uint64_t nonce,
+                                   int64_t bytes, absl::Time deadline, const ApplyReceived& apply) {
+  std::shared_ptr<Channel> c = channels_.Find(scope, id);
+  if (c == nullptr) return ScopedChannels<Channel>::Unknown(id);
+  kvc::MutexLock lock(&c->op_mu);
+  KVC_RETURN_IF_ERROR(Ready(*c, id, deadline));
+  // Whatever fails before the last byte arrived leaves the peer's sends unmatched: the
+  // channel is out of step for good.
+  const auto fail = [&](absl::Status why) {
+    c->op_mu.AssertHeld();  // called below, under `lock`
+    Event("failed");
+    c->broken = true;
+    c->Abort();  // the peer's sends fail at once
+    return why;
+  };
+  if (bytes < 1 || bytes > kMaxAppendBytes) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("nccl.bytes is ", bytes, "; expected 1 .. ", kMaxAppendBytes,
+                     " (split larger appends); the transfer is closed: open another")));
+  }
+  const auto need = static_cast<size_t>(2 * bytes);
+  if (c->incoming_bytes < need) {
+    c->incoming.reset();
+    c->incoming_bytes = 0;
+    absl::StatusOr<BackendBuffer> grown = BackendBuffer::Allocate(c->pool->backend(), need);
+    if (!grown.ok()) return fail(grown.status());
+    c->incoming = *std::move(grown);
+    c->incoming_bytes = need;
+  }
+  const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
+  char* const keys = static_cast<char*>(c->incoming->data());
+  char* const values = keys + bytes;
+  const auto recv = [&](char* into, size_t n) {
+    return c->Run("ncclRecv", until, [&] { return c->comm.Recv(into, n, c->stream.native); });
+  };
+  char* const header = static_cast<char*>(c->header->data());
+  if (absl::Status got = recv(header, transfer::kHeaderBytes); !got.ok()) return fail(got);
+  absl::StatusOr<transfer::FrameHeader> h = c->ReceivedHeader();
+  if (!h.ok()) return fail(h.status());
+  if (h->nonce != nonce || h->payload_bytes != need || h->code != 0) {
+    return fail(absl::AbortedError(
+        absl::StrCat("the frame on transfer ", Quoted(id), " is another call's (nonce ", h->nonce,
+                     ", ", h->payload_bytes, " bytes; this Append's: nonce ", nonce, ", ", need,
+                     "): two calls raced on one transfer; it is closed: open another")));
+  }
+  for (char* into : {keys, values}) {
+    if (absl::Status got = recv(into, static_cast<size_t>(bytes)); !got.ok()) return fail(got);
+  }
+  Event("received");
+  // In step again: what `apply` refuses leaves the channel usable.
+  return apply(keys, values, c->pool->options().device);
 }
 
 absl::Status NcclChannels::Close(const std::string& scope, const std::string& id) {
@@ -197,36 +310,8 @@ absl::StatusOr<KvStore::SentBlocks> NcclChannels::Send(const std::string& scope,
                                                        absl::Time deadline) {
   std::shared_ptr<Channel> c = channels_.Find(scope, id);
   if (c == nullptr) return ScopedChannels<Channel>::Unknown(id);
-  kvc::MutexLock lock(&c->send_mu);
-  if (c->broken) {
-    return absl::UnavailableError(
-        absl::StrCat("transfer ", Quoted(id), " broke in an earlier send; open another"));
-  }
-  if (const kernels::KernelStatus ks = c->pool->backend()->BindThread(); !ks.ok()) {
-    return absl::UnavailableError(absl::StrCat("cannot use the pool's device: ", ks.detail));
-  }
-  // The reader joins before it asks for a send, but the two joins finish apart: wait for
-  // ours within the channel's join time.
-  const absl::Time join_by = std::min(deadline, c->opened + options_.connect_within);
-  while (!c->joined) {
-    const nccl::Result state = c->State();
-    if (state == nccl::kSuccess) {
-      c->joined = true;
-      Event("connected");
-    } else if (state != nccl::kInProgress || absl::Now() > join_by) {
-      c->broken = true;
-      c->Abort();
-      return absl::FailedPreconditionError(absl::StrCat(
-          "transfer ", Quoted(id),
-          state != nccl::kInProgress
-              ? absl::StrCat(" could not be joined: ",
-                             api_->Check(state, "ncclCommInitRank").message())
-              : " was not joined in time: the reader joins (rank 1, the unique id) within "
-                "connect_within_ms of OpenTransfer, then sends SendLease"));
-    } else {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-  }
+  kvc::MutexLock lock(&c->op_mu);
+  KVC_RETURN_IF_ERROR(Ready(*c, id, deadline));
   const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
   Sink sink(c.get(), nonce, until);
   absl::StatusOr<KvStore::SentBlocks> sent = store_->SendLeasedBlocks(scope, lease_id, &sink);

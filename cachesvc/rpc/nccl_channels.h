@@ -4,7 +4,9 @@
 // (kvcached rank 0 on the pool's device, the reader rank 1 on its own); SendLease then sends
 // the same 32-byte frame header as the TCP wire and, after it, the lease's blocks device to
 // device, in the pieces KvStore::SendPieceBlocks documents (each an ncclSend the reader
-// matches with an ncclRecv of the same size). NCCL is loaded at run time
+// matches with an ncclRecv of the same size). An Append the other way (AppendRequest.nccl):
+// the peer sends a frame header, the keys and the values, which Receive takes into device
+// memory of the pool and hands to the append. NCCL is loaded at run time
 // (common/nccl_api.h) from ServerConfig.transfer_nccl_library.
 //
 // Failure: a join not complete within `connect_within` is aborted and the channel dropped
@@ -12,8 +14,8 @@
 // `write_stall` is aborted by the watchdog (DEADLINE_EXCEEDED); a lease that ends while its
 // blocks are copied ABORTED. A refusal before the payload sends a header with the code (the
 // channel stays in step); a failure after it breaks the channel for good (UNAVAILABLE
-// afterwards). Channels are per scope, at most kMaxPerScope each. Thread-safe: sends on one
-// channel run one at a time, in call order.
+// afterwards). Channels are per scope, at most kMaxPerScope each. Thread-safe: sends and
+// receives on one channel run one at a time, in call order.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +40,7 @@ struct NcclChannelOptions {
   std::string library;  // what nccl::Load opens ("libnccl.so.2", or a path)
   absl::Duration connect_within = absl::Seconds(10);
   absl::Duration write_stall = absl::Seconds(30);
-  // Called for "opened", "connected", "sent", "failed", "closed" (metrics).
+  // Called for "opened", "connected", "sent", "received", "failed", "closed" (metrics).
   std::function<void(const char* event)> on_event;
 };
 
@@ -70,6 +72,18 @@ class NcclChannels {
   absl::StatusOr<KvStore::SentBlocks> Send(const std::string& scope, const std::string& id,
                                            const std::string& lease_id, uint64_t nonce,
                                            absl::Time deadline);
+  // The receiving half of an Append over NCCL (AppendRequest.nccl, whose contract this
+  // follows): receives the peer's frame header, then `bytes` of keys and `bytes` of values
+  // into device memory of the transfer's pool, then calls `apply` with them and the pool's
+  // device, on this thread, the channel still held (the buffer is the channel's), and
+  // returns what `apply` returns: the channel stays usable. A failure before that (unknown
+  // or broken transfer, bytes out of range, a header of another call, the peer not sending
+  // within write_stall or `deadline`) closes the channel.
+  static constexpr int64_t kMaxAppendBytes = int64_t{256} << 20;
+  using ApplyReceived =
+      std::function<absl::Status(const char* keys, const char* values, const std::string& device)>;
+  absl::Status Receive(const std::string& scope, const std::string& id, uint64_t nonce,
+                       int64_t bytes, absl::Time deadline, const ApplyReceived& apply);
   absl::Status Close(const std::string& scope, const std::string& id);
 
   // Whether `id` names an NCCL channel (its ids start with "n-"; TCP channels' with "t-").
@@ -83,6 +97,9 @@ class NcclChannels {
   // Whether a channel is finished with: broken, or not joined within connect_within
   // (counted closed; its comm is aborted when it is dropped). Never waits for a send.
   bool Done(Channel& c, absl::Time now);
+  // With c.op_mu held: OK when the channel can carry a call (not broken, joined: waits for
+  // the join within connect_within and `deadline`); binds this thread to the pool's device.
+  absl::Status Ready(Channel& c, const std::string& id, absl::Time deadline);
   // Aborts the comm of a send still running past its deadline (a reader that stopped).
   void Watch();
   void Event(const char* event) const {

@@ -1,6 +1,6 @@
 // The device half of reading a lease into an engine's GPU buffers, shared by the same-node
 // reader (kvc/client/device_reader.h: the records in the pool's memory, opened over CUDA IPC)
-// and the NCCL reader (kvc/client/nccl_reader.h: the records received into device memory,
+// and the NCCL reader (kvc/client/nccl_link.h: the records received into device memory,
 // renumbered): check the buffers against the lease, then decode every leased record with
 // the kernels' ReadTokens, the code the service decodes with. Internal to kvc::client_device.
 #pragma once

@@ -1,11 +1,12 @@
-// KvCacheClient's transfer calls for readers outside the client (an NCCL reader): OpenTransfer
-// of kind NCCL, SendLease, CloseTransfer. The TCP reader inside the client makes the same
-// calls itself (data_paths.cc).
+// KvCacheClient's transfer calls for peers outside the client (kvc::client::NcclLink):
+// OpenTransfer of kind NCCL, SendLease, CloseTransfer, Append over a transfer. The TCP
+// reader inside the client makes the same calls itself (data_paths.cc).
 #include <grpcpp/grpcpp.h>
 
 #include <string>
 
 #include "client/src/client_impl.h"
+#include "client/src/convert.h"
 #include "kvc/client/kv_cache_client.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "proto/rpc_status.h"
@@ -55,6 +56,27 @@ absl::Status KvCacheClient::CloseTransfer(const std::string& transfer_id, const 
   grpc::ClientContext context;
   impl_->Prepare(&context, call);
   return FromGrpcStatus(impl_->kv->CloseTransfer(&context, request, &response));
+}
+
+absl::StatusOr<AppendResult> KvCacheClient::AppendOverTransfer(const AppendChunk& chunk,
+                                                               const std::string& transfer_id,
+                                                               uint64_t nonce,
+                                                               const CallOptions& call) {
+  AppendChunk header_only = chunk;
+  header_only.keys = nullptr;
+  header_only.values = nullptr;
+  pb::AppendRequest request;
+  internal::ToProto(header_only, &request);
+  request.mutable_nccl()->set_transfer_id(transfer_id);
+  request.mutable_nccl()->set_nonce(nonce);
+  request.mutable_nccl()->set_bytes(static_cast<int64_t>(chunk.bytes));
+  pb::AppendResponse response;
+  grpc::ClientContext context;
+  impl_->Prepare(&context, call);
+  // Not retried: the bytes went over the transfer once.
+  const absl::Status status = FromGrpcStatus(impl_->kv->Append(&context, request, &response));
+  if (!status.ok()) return status;
+  return AppendResult{response.layer_tokens(), response.visible_tokens()};
 }
 
 }  // namespace kvc::client

@@ -291,6 +291,10 @@ TEST(DeviceStoreTest, AHostPoolAndADevicePoolServeTheSameBytes) {
   a.sequence_id = ids[0];
   EXPECT_THAT((*store)->Append(a).status(), StatusIs(Code::kInvalidArgument, "is on the host"));
   a.sequence_id = ids[1];
+  a.device = "cuda:1";  // memory of another device (an NCCL transfer of a pool there)
+  EXPECT_THAT((*store)->Append(a).status(),
+              StatusIs(Code::kFailedPrecondition, "keys and values are on cuda:1"));
+  a.device = "cuda:0";
   KVC_ASSERT_OK((*store)->Append(a).status());
   FetchParams f;
   f.sequence_id = ids[1];

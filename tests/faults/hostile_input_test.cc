@@ -448,6 +448,15 @@ TEST_P(HostileInputTest, EveryEnumOutsideTheContractIsInvalidArgument) {
   pb::OpenTransferResponse opened;
   ExpectShort(kv_->OpenTransfer(Ctx().get(), open, &opened), GrpcCode::INVALID_ARGUMENT,
               "OpenTransfer.kind");
+  // Keys and values over an NCCL transfer, asked of a server that offers none.
+  pb::AppendRequest over_nccl;
+  over_nccl.set_sequence_id(id);
+  over_nccl.set_num_tokens(1);
+  over_nccl.mutable_nccl()->set_transfer_id(std::string(5000, 'n'));
+  over_nccl.mutable_nccl()->set_bytes(int64_t{1} << 40);
+  pb::AppendResponse appended;
+  ExpectShort(kv_->Append(Ctx().get(), over_nccl, &appended), GrpcCode::FAILED_PRECONDITION,
+              "Append.nccl");
   pb::CompressRequest compress;
   compress.set_sequence_id(id);
   compress.mutable_spec()->mutable_h2o()->set_heavy(4);

@@ -20,7 +20,7 @@
 #include "common/nccl_api.h"
 #include "common/transfer_wire.h"
 #include "gtest/gtest.h"
-#include "kvc/client/nccl_reader.h"
+#include "kvc/client/nccl_link.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "tests/integration/read_paths.h"
@@ -287,16 +287,16 @@ TEST_F(NcclTransferTest, AReaderThatStopsReceivingBreaksTheTransferAndPinsNothin
   EXPECT_EQ(stats.leases.active, 0);
 }
 
-// The client library's reader (kvc::client::NcclReader) against the same server: FetchInto
+// The client library's reader (kvc::client::NcclLink) against the same server: FetchInto
 // into device buffers equals FetchInto over gRPC into host memory, byte for byte.
 TEST_F(NcclTransferTest, TheClientReaderFetchesWhatGrpcFetches) {
   KVC_ASSERT_OK_AND_ASSIGN(const std::string raw, Filled(*t_.client, 100));
   KVC_ASSERT_OK_AND_ASSIGN(const std::string q, Filled(*t_.client, 90, Int4WithResidual()));
-  client::NcclReader::Options ro;
+  client::NcclLink::Options ro;
   ro.pool = "small";
   ro.library = KVC_NCCL_LOOPBACK;
-  KVC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::NcclReader> reader,
-                           client::NcclReader::Open(t_.client.get(), ro));
+  KVC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::NcclLink> reader,
+                           client::NcclLink::Open(t_.client.get(), ro));
   EXPECT_NE(reader->Describe().find("NCCL 2.14.0"), std::string::npos) << reader->Describe();
   const int64_t cap = 128;
   for (const std::string& id : {raw, q}) {
@@ -353,6 +353,207 @@ TEST_F(NcclTransferTest, TheClientReaderFetchesWhatGrpcFetches) {
   EXPECT_THAT(reader->FetchInto(elsewhere, buffers, fo).status(),
               testing::StatusIs(absl::StatusCode::kFailedPrecondition, "carries pool"));
   KVC_ASSERT_OK(reader->FetchInto(raw, buffers, fo).status());
+}
+
+// One layer's keys and values of tokens [start, start + n), in host memory and on the device.
+struct Chunk {
+  std::string keys, values;
+  void* device_keys = nullptr;
+  void* device_values = nullptr;
+};
+
+class NcclAppendTest : public NcclTransferTest {
+ protected:
+  void SetUp() override {
+    NcclTransferTest::SetUp();
+    client::NcclLink::Options o;
+    o.pool = "small";
+    o.library = KVC_NCCL_LOOPBACK;
+    absl::StatusOr<std::unique_ptr<client::NcclLink>> link =
+        client::NcclLink::Open(t_.client.get(), o);
+    ASSERT_TRUE(link.ok()) << link.status();
+    link_ = *std::move(link);
+  }
+  Chunk Make(int layer, int64_t start, int n) {
+    Chunk c;
+    c.keys = testing::MakeKv(5, layer, start, n, testing::kHeads, testing::kDim,
+                             kernels::DType::kF16, /*is_value=*/false);
+    c.values = testing::MakeKv(5, layer, start, n, testing::kHeads, testing::kDim,
+                               kernels::DType::kF16, /*is_value=*/true);
+    c.device_keys = Device(c.keys.size());
+    c.device_values = Device(c.values.size());
+    EXPECT_EQ(cudaMemcpy(c.device_keys, c.keys.data(), c.keys.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(c.device_values, c.values.data(), c.values.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return c;
+  }
+  static client::AppendChunk Request(const std::string& id, int layer, int64_t start, int n,
+                                     const void* keys, const void* values, size_t bytes) {
+    client::AppendChunk a;
+    a.sequence_id = id;
+    a.layer = layer;
+    a.start_position = start;
+    a.num_tokens = n;
+    a.dtype = client::DType::kF16;
+    a.keys = keys;
+    a.values = values;
+    a.bytes = bytes;
+    return a;
+  }
+  // An Append whose bytes this test sends itself (or not): the raw protocol.
+  std::future<grpc::Status> AppendOver(const std::string& transfer, const std::string& id,
+                                       uint64_t nonce, int n, int deadline_s = 60) {
+    return std::async(std::launch::async, [=] {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(deadline_s));
+      pb::AppendRequest r;
+      r.set_sequence_id(id);
+      r.set_num_tokens(n);
+      r.set_dtype(pb::DTYPE_F16);
+      r.mutable_nccl()->set_transfer_id(transfer);
+      r.mutable_nccl()->set_nonce(nonce);
+      r.mutable_nccl()->set_bytes(int64_t{n} * testing::kHeads * testing::kDim * 2);
+      pb::AppendResponse appended;
+      return kv_->Append(&ctx, r, &appended);
+    });
+  }
+  nccl::Result SendHeader(uint64_t nonce, uint64_t payload_bytes) {
+    char host[transfer::kHeaderBytes];
+    transfer::EncodeHeader({nonce, payload_bytes, 0}, host);
+    void* d = Device(sizeof(host));
+    EXPECT_EQ(cudaMemcpy(d, host, sizeof(host), cudaMemcpyHostToDevice), cudaSuccess);
+    const nccl::Result r = api_.send(d, sizeof(host), nccl::kUint8, 0, comm_, nullptr);
+    return r == nccl::kInProgress ? Settle() : r;
+  }
+
+  std::unique_ptr<client::NcclLink> link_;
+};
+
+// NcclLink::Append from device buffers stores what Append over gRPC stores from the same
+// bytes: every Fetch of the two sequences is equal, raw f16 and INT4 with a raw residual.
+TEST_F(NcclAppendTest, TheLinkAppendsWhatGrpcAppends) {
+  for (const client::CreateSequenceOptions& spec :
+       {client::CreateSequenceOptions{}, Int4WithResidual()}) {
+    KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo over_nccl, t_.client->CreateSequence(spec));
+    KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo over_grpc, t_.client->CreateSequence(spec));
+    for (int l = 0; l < testing::kLayers; ++l) {
+      for (const auto& [start, n] : {std::pair<int64_t, int>{0, 60}, {60, 40}, {100, 1}}) {
+        const Chunk c = Make(l, start, n);
+        KVC_ASSERT_OK_AND_ASSIGN(
+            const client::AppendResult mine,
+            link_->Append(Request(over_nccl.sequence_id, l, start, n, c.device_keys,
+                                  c.device_values, c.keys.size())));
+        KVC_ASSERT_OK_AND_ASSIGN(
+            const client::AppendResult theirs,
+            t_.client->Append(Request(over_grpc.sequence_id, l, start, n, c.keys.data(),
+                                      c.values.data(), c.keys.size())));
+        EXPECT_EQ(mine.layer_tokens, start + n);
+        EXPECT_EQ(mine.layer_tokens, theirs.layer_tokens);
+        EXPECT_EQ(mine.visible_tokens, theirs.visible_tokens);
+      }
+    }
+    for (const client::FetchOptions& fetch : testing::FetchCases()) {
+      KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult a,
+                               t_.client->Fetch(over_nccl.sequence_id, fetch));
+      KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult b,
+                               t_.client->Fetch(over_grpc.sequence_id, fetch));
+      ASSERT_FALSE(a.heads.empty());
+      testing::ExpectSame(a, b);
+    }
+  }
+}
+
+// What the server refuses after receiving the bytes leaves the link in step: the next append
+// works. What the link refuses itself sends nothing.
+TEST_F(NcclAppendTest, RefusedAppendsLeaveTheLinkUsable) {
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo seq, t_.client->CreateSequence({}));
+  const Chunk c = Make(0, 0, 10);
+  const size_t bytes = c.keys.size();
+  EXPECT_THAT(
+      link_->Append(Request(seq.sequence_id, 0, 0, 10, nullptr, c.device_values, bytes)).status(),
+      testing::StatusIs(absl::StatusCode::kInvalidArgument, "device keys and values"));
+  EXPECT_THAT(
+      link_->Append(Request(seq.sequence_id, 0, 5, 10, c.device_keys, c.device_values, bytes))
+          .status(),
+      testing::StatusIs(absl::StatusCode::kFailedPrecondition, "out of order"));
+  EXPECT_THAT(
+      link_->Append(Request(seq.sequence_id, 0, 0, 8, c.device_keys, c.device_values, bytes))
+          .status(),
+      testing::StatusIs(absl::StatusCode::kInvalidArgument, "expected num_tokens 8"));
+  EXPECT_THAT(link_
+                  ->Append(Request(seq.sequence_id, testing::kLayers, 0, 10, c.device_keys,
+                                   c.device_values, bytes))
+                  .status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, "out of range"));
+  client::CreateSequenceOptions on_host;
+  on_host.pool = "host";
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo host_seq, t_.client->CreateSequence(on_host));
+  EXPECT_THAT(
+      link_->Append(Request(host_seq.sequence_id, 0, 0, 10, c.device_keys, c.device_values, bytes))
+          .status(),
+      testing::StatusIs(absl::StatusCode::kInvalidArgument, "on the host"));
+  EXPECT_THAT(
+      link_->Append(Request("no-such-sequence", 0, 0, 10, c.device_keys, c.device_values, bytes))
+          .status(),
+      testing::StatusIs(absl::StatusCode::kNotFound));
+  KVC_ASSERT_OK_AND_ASSIGN(
+      const client::AppendResult ok,
+      link_->Append(Request(seq.sequence_id, 0, 0, 10, c.device_keys, c.device_values, bytes)));
+  EXPECT_EQ(ok.layer_tokens, 10);
+  KVC_ASSERT_OK_AND_ASSIGN(
+      const client::FetchResult got,
+      t_.client->Fetch(seq.sequence_id, client::FetchOptions{.include_unfinished = true}));
+  ASSERT_EQ(got.heads.size(), static_cast<size_t>(testing::kHeads));
+  EXPECT_EQ(got.heads[0].positions.size(), 10u);
+}
+
+// AppendStream's messages may be applied out of order: NCCL bytes go with Append only.
+TEST_F(NcclAppendTest, AppendStreamRefusesNccl) {
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo seq, t_.client->CreateSequence({}));
+  grpc::ClientContext ctx;
+  pb::AppendStreamResponse response;
+  std::unique_ptr<grpc::ClientWriter<pb::AppendRequest>> w = kv_->AppendStream(&ctx, &response);
+  pb::AppendRequest r;
+  r.set_sequence_id(seq.sequence_id);
+  r.set_num_tokens(1);
+  r.mutable_nccl()->set_transfer_id("n-1");
+  r.mutable_nccl()->set_bytes(testing::kHeads * testing::kDim * 2);
+  w->Write(r);
+  w->WritesDone();
+  const grpc::Status s = w->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("with Append"), std::string::npos) << s.error_message();
+}
+
+// Bytes that never come: the Append fails (the call's deadline), nothing is appended, and the
+// transfer is broken for good (its byte stream is out of step).
+TEST_F(NcclAppendTest, AnAppendWhoseBytesNeverComeBreaksTheTransfer) {
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo seq, t_.client->CreateSequence({}));
+  const std::string transfer = OpenAndJoin();
+  const grpc::Status late = AppendOver(transfer, seq.sequence_id, 3, 10, /*deadline_s=*/2).get();
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << late.error_message();
+  // Its bytes after all: the transfer is closed, they are never taken for the next call's.
+  const grpc::Status after = AppendOver(transfer, seq.sequence_id, 4, 10).get();
+  EXPECT_EQ(after.error_code(), grpc::StatusCode::UNAVAILABLE) << after.error_message();
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo info,
+                           t_.client->GetSequence(seq.sequence_id));
+  EXPECT_EQ(info.layer_tokens, std::vector<int64_t>(testing::kLayers, 0));
+}
+
+// Two Appends racing on one transfer: the header that arrives is not this call's, so it is
+// refused (ABORTED) and nothing is appended from bytes of another call.
+TEST_F(NcclAppendTest, AHeaderOfAnotherCallIsRefused) {
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo seq, t_.client->CreateSequence({}));
+  const std::string transfer = OpenAndJoin();
+  std::future<grpc::Status> appending = AppendOver(transfer, seq.sequence_id, 5, 10);
+  EXPECT_EQ(SendHeader(/*nonce=*/6, 2 * 10 * testing::kHeads * testing::kDim * 2), nccl::kSuccess);
+  const grpc::Status s = appending.get();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("another call's"), std::string::npos) << s.error_message();
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo info,
+                           t_.client->GetSequence(seq.sequence_id));
+  EXPECT_EQ(info.layer_tokens, std::vector<int64_t>(testing::kLayers, 0));
 }
 
 }  // namespace

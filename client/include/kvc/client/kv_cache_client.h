@@ -186,7 +186,7 @@ class KvCacheClient {
                                                      const CallOptions& call = {});
 
   // NCCL transfers (the server's ServerInfo::nccl_transfers): opens one of device pool
-  // `pool` for a reader that joins it as rank 1 (kvc::client::NcclReader does); then
+  // `pool` for a reader that joins it as rank 1 (kvc::client::NcclLink does); then
   // SendLease sends a lease's frame on it and CloseTransfer ends it. FAILED_PRECONDITION when
   // the server offers none or `pool` is a host pool.
   absl::StatusOr<NcclTransfer> OpenNcclTransfer(const std::string& pool,
@@ -194,6 +194,12 @@ class KvCacheClient {
   absl::Status SendLease(const std::string& transfer_id, const std::string& lease_id,
                          uint64_t nonce, const CallOptions& call = {});
   absl::Status CloseTransfer(const std::string& transfer_id, const CallOptions& call = {});
+  // An Append whose keys and values the caller sends over NCCL transfer `transfer_id` beside
+  // this call, as AppendRequest.nccl says (a frame header with `nonce`, then chunk.bytes of
+  // keys and of values); chunk.keys and chunk.values are not read. NcclLink::Append does both.
+  absl::StatusOr<AppendResult> AppendOverTransfer(const AppendChunk& chunk,
+                                                  const std::string& transfer_id, uint64_t nonce,
+                                                  const CallOptions& call = {});
 
   const ClientOptions& options() const;
   // How Fetch moves bytes: "shared-memory (PATH)", "transfer (HOST:PORT)", or "grpc (why

@@ -249,7 +249,7 @@ struct DeviceArenaHandle {
   std::array<uint8_t, 64> cuda_ipc{};
 };
 
-// An NCCL transfer opened for a reader (KvCacheClient::OpenNcclTransfer; kvc::client::NcclReader
+// An NCCL transfer opened for a reader (KvCacheClient::OpenNcclTransfer; kvc::client::NcclLink
 // joins and reads it).
 struct NcclTransfer {
   std::string transfer_id;

@@ -1,4 +1,4 @@
-#include "kvc/client/nccl_reader.h"
+#include "kvc/client/nccl_link.h"
 
 #include <algorithm>
 #include <array>
@@ -60,7 +60,7 @@ absl::StatusOr<Plan> PlanReceive(const Lease& lease) {
 
 }  // namespace
 
-struct NcclReader::Impl {
+struct NcclLink::Impl {
   KvCacheClient* client = nullptr;
   Options options;
   const nccl::Api* api = nullptr;
@@ -69,11 +69,11 @@ struct NcclReader::Impl {
   kernels::StreamHandle stream;
   bool stream_made = false;
 
-  kvc::Mutex fetch_mu;  // one FetchInto at a time
-  bool broken ABSL_GUARDED_BY(fetch_mu) = false;
-  uint64_t nonce ABSL_GUARDED_BY(fetch_mu) = 0;
-  std::unique_ptr<internal::Scratch> payload ABSL_GUARDED_BY(fetch_mu);
-  size_t payload_bytes ABSL_GUARDED_BY(fetch_mu) = 0;
+  kvc::Mutex op_mu;  // one FetchInto or Append at a time
+  bool broken ABSL_GUARDED_BY(op_mu) = false;
+  uint64_t nonce ABSL_GUARDED_BY(op_mu) = 0;
+  std::unique_ptr<internal::Scratch> payload ABSL_GUARDED_BY(op_mu);
+  size_t payload_bytes ABSL_GUARDED_BY(op_mu) = 0;
   std::unique_ptr<internal::Scratch> header;
 
   // The communicator, aborted by the watchdog when a receive outlives its deadline (the
@@ -81,6 +81,10 @@ struct NcclReader::Impl {
   std::unique_ptr<nccl::GuardedComm> comm;
   kvc::Mutex wait_mu;
   absl::Time wait_until ABSL_GUARDED_BY(wait_mu) = absl::InfiniteFuture();
+  // Earlier than wait_until when the call beside the operations failed: the server gave up
+  // on them, so they are given up on soon after (unless they finish, as when the server
+  // refused the append after receiving it).
+  absl::Time give_up_by ABSL_GUARDED_BY(wait_mu) = absl::InfiniteFuture();
   bool stopping ABSL_GUARDED_BY(wait_mu) = false;
   std::atomic<bool> stalled{false};
   std::thread watchdog;
@@ -94,7 +98,7 @@ struct NcclReader::Impl {
       {
         kvc::MutexLock lock(&wait_mu);
         if (stopping) return;
-        if (absl::Now() > wait_until && !stalled.exchange(true)) {
+        if (absl::Now() > std::min(wait_until, give_up_by) && !stalled.exchange(true)) {
           wait_until = absl::InfiniteFuture();
           Abort();
         }
@@ -125,14 +129,18 @@ struct NcclReader::Impl {
     if (!status.ok() && stalled) {
       return absl::DeadlineExceededError(
           absl::StrCat(what,
-                       ": nothing arrived before the call's deadline; the transfer is "
-                       "closed"));
+                       ": the server did not complete it before the call's deadline or gave "
+                       "up on it; the transfer is closed"));
     }
     return status;
   }
+  absl::Status Broken() const {
+    return absl::UnavailableError(
+        absl::StrCat("NCCL transfer ", transfer.transfer_id, " broke earlier; open another"));
+  }
   // A failure mid-frame: the byte stream is out of step, so the transfer is done with.
   absl::Status Break(std::future<absl::Status>& sending, absl::Status why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu) {
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu) {
     broken = true;
     Abort();
     (void)sending.get();  // the server's send fails once the communicator is gone
@@ -142,6 +150,20 @@ struct NcclReader::Impl {
     const nccl::Result r = comm->Recv(dst, bytes, stream.native);
     if (r == -1) return absl::UnavailableError("the NCCL transfer was aborted");
     return Finish(r, "ncclRecv", deadline);
+  }
+  absl::Status Send(const void* src, size_t bytes, absl::Time deadline) {
+    const nccl::Result r = comm->Send(src, bytes, stream.native);
+    if (r == -1) return absl::UnavailableError("the NCCL transfer was aborted");
+    return Finish(r, "ncclSend", deadline);
+  }
+  // The frame header an Append sends first, in device memory (NCCL sends nothing else).
+  absl::Status SendHeader(const transfer::FrameHeader& h, absl::Time deadline) {
+    char host[transfer::kHeaderBytes];
+    transfer::EncodeHeader(h, host);
+    KVC_RETURN_IF_KERNEL_ERROR(backend->CopyToDevice(header->get(), host, sizeof(host), stream),
+                               "frame header");
+    KVC_RETURN_IF_KERNEL_ERROR(backend->Synchronize(stream), "frame header");
+    return Send(header->get(), sizeof(host), deadline);
   }
 
   Impl() = default;
@@ -157,23 +179,23 @@ struct NcclReader::Impl {
     if (!transfer.transfer_id.empty()) (void)client->CloseTransfer(transfer.transfer_id);
     header.reset();
     {
-      kvc::MutexLock lock(&fetch_mu);
+      kvc::MutexLock lock(&op_mu);
       payload.reset();
     }
     if (stream_made) backend->DestroyStream(stream);
   }
 };
 
-NcclReader::NcclReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-NcclReader::~NcclReader() = default;
+NcclLink::NcclLink(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NcclLink::~NcclLink() = default;
 
-std::string NcclReader::Describe() const {
+std::string NcclLink::Describe() const {
   return absl::StrCat(impl_->api->Describe(), ", transfer ", impl_->transfer.transfer_id);
 }
 
-absl::StatusOr<std::unique_ptr<NcclReader>> NcclReader::Open(KvCacheClient* client,
-                                                             const Options& options,
-                                                             const CallOptions& call) {
+absl::StatusOr<std::unique_ptr<NcclLink>> NcclLink::Open(KvCacheClient* client,
+                                                         const Options& options,
+                                                         const CallOptions& call) {
   if (!kernels::CudaBackendCompiled()) {
     return absl::UnavailableError("this build of the kvcache client has no CUDA backend");
   }
@@ -191,11 +213,11 @@ absl::StatusOr<std::unique_ptr<NcclReader>> NcclReader::Open(KvCacheClient* clie
     return absl::UnavailableError(
         absl::StrCat("no CUDA backend for cuda:", options.device, ": ", ks.detail));
   }
-  KVC_RETURN_IF_KERNEL_ERROR(impl->backend->CreateStream(&impl->stream), "NcclReader: stream");
+  KVC_RETURN_IF_KERNEL_ERROR(impl->backend->CreateStream(&impl->stream), "NcclLink: stream");
   impl->stream_made = true;
   impl->header = std::make_unique<internal::Scratch>(impl->backend.get());
   KVC_RETURN_IF_KERNEL_ERROR(impl->header->Allocate(transfer::kHeaderBytes),
-                             "NcclReader: header buffer");
+                             "NcclLink: header buffer");
   absl::StatusOr<NcclTransfer> transfer = client->OpenNcclTransfer(options.pool, call);
   if (!transfer.ok()) return transfer.status();
   impl->transfer = *std::move(transfer);
@@ -204,7 +226,7 @@ absl::StatusOr<std::unique_ptr<NcclReader>> NcclReader::Open(KvCacheClient* clie
   }
   nccl::UniqueId id{};
   std::memcpy(id.internal, impl->transfer.unique_id.data(), nccl::kUniqueIdBytes);
-  KVC_RETURN_IF_KERNEL_ERROR(impl->backend->BindThread(), "NcclReader: device");
+  KVC_RETURN_IF_KERNEL_ERROR(impl->backend->BindThread(), "NcclLink: device");
   // Nonblocking: a join the server never completes can be given up on.
   impl->comm = std::make_unique<nccl::GuardedComm>(impl->api);
   nccl::Result r = impl->comm->Join(id, 1);
@@ -222,21 +244,18 @@ absl::StatusOr<std::unique_ptr<NcclReader>> NcclReader::Open(KvCacheClient* clie
                ? absl::UnavailableError("the NCCL transfer was not joined in time")
                : impl->api->Check(r, "joining the NCCL transfer");
   }
-  return std::unique_ptr<NcclReader>(new NcclReader(std::move(impl)));
+  return std::unique_ptr<NcclLink>(new NcclLink(std::move(impl)));
 }
 
-absl::StatusOr<FetchIntoResult> NcclReader::FetchInto(const std::string& sequence_id,
-                                                      const std::vector<LayerBuffers>& buffers,
-                                                      const FetchIntoOptions& options,
-                                                      const CallOptions& call) {
+absl::StatusOr<FetchIntoResult> NcclLink::FetchInto(const std::string& sequence_id,
+                                                    const std::vector<LayerBuffers>& buffers,
+                                                    const FetchIntoOptions& options,
+                                                    const CallOptions& call) {
   Impl& m = *impl_;
   absl::StatusOr<std::vector<int32_t>> layers = internal::CheckDeviceBuffers(buffers, options);
   if (!layers.ok()) return layers.status();
-  kvc::MutexLock lock(&m.fetch_mu);
-  if (m.broken) {
-    return absl::UnavailableError(
-        absl::StrCat("NCCL transfer ", m.transfer.transfer_id, " broke earlier; open another"));
-  }
+  kvc::MutexLock lock(&m.op_mu);
+  if (m.broken) return m.Broken();
   absl::StatusOr<Lease> lease =
       m.client->LeaseSequence(sequence_id, *layers, absl::ZeroDuration(), call);
   if (!lease.ok()) return lease.status();
@@ -248,10 +267,10 @@ absl::StatusOr<FetchIntoResult> NcclReader::FetchInto(const std::string& sequenc
     m.payload = std::make_unique<internal::Scratch>(m.backend.get());
     m.payload_bytes = 0;
     KVC_RETURN_IF_KERNEL_ERROR(m.payload->Allocate(std::max<size_t>(plan->bytes, 1)),
-                               "NcclReader: payload buffer");
+                               "NcclLink: payload buffer");
     m.payload_bytes = plan->bytes;
   }
-  KVC_RETURN_IF_KERNEL_ERROR(m.backend->BindThread(), "NcclReader: device");
+  KVC_RETURN_IF_KERNEL_ERROR(m.backend->BindThread(), "NcclLink: device");
   const absl::Duration budget =
       call.deadline > absl::ZeroDuration() ? call.deadline : m.client->options().default_deadline;
   const absl::Time deadline = absl::Now() + budget;
@@ -304,6 +323,50 @@ absl::StatusOr<FetchIntoResult> NcclReader::FetchInto(const std::string& sequenc
         return internal::DeviceArena{base + plan->offset[f], plan->count[f]};
       },
       m.backend.get(), buffers, options);
+}
+
+absl::StatusOr<AppendResult> NcclLink::Append(const AppendChunk& chunk, const CallOptions& call) {
+  Impl& m = *impl_;
+  constexpr size_t kMaxBytes = size_t{256} << 20;  // AppendRequest.nccl's limit
+  if (chunk.keys == nullptr || chunk.values == nullptr || chunk.bytes < 1 ||
+      chunk.bytes > kMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NcclLink::Append needs device keys and values of 1 .. ", kMaxBytes, " bytes each; got ",
+        chunk.bytes, " bytes",
+        chunk.keys == nullptr || chunk.values == nullptr ? " and a null pointer" : ""));
+  }
+  kvc::MutexLock lock(&m.op_mu);
+  if (m.broken) return m.Broken();
+  KVC_RETURN_IF_KERNEL_ERROR(m.backend->BindThread(), "NcclLink: device");
+  const absl::Duration budget =
+      call.deadline > absl::ZeroDuration() ? call.deadline : m.client->options().default_deadline;
+  const absl::Time deadline = absl::Now() + budget;
+  const uint64_t nonce = ++m.nonce;
+  std::future<absl::StatusOr<AppendResult>> appending = std::async(std::launch::async, [&] {
+    absl::StatusOr<AppendResult> r =
+        m.client->AppendOverTransfer(chunk, m.transfer.transfer_id, nonce, call);
+    if (!r.ok()) {
+      // Refused after the server received everything, the sends finish at once; refused
+      // before, nobody receives them.
+      kvc::MutexLock wait(&m.wait_mu);
+      m.give_up_by = absl::Now() + absl::Seconds(2);
+    }
+    return r;
+  });
+  absl::Status sent = m.SendHeader({nonce, 2 * static_cast<uint64_t>(chunk.bytes), 0}, deadline);
+  if (sent.ok()) sent = m.Send(chunk.keys, chunk.bytes, deadline);
+  if (sent.ok()) sent = m.Send(chunk.values, chunk.bytes, deadline);
+  absl::StatusOr<AppendResult> result = appending.get();
+  {
+    kvc::MutexLock wait(&m.wait_mu);
+    m.give_up_by = absl::InfiniteFuture();
+  }
+  if (!sent.ok()) {
+    m.broken = true;
+    m.Abort();
+    return result.ok() ? sent : result.status();  // the server's reason says more
+  }
+  return result;
 }
 
 }  // namespace kvc::client
