@@ -50,7 +50,10 @@ COMPRESS=${KVC_BUNDLE_COMPRESS:-1}
 CORE_TESTS=(device_pool_test kv_store_test compression_test residual_test concurrent_fetch_test
   threaded_model_test kv_store_model_test fault_injection_test stats_scaling_test)
 SERVICE_TESTS=(service_test compress_service_test operability_test device_read_test
-  transfer_test)
+  transfer_test nccl_transfer_test)
+# Shared libraries built here that a test loads at run time (dlopen), carried in lib/:
+# the NCCL loopback nccl_transfer_test stands in for libnccl with (env.sh names it).
+LIBRARIES=(kvc_nccl_loopback)
 PROGRAMS=(kvcached kvcachectl kvc_kernel_checks kvc_gpu_bench kvc_longctx_demo
   kvc_longctx_service_demo rpc_benchmark kvc_cuda_ipc_probe)
 TARGETS=("${PROGRAMS[@]}" "${CORE_TESTS[@]}" "${SERVICE_TESTS[@]}")
@@ -81,7 +84,8 @@ if ! grep -q "kvcache: CUDA" "$BUILD/gpu_bundle.configure.log"; then
 fi
 echo "[gpu_bundle] build ${#TARGETS[@]} targets with -j$JOBS"
 BUILD_START=$(date +%s)
-if ! cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" > "$BUILD/gpu_bundle.build.log" 2>&1; then
+if ! cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" "${LIBRARIES[@]}" \
+  > "$BUILD/gpu_bundle.build.log" 2>&1; then
   grep -E "error|FAILED" "$BUILD/gpu_bundle.build.log" | head -30
   echo "[gpu_bundle] FAILED: build (log: $BUILD/gpu_bundle.build.log)" >&2
   exit 2
@@ -102,6 +106,16 @@ for t in "${TARGETS[@]}"; do
   strip --strip-unneeded "$TREE/bin/$t"
 done
 
+for l in "${LIBRARIES[@]}"; do
+  f=$(find "$BUILD" -path '*/CMakeFiles' -prune -o -type f -name "lib$l.so" -print | head -1)
+  if [[ -z "$f" ]]; then
+    echo "[gpu_bundle] FAILED: built library lib$l.so not found under $BUILD" >&2
+    exit 2
+  fi
+  cp "$f" "$TREE/lib/lib$l.so"
+  strip --strip-unneeded "$TREE/lib/lib$l.so"
+done
+
 # Shared libraries: everything ldd resolves except the glibc family and the vDSO. The CUDA
 # driver (libcuda) is never linked (cudart_static opens it at run time) and must not travel.
 is_glibc() {
@@ -112,7 +126,9 @@ is_glibc() {
   return 1
 }
 missing=0
-for b in "$TREE"/bin/*; do
+scan=("$TREE"/bin/*)
+for l in "${LIBRARIES[@]}"; do scan+=("$TREE/lib/lib$l.so"); done
+for b in "${scan[@]}"; do
   while read -r name arrow path _; do
     if [[ "$arrow" == "=>" && "$path" == "not" ]]; then
       echo "[gpu_bundle] FAILED: $(basename "$b") needs $name, which is not found here" >&2
@@ -136,6 +152,7 @@ cat > "$TREE/env.sh" << 'EOF'
 KVC_BUNDLE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export KVC_BUNDLE_DIR
 export LD_LIBRARY_PATH="$KVC_BUNDLE_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export KVC_NCCL_LOOPBACK="$KVC_BUNDLE_DIR/lib/libkvc_nccl_loopback.so"
 EOF
 
 # The newest glibc symbol version any file needs: the GPU box's glibc must be at least this.
@@ -148,7 +165,8 @@ TREE_B=$(du -sb "$TREE" | cut -f1)
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -1)"
   echo "flags: Release, CUDA_ARCHITECTURES=90, -Xfatbin=-compress-all, KVC_BUILD_WORKER=OFF"
   grep -E "kvcache: CUDA" "$BUILD/gpu_bundle.configure.log" | head -1
-  echo "needs: glibc >= ${GLIBC_NEED#GLIBC_}, an NVIDIA driver for CUDA 13 (cudart is static)"
+  echo "needs: glibc >= ${GLIBC_NEED#GLIBC_}, an NVIDIA driver for CUDA 13 (cudart is static;"
+  echo "       the NCCL loopback library loads the carried libcudart.so.13)"
   echo "build seconds: $BUILD_S (ccache $CCACHE)"
   echo "tree: $TREE_B bytes unpacked"
   echo "files:"

@@ -15,7 +15,9 @@
 #   6. service:<test>  the gRPC service suites with KVC_TEST_POOL_DEVICE=cuda:0, and
 #                      device_read_test: the bundle's kvcached and the test as two processes,
 #                      a device pool read through real CUDA IPC (kvc/client/device_reader.h);
-#                      transfer_test: a device pool's leased blocks over a transfer channel
+#                      transfer_test: a device pool's leased blocks over a transfer channel;
+#                      nccl_transfer_test: NCCL FetchInto and Append with both ranks on this
+#                      GPU through the bundle's NCCL loopback library (tests/testing)
 #   6a. service_demo   kvc_longctx_service_demo: the same 1M-token 70B-shaped INT4 sequence in a
 #                      cuda:0 pool of the service core (KvStore), appended from device memory,
 #                      Attend on every layer: needles found, step time, bytes vs f16
@@ -135,11 +137,13 @@ if [[ -n "${KVC_GPU_BUILD_DIR:-}" ]]; then
     device_pool_test kv_store_test \
     compression_test residual_test concurrent_fetch_test threaded_model_test \
     kv_store_model_test fault_injection_test stats_scaling_test service_test \
-    compress_service_test operability_test device_read_test transfer_test; do
+    compress_service_test operability_test device_read_test transfer_test nccl_transfer_test; do
     f=$(find "$KVC_GPU_BUILD_DIR" -path '*/CMakeFiles' -prune -o -type f -name "$t" -perm -u+x \
       -print 2> /dev/null | head -1)
     [[ -n "$f" ]] && ln -s "$f" "$BIN/$t"
   done
+  loopback=$(find "$KVC_GPU_BUILD_DIR" -name libkvc_nccl_loopback.so -print -quit 2> /dev/null)
+  [[ -n "$loopback" ]] && export KVC_NCCL_LOOPBACK="$loopback"
   record PASS bundle "binaries from build dir $KVC_GPU_BUILD_DIR ($(ls "$BIN" | wc -l) found)" \
     $(($(date +%s) - T0))
 else
@@ -330,6 +334,10 @@ gtest_step service operability_test 25
 KVC_KVCACHED="$BIN/kvcached" gtest_step service device_read_test 30
 # Transfer channels from a cuda:0 pool: leased blocks copied off the device and sent over TCP.
 gtest_step service transfer_test 15
+# NCCL transfers with both ranks on this GPU through the loopback library (env.sh names it in
+# KVC_NCCL_LOOPBACK; real NCCL refuses two ranks on one GPU): the pool's device-to-device
+# gathers, the device receive buffer, device decode and appends from device memory, for real.
+gtest_step service nccl_transfer_test 20
 
 # ---- step 6a: the 1M-token demo through the service core: KvStore with a cuda:0 pool,
 # device-resident appends, Attend on every layer (its JSON goes into details.tar.gz)

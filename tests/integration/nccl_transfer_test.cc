@@ -1,16 +1,16 @@
 // NCCL transfers (OpenTransfer kind NCCL; issue #13 item 4) against a real in-process server
-// on cudasim, with libkvc_nccl_loopback.so standing in for libnccl (NCCL refuses two ranks on
-// one GPU, and CI has none). This test is the reader (rank 1): it joins with the unique id,
-// asks for a lease, receives the frame header and the pieces the contract says with ncclRecv
-// into device memory, and finds exactly the blocks a TCP channel would send. Refusals: a
-// host pool, a server without NCCL, an unknown kind, a send before anyone joined; a refused
-// lease sends a header with its code and the channel stays usable; a reader that stops
-// receiving breaks the channel (DEADLINE_EXCEEDED, then UNAVAILABLE) and pins nothing.
-#include <cuda_runtime.h>
+// with a cuda:0 pool, with libkvc_nccl_loopback.so standing in for libnccl (NCCL refuses two
+// ranks on one GPU): on cudasim in CI, on a real GPU from the GPU bundle. This test is the reader
+// (rank 1): it joins with the unique id, asks for a lease, receives the frame header and the pieces
+// the contract says with ncclRecv into device memory, and finds exactly the blocks a TCP channel
+// would send. Refusals: a host pool, a server without NCCL, an unknown kind, a send before anyone
+// joined; a refused lease sends a header with its code and the channel stays usable; a reader that
+// stops receiving breaks the channel (DEADLINE_EXCEEDED, then UNAVAILABLE) and pins nothing.
 #include <grpcpp/grpcpp.h>
 
 #include <array>
 #include <chrono>
+#include <cstdlib>
 #include <future>
 #include <string>
 #include <thread>
@@ -21,6 +21,7 @@
 #include "common/transfer_wire.h"
 #include "gtest/gtest.h"
 #include "kvc/client/nccl_link.h"
+#include "kvc/kernels/backend.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "tests/integration/read_paths.h"
@@ -34,8 +35,14 @@ namespace pb = ::kvcache::v1;
 using ::kvc::testing::Filled;
 using ::kvc::testing::Int4WithResidual;
 
+// The loopback library: the build's, or KVC_NCCL_LOOPBACK's (a bundle on a GPU machine).
+std::string LoopbackPath() {
+  const char* env = std::getenv("KVC_NCCL_LOOPBACK");
+  return env != nullptr && *env != '\0' ? env : KVC_NCCL_LOOPBACK;
+}
+
 const nccl::Api& Loopback() {
-  absl::StatusOr<const nccl::Api*> api = nccl::Load(KVC_NCCL_LOOPBACK);
+  absl::StatusOr<const nccl::Api*> api = nccl::Load(LoopbackPath());
   EXPECT_TRUE(api.ok()) << api.status();
   return **api;
 }
@@ -50,7 +57,7 @@ cachesvc::ServerOptions Options(bool nccl) {
   cachesvc::PoolOptions other = o.store.pools[0];
   other.name = "other";  // a second device pool
   o.store.pools.push_back(other);
-  if (nccl) o.transfer_nccl_library = KVC_NCCL_LOOPBACK;
+  if (nccl) o.transfer_nccl_library = LoopbackPath();
   return o;
 }
 
@@ -88,6 +95,8 @@ std::vector<size_t> Pieces(const client::Lease& lease) {
 class NcclTransferTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    kernels::BackendOptions device0;
+    ASSERT_TRUE(kernels::CreateBackend(kernels::BackendKind::kCuda, device0, &gpu_).ok());
     t_ = testing::StartTestServer(Options(/*nccl=*/true));
     auto channel = grpc::CreateChannel(t_.server->address(), grpc::InsecureChannelCredentials());
     kv_ = pb::KvCacheService::NewStub(channel);
@@ -95,7 +104,7 @@ class NcclTransferTest : public ::testing::Test {
   }
   void TearDown() override {
     if (comm_ != nullptr) (void)api_.comm_abort(comm_);
-    for (void* d : device_) (void)cudaFree(d);
+    for (void* d : device_) gpu_->Free(d);
   }
   grpc::Status Open(pb::TransferKind kind, const std::string& pool,
                     pb::OpenTransferResponse* opened) {
@@ -132,7 +141,7 @@ class NcclTransferTest : public ::testing::Test {
   }
   void* Device(size_t bytes) {
     void* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    EXPECT_TRUE(gpu_->Allocate(bytes, &p).ok());
     device_.push_back(p);
     return p;
   }
@@ -150,16 +159,26 @@ class NcclTransferTest : public ::testing::Test {
       return kv_->SendLease(&ctx, r, &sent);
     });
   }
+  // Device memory through the kernels' CUDA backend (the simulator here, a GPU in a bundle).
+  void ToDevice(void* device, const void* host, size_t bytes) {
+    EXPECT_TRUE(gpu_->CopyToDevice(device, host, bytes, {}).ok());
+    EXPECT_TRUE(gpu_->Synchronize({}).ok());
+  }
+  void ToHost(void* host, const void* device, size_t bytes) {
+    EXPECT_TRUE(gpu_->CopyToHost(host, device, bytes, {}).ok());
+    EXPECT_TRUE(gpu_->Synchronize({}).ok());
+  }
   transfer::FrameHeader ReceiveHeader() {
     void* d = Device(transfer::kHeaderBytes);
     EXPECT_EQ(Recv(d, transfer::kHeaderBytes), nccl::kSuccess);
     char host[transfer::kHeaderBytes] = {};
-    EXPECT_EQ(cudaMemcpy(host, d, sizeof(host), cudaMemcpyDeviceToHost), cudaSuccess);
+    ToHost(host, d, sizeof(host));
     transfer::FrameHeader h;
     EXPECT_TRUE(transfer::DecodeHeader(host, &h)) << "not a frame header";
     return h;
   }
 
+  std::unique_ptr<kernels::KernelBackend> gpu_;
   testing::TestServer t_;
   std::unique_ptr<pb::KvCacheService::Stub> kv_;
   std::unique_ptr<pb::AdminService::Stub> admin_;
@@ -192,7 +211,7 @@ TEST_F(NcclTransferTest, TheReaderReceivesWhatATcpChannelCarries) {
       void* d = Device(piece);
       ASSERT_EQ(Recv(d, piece), nccl::kSuccess);
       std::string host(piece, '\0');
-      ASSERT_EQ(cudaMemcpy(host.data(), d, piece, cudaMemcpyDeviceToHost), cudaSuccess);
+      ToHost(host.data(), d, piece);
       payload += host;
     }
     const grpc::Status sent = sending.get();
@@ -294,7 +313,7 @@ TEST_F(NcclTransferTest, TheClientReaderFetchesWhatGrpcFetches) {
   KVC_ASSERT_OK_AND_ASSIGN(const std::string q, Filled(*t_.client, 90, Int4WithResidual()));
   client::NcclLink::Options ro;
   ro.pool = "small";
-  ro.library = KVC_NCCL_LOOPBACK;
+  ro.library = LoopbackPath();
   KVC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::NcclLink> reader,
                            client::NcclLink::Open(t_.client.get(), ro));
   EXPECT_NE(reader->Describe().find("NCCL 2.14.0"), std::string::npos) << reader->Describe();
@@ -314,8 +333,9 @@ TEST_F(NcclTransferTest, TheClientReaderFetchesWhatGrpcFetches) {
       for (int l = 0; l < testing::kLayers; ++l) {
         on_device.push_back({l, Device(bytes), Device(bytes), cap});
         on_host.push_back({l, host[2 * l].data(), host[2 * l + 1].data(), cap});
-        ASSERT_EQ(cudaMemset(on_device.back().keys, 0, bytes), cudaSuccess);
-        ASSERT_EQ(cudaMemset(on_device.back().values, 0, bytes), cudaSuccess);
+        const std::string zeros(bytes, '\0');
+        ToDevice(on_device.back().keys, zeros.data(), bytes);
+        ToDevice(on_device.back().values, zeros.data(), bytes);
       }
       KVC_ASSERT_OK_AND_ASSIGN(const client::FetchIntoResult mine,
                                reader->FetchInto(id, on_device, fo));
@@ -327,9 +347,7 @@ TEST_F(NcclTransferTest, TheClientReaderFetchesWhatGrpcFetches) {
       for (int l = 0; l < testing::kLayers; ++l) {
         for (int kv = 0; kv < 2; ++kv) {
           std::string got(bytes, '\0');
-          ASSERT_EQ(cudaMemcpy(got.data(), kv == 0 ? on_device[l].keys : on_device[l].values, bytes,
-                               cudaMemcpyDeviceToHost),
-                    cudaSuccess);
+          ToHost(got.data(), kv == 0 ? on_device[l].keys : on_device[l].values, bytes);
           EXPECT_TRUE(got == host[2 * l + kv]) << "layer " << l << (kv == 0 ? " keys" : " values");
         }
       }
@@ -368,7 +386,7 @@ class NcclAppendTest : public NcclTransferTest {
     NcclTransferTest::SetUp();
     client::NcclLink::Options o;
     o.pool = "small";
-    o.library = KVC_NCCL_LOOPBACK;
+    o.library = LoopbackPath();
     absl::StatusOr<std::unique_ptr<client::NcclLink>> link =
         client::NcclLink::Open(t_.client.get(), o);
     ASSERT_TRUE(link.ok()) << link.status();
@@ -382,10 +400,8 @@ class NcclAppendTest : public NcclTransferTest {
                                kernels::DType::kF16, /*is_value=*/true);
     c.device_keys = Device(c.keys.size());
     c.device_values = Device(c.values.size());
-    EXPECT_EQ(cudaMemcpy(c.device_keys, c.keys.data(), c.keys.size(), cudaMemcpyHostToDevice),
-              cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(c.device_values, c.values.data(), c.values.size(), cudaMemcpyHostToDevice),
-              cudaSuccess);
+    ToDevice(c.device_keys, c.keys.data(), c.keys.size());
+    ToDevice(c.device_values, c.values.data(), c.values.size());
     return c;
   }
   static client::AppendChunk Request(const std::string& id, int layer, int64_t start, int n,
@@ -422,7 +438,7 @@ class NcclAppendTest : public NcclTransferTest {
     char host[transfer::kHeaderBytes];
     transfer::EncodeHeader({nonce, payload_bytes, 0}, host);
     void* d = Device(sizeof(host));
-    EXPECT_EQ(cudaMemcpy(d, host, sizeof(host), cudaMemcpyHostToDevice), cudaSuccess);
+    ToDevice(d, host, sizeof(host));
     const nccl::Result r = api_.send(d, sizeof(host), nccl::kUint8, 0, comm_, nullptr);
     return r == nccl::kInProgress ? Settle() : r;
   }
@@ -501,9 +517,10 @@ TEST_F(NcclAppendTest, RefusedAppendsLeaveTheLinkUsable) {
       const client::AppendResult ok,
       link_->Append(Request(seq.sequence_id, 0, 0, 10, c.device_keys, c.device_values, bytes)));
   EXPECT_EQ(ok.layer_tokens, 10);
-  KVC_ASSERT_OK_AND_ASSIGN(
-      const client::FetchResult got,
-      t_.client->Fetch(seq.sequence_id, client::FetchOptions{.include_unfinished = true}));
+  client::FetchOptions unfinished;
+  unfinished.include_unfinished = true;
+  KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult got,
+                           t_.client->Fetch(seq.sequence_id, unfinished));
   ASSERT_EQ(got.heads.size(), static_cast<size_t>(testing::kHeads));
   EXPECT_EQ(got.heads[0].positions.size(), 10u);
 }
