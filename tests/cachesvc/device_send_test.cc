@@ -11,24 +11,15 @@
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/cachesvc/compression_fixture.h"
+#include "tests/testing/host_collect.h"
 #include "tests/testing/pool_device.h"
 #include "tests/testing/status_matchers.h"
 
 namespace kvc::cachesvc {
 namespace {
 
+using ::kvc::testing::HostCollect;
 using ::kvc::testing::StatusIs;
-
-// Every piece in host memory, as a TCP channel gets them.
-class HostCollect final : public KvStore::BlockSink {
- public:
-  std::string bytes;
-  absl::Status Begin(int64_t /*blocks*/, int64_t /*bytes*/) override { return absl::OkStatus(); }
-  absl::Status Write(const char* data, size_t n) override {
-    bytes.append(data, n);
-    return absl::OkStatus();
-  }
-};
 
 // Pieces in the pool's memory, copied out through the pool's backend (on cudasim a host
 // pointer here would be refused by the copy: the pieces must be device memory).

@@ -25,6 +25,7 @@
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "tests/integration/read_paths.h"
+#include "tests/testing/host_collect.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
 
@@ -33,6 +34,7 @@ namespace {
 
 namespace pb = ::kvcache::v1;
 using ::kvc::testing::Filled;
+using ::kvc::testing::HostCollect;
 using ::kvc::testing::Int4WithResidual;
 
 // The loopback library: the build's, or KVC_NCCL_LOOPBACK's (a bundle on a GPU machine).
@@ -60,17 +62,6 @@ cachesvc::ServerOptions Options(bool nccl) {
   if (nccl) o.transfer_nccl_library = LoopbackPath();
   return o;
 }
-
-// What a TCP channel would carry for the lease: the store's blocks through a host sink.
-class HostCollect final : public cachesvc::KvStore::BlockSink {
- public:
-  std::string bytes;
-  absl::Status Begin(int64_t /*blocks*/, int64_t /*bytes*/) override { return absl::OkStatus(); }
-  absl::Status Write(const char* data, size_t n) override {
-    bytes.append(data, n);
-    return absl::OkStatus();
-  }
-};
 
 // The pieces the contract announces for a lease: per format, runs of max(1, 4 MiB / block).
 std::vector<size_t> Pieces(const client::Lease& lease) {

@@ -1,0 +1,23 @@
+// A KvStore::BlockSink that keeps what SendLeasedBlocks writes in host memory: what a TCP
+// transfer carries for a lease, to compare other sinks' bytes with.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "cachesvc/core/kv_store.h"
+
+namespace kvc::testing {
+
+class HostCollect final : public cachesvc::KvStore::BlockSink {
+ public:
+  std::string bytes;
+  absl::Status Begin(int64_t /*blocks*/, int64_t /*bytes*/) override { return absl::OkStatus(); }
+  absl::Status Write(const char* data, size_t n) override {
+    bytes.append(data, n);
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace kvc::testing
