@@ -17,7 +17,8 @@
 #                      a device pool read through real CUDA IPC (kvc/client/device_reader.h);
 #                      transfer_test: a device pool's leased blocks over a transfer channel;
 #                      nccl_transfer_test: NCCL FetchInto and Append with both ranks on this
-#                      GPU through the bundle's NCCL loopback library (tests/testing)
+#                      GPU through the bundle's NCCL loopback library (tests/testing), and
+#                      with real NCCL between cuda:0 and cuda:1 (skips on one GPU)
 #   6a. service_demo   kvc_longctx_service_demo: the same 1M-token 70B-shaped INT4 sequence in a
 #                      cuda:0 pool of the service core (KvStore), appended from device memory,
 #                      Attend on every layer: needles found, step time, bytes vs f16

@@ -564,5 +564,100 @@ TEST_F(NcclAppendTest, AHeaderOfAnotherCallIsRefused) {
   EXPECT_EQ(info.layer_tokens, std::vector<int64_t>(testing::kLayers, 0));
 }
 
+#ifndef KVC_NCCL_TEST_ON_SIMULATOR
+// Real NCCL between two GPUs (the GPU bundle's build): kvcached's pool on cuda:0, the link on
+// cuda:1, NCCL from KVC_REAL_NCCL (default libnccl.so.2). NCCL refuses two ranks on one GPU,
+// so with fewer than two GPUs (or no NCCL) this skips, saying so.
+TEST(RealNcclTest, TheLinkAppendsAndFetchesBetweenTwoGpus) {
+  const char* env = std::getenv("KVC_REAL_NCCL");
+  const std::string library = env != nullptr && *env != '\0' ? env : "libnccl.so.2";
+  if (absl::StatusOr<const nccl::Api*> api = nccl::Load(library); !api.ok()) {
+    GTEST_SKIP() << "no NCCL to test: " << api.status();
+  }
+  std::unique_ptr<kernels::KernelBackend> second;
+  kernels::BackendOptions cuda1;
+  cuda1.device = 1;
+  if (const kernels::KernelStatus ks =
+          kernels::CreateBackend(kernels::BackendKind::kCuda, cuda1, &second);
+      !ks.ok()) {
+    GTEST_SKIP() << "NCCL needs two GPUs (it refuses two ranks on one GPU) and cuda:1 is not "
+                    "available here: "
+                 << ks.detail;
+  }
+  cachesvc::ServerOptions options = Options(/*nccl=*/false);
+  options.transfer_nccl_library = library;
+  testing::TestServer t = testing::StartTestServer(options);
+  client::NcclLink::Options lo;
+  lo.pool = "small";
+  lo.library = library;
+  lo.device = 1;
+  KVC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::NcclLink> link,
+                           client::NcclLink::Open(t.client.get(), lo));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo over_nccl, t.client->CreateSequence({}));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo over_grpc, t.client->CreateSequence({}));
+  std::vector<void*> device;
+  const auto on_cuda1 = [&](const std::string& host) {
+    void* p = nullptr;
+    EXPECT_TRUE(second->Allocate(host.size(), &p).ok());
+    EXPECT_TRUE(second->CopyToDevice(p, host.data(), host.size(), {}).ok());
+    EXPECT_TRUE(second->Synchronize({}).ok());
+    device.push_back(p);
+    return p;
+  };
+  const int n = 100;
+  for (int l = 0; l < testing::kLayers; ++l) {
+    const std::string k = testing::MakeKv(5, l, 0, n, testing::kHeads, testing::kDim,
+                                          kernels::DType::kF16, /*is_value=*/false);
+    const std::string v = testing::MakeKv(5, l, 0, n, testing::kHeads, testing::kDim,
+                                          kernels::DType::kF16, /*is_value=*/true);
+    client::AppendChunk a;
+    a.layer = l;
+    a.num_tokens = n;
+    a.dtype = client::DType::kF16;
+    a.bytes = k.size();
+    a.sequence_id = over_grpc.sequence_id;
+    a.keys = k.data();
+    a.values = v.data();
+    KVC_ASSERT_OK(t.client->Append(a).status());
+    a.sequence_id = over_nccl.sequence_id;
+    a.keys = on_cuda1(k);
+    a.values = on_cuda1(v);
+    KVC_ASSERT_OK(link->Append(a).status());
+  }
+  KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult a,
+                           t.client->Fetch(over_nccl.sequence_id, client::FetchOptions()));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult b,
+                           t.client->Fetch(over_grpc.sequence_id, client::FetchOptions()));
+  testing::ExpectSame(a, b);
+  // FetchInto cuda:1 buffers over NCCL equals FetchInto host buffers over gRPC.
+  client::FetchIntoOptions fo;
+  fo.dtype = client::DType::kF16;
+  fo.num_kv_heads = testing::kHeads;
+  fo.head_dim = testing::kDim;
+  const int64_t cap = 128;
+  const size_t bytes = static_cast<size_t>(testing::kHeads * cap * testing::kDim) * 2;
+  const std::string zeros(bytes, '\0');
+  std::vector<client::LayerBuffers> mine, theirs;
+  std::vector<std::string> host(2 * testing::kLayers, zeros);
+  for (int l = 0; l < testing::kLayers; ++l) {
+    mine.push_back({l, on_cuda1(zeros), on_cuda1(zeros), cap});
+    theirs.push_back({l, host[2 * l].data(), host[2 * l + 1].data(), cap});
+  }
+  KVC_ASSERT_OK(link->FetchInto(over_nccl.sequence_id, mine, fo).status());
+  KVC_ASSERT_OK(t.client->FetchInto(over_grpc.sequence_id, theirs, fo).status());
+  for (int l = 0; l < testing::kLayers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      std::string got(bytes, '\0');
+      ASSERT_TRUE(
+          second->CopyToHost(got.data(), kv == 0 ? mine[l].keys : mine[l].values, bytes, {}).ok());
+      ASSERT_TRUE(second->Synchronize({}).ok());
+      EXPECT_TRUE(got == host[2 * l + kv]) << "layer " << l << (kv == 0 ? " keys" : " values");
+    }
+  }
+  link.reset();
+  for (void* p : device) second->Free(p);
+}
+#endif  // KVC_NCCL_TEST_ON_SIMULATOR
+
 }  // namespace
 }  // namespace kvc
