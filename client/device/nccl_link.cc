@@ -356,16 +356,17 @@ absl::StatusOr<AppendResult> NcclLink::Append(const AppendChunk& chunk, const Ca
   absl::Status sent = m.SendHeader({nonce, 2 * static_cast<uint64_t>(chunk.bytes), 0}, deadline);
   if (sent.ok()) sent = m.Send(chunk.keys, chunk.bytes, deadline);
   if (sent.ok()) sent = m.Send(chunk.values, chunk.bytes, deadline);
+  if (!sent.ok()) {
+    // Out of step: the server's receive ends when the communicator goes.
+    m.broken = true;
+    m.Abort();
+  }
   absl::StatusOr<AppendResult> result = appending.get();
   {
     kvc::MutexLock wait(&m.wait_mu);
     m.give_up_by = absl::InfiniteFuture();
   }
-  if (!sent.ok()) {
-    m.broken = true;
-    m.Abort();
-    return result.ok() ? sent : result.status();  // the server's reason says more
-  }
+  if (!sent.ok()) return result.ok() ? sent : result.status();  // the server's reason says more
   return result;
 }
 

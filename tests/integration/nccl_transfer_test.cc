@@ -516,6 +516,32 @@ TEST_F(NcclAppendTest, RefusedAppendsLeaveTheLinkUsable) {
   EXPECT_EQ(got.heads[0].positions.size(), 10u);
 }
 
+// A transfer the server no longer has: the Append is refused before any byte is taken, the
+// link gives its sends up (at once, or 2 s after the refusal) and is broken afterwards.
+TEST_F(NcclAppendTest, AnAppendOnATransferTheServerClosedFailsAndBreaksTheLink) {
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo seq, t_.client->CreateSequence({}));
+  const std::string described = link_->Describe();
+  const size_t at = described.find("transfer ");
+  ASSERT_NE(at, std::string::npos) << described;
+  KVC_ASSERT_OK(t_.client->CloseTransfer(described.substr(at + 9)));
+  const Chunk c = Make(0, 0, 10);
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_THAT(link_
+                  ->Append(Request(seq.sequence_id, 0, 0, 10, c.device_keys, c.device_values,
+                                   c.keys.size()))
+                  .status(),
+              testing::StatusIs(absl::StatusCode::kNotFound, "does not exist"));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+  EXPECT_THAT(link_
+                  ->Append(Request(seq.sequence_id, 0, 0, 10, c.device_keys, c.device_values,
+                                   c.keys.size()))
+                  .status(),
+              testing::StatusIs(absl::StatusCode::kUnavailable, "broke earlier"));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo info,
+                           t_.client->GetSequence(seq.sequence_id));
+  EXPECT_EQ(info.layer_tokens, std::vector<int64_t>(testing::kLayers, 0));
+}
+
 // AppendStream's messages may be applied out of order: NCCL bytes go with Append only.
 TEST_F(NcclAppendTest, AppendStreamRefusesNccl) {
   KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo seq, t_.client->CreateSequence({}));
