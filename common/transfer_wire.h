@@ -16,6 +16,9 @@ namespace kvc::transfer {
 
 inline constexpr size_t kHeaderBytes = 32;
 inline constexpr size_t kMaxGreetingBytes = 256;
+// The most keys (and as many values) one Append over NCCL carries (AppendRequest.nccl.bytes):
+// the server's receive buffer is twice this at most.
+inline constexpr int64_t kMaxNcclAppendBytes = int64_t{256} << 20;
 
 struct FrameHeader {
   uint64_t nonce = 0;          // SendLeaseRequest.nonce

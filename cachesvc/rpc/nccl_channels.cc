@@ -260,9 +260,9 @@ absl::Status NcclChannels::Receive(const std::string& scope, const std::string& 
     c->Abort();  // the peer's sends fail at once
     return why;
   };
-  if (bytes < 1 || bytes > kMaxAppendBytes) {
+  if (bytes < 1 || bytes > transfer::kMaxNcclAppendBytes) {
     return fail(absl::InvalidArgumentError(
-        absl::StrCat("nccl.bytes is ", bytes, "; expected 1 .. ", kMaxAppendBytes,
+        absl::StrCat("nccl.bytes is ", bytes, "; expected 1 .. ", transfer::kMaxNcclAppendBytes,
                      " (split larger appends); the transfer is closed: open another")));
   }
   const auto need = static_cast<size_t>(2 * bytes);

@@ -78,8 +78,8 @@ class NcclChannels {
   // device, on this thread, the channel still held (the buffer is the channel's), and
   // returns what `apply` returns: the channel stays usable. A failure before that (unknown
   // or broken transfer, bytes out of range, a header of another call, the peer not sending
-  // within write_stall or `deadline`) closes the channel.
-  static constexpr int64_t kMaxAppendBytes = int64_t{256} << 20;
+  // within write_stall or `deadline`) closes the channel. `bytes` at most
+  // transfer::kMaxNcclAppendBytes.
   using ApplyReceived =
       std::function<absl::Status(const char* keys, const char* values, const std::string& device)>;
   absl::Status Receive(const std::string& scope, const std::string& id, uint64_t nonce,

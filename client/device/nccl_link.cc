@@ -327,7 +327,7 @@ absl::StatusOr<FetchIntoResult> NcclLink::FetchInto(const std::string& sequence_
 
 absl::StatusOr<AppendResult> NcclLink::Append(const AppendChunk& chunk, const CallOptions& call) {
   Impl& m = *impl_;
-  constexpr size_t kMaxBytes = size_t{256} << 20;  // AppendRequest.nccl's limit
+  constexpr auto kMaxBytes = static_cast<size_t>(transfer::kMaxNcclAppendBytes);
   if (chunk.keys == nullptr || chunk.values == nullptr || chunk.bytes < 1 ||
       chunk.bytes > kMaxBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
