@@ -98,16 +98,23 @@ TEST(StatsScalingTest, StatsDoNotWaitForASequenceBusyCompressing) {
   auto store = MakeStore();
   auto seq = store->CreateSequence({});
   ASSERT_TRUE(seq.ok());
-  constexpr int kTokens = 16384;
+  // Long enough (~200 ms on this VM) that a stats call waiting for the Compress stands out
+  // from the scheduler's noise on two loaded cores (a 48 ms Compress once let a 12 ms
+  // preemption of the stats loop cross the bound).
+  constexpr int kTokens = 65536;
+  constexpr int kChunk = 16384;
   for (int l = 0; l < 2; ++l) {
-    const std::string k =
-        ::kvc::testing::MakeKv(2, l, 0, kTokens, 2, 64, DType::kF16, /*is_value=*/false);
-    AppendParams a;
-    a.sequence_id = seq->id;
-    a.layer = l;
-    a.num_tokens = kTokens;
-    a.keys = a.values = k;
-    KVC_ASSERT_OK(store->Append(a).status());
+    for (int at = 0; at < kTokens; at += kChunk) {
+      const std::string k =
+          ::kvc::testing::MakeKv(2, l, at, kChunk, 2, 64, DType::kF16, /*is_value=*/false);
+      AppendParams a;
+      a.sequence_id = seq->id;
+      a.layer = l;
+      a.start_position = at;
+      a.num_tokens = kChunk;
+      a.keys = a.values = k;
+      KVC_ASSERT_OK(store->Append(a).status());
+    }
   }
   std::atomic<bool> done{false};
   double compress_seconds = 0;
