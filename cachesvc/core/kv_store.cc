@@ -1,7 +1,6 @@
 #include "cachesvc/core/kv_store.h"
 
 #include <chrono>
-#include <random>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -15,9 +14,9 @@
 #include "cachesvc/core/pool_options.h"
 #include "cachesvc/core/prefix_attach.h"
 #include "cachesvc/core/quote.h"
-#include "cachesvc/core/salted_id.h"
 #include "cachesvc/core/snapshot.h"
 #include "common/check.h"
+#include "common/random_id.h"
 #include "common/status_macros.h"
 
 namespace kvc::cachesvc {
@@ -77,7 +76,6 @@ absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreOptions& o
   }
   store->leases_ =
       std::make_unique<LeaseTable>(options.leases, static_cast<int>(store->pools_.size()));
-  store->id_salt_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
   return store;
 }
 
@@ -119,9 +117,7 @@ absl::StatusOr<BlockPool*> KvStore::FindPool(const std::string& name) const {
       "pool ", Quoted(name), " not found; this server has: ", absl::StrJoin(names, ", ")));
 }
 
-std::string KvStore::NewSequenceId() {
-  return shard_.Qualify(SaltedId("s-", id_salt_, id_counter_.fetch_add(1) + 1));
-}
+std::string KvStore::NewSequenceId() { return shard_.Qualify(RandomId("s-")); }
 
 absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequenceParams& params) {
   if (draining()) {

@@ -227,8 +227,6 @@ class KvStore {
   std::atomic<int64_t> fetched_bytes_{0};
   ReadSampler read_sampler_;
   std::atomic<bool> draining_{false};
-  std::atomic<uint64_t> id_counter_{0};
-  uint64_t id_salt_ = 0;
   ShardIdentity shard_;
   std::string local_socket_;
   std::string local_token_;

@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "cachesvc/core/quote.h"
-#include "cachesvc/core/salted_id.h"
 #include "cachesvc/core/sequence.h"
+#include "common/random_id.h"
 #include "common/status_macros.h"
 
 namespace kvc::cachesvc {
@@ -26,7 +25,6 @@ absl::Status UnknownLease(const std::string& lease_id) {
 
 LeaseTable::LeaseTable(const LeaseLimits& limits, int num_pools)
     : limits_(limits), counters_(static_cast<size_t>(num_pools)) {
-  salt_ = std::random_device{}() ^ (static_cast<uint64_t>(std::random_device{}()) << 32);
   reaper_ = std::thread([this] { ReaperLoop(); });
 }
 
@@ -88,7 +86,7 @@ void LeaseTable::Add(const std::string& scope, BlockPool* pool, int pool_index, 
   lease.slots = std::move(slots);
   snapshot->expires_unix_ms = lease.expires_ms;
   kvc::MutexLock lock(&mu_);
-  std::string id = SaltedId("l-", salt_, ++next_);
+  std::string id = RandomId("l-");
   snapshot->lease_id = id;
   Counters& c = counters_[static_cast<size_t>(pool_index)];
   ++c.active;

@@ -98,8 +98,6 @@ class LeaseTable {
   absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> per_scope_ ABSL_GUARDED_BY(mu_);
   std::vector<Counters> counters_ ABSL_GUARDED_BY(mu_);  // [pool]
-  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t salt_ = 0;
 
   std::mutex reaper_mu_;
   std::condition_variable reaper_cv_;

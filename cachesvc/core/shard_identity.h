@@ -3,7 +3,7 @@
 // on a sequence to the one shard that holds it, and a restarted shard can tell an id minted by
 // its previous life (whose KV died with it) from one it never saw.
 //
-// A server without a shard name keeps local ids ("s-<16 hex>" or the caller's own), exactly as
+// A server without a shard name keeps local ids ("s-<32 hex>" or the caller's own), exactly as
 // a single kvcached always did. A shard named N qualifies every id it hands out as
 // "N:<incarnation>:<local id>" and accepts both that form and the bare local id.
 #pragma once

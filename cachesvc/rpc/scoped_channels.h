@@ -1,14 +1,13 @@
 // ScopedChannels: the open transfers of one kind (TCP: transfer_channels.h, NCCL:
-// nccl_channels.h) by id, each belonging to the scope (tenant) that opened it: ids salted
-// per process, at most kMaxPerScope per scope, and the lookups that keep one scope from
-// reaching another's transfers. `Channel` has a `scope` member.
+// nccl_channels.h) by id, each belonging to the scope (tenant) that opened it: ids of 128
+// random bits (common/random_id.h), at most kMaxPerScope per scope, and the lookups that keep one
+// scope from reaching another's transfers. `Channel` has a `scope` member.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,8 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "cachesvc/core/quote.h"
-#include "cachesvc/core/salted_id.h"
 #include "common/mutex.h"
+#include "common/random_id.h"
 
 namespace kvc::cachesvc {
 
@@ -28,10 +27,7 @@ class ScopedChannels {
   static constexpr int kMaxPerScope = 16;
 
   // `prefix` starts every id ("t-", "n-"), so that a transfer id says its kind.
-  explicit ScopedChannels(std::string prefix) : prefix_(std::move(prefix)) {
-    std::random_device rd;
-    salt_ = rd() ^ (static_cast<uint64_t>(rd()) << 32);
-  }
+  explicit ScopedChannels(std::string prefix) : prefix_(std::move(prefix)) {}
 
   // First drops the scope's channels `done` says are finished with (a join or connection
   // that never came, a broken channel; `done` must not block), then adds `channel` under a
@@ -54,7 +50,7 @@ class ScopedChannels {
       return absl::ResourceExhaustedError(absl::StrCat(
           "this client has ", open, " transfers open (the most): close those it does not use"));
     }
-    std::string id = SaltedId(prefix_.c_str(), salt_, ++next_);
+    std::string id = RandomId(prefix_);
     channels_.emplace(id, std::move(channel));
     return id;
   }
@@ -102,10 +98,8 @@ class ScopedChannels {
 
  private:
   const std::string prefix_;
-  uint64_t salt_ = 0;
   mutable kvc::Mutex mu_;
   std::map<std::string, std::shared_ptr<Channel>> channels_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvc::cachesvc

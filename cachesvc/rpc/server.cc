@@ -4,8 +4,6 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
-#include <random>
-
 #include "absl/strings/str_cat.h"
 #include "cachesvc/rpc/access_control.h"
 #include "cachesvc/rpc/admin_service.h"
@@ -16,6 +14,7 @@
 #include "cachesvc/rpc/tls_credentials.h"
 #include "cachesvc/rpc/transfer_channels.h"
 #include "common/logging.h"
+#include "common/random_id.h"
 #include "common/status_macros.h"
 
 namespace kvc::cachesvc {
@@ -69,9 +68,7 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   if (!options.local_socket.empty()) {
     // A random token: the greeting proves a client reached this server, not another one
     // listening at the same path on another node or in another run.
-    std::random_device rd;
-    std::string token;
-    for (int i = 0; i < 4; ++i) absl::StrAppend(&token, absl::Hex(rd(), absl::kZeroPad8));
+    const std::string token = RandomId("");
     LocalSocketOptions local{options.local_socket,
                              {options.local_socket_uids.begin(), options.local_socket_uids.end()},
                              token,

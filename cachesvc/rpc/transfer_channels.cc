@@ -10,7 +10,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <system_error>
 #include <utility>
 
@@ -19,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "cachesvc/core/quote.h"
 #include "common/logging.h"
+#include "common/random_id.h"
 #include "common/status_macros.h"
 #include "common/transfer_wire.h"
 
@@ -136,9 +136,7 @@ TransferChannels::~TransferChannels() {
 }
 
 absl::StatusOr<TransferChannels::Opened> TransferChannels::Open(const std::string& scope) {
-  std::random_device rd;
-  std::string token;
-  for (int i = 0; i < 4; ++i) absl::StrAppend(&token, absl::Hex(rd(), absl::kZeroPad8));
+  const std::string token = RandomId("");
   auto channel = std::make_shared<Channel>();
   channel->scope = scope;
   channel->token = token;

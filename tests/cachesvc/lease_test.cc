@@ -5,12 +5,16 @@
 // the pool when the lease is released or its TTL passes (the reaper, no call needed), and
 // blocks thaw so the sequence writes in place again; refusals change nothing.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <map>
+#include <set>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "cachesvc/core/kv_store.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
@@ -149,6 +153,41 @@ TEST_F(LeaseTest, DescribesExactlyWhatFetchServes) {
 
 // Every kind of mutation, then Release of the sequence: the leased records stay exactly as
 // they were, and the blocks only the lease still holds go back when it ends.
+// Ids are capabilities' names: a tenant that saw some must learn nothing of the others. Each
+// is 128 random bits, so consecutive ids differ in about half their bits, never in the few a
+// counter (or a counter behind an invertible mix, which an earlier version used) would change.
+TEST_F(LeaseTest, ServerMadeIdsAre128IndependentBits) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 64; ++i) {
+    KVC_ASSERT_OK_AND_ASSIGN(
+        const SequenceSnapshot seq,
+        store_->CreateSequence(CreateSequenceParams{i % 2 == 0 ? "a" : "b", "", "", "", {}, {}}));
+    ids.push_back(seq.id);
+    KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_));
+    ids.push_back(lease.lease_id);
+  }
+  std::set<std::string> distinct;
+  std::vector<std::array<uint8_t, 16>> bits;
+  for (const std::string& id : ids) {
+    ASSERT_EQ(id.size(), 34u) << id;
+    ASSERT_TRUE(id.substr(0, 2) == "s-" || id.substr(0, 2) == "l-") << id;
+    const std::string raw = absl::HexStringToBytes(id.substr(2));
+    ASSERT_EQ(raw.size(), 16u);
+    std::array<uint8_t, 16> b{};
+    std::memcpy(b.data(), raw.data(), 16);
+    bits.push_back(b);
+    distinct.insert(id);
+  }
+  EXPECT_EQ(distinct.size(), ids.size());
+  int64_t differing = 0;
+  for (size_t i = 1; i < bits.size(); ++i) {
+    for (size_t j = 0; j < 16; ++j) differing += __builtin_popcount(bits[i][j] ^ bits[i - 1][j]);
+  }
+  const double mean = static_cast<double>(differing) / static_cast<double>(bits.size() - 1);
+  EXPECT_GT(mean, 54.0) << "consecutive ids share structure";
+  EXPECT_LT(mean, 74.0) << "consecutive ids share structure";
+}
+
 TEST_F(LeaseTest, NothingLeasedChangesUntilTheLeaseEnds) {
   const Dump before = Read(*store_, id_);
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_));
