@@ -7,10 +7,12 @@
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cachesvc/rpc/server.h"
 #include "common/logging.h"
@@ -30,6 +32,11 @@ ABSL_FLAG(std::string, shard, "",
 ABSL_FLAG(std::string, local_socket, "",
           "unix socket for same-node readers and staged appends; overrides the config's "
           "local_socket (Kubernetes: one per pod, e.g. /run/kvcached/$(POD_NAME).sock)");
+ABSL_FLAG(std::vector<std::string>, local_socket_uids, {},
+          "uids (comma-separated) admitted on local_socket; overrides the config's");
+ABSL_FLAG(bool, local_socket_allow_same_uid, false,
+          "admit kvcached's own uid on local_socket (every process of that uid is then trusted "
+          "with every tenant's KV); or the config's local_socket_allow_same_uid");
 ABSL_FLAG(std::string, transfer_listen, "",
           "host:port of the TCP listener that sends leased blocks to readers on other nodes "
           "(OpenTransfer; port 0 = any free one); overrides the config's transfer_listen. "
@@ -82,6 +89,17 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_local_socket).empty()) {
     options.local_socket = absl::GetFlag(FLAGS_local_socket);
   }
+  if (!absl::GetFlag(FLAGS_local_socket_uids).empty()) {
+    options.local_socket_uids.clear();
+    for (const std::string& uid : absl::GetFlag(FLAGS_local_socket_uids)) {
+      uint32_t n = 0;
+      if (!absl::SimpleAtoi(uid, &n)) {
+        return Fail(absl::StrCat("--local_socket_uids: '", uid.substr(0, 32), "' is not a uid"));
+      }
+      options.local_socket_uids.push_back(n);
+    }
+  }
+  if (absl::GetFlag(FLAGS_local_socket_allow_same_uid)) options.local_socket_allow_same_uid = true;
   if (!absl::GetFlag(FLAGS_transfer_listen).empty()) {
     options.transfer_listen = absl::GetFlag(FLAGS_transfer_listen);
   }

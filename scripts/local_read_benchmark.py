@@ -41,7 +41,7 @@ LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
 def start(binary: str, capacity: int, tmp: pathlib.Path):
     return start_kvcached(binary, (
         'pools { name: "bench" capacity_bytes: %d geometry { num_layers: %d num_kv_heads: %d '
-        'num_query_heads: %d head_dim: %d dtype: DTYPE_F16 } }\nlocal_socket: "%s"\n'
+        'num_query_heads: %d head_dim: %d dtype: DTYPE_F16 } }\nlocal_socket: "%s"\nlocal_socket_allow_same_uid: true\n'
         'transfer_listen: "127.0.0.1:0"\n'
         % (capacity, LAYERS, KV_HEADS, 4 * KV_HEADS, HEAD_DIM, tmp / "kvcached.sock")), tmp)
 

@@ -91,7 +91,7 @@ def run_kvcached(a: argparse.Namespace, kv: List[np.ndarray]) -> Dict[str, float
         keep = "" if a.keep_free_mib < 0 else "keep_free_bytes: %d " % (a.keep_free_mib << 20)
         config = ('pools { name: "bench" capacity_bytes: %d %sgeometry { num_layers: %d '
                   'num_kv_heads: %d num_query_heads: %d head_dim: %d dtype: DTYPE_F16 } }\n'
-                  'local_socket: "%s"\n' % (capacity, keep, LAYERS, KV_HEADS, 4 * KV_HEADS,
+                  'local_socket: "%s"\nlocal_socket_allow_same_uid: true\n' % (capacity, keep, LAYERS, KV_HEADS, 4 * KV_HEADS,
                                             HEAD_DIM, pathlib.Path(tmp) / "kvcached.sock"))
         proc, target = start_kvcached(a.kvcached, config, pathlib.Path(tmp))
         try:

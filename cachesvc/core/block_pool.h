@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -15,18 +16,21 @@
 #include "cachesvc/core/block_shares.h"
 #include "cachesvc/core/staging.h"
 #include "cachesvc/core/types.h"
+#include "cachesvc/core/unique_fd.h"
 #include "kvc/kernels/backend.h"
 #include "kvc/kernels/paged_view.h"
 
 namespace kvc::cachesvc {
 
-// An arena a same-node reader can map. Host pools: a descriptor nobody else can map writable
-// (host_arena.h; owned by the pool) and the size in bytes. Device pools: fd -1, and the CUDA
-// IPC handle of the pool's one allocation, which every format's arena starts at (block b of
-// a format at b * its block_bytes), on device ordinal `device`; `bytes` is the allocation's.
+// What a same-node reader is told of a format's arena (cachesvc/rpc/local_socket.h).
+// Host pools: the arena's reserved `bytes` and its `segment_bytes`: segment i (its own memfd,
+// handed out by ShareSegment to readers of its owner only) maps at byte i * segment_bytes,
+// so block b of the format lies at b * block_bytes as kvcached sees it. Device pools:
+// segment_bytes 0, and the CUDA IPC handle of the pool's one allocation, which every format's
+// arena starts at, on device ordinal `device`; `bytes` is the allocation's.
 struct SharedArena {
-  int fd = -1;
   int64_t bytes = 0;
+  int64_t segment_bytes = 0;
   int device = -1;
   kernels::IpcMemHandle cuda_ipc;
 };
@@ -48,12 +52,31 @@ class BlockPool {
   // The arena of `format` for kernel ops. Blocks handed out by Allocate(format) index it.
   virtual kernels::PagedArena arena(StorageFormat format) = 0;
 
-  // A read-only descriptor of `format`'s arena, reserved now if it was not yet, for readers on this
-  // node (cachesvc/rpc/local_socket.h); a device pool's CUDA IPC handle. FAILED_PRECONDITION
-  // where the arena cannot be shared (a host without memfd, a device without CUDA IPC).
-  virtual absl::StatusOr<SharedArena> ShareArena(StorageFormat /*format*/) {
+  // Same-node readers (cachesvc/rpc/local_socket.h). Every block belongs to the owner it was
+  // allocated for (AllocateFor: the sequence's scope, i.e. its tenant), and a reader acting
+  // for `owner` is given only memory that holds that owner's blocks or zeros.
+  //
+  // The shape of `format`'s arena as a reader maps it, reserved now if it was not yet.
+  // FAILED_PRECONDITION where the memory cannot be shared (a host without memfd, a device
+  // without CUDA IPC, a device pool that is not dedicated to `owner`).
+  virtual absl::StatusOr<SharedArena> ShareArena(StorageFormat /*format*/,
+                                                 const std::string& /*owner*/) {
     return absl::FailedPreconditionError(
         "this pool's memory cannot be mapped by another process (device memory)");
+  }
+  // A read-only descriptor of host segment `index` of `format`'s arena, owned by the caller:
+  // only while the segment is claimed by `owner` with memfd `epoch`; otherwise
+  // FAILED_PRECONDITION (another owner's segment reads as one that holds nothing).
+  virtual absl::StatusOr<UniqueFd> ShareSegment(StorageFormat /*format*/,
+                                                const std::string& /*owner*/, int64_t /*index*/,
+                                                uint64_t /*epoch*/) {
+    return absl::FailedPreconditionError("this pool has no host segments");
+  }
+  // The segments `blocks` of `format` lie in, each once, with their current epochs: what a
+  // lease of those blocks tells a reader to map. Empty for device pools.
+  virtual std::vector<SegmentRef> SegmentsOf(StorageFormat /*format*/,
+                                             absl::Span<const BlockId> /*blocks*/) const {
+    return {};
   }
 
   // Copies whole blocks of `format` to `dst` (block i at i * block_bytes), keeping only the
@@ -77,10 +100,16 @@ class BlockPool {
   virtual int64_t free_resident_bytes() const { return 0; }
   virtual int64_t released_bytes_total() const { return 0; }
 
-  // Takes `n` blocks of `format`, all or none. RESOURCE_EXHAUSTED (naming the pool, the
+  // Takes `n` blocks of `format` for `owner` (a scope: blocks of different owners never share
+  // host memory a reader can map), all or none. RESOURCE_EXHAUSTED (naming the pool, the
   // need and what is free) when the byte capacity cannot hold them; INVALID_ARGUMENT when
   // the format cannot store this pool's head_dim. Thread-safe.
-  virtual absl::Status Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) = 0;
+  virtual absl::Status AllocateFor(StorageFormat format, int64_t n, const std::string& owner,
+                                   std::vector<BlockId>* out) = 0;
+  // For owner "" (the scope of an unauthenticated deployment; tests).
+  absl::Status Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) {
+    return AllocateFor(format, n, "", out);
+  }
   // Returns blocks to their format's free list and their bytes to the capacity at once.
   // Only for blocks nothing else holds (fresh, never published); published metadata lets go
   // of its blocks through Drop.
@@ -95,7 +124,8 @@ class BlockPool {
 
   // Allocate, but when the pool is full, first asks the reclaimer (the prefix cache) to give
   // back cached blocks nobody uses, then tries once more.
-  absl::Status AllocateOrReclaim(StorageFormat format, int64_t n, std::vector<BlockId>* out);
+  absl::Status AllocateOrReclaim(StorageFormat format, int64_t n, const std::string& owner,
+                                 std::vector<BlockId>* out);
   // Set once, before the pool is used: frees at least `bytes` of unused cached blocks if it
   // can and returns the bytes it freed.
   void set_reclaimer(std::function<int64_t(int64_t bytes)> reclaimer) {

@@ -64,8 +64,19 @@ DeviceBlockPool::DeviceBlockPool(const PoolOptions& options, kernels::KernelBack
   for (int64_t s = n - 1; s >= 0; --s) free_slabs_.push_back(static_cast<int32_t>(s));
 }
 
-absl::StatusOr<SharedArena> DeviceBlockPool::ShareArena(StorageFormat format) {
+absl::StatusOr<SharedArena> DeviceBlockPool::ShareArena(StorageFormat format,
+                                                        const std::string& owner) {
   KVC_RETURN_IF_ERROR(CheckFormatFits(options_, format));
+  // CUDA IPC opens the whole allocation, every sequence's KV in it: only the one scope the
+  // pool holds sequences of may have it.
+  if (owner != options_.tenant) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pool '", options_.name, "' on ", options_.device,
+        options_.tenant.empty()
+            ? " holds every tenant's KV in one allocation: CUDA IPC would expose all of it (a "
+              "device pool is shared over CUDA IPC only when its config names one tenant)"
+            : " is dedicated to another tenant"));
+  }
   KVC_ASSIGN_OR_RETURN(const int device, ParsePoolDevice(options_.device));
   kvc::MutexLock lock(&mu_);
   if (!ipc_.has_value()) {
@@ -125,7 +136,8 @@ void DeviceBlockPool::ReleaseSlabLocked(int32_t s) {
   free_slabs_.push_back(s);
 }
 
-absl::Status DeviceBlockPool::Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) {
+absl::Status DeviceBlockPool::AllocateFor(StorageFormat format, int64_t n,
+                                          const std::string& /*owner*/, std::vector<BlockId>* out) {
   KVC_CHECK(n >= 0) << n;
   KVC_RETURN_IF_ERROR(CheckFormatFits(options_, format));
   if (n == 0) return absl::OkStatus();

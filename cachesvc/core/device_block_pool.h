@@ -45,12 +45,16 @@ class DeviceBlockPool final : public BlockPool {
   int64_t used_bytes() const override;
   int64_t used_blocks(StorageFormat format) const override;
 
-  absl::Status Allocate(StorageFormat format, int64_t n, std::vector<BlockId>* out) override;
+  // Owners are not kept apart in device memory (one allocation, shared over CUDA IPC only
+  // with the pool's one tenant: ShareArena).
+  absl::Status AllocateFor(StorageFormat format, int64_t n, const std::string& owner,
+                           std::vector<BlockId>* out) override;
   void Free(StorageFormat format, absl::Span<const BlockId> blocks) override;
 
   // The CUDA IPC handle of the pool's allocation (every format's arena starts at it),
-  // exported on first use. FAILED_PRECONDITION when the device cannot export it.
-  absl::StatusOr<SharedArena> ShareArena(StorageFormat format) override;
+  // exported on first use, for `owner` only when it is the pool's tenant
+  // (PoolOptions::tenant). FAILED_PRECONDITION otherwise or when the device cannot export it.
+  absl::StatusOr<SharedArena> ShareArena(StorageFormat format, const std::string& owner) override;
 
   int64_t slab_bytes() const { return slab_bytes_; }
 

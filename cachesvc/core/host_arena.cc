@@ -11,20 +11,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-
-#ifndef F_SEAL_FUTURE_WRITE
-#define F_SEAL_FUTURE_WRITE 0x0010  // Linux 5.1; older libc headers lack the name
-#endif
+#include "common/check.h"
 
 namespace kvc::cachesvc {
 namespace {
 
 std::string Errno() { return std::generic_category().message(errno); }
-
-absl::Status MapError(size_t bytes) {
-  return absl::ResourceExhaustedError(
-      absl::StrCat("cannot map ", bytes, " bytes of host memory for the pool: ", Errno()));
-}
 
 // A read-only descriptor of `fd` that nobody but kvcached's uid (or root) can turn into a
 // writable one: the memfd's mode drops to 0400 first, and reopening checks the mode. -1 when
@@ -35,109 +27,172 @@ int ReadOnlyReopen(int fd) {
   return ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
 }
 
-struct SharedMemory {
-  void* mapped = nullptr;
-  int fd = -1;
-  int shared_fd = -1;
-  bool releasable = false;
-};
-
-// A memfd of `bytes` mapped read-write here, sealed as host_arena.h describes; false when
-// this kernel or sandbox has no memfd (the caller falls back to anonymous memory).
-bool MakeSharedMemory(size_t bytes, const std::string& name, bool releasable, SharedMemory* out) {
-  const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+// Whether this host gives memfds and read-only reopens of them (a sandbox may not).
+bool MemfdsWork() {
+  const int fd = ::memfd_create("kvc-probe", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return false;
-  const auto fail = [&](void* p, int read_only) {
-    if (p != nullptr) ::munmap(p, bytes);
-    if (read_only >= 0) ::close(read_only);
-    ::close(fd);
-    return false;
-  };
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail(nullptr, -1);
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
-  if (p == MAP_FAILED) return fail(nullptr, -1);
-  const int read_only = releasable ? ReadOnlyReopen(fd) : -1;
-  // After our own writable mapping: nobody grows or shrinks it, and without a read-only
-  // reopen nobody else maps it writable.
-  int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-  if (read_only < 0) seals |= F_SEAL_FUTURE_WRITE;
-  if (::fcntl(fd, F_ADD_SEALS, seals) != 0) return fail(p, read_only);
-  *out = SharedMemory{p, fd, read_only >= 0 ? read_only : fd, read_only >= 0};
-  return true;
+  const int ro = ReadOnlyReopen(fd);
+  if (ro >= 0) ::close(ro);
+  ::close(fd);
+  return ro >= 0;
 }
 
 }  // namespace
 
-absl::StatusOr<HostArena> HostArena::Create(size_t bytes, const std::string& name,
-                                            bool releasable) {
-  if (bytes == 0) return HostArena();
-  SharedMemory shared;
-  if (MakeSharedMemory(bytes, name, releasable, &shared)) {
-    return HostArena(static_cast<uint8_t*>(shared.mapped), bytes, shared.fd, shared.shared_fd,
-                     shared.releasable);
+absl::StatusOr<HostArena> HostArena::Reserve(size_t bytes, size_t segment_bytes, std::string name) {
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  KVC_CHECK(segment_bytes > 0 && segment_bytes % page == 0 && bytes % segment_bytes == 0)
+      << "segment_bytes " << segment_bytes << ", bytes " << bytes;
+  HostArena arena;
+  if (bytes == 0) return arena;
+  void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot reserve ", bytes, " bytes of address space for the pool: ", Errno()));
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) return MapError(bytes);
-  return HostArena(static_cast<uint8_t*>(p), bytes, -1, -1, /*releasable=*/true);
+  arena.data_ = static_cast<uint8_t*>(p);
+  arena.size_ = bytes;
+  arena.segment_bytes_ = segment_bytes;
+  arena.name_ = std::move(name);
+  arena.shareable_ = MemfdsWork();
+  arena.fds_.assign(bytes / segment_bytes, -1);
+  arena.claimed_.assign(bytes / segment_bytes, false);
+  return arena;
 }
 
 HostArena::HostArena(HostArena&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      fd_(std::exchange(other.fd_, -1)),
-      shared_fd_(std::exchange(other.shared_fd_, -1)),
-      releasable_(std::exchange(other.releasable_, false)) {}
+      segment_bytes_(std::exchange(other.segment_bytes_, 0)),
+      name_(std::move(other.name_)),
+      shareable_(std::exchange(other.shareable_, false)),
+      fds_(std::move(other.fds_)),
+      claimed_(std::move(other.claimed_)) {}
 
 HostArena& HostArena::operator=(HostArena&& other) noexcept {
   if (this != &other) {
     Reset();
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
-    fd_ = std::exchange(other.fd_, -1);
-    shared_fd_ = std::exchange(other.shared_fd_, -1);
-    releasable_ = std::exchange(other.releasable_, false);
+    segment_bytes_ = std::exchange(other.segment_bytes_, 0);
+    name_ = std::move(other.name_);
+    shareable_ = std::exchange(other.shareable_, false);
+    fds_ = std::move(other.fds_);
+    claimed_ = std::move(other.claimed_);
   }
   return *this;
 }
 
 HostArena::~HostArena() { Reset(); }
 
+absl::Status HostArena::Claim(int64_t segment) {
+  const auto s = static_cast<size_t>(segment);
+  KVC_CHECK(segment >= 0 && s < claimed_.size() && !claimed_[s]) << "segment " << segment;
+  uint8_t* at = data_ + s * segment_bytes_;
+  const auto fail = [&](const char* what) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot back ", segment_bytes_, " more bytes of the pool (", what, "): ", Errno()));
+  };
+  if (!shareable_) {
+    void* p = ::mmap(at, segment_bytes_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    if (p == MAP_FAILED) return fail("mmap");
+    claimed_[s] = true;
+    return absl::OkStatus();
+  }
+  const int fd = ::memfd_create(name_.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return fail("memfd_create");
+  if (::ftruncate(fd, static_cast<off_t>(segment_bytes_)) != 0) {
+    ::close(fd);
+    return fail("ftruncate");
+  }
+  // MAP_FIXED inside our own reservation: replaces its inaccessible pages, nothing else.
+  void* p = ::mmap(at, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    return fail("mmap");
+  }
+  const int read_only = ReadOnlyReopen(fd);
+  // After our own writable mapping: nobody grows or shrinks it.
+  if (read_only < 0 || ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const absl::Status status = fail("sealing");
+    if (read_only >= 0) ::close(read_only);
+    ::close(fd);
+    ::mmap(at, segment_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+           -1, 0);
+    return status;
+  }
+  // The mapping keeps the memfd alive; the read-only reopen is what readers get (and what
+  // fstat counts pages on).
+  ::close(fd);
+  fds_[s] = read_only;
+  claimed_[s] = true;
+  return absl::OkStatus();
+}
+
+void HostArena::Unclaim(int64_t segment) {
+  const auto s = static_cast<size_t>(segment);
+  KVC_CHECK(segment >= 0 && s < claimed_.size() && claimed_[s]) << "segment " << segment;
+  // Inaccessible again, and no longer this memfd's: our last reference to it goes with the
+  // descriptor below (readers' mappings keep theirs).
+  void* p = ::mmap(data_ + s * segment_bytes_, segment_bytes_, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  KVC_CHECK(p != MAP_FAILED) << "cannot unmap a pool segment: " << Errno();
+  if (fds_[s] >= 0) ::close(fds_[s]);
+  fds_[s] = -1;
+  claimed_[s] = false;
+}
+
+absl::StatusOr<UniqueFd> HostArena::ShareSegment(int64_t segment) const {
+  const auto s = static_cast<size_t>(segment);
+  if (segment < 0 || s >= fds_.size() || fds_[s] < 0) {
+    return absl::FailedPreconditionError(
+        shareable_ ? "the segment holds nothing now"
+                   : "this host has no memfd: the pool's memory cannot be mapped by another "
+                     "process");
+  }
+  const int fd = ::fcntl(fds_[s], F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("dup: ", Errno()));
+  return UniqueFd(fd);
+}
+
 absl::Status HostArena::ReleasePages(size_t offset, size_t length) {
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   if (offset % page != 0 || length % page != 0 || offset > size_ || length > size_ - offset) {
     return absl::InvalidArgumentError(absl::StrCat("cannot release [", offset, ", +", length,
                                                    ") of an arena of ", size_, " bytes"));
   }
-  if (!releasable_) {
-    return absl::FailedPreconditionError("this arena is sealed: its pages stay until it goes");
-  }
   if (length == 0) return absl::OkStatus();
-  // A memfd's pages belong to the file: punching the hole frees them (and zeroes readers'
-  // views); MADV_DONTNEED would only unmap them here. Private anonymous memory is the reverse.
-  const int rc = fd_ >= 0 ? ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                                        static_cast<off_t>(offset), static_cast<off_t>(length))
-                          : ::madvise(data_ + offset, length, MADV_DONTNEED);
-  if (rc != 0) return absl::InternalError(absl::StrCat("releasing pool pages: ", Errno()));
+  // A memfd's pages belong to the file: MADV_REMOVE punches them out of it (freeing them and
+  // zeroing every mapping); MADV_DONTNEED would only unmap them here. Private anonymous
+  // memory is the reverse.
+  if (::madvise(data_ + offset, length, shareable_ ? MADV_REMOVE : MADV_DONTNEED) != 0) {
+    return absl::InternalError(absl::StrCat("releasing pool pages: ", Errno()));
+  }
   return absl::OkStatus();
 }
 
 int64_t HostArena::ResidentBytes() const {
-  if (fd_ < 0) return data_ == nullptr ? 0 : -1;
-  struct stat st {};
-  if (::fstat(fd_, &st) != 0) return -1;
-  return static_cast<int64_t>(st.st_blocks) * 512;
+  if (data_ == nullptr) return 0;
+  if (!shareable_) return -1;
+  int64_t total = 0;
+  for (int fd : fds_) {
+    struct stat st {};
+    if (fd >= 0 && ::fstat(fd, &st) == 0) total += static_cast<int64_t>(st.st_blocks) * 512;
+  }
+  return total;
 }
 
 void HostArena::Reset() {
+  for (int& fd : fds_) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
   if (data_ != nullptr) ::munmap(data_, size_);
-  if (shared_fd_ >= 0 && shared_fd_ != fd_) ::close(shared_fd_);
-  if (fd_ >= 0) ::close(fd_);
   data_ = nullptr;
   size_ = 0;
-  fd_ = -1;
-  shared_fd_ = -1;
-  releasable_ = false;
+  fds_.clear();
+  claimed_.clear();
 }
 
 }  // namespace kvc::cachesvc

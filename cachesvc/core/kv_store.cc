@@ -126,6 +126,10 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
         "another instance");
   }
   KVC_ASSIGN_OR_RETURN(BlockPool * pool, FindPool(params.pool));
+  if (!pool->options().tenant.empty() && params.scope != pool->options().tenant) {
+    return absl::PermissionDeniedError(absl::StrCat("pool ", Quoted(pool->options().name),
+                                                    " holds one other tenant's sequences only"));
+  }
   if (params.tenant.size() > 128) {
     return absl::InvalidArgumentError(
         absl::StrCat("tenant is ", params.tenant.size(), " bytes; at most 128 are allowed"));

@@ -136,9 +136,14 @@ class KvStore {
                                               BlockSink* sink);
   // Lease statistics of one pool (empty = every pool summed); NOT_FOUND for an unknown pool.
   absl::StatusOr<LeaseStats> LeaseStatsFor(const std::string& pool) const;
-  // The memfd of one arena of pool `pool` (empty = default) for a same-node reader
-  // (cachesvc/rpc/local_socket.h). NOT_FOUND pool, FAILED_PRECONDITION not shareable.
-  absl::StatusOr<SharedArena> ShareArena(const std::string& pool, StorageFormat format);
+  // Same-node readers acting for `scope` (cachesvc/rpc/local_socket.h; BlockPool::ShareArena
+  // and ShareSegment): the shape of one arena of pool `pool` (empty = default), and a
+  // read-only descriptor of one of its segments holding that scope's blocks now. NOT_FOUND
+  // pool; FAILED_PRECONDITION not shareable, or not the scope's segment (at that epoch).
+  absl::StatusOr<SharedArena> ShareArena(const std::string& pool, StorageFormat format,
+                                         const std::string& scope);
+  absl::StatusOr<UniqueFd> ShareSegment(const std::string& pool, StorageFormat format,
+                                        const std::string& scope, int64_t index, uint64_t epoch);
   // Where same-node readers get the arenas ("" = nowhere) and the token that names this
   // server there; set once at startup, before serving.
   void SetLocalEndpoint(std::string path, std::string token) {

@@ -91,6 +91,7 @@ absl::StatusOr<LeaseSnapshot> KvStore::LeaseSequence(const LeaseParams& p) {
     if (held[f].empty()) continue;
     const auto format = static_cast<StorageFormat>(f);
     lease.layouts.push_back(pool->layout(format));
+    lease.segments.push_back(pool->SegmentsOf(format, held[f]));
     lease.leased_bytes += static_cast<int64_t>(held[f].size()) *
                           static_cast<int64_t>(pool->layout(format).block_bytes);
     pool->shares().Freeze(format, held[f], 1);
@@ -174,9 +175,17 @@ absl::StatusOr<KvStore::SentBlocks> KvStore::SendLeasedBlocks(const std::string&
   return total;
 }
 
-absl::StatusOr<SharedArena> KvStore::ShareArena(const std::string& pool, StorageFormat format) {
+absl::StatusOr<SharedArena> KvStore::ShareArena(const std::string& pool, StorageFormat format,
+                                                const std::string& scope) {
   KVC_ASSIGN_OR_RETURN(BlockPool * p, FindPool(pool));
-  return p->ShareArena(format);
+  return p->ShareArena(format, scope);
+}
+
+absl::StatusOr<UniqueFd> KvStore::ShareSegment(const std::string& pool, StorageFormat format,
+                                               const std::string& scope, int64_t index,
+                                               uint64_t epoch) {
+  KVC_ASSIGN_OR_RETURN(BlockPool * p, FindPool(pool));
+  return p->ShareSegment(format, scope, index, epoch);
 }
 
 absl::StatusOr<LeaseStats> KvStore::LeaseStatsFor(const std::string& pool) const {

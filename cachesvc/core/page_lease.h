@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -13,7 +15,9 @@ namespace kvc::cachesvc {
 
 class PageLease {
  public:
-  PageLease(BlockPool* pool, StorageFormat format) : pool_(pool), format_(format) {}
+  // Blocks for `owner` (the sequence's scope: BlockPool::AllocateFor).
+  PageLease(BlockPool* pool, StorageFormat format, std::string owner)
+      : pool_(pool), format_(format), owner_(std::move(owner)) {}
   PageLease(PageLease&& other) noexcept;
   PageLease& operator=(PageLease&& other) noexcept;
   PageLease(const PageLease&) = delete;
@@ -32,6 +36,7 @@ class PageLease {
  private:
   BlockPool* pool_;
   StorageFormat format_;
+  std::string owner_;
   std::vector<BlockId> blocks_;
 };
 

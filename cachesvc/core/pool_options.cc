@@ -1,6 +1,9 @@
 #include "cachesvc/core/pool_options.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <numeric>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -37,6 +40,17 @@ absl::Status PoolFullError(const PoolOptions& options, StorageFormat format, int
 
 int64_t KeepFreeBytes(const PoolOptions& options) {
   return options.keep_free_bytes.value_or(std::min(options.capacity_bytes / 4, int64_t{1} << 30));
+}
+
+int64_t SegmentBytes(const PoolOptions& options, int64_t block_bytes) {
+  constexpr int64_t kMin = int64_t{64} << 10, kMax = int64_t{32} << 20;
+  int64_t target = options.segment_bytes.value_or(0);
+  if (target == 0) {
+    target = kMin;
+    while (target < options.capacity_bytes / 256 && target < kMax) target *= 2;
+  }
+  const int64_t unit = std::lcm(block_bytes, static_cast<int64_t>(::sysconf(_SC_PAGESIZE)));
+  return std::max(unit, target / unit * unit);
 }
 
 absl::StatusOr<int> ParsePoolDevice(const std::string& device) {
@@ -106,6 +120,20 @@ absl::Status ValidatePoolOptions(const PoolOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat(where, "capacity_bytes is ", o.capacity_bytes,
                                                    "; expected at least one block (",
                                                    layout.block_bytes, " bytes)"));
+  }
+  if (o.segment_bytes.has_value()) {
+    // Each format's arena is ~2 x capacity / segment_bytes segments of host metadata and, in
+    // use, one descriptor each: keep that bounded.
+    constexpr int64_t kMinSegment = int64_t{64} << 10, kMaxSegment = int64_t{1} << 30;
+    const int64_t at_least = std::max(kMinSegment, o.capacity_bytes >> 16);
+    if (*o.segment_bytes < at_least || *o.segment_bytes > kMaxSegment) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "segment_bytes is ", *o.segment_bytes, "; expected ", at_least,
+                       " .. ", kMaxSegment, " (at least 64 KiB and capacity_bytes / 65536)"));
+    }
+  }
+  if (!o.tenant.empty() && o.tenant.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat(where, "tenant is longer than 128 bytes"));
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,11 @@ absl::Status ValidatePoolOptions(const PoolOptions& options);
 // PoolOptions::keep_free_bytes, or its default: a quarter of capacity_bytes, at most 1 GiB.
 int64_t KeepFreeBytes(const PoolOptions& options);
 
+// The segment size of a host pool's arena whose blocks are `block_bytes` long:
+// PoolOptions::segment_bytes (or its default) rounded down to a multiple of both block_bytes
+// and the page size, at least one of each.
+int64_t SegmentBytes(const PoolOptions& options, int64_t block_bytes);
+
 // The CUDA device ordinal of a pool's `device` ("cuda:N" -> N), -1 for "cpu", or
 // INVALID_ARGUMENT for anything else.
 absl::StatusOr<int> ParsePoolDevice(const std::string& device);

@@ -93,6 +93,9 @@ struct LeaseSnapshot {
   // The arenas the lanes' blocks live in, one per format used (block b of a format's arena
   // starts at byte b * layout.block_bytes).
   std::vector<kernels::BlockLayout> layouts;
+  // Per entry of `layouts`: the host segments its leased blocks lie in, with their epochs
+  // (BlockPool::SegmentsOf; empty for a device pool).
+  std::vector<std::vector<SegmentRef>> segments;
   std::vector<int32_t> layers;              // leased layers, in lane order
   std::vector<uint64_t> layer_generations;  // [layers]: the generation each layer was at
   std::vector<int64_t> layer_tokens;        // [layers]: tokens appended to each

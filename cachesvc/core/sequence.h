@@ -41,7 +41,9 @@ class Sequence {
   BlockPool* pool() const { return pool_; }
   int pool_index() const { return pool_index_; }
   TenantAccount* account() const { return account_.get(); }
-  TenantCharge charge() const { return {account_.get(), pool_index_, &pool_->options().name}; }
+  TenantCharge charge() const {
+    return {account_.get(), pool_index_, &pool_->options().name, &scope_};
+  }
   const PoolGeometry& geometry() const { return pool_->options().geometry; }
   PoolUsage* usage() const { return usage_; }
   const CompressionSpec& policy() const { return policy_; }

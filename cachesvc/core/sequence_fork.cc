@@ -63,7 +63,7 @@ absl::Status ForkLocked(const Sequence& source, Sequence& child) {
     OpStage stage(pool);
     for (size_t f = 0; f < kFormats; ++f) {
       const auto format = static_cast<StorageFormat>(f);
-      leases.emplace_back(pool, format);
+      leases.emplace_back(pool, format, child.scope());
       if (tails[f].empty()) continue;
       KVC_RETURN_IF_ERROR(leases.back().Allocate(static_cast<int64_t>(tails[f].size())));
       std::vector<BlockId> src_blocks, dst_blocks;

@@ -81,6 +81,9 @@ struct TenantCharge {
   TenantAccount* account = nullptr;
   int pool = 0;
   const std::string* pool_name = nullptr;
+  // The sequence's scope: whose blocks the transaction allocates (BlockPool::AllocateFor);
+  // null = "".
+  const std::string* owner = nullptr;
 };
 
 }  // namespace kvc::cachesvc

@@ -36,7 +36,7 @@ PageLease& Transaction::LeaseFor(StorageFormat format) {
   for (PageLease& lease : leases_) {
     if (lease.format() == format) return lease;
   }
-  leases_.emplace_back(pool_, format);
+  leases_.emplace_back(pool_, format, charge_.owner != nullptr ? *charge_.owner : "");
   return leases_.back();
 }
 

@@ -51,9 +51,25 @@ struct PoolOptions {
   // Host pools: bytes of free blocks whose pages stay resident for reuse (unset: a quarter of
   // capacity_bytes, at most 1 GiB; pool_options.h KeepFreeBytes). Past it, a background
   // thread returns the pages of the oldest free blocks to the OS until half of it is left.
-  // >= capacity_bytes keeps every page (and seals the arenas against writable mappings even
-  // by kvcached's own uid: host_arena.h).
+  // >= capacity_bytes keeps every page.
   std::optional<int64_t> keep_free_bytes;
+  // Host pools: the size of the segments each format's arena is carved into (host_arena.h):
+  // a segment holds one tenant's blocks at a time, and same-node readers map whole segments.
+  // Unset: capacity_bytes / 256 rounded up to a power of two, 64 KiB .. 32 MiB; each format
+  // rounds it to a multiple of its block bytes and the page size (pool_options.h).
+  std::optional<int64_t> segment_bytes;
+  // The only scope (tenant) whose sequences this pool holds ("" = any). A device pool is
+  // shared over CUDA IPC only with that scope: its one allocation holds every sequence's KV.
+  std::string tenant;
+};
+
+// A segment of a host pool's arena (block_pool.h SharedArena) as a lease names it: its index and
+// the epoch of its current memfd (a segment freed and claimed again gets a new memfd and a higher
+// epoch, so a reader can tell a mapping of the old one from the current one).
+struct SegmentRef {
+  int64_t index = 0;
+  uint64_t epoch = 0;
+  bool operator==(const SegmentRef& o) const { return index == o.index && epoch == o.epoch; }
 };
 
 // One eviction rule x one storage format (x a raw recent residual, not yet served).

@@ -339,10 +339,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
   m->local_socket_ = &prometheus::BuildCounter()
                           .Name("kvc_local_socket_events_total")
                           .Help(
-                              "Same-node socket events: connected, refused (uid not allowed "
-                              "or too many readers), arena (a pool's fd handed out).")
+                              "Same-node socket events: connected, refused (uid not allowed, "
+                              "too many readers, bad token), authenticated, revoked (closed: "
+                              "its token no longer authenticates), arena, segment (a segment's "
+                              "fd handed out), staging (a staging region opened).")
                           .Register(*m->registry_);
-  for (const char* event : {"connected", "refused", "arena"})
+  for (const char* event :
+       {"connected", "refused", "authenticated", "revoked", "arena", "segment", "staging"})
     m->local_socket_->Add({{"event", event}});
   m->transfer_events_ = &prometheus::BuildCounter()
                              .Name("kvc_transfer_events_total")

@@ -191,6 +191,12 @@ absl::StatusOr<Caller> Authenticator::FromCertificate(const grpc::ServerContext&
       "to a tenant (auth.client_identities)");
 }
 
+absl::StatusOr<Caller> Authenticator::AuthenticateToken(const std::string& token) const {
+  if (!enabled()) return Caller{};
+  if (token.empty()) return absl::UnauthenticatedError("no bearer token");
+  return FromToken(token);
+}
+
 absl::StatusOr<Caller> Authenticator::Authenticate(const grpc::ServerContext& context) const {
   if (!enabled()) return Caller{};
   const auto& metadata = context.client_metadata();

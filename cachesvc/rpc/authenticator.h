@@ -61,6 +61,9 @@ class Authenticator {
   // The caller of `context`, or UNAUTHENTICATED (with what to send) when authentication is
   // on and the call has no valid credential.
   absl::StatusOr<Caller> Authenticate(const grpc::ServerContext& context) const;
+  // The caller a bearer token names, checked exactly as on a call (for the local socket,
+  // which has no gRPC metadata). With authentication off: the anonymous caller.
+  absl::StatusOr<Caller> AuthenticateToken(const std::string& token) const;
   // Re-reads the tokens file now. On error the previous tokens stay in force.
   absl::Status Reload();
   // How many times the tokens file was (re)loaded successfully; for tests and logs.

@@ -182,13 +182,15 @@ grpc::Status KvCacheServiceImpl::CloseTransfer(grpc::ServerContext* context,
 }
 
 absl::StatusOr<AppendParams> KvCacheServiceImpl::AppendFromProto(
-    const pb::AppendRequest& request, std::shared_ptr<const StagingRegion>* hold) const {
+    const pb::AppendRequest& request, const std::string& scope,
+    std::shared_ptr<const StagingRegion>* hold) const {
   if (request.has_nccl()) {
     return absl::InvalidArgumentError(
         "an AppendStream message cannot take its keys and values over NCCL (nccl set): "
         "send those with Append, one at a time per transfer");
   }
   KVC_ASSIGN_OR_RETURN(AppendParams params, FromProto(request));
+  params.scope = scope;
   if (!request.has_staged()) return params;
   if (!request.keys().empty() || !request.values().empty()) {
     return absl::InvalidArgumentError(
@@ -200,7 +202,7 @@ absl::StatusOr<AppendParams> KvCacheServiceImpl::AppendFromProto(
         "request");
   }
   const pb::StagedKv& staged = request.staged();
-  KVC_ASSIGN_OR_RETURN(*hold, staging_->Find(staged.region_id()));
+  KVC_ASSIGN_OR_RETURN(*hold, staging_->Find(scope, staged.region_id()));
   const int64_t size = (*hold)->bytes();
   const int64_t n = staged.bytes();
   for (const int64_t offset : {staged.keys_offset(), staged.values_offset()}) {
@@ -259,8 +261,8 @@ grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext* context,
     return scope.Finish(grpc::Status::OK);
   }
   std::shared_ptr<const StagingRegion> staged;
-  KVC_ASSIGN_OR_FINISH(AppendParams params, AppendFromProto(*request, &staged));
-  KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "Append"));
+  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope, access_->ScopeFor(caller, "", "Append"));
+  KVC_ASSIGN_OR_FINISH(AppendParams params, AppendFromProto(*request, tenant_scope, &staged));
   KVC_ASSIGN_OR_FINISH(const AppendResult result, store_->Append(params));
   scope.AddReceived(static_cast<int64_t>(request->keys().size() + request->values().size()));
   response->set_layer_tokens(result.layer_tokens);
@@ -283,9 +285,8 @@ grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext* context,
   while (reader->Read(&request)) {
     absl::Status status;
     std::shared_ptr<const StagingRegion> staged;
-    auto params = AppendFromProto(request, &staged);
+    auto params = AppendFromProto(request, tenant_scope, &staged);
     if (params.ok()) {
-      params->scope = tenant_scope;
       auto result = store_->Append(*params);
       if (result.ok()) {
         ++messages;

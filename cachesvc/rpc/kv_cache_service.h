@@ -78,9 +78,11 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
  private:
   absl::Status AttendOne(const std::string& scope, const kvcache::v1::AttendRequest& request,
                          kvcache::v1::AttendResponse* response);
-  // An Append's params, its keys and values viewing the staging region when the request is
-  // staged (`hold` then keeps the region mapped until the params are dropped).
+  // An Append's params in `scope`, its keys and values viewing the scope's staging region
+  // when the request is staged (`hold` then keeps the region mapped until the params are
+  // dropped).
   absl::StatusOr<AppendParams> AppendFromProto(const kvcache::v1::AppendRequest& request,
+                                               const std::string& scope,
                                                std::shared_ptr<const StagingRegion>* hold) const;
   // An Append whose keys and values come over an NCCL transfer of `scope`'s (request.nccl).
   absl::StatusOr<AppendResult> AppendOverNccl(const kvcache::v1::AppendRequest& request,

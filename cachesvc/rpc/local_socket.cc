@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "cachesvc/rpc/proto_convert.h"
 #include "common/logging.h"
 
@@ -23,7 +25,6 @@ namespace kvc::cachesvc {
 namespace {
 
 constexpr size_t kMaxLine = 512;
-constexpr size_t kMaxConnections = 256;
 
 bool SendAll(int fd, const std::string& text, int attach_fd = -1) {
   msghdr msg{};
@@ -51,6 +52,12 @@ std::string Errno() { return std::generic_category().message(errno); }
 absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(const LocalSocketOptions& options,
                                                                 KvStore* store,
                                                                 StagingRegions* regions) {
+  if (options.uids.empty() && !options.allow_same_uid) {
+    return absl::InvalidArgumentError(
+        "local_socket admits no uid: list the engines' uids in local_socket_uids (kvcached's "
+        "own uid is admitted only with local_socket_allow_same_uid)");
+  }
+  if (!options.authenticate) return absl::InvalidArgumentError("local_socket: no authenticator");
   std::unique_ptr<LocalSocket> s(new LocalSocket(options, store, regions));
   sockaddr_un addr{};
   if (options.path.empty() || options.path.size() >= sizeof(addr.sun_path)) {
@@ -109,7 +116,7 @@ bool LocalSocket::Allowed(int fd, uid_t* uid) const {
   socklen_t len = sizeof(cred);
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
   *uid = cred.uid;
-  if (options_.uids.empty()) return cred.uid == ::geteuid();
+  if (cred.uid == ::geteuid()) return options_.allow_same_uid;
   return std::find(options_.uids.begin(), options_.uids.end(), cred.uid) != options_.uids.end();
 }
 
@@ -120,7 +127,10 @@ void LocalSocket::Accept(std::vector<Conn>* conns) {
   if (!Allowed(fd, &uid)) {
     Event("refused");
     SendAll(fd, absl::StrCat("ERR uid ", uid,
-                             " may not map this server's pools (local_socket_uids)\n"));
+                             uid == ::geteuid()
+                                 ? " is kvcached's own uid, which may not connect "
+                                   "(local_socket_allow_same_uid)\n"
+                                 : " may not map this server's pools (local_socket_uids)\n"));
     ::close(fd);
     return;
   }
@@ -130,12 +140,90 @@ void LocalSocket::Accept(std::vector<Conn>* conns) {
     ::close(fd);
     return;
   }
-  if (!SendAll(fd, absl::StrCat("KVC-LOCAL 1 ", options_.token, "\n"))) {
+  if (!SendAll(fd, absl::StrCat("KVC-LOCAL 2 ", options_.token, "\n"))) {
     ::close(fd);
     return;
   }
   Event("connected");
-  conns->push_back(Conn{fd, {}, {}});
+  Conn conn;
+  conn.fd = fd;
+  conn.opened = absl::Now();
+  conns->push_back(std::move(conn));
+}
+
+bool LocalSocket::StillValid(const Conn& conn) const {
+  const absl::StatusOr<std::string> scope = options_.authenticate(conn.token);
+  return scope.ok() && *scope == conn.scope;
+}
+
+bool LocalSocket::Auth(Conn& conn, const std::string& token) {
+  if (conn.authenticated) {
+    SendAll(conn.fd, "ERR this connection has authenticated already\n");
+    return false;
+  }
+  const absl::StatusOr<std::string> scope = options_.authenticate(token);
+  if (!scope.ok()) {
+    Event("refused");
+    SendAll(conn.fd, absl::StrCat("ERR ", scope.status().message().substr(0, 200), "\n"));
+    return false;
+  }
+  conn.authenticated = true;
+  conn.token = token;
+  conn.scope = *scope;
+  Event("authenticated");
+  return SendAll(conn.fd, "OK\n");
+}
+
+namespace {
+
+// A kvcache.v1.StorageFormat number as the core's format.
+absl::StatusOr<StorageFormat> ParseFormat(const std::string& word) {
+  int number = 0;
+  if (!absl::SimpleAtoi(word, &number) || !kvcache::v1::StorageFormat_IsValid(number)) {
+    return absl::InvalidArgumentError("unknown storage format");
+  }
+  return FromProto(static_cast<kvcache::v1::StorageFormat>(number), "format");
+}
+
+}  // namespace
+
+bool LocalSocket::Arena(Conn& conn, const std::vector<std::string>& words) {
+  const absl::StatusOr<StorageFormat> format = ParseFormat(words[2]);
+  const absl::StatusOr<SharedArena> arena =
+      format.ok() ? store_->ShareArena(words[1], *format, conn.scope) : format.status();
+  if (!arena.ok()) {
+    return SendAll(conn.fd, absl::StrCat("ERR ", arena.status().message().substr(0, 200), "\n"));
+  }
+  const std::string reply =
+      arena->segment_bytes > 0
+          ? absl::StrCat("OK ", arena->bytes, " SEGMENTS ", arena->segment_bytes, "\n")
+          : absl::StrCat("OK ", arena->bytes, " CUDA ", arena->device, " ",
+                         absl::BytesToHexString(
+                             absl::string_view(reinterpret_cast<const char*>(arena->cuda_ipc.bytes),
+                                               sizeof(arena->cuda_ipc.bytes))),
+                         "\n");
+  if (!SendAll(conn.fd, reply)) return false;
+  Event("arena");
+  return true;
+}
+
+bool LocalSocket::Segment(Conn& conn, const std::vector<std::string>& words) {
+  int64_t index = 0;
+  uint64_t epoch = 0;
+  absl::StatusOr<UniqueFd> fd = absl::InvalidArgumentError("SEGMENT takes an index and an epoch");
+  if (absl::SimpleAtoi(words[3], &index) && absl::SimpleAtoi(words[4], &epoch)) {
+    absl::StatusOr<StorageFormat> format = ParseFormat(words[2]);
+    fd = format.ok() ? store_->ShareSegment(words[1], *format, conn.scope, index, epoch)
+                     : format.status();
+  }
+  if (!fd.ok()) {
+    return SendAll(conn.fd, absl::StrCat("ERR ", fd.status().message().substr(0, 200), "\n"));
+  }
+  struct stat st {};
+  const int64_t bytes = ::fstat(fd->get(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
+  if (!SendAll(conn.fd, absl::StrCat("OK ", bytes, "\n"), fd->get())) return false;
+  Event("segment");
+  return true;
 }
 
 bool LocalSocket::Handle(Conn& conn) {
@@ -143,35 +231,34 @@ bool LocalSocket::Handle(Conn& conn) {
     const std::string line = conn.buffer.substr(0, end);
     conn.buffer.erase(0, end + 1);
     const std::vector<std::string> words = absl::StrSplit(line, ' ');
-    if (words.size() == 2 && words[0] == "STAGE") {
-      if (!Stage(conn, words[1])) return false;
+    if (words.size() == 2 && words[0] == "AUTH") {
+      if (!Auth(conn, words[1])) return false;
       continue;
     }
-    int number = 0;
-    if (words.size() != 3 || words[0] != "ARENA" || !absl::SimpleAtoi(words[2], &number)) {
-      SendAll(conn.fd, "ERR expected: ARENA <pool> <storage format number> | STAGE <bytes>\n");
+    if (!conn.authenticated) {
+      SendAll(conn.fd, "ERR authenticate first: AUTH <bearer token> (AUTH - without one)\n");
       return false;
     }
-    absl::StatusOr<SharedArena> arena = absl::InvalidArgumentError("unknown storage format");
-    if (kvcache::v1::StorageFormat_IsValid(number)) {
-      auto format = FromProto(static_cast<kvcache::v1::StorageFormat>(number), "format");
-      if (format.ok()) arena = store_->ShareArena(words[1], *format);
+    // A token revoked since the last sweep reaches nothing more.
+    if (!StillValid(conn)) {
+      Event("revoked");
+      SendAll(conn.fd, "ERR the connection's credential is no longer valid\n");
+      return false;
     }
-    if (!arena.ok()) {
-      if (!SendAll(conn.fd, absl::StrCat("ERR ", arena.status().message().substr(0, 200), "\n"))) {
-        return false;
-      }
-      continue;
+    bool ok = true;
+    if (words.size() == 2 && words[0] == "STAGE") {
+      ok = Stage(conn, words[1]);
+    } else if (words.size() == 3 && words[0] == "ARENA") {
+      ok = Arena(conn, words);
+    } else if (words.size() == 5 && words[0] == "SEGMENT") {
+      ok = Segment(conn, words);
+    } else {
+      SendAll(conn.fd,
+              "ERR expected: ARENA <pool> <format> | SEGMENT <pool> <format> <index> <epoch> | "
+              "STAGE <bytes>\n");
+      return false;
     }
-    const std::string reply =
-        arena->fd >= 0 ? absl::StrCat("OK ", arena->bytes, "\n")
-                       : absl::StrCat("OK ", arena->bytes, " CUDA ", arena->device, " ",
-                                      absl::BytesToHexString(absl::string_view(
-                                          reinterpret_cast<const char*>(arena->cuda_ipc.bytes),
-                                          sizeof(arena->cuda_ipc.bytes))),
-                                      "\n");
-    if (!SendAll(conn.fd, reply, arena->fd)) return false;
-    Event("arena");
+    if (!ok) return false;
   }
   return conn.buffer.size() <= kMaxLine;
 }
@@ -184,7 +271,7 @@ bool LocalSocket::Stage(Conn& conn, const std::string& bytes) {
     region = absl::ResourceExhaustedError(absl::StrCat("this connection has ", conn.regions.size(),
                                                        " staging regions open (the most)"));
   } else if (absl::SimpleAtoi(bytes, &n)) {
-    region = regions_->Open(n);
+    region = regions_->Open(n, conn.scope);
   }
   if (!region.ok()) {
     return SendAll(conn.fd, absl::StrCat("ERR ", region.status().message().substr(0, 200), "\n"));
@@ -204,10 +291,12 @@ void LocalSocket::Close(Conn& conn) {
 
 void LocalSocket::Serve() {
   std::vector<Conn> conns;
+  absl::Time swept = absl::Now();
   for (;;) {
     std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
     for (const Conn& c : conns) fds.push_back({c.fd, POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
+    // Wakes at least once a second to re-check tokens and drop silent connections.
+    if (::poll(fds.data(), fds.size(), 1000) < 0) {
       if (errno == EINTR) continue;
       KVC_LOG(ERROR) << "local_socket: poll failed: " << Errno();
       break;
@@ -229,6 +318,16 @@ void LocalSocket::Serve() {
       } else if (ev & (POLLHUP | POLLERR | POLLNVAL)) {
         keep = false;
       }
+      const absl::Time now = absl::Now();
+      if (keep && !c.authenticated && now - c.opened > kAuthWithin) {
+        SendAll(c.fd, "ERR no AUTH in time\n");
+        keep = false;
+      }
+      if (keep && c.authenticated && now - swept >= absl::Seconds(1) && !StillValid(c)) {
+        Event("revoked");
+        SendAll(c.fd, "ERR the connection's credential is no longer valid\n");
+        keep = false;
+      }
       if (keep) {
         kept.push_back(std::move(c));
       } else {
@@ -236,6 +335,7 @@ void LocalSocket::Serve() {
       }
     }
     conns = std::move(kept);
+    if (absl::Now() - swept >= absl::Seconds(1)) swept = absl::Now();
     if (fds[1].revents & POLLIN) Accept(&conns);  // after the loop: fds holds the old ones
   }
   for (Conn& c : conns) Close(c);

@@ -1,32 +1,56 @@
 // LocalSocket: the same-node data path's doorway. A unix socket beside the gRPC listener
-// through which a reader on this node receives the memfds of the host pools' arenas
-// (SCM_RIGHTS) and maps them read-only; with a lease (KvCacheService.LeaseSequence) it then
-// reads a sequence's records straight from the pool's pages instead of through gRPC.
+// through which a reader on this node, once it proved its tenant, receives the memfds of the
+// host pool segments that hold that tenant's KV (SCM_RIGHTS) and maps them read-only; with a
+// lease (KvCacheService.LeaseSequence) it then reads a sequence's records straight from the
+// pool's pages instead of through gRPC.
 //
-// Trust: a mapping shows the whole arena, every tenant's KV in that pool, so only peers whose
-// uid (SO_PEERCRED, checked by the kernel) is allowed may connect: the server's own uid, or
-// exactly the configured list. The fds cannot be used to write the pool (host_arena.h: a
-// read-only reopen other uids cannot make writable, or a memfd sealed against writable maps).
+// Trust, in layers:
+//  - the kernel's peer uid (SO_PEERCRED): only the configured uids may connect, and kvcached's
+//    own uid only where the config allows it (a process of that uid can read kvcached's
+//    memory through /proc or ptrace whatever this socket says, so admitting it is a
+//    statement that every such process is trusted);
+//  - the same bearer token as gRPC, checked the same way (Authenticator), on the connection
+//    before anything else; it fixes the connection's scope (tenant). Without authentication
+//    configured every peer acts in the one scope "", as on gRPC. The token is checked again
+//    on every request and once a second: a revoked token closes the connection (and its
+//    staging regions);
+//  - what is handed out: a host pool's segments belong to one tenant at a time
+//    (host_block_pool.h), and SEGMENT gives a peer only segments its tenant owns now, as
+//    read-only descriptors other uids cannot make writable (host_arena.h). A device pool's
+//    CUDA IPC handle (which opens the whole allocation read-write) only to the tenant the
+//    pool is dedicated to (PoolOptions::tenant).
+// Mappings a peer already made stay readable after its token is revoked: they show that
+// tenant's segments as they were mapped, until each segment is released or changes owner
+// (then zeros: its pages are returned first). No new segment, lease mapping or staging
+// region reaches it.
 //
 // Protocol (text lines of at most 512 bytes; one connection per reader, requests in order):
-//   server -> "KVC-LOCAL 1 <token>\n" on connect (token: GetServerInfo.local_token, so a
+//   server -> "KVC-LOCAL 2 <token>\n" on connect (token: GetServerInfo.local_token, so a
 //             client can tell this server from another one at the same path), or
-//             "ERR <why>\n" and close (uid not allowed).
+//             "ERR <why>\n" and close (uid not allowed, too many connections).
+//   reader -> "AUTH <bearer token>\n" first, within kAuthWithin ("AUTH -" without a token:
+//             accepted only when authentication is off)
+//   server -> "OK\n", or "ERR <why>\n" and close.
 //   reader -> "ARENA <pool> <kvcache.v1.StorageFormat number>\n"
-//   server -> "OK <bytes>\n" with the arena's fd attached (a host pool), or
-//             "OK <bytes> CUDA <device ordinal> <128 hex digits>\n" (a device pool: the CUDA
-//             IPC handle of its one allocation, where every format's arena starts; no fd), or
-//             "ERR <why>\n". A CUDA IPC handle opens the allocation read-WRITE for anyone who
-//             holds it and can use the device (CUDA has no read-only IPC): the uid check
-//             above is what keeps it from others, and a reader must not write through it.
+//   server -> "OK <bytes> SEGMENTS <segment bytes>\n" (a host pool: the arena's reserved size;
+//             map segment i at i * segment bytes), or
+//             "OK <bytes> CUDA <device ordinal> <128 hex digits>\n" (a device pool dedicated
+//             to the caller's tenant: the CUDA IPC handle of its one allocation, where every
+//             format's arena starts; a reader must not write through it), or "ERR <why>\n".
+//   reader -> "SEGMENT <pool> <format number> <index> <epoch>\n" (from a lease:
+//             kvcache.v1.LeaseArena.segments)
+//   server -> "OK <bytes>\n" with the segment's memfd attached (only while the segment holds
+//             the caller's tenant's blocks with that memfd), or "ERR <why>\n".
 //   writer -> "STAGE <bytes>\n" (a staging region for Appends, staging_regions.h; at most
-//             kMaxRegionsPerConnection per connection, each closed with the connection)
+//             kMaxRegionsPerConnection per connection, each closed with the connection,
+//             usable only by the connection's tenant)
 //   server -> "OK <region id> <bytes>\n" with the region's memfd attached (the writer maps it
 //             writable), or "ERR <why>\n".
 #pragma once
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,6 +58,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/rpc/staging_regions.h"
 
@@ -41,20 +66,29 @@ namespace kvc::cachesvc {
 
 struct LocalSocketOptions {
   std::string path;         // filesystem path of the socket; a stale file there is replaced
-  std::vector<uid_t> uids;  // peers allowed; empty = this process's effective uid only
-  std::string token;        // sent in the greeting
+  std::vector<uid_t> uids;  // peers allowed (kvcached's own uid only with allow_same_uid)
+  bool allow_same_uid = false;
+  std::string token;  // sent in the greeting
+  // The scope (tenant) a bearer token acts in, or UNAUTHENTICATED; called for "AUTH" and to
+  // re-check connections. "-" stands for no token.
+  std::function<absl::StatusOr<std::string>(const std::string& token)> authenticate;
   // Called from the socket's thread for each "connected" (greeted), "refused" (uid or too
-  // many readers), "arena" (an arena fd handed out) and "staging" (a staging region opened):
-  // the server counts them in metrics.
+  // many readers), "authenticated", "revoked" (a connection closed because its token no
+  // longer authenticates), "arena", "segment" (a segment fd handed out) and "staging" (a
+  // staging region opened): the server counts them in metrics.
   std::function<void(const char* event)> on_event;
 };
 
 class LocalSocket {
  public:
   static constexpr size_t kMaxRegionsPerConnection = 4;
+  static constexpr size_t kMaxConnections = 256;
+  // A connection that has not authenticated by then is closed.
+  static constexpr absl::Duration kAuthWithin = absl::Seconds(5);
 
-  // Binds and starts serving. UNAVAILABLE when the path cannot be bound. `regions` (outliving
-  // the socket) holds the staging regions it opens.
+  // Binds and starts serving. UNAVAILABLE when the path cannot be bound; INVALID_ARGUMENT
+  // when no uid could ever connect. `regions` (outliving the socket) holds the staging
+  // regions it opens.
   static absl::StatusOr<std::unique_ptr<LocalSocket>> Start(const LocalSocketOptions& options,
                                                             KvStore* store,
                                                             StagingRegions* regions);
@@ -69,6 +103,10 @@ class LocalSocket {
   struct Conn {
     int fd = -1;
     std::string buffer;
+    absl::Time opened;
+    bool authenticated = false;
+    std::string token;                 // the bearer token it authenticated with ("-": none)
+    std::string scope;                 // the tenant it acts for
     std::vector<std::string> regions;  // staging regions it opened: closed with it
   };
   LocalSocket(const LocalSocketOptions& options, KvStore* store, StagingRegions* regions)
@@ -76,6 +114,11 @@ class LocalSocket {
   void Close(Conn& conn);
   // "OK <id> <bytes>" with the fd attached, or "ERR ..."; false: the connection failed.
   bool Stage(Conn& conn, const std::string& bytes);
+  bool Auth(Conn& conn, const std::string& token);
+  bool Arena(Conn& conn, const std::vector<std::string>& words);
+  bool Segment(Conn& conn, const std::vector<std::string>& words);
+  // Whether the connection's token still authenticates to the same scope.
+  bool StillValid(const Conn& conn) const;
   void Serve();
   void Accept(std::vector<Conn>* conns);
   // Handles the complete lines in the connection's buffer; false: close it.

@@ -215,6 +215,8 @@ absl::StatusOr<PoolOptions> FromProto(const pb::PoolConfig& config) {
   o.device = config.device().empty() ? "cpu" : config.device();
   o.capacity_bytes = config.capacity_bytes();
   if (config.has_keep_free_bytes()) o.keep_free_bytes = config.keep_free_bytes();
+  if (config.has_segment_bytes()) o.segment_bytes = config.segment_bytes();
+  o.tenant = config.tenant();
   const pb::PoolGeometry& g = config.geometry();
   o.geometry.num_layers = g.num_layers();
   o.geometry.num_kv_heads = g.num_kv_heads();
@@ -365,13 +367,21 @@ void ToProto(const LeaseSnapshot& l, pb::Lease* out) {
   out->set_block_tokens(l.block_tokens);
   out->set_head_dim(l.head_dim);
   out->set_dtype(ToProto(l.dtype));
-  for (const kernels::BlockLayout& layout : l.layouts) {
+  for (size_t i = 0; i < l.layouts.size(); ++i) {
+    const kernels::BlockLayout& layout = l.layouts[i];
     pb::LeaseArena* a = out->add_arenas();
     a->set_format(ToProto(layout.format));
     a->set_block_bytes(static_cast<int64_t>(layout.block_bytes));
     a->set_record_bytes(static_cast<int64_t>(layout.record_bytes));
     a->set_key_offset(static_cast<int64_t>(layout.key_offset));
     a->set_value_offset(static_cast<int64_t>(layout.value_offset));
+    if (i < l.segments.size()) {
+      for (const SegmentRef& ref : l.segments[i]) {
+        pb::LeaseArenaSegment* seg = a->add_segments();
+        seg->set_index(ref.index);
+        seg->set_epoch(ref.epoch);
+      }
+    }
   }
   out->mutable_layers()->Add(l.layers.begin(), l.layers.end());
   out->mutable_layer_generations()->Add(l.layer_generations.begin(), l.layer_generations.end());

@@ -69,13 +69,28 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
     // A random token: the greeting proves a client reached this server, not another one
     // listening at the same path on another node or in another run.
     const std::string token = RandomId("");
-    LocalSocketOptions local{options.local_socket,
-                             {options.local_socket_uids.begin(), options.local_socket_uids.end()},
-                             token,
-                             [metrics = server->metrics_.get()](const char* event) {
-                               metrics->RecordLocalSocketEvent(event);
-                             }};
-    server->staging_ = std::make_unique<StagingRegions>();
+    LocalSocketOptions local;
+    local.path = options.local_socket;
+    local.uids.assign(options.local_socket_uids.begin(), options.local_socket_uids.end());
+    local.allow_same_uid = options.local_socket_allow_same_uid;
+    local.token = token;
+    // The socket's peers prove their tenant with the same bearer token as gRPC callers.
+    local.authenticate =
+        [auth = server->auth_.get()](const std::string& bearer) -> absl::StatusOr<std::string> {
+      if (!auth->enabled()) return std::string();
+      KVC_ASSIGN_OR_RETURN(const Caller caller, auth->AuthenticateToken(bearer));
+      return caller.tenant;
+    };
+    local.on_event = [metrics = server->metrics_.get()](const char* event) {
+      metrics->RecordLocalSocketEvent(event);
+    };
+    if (options.local_socket_allow_same_uid) {
+      KVC_LOG(WARNING) << "local_socket admits kvcached's own uid: every process of that uid "
+                       << "is trusted with every tenant's KV (it can read this process's "
+                       << "memory anyway)";
+    }
+    server->staging_ = std::make_unique<StagingRegions>(options.local_staging_bytes_per_tenant,
+                                                        options.local_staging_bytes_total);
     KVC_ASSIGN_OR_RETURN(server->local_socket_,
                          LocalSocket::Start(local, server->store_.get(), server->staging_.get()));
     server->store_->SetLocalEndpoint(options.local_socket, token);

@@ -184,6 +184,18 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
   options.local_socket = config.local_socket();
   options.local_socket_uids.assign(config.local_socket_uids().begin(),
                                    config.local_socket_uids().end());
+  options.local_socket_allow_same_uid = config.local_socket_allow_same_uid();
+  if (config.local_staging_bytes_per_tenant() < 0 || config.local_staging_bytes_total() < 0) {
+    return absl::InvalidArgumentError(
+        "config local_staging_bytes_per_tenant and local_staging_bytes_total must be >= 0 (0 = "
+        "the default)");
+  }
+  if (config.local_staging_bytes_per_tenant() > 0) {
+    options.local_staging_bytes_per_tenant = config.local_staging_bytes_per_tenant();
+  }
+  if (config.local_staging_bytes_total() > 0) {
+    options.local_staging_bytes_total = config.local_staging_bytes_total();
+  }
   options.transfer_listen = config.transfer_listen();
   options.transfer_advertise_host = config.transfer_advertise_host();
   options.transfer_nccl_library = config.transfer_nccl_library();

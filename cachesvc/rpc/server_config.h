@@ -23,7 +23,12 @@ struct ServerOptions {
   bool insecure = false;
   // Same-node reads (local_socket.h): "" = off.
   std::string local_socket;
-  std::vector<uint32_t> local_socket_uids;  // empty = kvcached's own uid
+  std::vector<uint32_t> local_socket_uids;   // the engines' uids
+  bool local_socket_allow_same_uid = false;  // admit kvcached's own uid too
+  // Bytes of staging regions one tenant may hold open through local_socket, and all tenants
+  // together (staging_regions.h).
+  int64_t local_staging_bytes_per_tenant = int64_t{4} << 30;
+  int64_t local_staging_bytes_total = int64_t{16} << 30;
   // Transfers (transfer_channels.h): "host:port" of the TCP listener; "" = off.
   std::string transfer_listen;
   std::string transfer_advertise_host;  // "" = the host clients reached gRPC at

@@ -44,19 +44,46 @@ StagingRegion::~StagingRegion() {
 }
 
 absl::StatusOr<std::pair<std::string, std::shared_ptr<StagingRegion>>> StagingRegions::Open(
-    int64_t bytes) {
+    int64_t bytes, const std::string& scope) {
   if (bytes < kMinBytes || bytes > kMaxBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a staging region of ", bytes, " bytes; expected ", kMinBytes, " .. ", kMaxBytes));
   }
+  {
+    // Checked before the memfd exists; charged below under the same rule, so two Opens
+    // racing cannot both pass it.
+    absl::MutexLock lock(&mu_);
+    const auto it = scope_bytes_.find(scope);
+    const int64_t held = it == scope_bytes_.end() ? 0 : it->second;
+    if (held + bytes > budget_per_scope_ || open_bytes_ + bytes > budget_total_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a staging region of ", bytes, " bytes would pass the staging budget (",
+          held + bytes > budget_per_scope_
+              ? absl::StrCat(held, " of this tenant's ", budget_per_scope_, " bytes in use")
+              : absl::StrCat(open_bytes_, " of the server's ", budget_total_, " bytes in use"),
+          "): close regions it does not use or ask for a smaller one"));
+    }
+    scope_bytes_[scope] += bytes;
+    open_bytes_ += bytes;
+  }
+  const auto unreserve = [&] {
+    absl::MutexLock lock(&mu_);
+    if ((scope_bytes_[scope] -= bytes) == 0) scope_bytes_.erase(scope);
+    open_bytes_ -= bytes;
+  };
   absl::StatusOr<std::string> random = RandomBytes(16);
-  if (!random.ok()) return random.status();
+  if (!random.ok()) {
+    unreserve();
+    return random.status();
+  }
   std::string id = ToHex(*random);
   absl::StatusOr<std::shared_ptr<StagingRegion>> region = StagingRegion::Create(bytes);
-  if (!region.ok()) return region.status();
+  if (!region.ok()) {
+    unreserve();
+    return region.status();
+  }
   absl::MutexLock lock(&mu_);
-  regions_[id] = *region;
-  open_bytes_ += bytes;
+  regions_[id] = Open_{*region, scope};
   return std::make_pair(std::move(id), *std::move(region));
 }
 
@@ -64,21 +91,23 @@ void StagingRegions::Close(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = regions_.find(id);
   if (it == regions_.end()) return;
-  open_bytes_ -= it->second->bytes();
+  const int64_t bytes = it->second.region->bytes();
+  open_bytes_ -= bytes;
+  if ((scope_bytes_[it->second.scope] -= bytes) == 0) scope_bytes_.erase(it->second.scope);
   regions_.erase(it);
 }
 
 absl::StatusOr<std::shared_ptr<const StagingRegion>> StagingRegions::Find(
-    const std::string& id) const {
+    const std::string& scope, const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = regions_.find(id);
-  if (it == regions_.end()) {
+  if (it == regions_.end() || it->second.scope != scope) {
     return absl::FailedPreconditionError(
         absl::StrCat("staging region '", id.substr(0, 40),
                      "' is not open on this server (the local-socket connection that opened it "
                      "has closed, or the server restarted): open another one"));
   }
-  return std::shared_ptr<const StagingRegion>(it->second);
+  return std::shared_ptr<const StagingRegion>(it->second.region);
 }
 
 int64_t StagingRegions::open_bytes() const {

@@ -9,6 +9,8 @@
 // truncate the file under the server's mapping (a read past the end would be SIGBUS); bytes it
 // changes during an Append only change its own appended KV. A region lives until the socket
 // connection that opened it closes; an Append in flight keeps it mapped until it returns.
+// A region belongs to the tenant whose connection opened it: only that tenant's Appends can
+// name it, and each tenant's open regions count against a budget.
 #pragma once
 
 #include <cstdint>
@@ -46,18 +48,35 @@ class StagingRegions {
   static constexpr int64_t kMinBytes = int64_t{4} << 10;
   static constexpr int64_t kMaxBytes = int64_t{1} << 30;
 
-  // A new region of `bytes` (kMinBytes .. kMaxBytes, else INVALID_ARGUMENT) and its id: 32 hex
-  // digits from a CSPRNG, so an id names one region of one run and cannot be guessed.
-  absl::StatusOr<std::pair<std::string, std::shared_ptr<StagingRegion>>> Open(int64_t bytes);
+  // `budget_per_scope`: bytes of regions one scope (tenant) may hold open at once, across
+  // its connections; `budget_total`: all scopes together.
+  StagingRegions(int64_t budget_per_scope, int64_t budget_total)
+      : budget_per_scope_(budget_per_scope), budget_total_(budget_total) {}
+
+  // A new region of `bytes` (kMinBytes .. kMaxBytes, else INVALID_ARGUMENT) for `scope`, and
+  // its id: 32 hex digits from a CSPRNG, so an id names one region of one run and cannot be
+  // guessed. RESOURCE_EXHAUSTED naming the budget when the scope's regions or everyone's
+  // would pass it.
+  absl::StatusOr<std::pair<std::string, std::shared_ptr<StagingRegion>>> Open(
+      int64_t bytes, const std::string& scope);
   // Forgets `id`; an Append still reading it keeps the mapping until it returns.
   void Close(const std::string& id);
-  // FAILED_PRECONDITION naming a prefix of `id` when no such region is open.
-  absl::StatusOr<std::shared_ptr<const StagingRegion>> Find(const std::string& id) const;
+  // `scope`'s region `id`. FAILED_PRECONDITION naming a prefix of `id` when it has no such
+  // region open (another scope's region reads the same: an id works only for its tenant).
+  absl::StatusOr<std::shared_ptr<const StagingRegion>> Find(const std::string& scope,
+                                                            const std::string& id) const;
   int64_t open_bytes() const;
 
  private:
+  struct Open_ {
+    std::shared_ptr<StagingRegion> region;
+    std::string scope;
+  };
+  const int64_t budget_per_scope_;
+  const int64_t budget_total_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<StagingRegion>> regions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Open_> regions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int64_t> scope_bytes_ ABSL_GUARDED_BY(mu_);
   int64_t open_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

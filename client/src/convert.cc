@@ -169,8 +169,12 @@ absl::StatusOr<Lease> FromProto(const pb::Lease& in) {
   l.head_dim = in.head_dim();
   l.dtype = FromProto(in.dtype());
   for (const pb::LeaseArena& a : in.arenas()) {
-    l.arenas.push_back({FromProto(a.format()), a.block_bytes(), a.record_bytes(), a.key_offset(),
-                        a.value_offset()});
+    LeaseArena arena{FromProto(a.format()), a.block_bytes(),  a.record_bytes(),
+                     a.key_offset(),        a.value_offset(), {}};
+    for (const pb::LeaseArenaSegment& s : a.segments()) {
+      arena.segments.push_back({s.index(), s.epoch()});
+    }
+    l.arenas.push_back(std::move(arena));
   }
   l.layers.assign(in.layers().begin(), in.layers().end());
   l.layer_generations.assign(in.layer_generations().begin(), in.layer_generations().end());

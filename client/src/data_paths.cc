@@ -133,7 +133,8 @@ std::shared_ptr<internal::LocalReader> KvCacheClient::LocalPath(const CallOption
     why_not_local = "the server has no local_socket";
     if (!info->local_socket.empty()) {
       absl::StatusOr<std::unique_ptr<internal::LocalReader>> reader =
-          internal::LocalReader::Connect(info->local_socket, info->local_token);
+          internal::LocalReader::Connect(info->local_socket, info->local_token,
+                                         impl_->options.bearer_token);
       if (reader.ok()) {
         impl_->local = *std::move(reader);
         impl_->data_path = absl::StrCat("shared-memory (", info->local_socket, ")");

@@ -60,7 +60,8 @@ absl::StatusOr<std::string> ReadLine(int fd, int* passed_fd) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LocalReader>> LocalReader::Connect(const std::string& path,
-                                                                  const std::string& token) {
+                                                                  const std::string& token,
+                                                                  const std::string& bearer_token) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("local socket path '", path, "' is invalid"));
@@ -84,7 +85,7 @@ absl::StatusOr<std::unique_ptr<LocalReader>> LocalReader::Connect(const std::str
     ::close(fd);
     return greeting.status();
   }
-  if (*greeting != absl::StrCat("KVC-LOCAL 1 ", token)) {
+  if (*greeting != absl::StrCat("KVC-LOCAL 2 ", token)) {
     ::close(fd);
     if (absl::StartsWith(*greeting, "ERR ")) {
       return absl::FailedPreconditionError(absl::StrCat(path, " refused: ", greeting->substr(4)));
@@ -92,12 +93,27 @@ absl::StatusOr<std::unique_ptr<LocalReader>> LocalReader::Connect(const std::str
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is another server's (its greeting carries another token)"));
   }
-  return std::unique_ptr<LocalReader>(new LocalReader(fd, path, token));
+  // The same credential as the gRPC calls: it decides whose segments this connection maps.
+  std::unique_ptr<LocalReader> reader(new LocalReader(fd, path, token));
+  {
+    kvc::MutexLock lock(&reader->mu_);
+    int unused_fd = -1;
+    absl::StatusOr<std::string> reply = reader->Ask(
+        absl::StrCat("AUTH ", bearer_token.empty() ? "-" : bearer_token, "\n"), &unused_fd);
+    if (unused_fd >= 0) ::close(unused_fd);
+    if (!reply.ok()) return reply.status();
+    if (*reply != "OK") {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " refused this client's credential: ",
+                       absl::StartsWith(*reply, "ERR ") ? reply->substr(4, 200) : "no answer"));
+    }
+  }
+  return reader;
 }
 
 LocalReader::~LocalReader() {
   kvc::MutexLock lock(&mu_);
-  for (auto& [key, m] : maps_) ::munmap(const_cast<uint8_t*>(m.base), static_cast<size_t>(m.bytes));
+  for (auto& [key, m] : maps_) ::munmap(m.base, static_cast<size_t>(m.bytes));
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -118,30 +134,73 @@ absl::Status LocalReader::CheckSameServer(const Lease& lease) {
       "the lease is from another server than the local socket's (it restarted?)");
 }
 
-absl::StatusOr<ArenaView> LocalReader::Arena(const std::string& pool, StorageFormat format) {
+absl::StatusOr<ArenaView> LocalReader::Arena(const std::string& pool, StorageFormat format,
+                                             const LeaseArena* leased) {
   kvc::MutexLock lock(&mu_);
   const auto key = std::make_pair(pool, static_cast<int>(format));
-  if (auto it = maps_.find(key); it != maps_.end()) return it->second;
-  int arena_fd = -1;
-  absl::StatusOr<std::string> reply =
-      Ask(absl::StrCat("ARENA ", pool, " ", static_cast<int>(format), "\n"), &arena_fd);
-  if (!reply.ok()) return reply.status();
-  int64_t bytes = 0;
-  if (!absl::StartsWith(*reply, "OK ") || arena_fd < 0 ||
-      !absl::SimpleAtoi(reply->substr(3), &bytes) || bytes <= 0) {
-    if (arena_fd >= 0) ::close(arena_fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat("pool '", pool, "' cannot be mapped: ", reply->substr(0, 200)));
+  auto it = maps_.find(key);
+  if (it == maps_.end()) {
+    int unused_fd = -1;
+    absl::StatusOr<std::string> reply =
+        Ask(absl::StrCat("ARENA ", pool, " ", static_cast<int>(format), "\n"), &unused_fd);
+    if (unused_fd >= 0) ::close(unused_fd);
+    if (!reply.ok()) return reply.status();
+    // "OK <bytes> SEGMENTS <segment bytes>"
+    const std::vector<std::string> words = absl::StrSplit(*reply, ' ');
+    Mapped m;
+    if (words.size() != 4 || words[0] != "OK" || words[2] != "SEGMENTS" ||
+        !absl::SimpleAtoi(words[1], &m.bytes) || !absl::SimpleAtoi(words[3], &m.segment_bytes) ||
+        m.bytes <= 0 || m.segment_bytes <= 0 || m.bytes % m.segment_bytes != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pool '", pool, "' cannot be mapped: ", reply->substr(0, 200)));
+    }
+    // Address space only: a segment becomes readable when it is mapped below, and anything
+    // else faults instead of showing bytes.
+    void* p = ::mmap(nullptr, static_cast<size_t>(m.bytes), PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot reserve ", m.bytes, " bytes for pool '", pool, "': ", Errno()));
+    }
+    m.base = static_cast<uint8_t*>(p);
+    m.epochs.assign(static_cast<size_t>(m.bytes / m.segment_bytes), 0);
+    it = maps_.emplace(key, std::move(m)).first;
   }
-  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_SHARED, arena_fd, 0);
-  ::close(arena_fd);  // the mapping keeps the memory
-  if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot map pool '", pool, "' (", bytes, " bytes): ", Errno()));
+  Mapped& m = it->second;
+  if (leased != nullptr) {
+    for (const LeaseArenaSegment& seg : leased->segments) {
+      if (seg.index < 0 || seg.index >= static_cast<int64_t>(m.epochs.size())) {
+        return absl::InternalError(absl::StrCat("the lease names segment ", seg.index,
+                                                " outside the arena of pool '", pool, "'"));
+      }
+      if (m.epochs[static_cast<size_t>(seg.index)] == seg.epoch) continue;
+      int segment_fd = -1;
+      absl::StatusOr<std::string> reply =
+          Ask(absl::StrCat("SEGMENT ", pool, " ", static_cast<int>(format), " ", seg.index, " ",
+                           seg.epoch, "\n"),
+              &segment_fd);
+      if (!reply.ok()) return reply.status();
+      int64_t bytes = 0;
+      if (!absl::StartsWith(*reply, "OK ") || segment_fd < 0 ||
+          !absl::SimpleAtoi(reply->substr(3), &bytes) || bytes != m.segment_bytes) {
+        if (segment_fd >= 0) ::close(segment_fd);
+        return absl::FailedPreconditionError(
+            absl::StrCat("segment ", seg.index, " of pool '", pool,
+                         "' cannot be mapped: ", reply->substr(0, 200)));
+      }
+      // In place of whatever was there (nothing, or the segment's earlier memory).
+      void* p = ::mmap(m.base + seg.index * m.segment_bytes, static_cast<size_t>(bytes), PROT_READ,
+                       MAP_SHARED | MAP_FIXED, segment_fd, 0);
+      ::close(segment_fd);  // the mapping keeps the memory
+      if (p == MAP_FAILED) {
+        m.epochs[static_cast<size_t>(seg.index)] = 0;
+        return absl::ResourceExhaustedError(
+            absl::StrCat("cannot map a segment of pool '", pool, "': ", Errno()));
+      }
+      m.epochs[static_cast<size_t>(seg.index)] = seg.epoch;
+    }
   }
-  ArenaView m{static_cast<const uint8_t*>(p), bytes};
-  maps_[key] = m;
-  return m;
+  return ArenaView{m.base, m.bytes};
 }
 
 absl::StatusOr<DeviceArenaHandle> LocalReader::DeviceArena(const std::string& pool,
@@ -166,7 +225,7 @@ absl::StatusOr<DeviceArenaHandle> LocalReader::DeviceArena(const std::string& po
     h.server_token = token_;
     return h;
   }
-  if (words.size() == 2 && words[0] == "OK") {
+  if (words.size() == 4 && words[0] == "OK" && words[2] == "SEGMENTS") {
     return absl::FailedPreconditionError(
         absl::StrCat("pool '", pool, "' is a host pool (no CUDA IPC handle)"));
   }
@@ -214,19 +273,42 @@ absl::StatusOr<std::unique_ptr<StagingSpace>> LocalReader::OpenStaging(int64_t b
   return std::make_unique<StagingSpace>(words[1], static_cast<uint8_t*>(p), bytes);
 }
 
+absl::StatusOr<ArenaLookup> LocalReader::MapLease(const Lease& lease) {
+  // Every segment the lease names, mapped once before the reads (which then take no lock).
+  std::map<int, ArenaView> views;
+  for (const LeaseArena& a : lease.arenas) {
+    absl::StatusOr<ArenaView> view = Arena(lease.pool, a.format, &a);
+    if (!view.ok()) {
+      // Nothing was read yet: the caller reads over gRPC (which says why if it is refused
+      // there too, e.g. a revoked credential) and decides its path again next time.
+      stale_.store(true, std::memory_order_relaxed);
+      return absl::UnimplementedError(
+          absl::StrCat("the lease cannot be mapped here: ", view.status().message()));
+    }
+    views[static_cast<int>(a.format)] = *view;
+  }
+  return ArenaLookup([views = std::move(views)](StorageFormat f) -> absl::StatusOr<ArenaView> {
+    auto it = views.find(static_cast<int>(f));
+    if (it == views.end()) return absl::InternalError("the lease names no arena for a segment");
+    return it->second;
+  });
+}
+
 absl::Status LocalReader::ReadLeased(const Lease& lease, const FetchOptions& options,
                                      const std::function<absl::Status(FetchedChunk&)>& on_chunk) {
   if (absl::Status same = CheckSameServer(lease); !same.ok()) return same;
-  return internal::ReadLeased(
-      lease, options, [&](StorageFormat f) { return Arena(lease.pool, f); }, on_chunk);
+  absl::StatusOr<ArenaLookup> arenas = MapLease(lease);
+  if (!arenas.ok()) return arenas.status();
+  return internal::ReadLeased(lease, options, *arenas, on_chunk);
 }
 
 absl::Status LocalReader::ReadLeasedInto(const Lease& lease,
                                          const std::vector<LayerBuffers>& buffers,
                                          const FetchIntoOptions& options, FetchIntoResult* result) {
   if (absl::Status same = CheckSameServer(lease); !same.ok()) return same;
-  return internal::ReadLeasedInto(
-      lease, buffers, options, [&](StorageFormat f) { return Arena(lease.pool, f); }, result);
+  absl::StatusOr<ArenaLookup> arenas = MapLease(lease);
+  if (!arenas.ok()) return arenas.status();
+  return internal::ReadLeasedInto(lease, buffers, options, *arenas, result);
 }
 
 }  // namespace kvc::client::internal

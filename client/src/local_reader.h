@@ -1,11 +1,13 @@
 // LocalReader: the client's half of the same-node data path (cachesvc/rpc/local_socket.h).
 // It connects to the server's unix socket, checks that the greeting carries the token the
-// server gave over gRPC (the same server, not another one at that path), receives each host
-// arena's memfd once and maps it read-only; ReadLeased then serves a lease's records from the
-// mapping in the shape Fetch gives them, decoding with the kernels' own record codec. The
-// server never writes a leased record, so reads need no lock; a lease that could have ended
-// while it was read is ABORTED, never returned. The same connection opens staging regions
-// for Appends (OpenStaging, staging_space.h). Thread-safe.
+// server gave over gRPC (the same server, not another one at that path), authenticates with
+// the client's bearer token, and reserves address space for each host arena it reads; then,
+// per lease, it maps the segments the lease names (read-only, at their place in the arena)
+// wherever it has not mapped them at the lease's epoch yet. ReadLeased then serves a lease's
+// records from the mapping in the shape Fetch gives them, decoding with the kernels' own
+// record codec. The server never writes a leased record, so reads need no lock; a lease that
+// could have ended while it was read is ABORTED, never returned. The same connection opens
+// staging regions for Appends (OpenStaging, staging_space.h). Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -28,10 +30,11 @@ namespace kvc::client::internal {
 
 class LocalReader {
  public:
-  // FAILED_PRECONDITION when the socket refuses this uid or greets with another token;
-  // UNAVAILABLE when nothing listens at `path`.
+  // FAILED_PRECONDITION when the socket refuses this uid or `bearer_token` (empty: none),
+  // or greets with another token than `token`; UNAVAILABLE when nothing listens at `path`.
   static absl::StatusOr<std::unique_ptr<LocalReader>> Connect(const std::string& path,
-                                                              const std::string& token);
+                                                              const std::string& token,
+                                                              const std::string& bearer_token);
   LocalReader(const LocalReader&) = delete;
   LocalReader& operator=(const LocalReader&) = delete;
   ~LocalReader();  // unmaps every arena
@@ -69,8 +72,12 @@ class LocalReader {
   // UNIMPLEMENTED (read it over gRPC) when `lease` is not from this reader's server; marks
   // the reader stale so that the client connects again.
   absl::Status CheckSameServer(const Lease& lease);
-  // The mapped arena of (pool, format), mapped on first use.
-  absl::StatusOr<ArenaView> Arena(const std::string& pool, StorageFormat format);
+  // Maps what the lease names (Arena, per format) and returns the views to read it through.
+  absl::StatusOr<ArenaLookup> MapLease(const Lease& lease);
+  // The arena of (pool, format) with every segment `leased` names mapped at its epoch
+  // (address space reserved on first use).
+  absl::StatusOr<ArenaView> Arena(const std::string& pool, StorageFormat format,
+                                  const LeaseArena* leased);
   // Sends one request line and reads the reply (and the fd sent with it, or -1). A broken
   // connection is closed for good: UNAVAILABLE.
   absl::StatusOr<std::string> Ask(const std::string& request, int* passed_fd)
@@ -81,7 +88,13 @@ class LocalReader {
   const std::string path_;
   const std::string token_;
   std::atomic<bool> stale_{false};
-  std::map<std::pair<std::string, int>, ArenaView> maps_ ABSL_GUARDED_BY(mu_);
+  struct Mapped {
+    uint8_t* base = nullptr;  // reserved, inaccessible but where segments are mapped
+    int64_t bytes = 0;
+    int64_t segment_bytes = 0;
+    std::vector<uint64_t> epochs;  // per segment: the epoch mapped, 0 = none
+  };
+  std::map<std::pair<std::string, int>, Mapped> maps_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvc::client::internal

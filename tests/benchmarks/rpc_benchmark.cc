@@ -318,6 +318,7 @@ int main(int argc, char** argv) {
   const bool host_pool = pool.device == "cpu";
   if (host_pool && mkdtemp(socket_dir) != nullptr) {
     options.local_socket = absl::StrCat(socket_dir, "/kvcached.sock");
+    options.local_socket_allow_same_uid = true;  // the benchmark's clients run as this uid
   }
   // Transfer channels for the third client (a reader that cannot map the pool).
   options.transfer_listen = "127.0.0.1:0";

@@ -137,6 +137,26 @@ TEST_F(DevicePoolTest, AFailedAllocationTakesNothing) {
   for (BlockId id : c) EXPECT_TRUE(all.insert(id).second) << "block " << id << " twice";
 }
 
+// The CUDA IPC handle opens the whole allocation read-write: it goes only to the one scope
+// the pool holds sequences of (its `tenant`, "" where it names none).
+TEST_F(DevicePoolTest, TheIpcHandleGoesOnlyToThePoolsTenant) {
+  PoolOptions o = Options("d", "cuda:0", int64_t{2} << 20);
+  o.tenant = "a";
+  KVC_ASSERT_OK_AND_ASSIGN(auto dedicated, DeviceBlockPool::Create(o, device_.get(), cpu_.get()));
+  for (const std::string other : {"b", "", "A"}) {
+    EXPECT_THAT(dedicated->ShareArena(StorageFormat::kF16, other),
+                StatusIs(Code::kFailedPrecondition, "is dedicated to another tenant"))
+        << other;
+  }
+  const absl::StatusOr<SharedArena> mine = dedicated->ShareArena(StorageFormat::kF16, "a");
+  // cudasim exports handles of allocations of 1 MiB and more, as a GPU does.
+  EXPECT_TRUE(mine.ok()) << mine.status();
+  auto shared = MakePool(int64_t{2} << 20);
+  ASSERT_NE(shared, nullptr);
+  EXPECT_THAT(shared->ShareArena(StorageFormat::kF16, "a"),
+              StatusIs(Code::kFailedPrecondition, "holds every tenant's KV in one allocation"));
+}
+
 TEST_F(DevicePoolTest, MoreCapacityThanTheDeviceHasIsAStartupError) {
   auto pool = DeviceBlockPool::Create(Options("huge", "cuda:0", int64_t{1} << 50), device_.get(),
                                       cpu_.get());

@@ -68,9 +68,10 @@ class FaultyPool final : public BlockPool {
   int64_t capacity_bytes() const override { return inner_->capacity_bytes(); }
   int64_t used_bytes() const override { return inner_->used_bytes(); }
   int64_t used_blocks(StorageFormat f) const override { return inner_->used_blocks(f); }
-  absl::Status Allocate(StorageFormat f, int64_t n, std::vector<BlockId>* out) override {
+  absl::Status AllocateFor(StorageFormat f, int64_t n, const std::string& owner,
+                           std::vector<BlockId>* out) override {
     if (n > 0 && ++calls == fail_at) return absl::ResourceExhaustedError("injected: pool full");
-    return inner_->Allocate(f, n, out);
+    return inner_->AllocateFor(f, n, owner, out);
   }
   void Free(StorageFormat f, absl::Span<const BlockId> blocks) override { inner_->Free(f, blocks); }
 

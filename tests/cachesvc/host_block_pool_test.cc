@@ -9,11 +9,13 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
@@ -197,7 +199,7 @@ TEST_F(HostBlockPoolTest, FreeBlocksPastKeepFreeBytesGiveTheirPagesBack) {
   EXPECT_GE(pool->ResidentBytes(), written);
 }
 
-TEST_F(HostBlockPoolTest, KeepingEveryPageSealsTheArena) {
+TEST_F(HostBlockPoolTest, KeepingEveryPageReleasesNothing) {
   PoolOptions o = SmallPool(1024);
   o.keep_free_bytes = o.capacity_bytes;
   KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(o, backend_.get()));
@@ -208,10 +210,140 @@ TEST_F(HostBlockPoolTest, KeepingEveryPageSealsTheArena) {
   EXPECT_EQ(pool->TrimFreePages(), 0);
   EXPECT_EQ(pool->free_resident_bytes(), o.capacity_bytes);
   EXPECT_GE(pool->ResidentBytes(), o.capacity_bytes);
-  KVC_ASSERT_OK_AND_ASSIGN(const SharedArena shared, pool->ShareArena(StorageFormat::kF16));
-  EXPECT_NE(::fcntl(shared.fd, F_GET_SEALS) & F_SEAL_FUTURE_WRITE, 0);
-  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, shared.fd, 0), MAP_FAILED)
-      << "sealed: not even this process maps it writable again";
+}
+
+// The segment of `block` (one of `owner`'s) as a same-node reader of `owner` maps it, at the
+// segment's place in a reservation of the whole arena; null when ShareSegment refuses.
+class ReaderView {
+ public:
+  ReaderView() = default;
+  ReaderView(const ReaderView&) = delete;
+  ReaderView& operator=(const ReaderView&) = delete;
+  // Call through ASSERT_NO_FATAL_FAILURE.
+  void Map(HostBlockPool& pool, StorageFormat format, const std::string& owner, BlockId block) {
+    format_ = format;
+    KVC_ASSERT_OK_AND_ASSIGN(const SharedArena shape, pool.ShareArena(format, owner));
+    segment_bytes_ = shape.segment_bytes;
+    const std::vector<SegmentRef> refs = pool.SegmentsOf(format, {block});
+    ASSERT_EQ(refs.size(), 1u);
+    ref_ = refs[0];
+    KVC_ASSERT_OK_AND_ASSIGN(UniqueFd fd, pool.ShareSegment(format, owner, ref_.index, ref_.epoch));
+    void* p =
+        ::mmap(nullptr, static_cast<size_t>(segment_bytes_), PROT_READ, MAP_SHARED, fd.get(), 0);
+    ASSERT_NE(p, MAP_FAILED);
+    base_ = static_cast<const uint8_t*>(p);
+    first_ = ref_.index * segment_bytes_;
+  }
+  ~ReaderView() {
+    if (base_ != nullptr)
+      ::munmap(const_cast<uint8_t*>(base_), static_cast<size_t>(segment_bytes_));
+  }
+  // Every byte of `block` (in this segment) is `tag`.
+  bool Holds(BlockId block, uint8_t tag) const {
+    const int64_t bytes = BlockBytes(format_);
+    const int64_t at = int64_t{block} * bytes - first_;
+    if (at < 0 || at + bytes > segment_bytes_) return false;
+    for (int64_t i = 0; i < bytes; ++i) {
+      if (base_[at + i] != tag) return false;
+    }
+    return true;
+  }
+  const SegmentRef& ref() const { return ref_; }
+
+ private:
+  StorageFormat format_ = StorageFormat::kF16;
+  int64_t segment_bytes_ = 0;
+  int64_t first_ = 0;
+  SegmentRef ref_;
+  const uint8_t* base_ = nullptr;
+};
+
+// Tenant isolation by layout: blocks of different owners never share a segment, and a
+// segment is handed to a reader of its owner only.
+TEST_F(HostBlockPoolTest, OwnersNeverShareASegment) {
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(SmallPool(4096), backend_.get()));
+  const int64_t per_segment =
+      pool->segment_bytes(StorageFormat::kF16) / BlockBytes(StorageFormat::kF16);
+  ASSERT_GT(per_segment, 1);
+  std::map<int64_t, std::string> owner_of;  // segment -> owner
+  std::map<std::string, std::vector<BlockId>> held;
+  for (int round = 0; round < 40; ++round) {
+    for (const std::string owner : {"a", "b", "c"}) {
+      std::vector<BlockId> got;
+      KVC_ASSERT_OK(pool->AllocateFor(StorageFormat::kF16, 1 + round % 7, owner, &got));
+      for (BlockId b : got) {
+        auto [it, added] = owner_of.emplace(b / per_segment, owner);
+        EXPECT_EQ(it->second, owner) << "block " << b << " shares segment " << b / per_segment;
+        held[owner].push_back(b);
+      }
+      if (round % 3 == 2) {  // free some, so that owners reuse their own holes
+        pool->Free(StorageFormat::kF16, {held[owner].front()});
+        held[owner].erase(held[owner].begin());
+      }
+    }
+  }
+  const BlockId a = held["a"].back();
+  Fill(*pool, StorageFormat::kF16, {a}, 0x5a);
+  ReaderView mine;
+  ASSERT_NO_FATAL_FAILURE(mine.Map(*pool, StorageFormat::kF16, "a", a));
+  EXPECT_TRUE(mine.Holds(a, 0x5a)) << "the reader sees the owner's bytes in place";
+  for (const std::string other : {"b", "", "A"}) {
+    EXPECT_THAT(pool->ShareSegment(StorageFormat::kF16, other, mine.ref().index, mine.ref().epoch),
+                StatusIs(absl::StatusCode::kFailedPrecondition, "holds none of this tenant's"))
+        << other;
+  }
+  EXPECT_THAT(
+      pool->ShareSegment(StorageFormat::kF16, "a", mine.ref().index, mine.ref().epoch + 1000),
+      StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+// A segment passes to another owner only as new memory: the previous owner's reader keeps a
+// mapping of the old memfd, which reads zeros, and cannot map the new one; the new owner
+// sees only its own bytes. With every segment held, another owner's allocation is refused
+// until one is free.
+TEST_F(HostBlockPoolTest, ASegmentChangesOwnerOnlyAsNewZeroedMemory) {
+  PoolOptions o = SmallPool(256);
+  o.keep_free_bytes = o.capacity_bytes;  // the trimmer keeps out of it: only a claim steals
+  KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(o, backend_.get()));
+  // One block per owner until every segment of the arena is held.
+  std::vector<std::pair<std::string, BlockId>> owners;
+  for (int i = 0;; ++i) {
+    std::vector<BlockId> got;
+    const std::string owner = absl::StrCat("t", i);
+    const absl::Status s = pool->AllocateFor(StorageFormat::kF16, 1, owner, &got);
+    if (!s.ok()) {
+      EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, "holds other tenants' blocks"));
+      break;
+    }
+    owners.emplace_back(owner, got[0]);
+    ASSERT_LT(i, 100000);
+  }
+  ASSERT_GT(owners.size(), 2u);
+  EXPECT_LT(pool->used_bytes(), pool->capacity_bytes()) << "bytes were free all along";
+  const auto [first, block] = owners[0];
+  Fill(*pool, StorageFormat::kF16, {block}, 0x77);
+  ReaderView old_view;
+  ASSERT_NO_FATAL_FAILURE(old_view.Map(*pool, StorageFormat::kF16, first, block));
+  ASSERT_TRUE(old_view.Holds(block, 0x77));
+
+  pool->Free(StorageFormat::kF16, {block});
+  std::vector<BlockId> stolen;
+  KVC_ASSERT_OK(pool->AllocateFor(StorageFormat::kF16, 1, "newcomer", &stolen));
+  EXPECT_EQ(
+      stolen[0] / (pool->segment_bytes(StorageFormat::kF16) / BlockBytes(StorageFormat::kF16)),
+      old_view.ref().index)
+      << "the only free segment";
+  EXPECT_TRUE(Holds(*pool, StorageFormat::kF16, stolen, 0)) << "new memory reads as zeros";
+  Fill(*pool, StorageFormat::kF16, stolen, 0x33);
+  EXPECT_TRUE(old_view.Holds(block, 0)) << "the old owner's mapping was emptied";
+  EXPECT_FALSE(old_view.Holds(stolen[0], 0x33)) << "and never shows the new owner's bytes";
+  EXPECT_THAT(
+      pool->ShareSegment(StorageFormat::kF16, first, old_view.ref().index, old_view.ref().epoch),
+      StatusIs(absl::StatusCode::kFailedPrecondition));
+  ReaderView new_view;
+  ASSERT_NO_FATAL_FAILURE(new_view.Map(*pool, StorageFormat::kF16, "newcomer", stolen[0]));
+  EXPECT_GT(new_view.ref().epoch, old_view.ref().epoch);
+  EXPECT_TRUE(new_view.Holds(stolen[0], 0x33));
 }
 
 // What a same-node reader receives cannot write the pool: a read-only descriptor of a memfd
@@ -221,18 +353,26 @@ TEST_F(HostBlockPoolTest, ReadersGetADescriptorTheyCannotWriteThrough) {
   PoolOptions o = SmallPool(1024);
   o.keep_free_bytes = 0;
   KVC_ASSERT_OK_AND_ASSIGN(auto pool, HostBlockPool::Create(o, backend_.get()));
-  KVC_ASSERT_OK_AND_ASSIGN(const SharedArena shared, pool->ShareArena(StorageFormat::kF16));
-  EXPECT_EQ(::fcntl(shared.fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+  std::vector<BlockId> a;
+  KVC_ASSERT_OK(pool->AllocateFor(StorageFormat::kF16, 1, "t", &a));
+  const std::vector<SegmentRef> refs = pool->SegmentsOf(StorageFormat::kF16, a);
+  ASSERT_EQ(refs.size(), 1u);
+  KVC_ASSERT_OK_AND_ASSIGN(const UniqueFd shared, pool->ShareSegment(StorageFormat::kF16, "t",
+                                                                     refs[0].index, refs[0].epoch));
+  EXPECT_EQ(::fcntl(shared.get(), F_GETFL) & O_ACCMODE, O_RDONLY);
   struct stat st {};
-  ASSERT_EQ(::fstat(shared.fd, &st), 0);
+  ASSERT_EQ(::fstat(shared.get(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0400u);
-  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, shared.fd, 0), MAP_FAILED);
+  EXPECT_EQ(st.st_size, pool->segment_bytes(StorageFormat::kF16));
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, shared.get(), 0), MAP_FAILED);
   EXPECT_EQ(errno, EACCES);
-  void* view = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, shared.fd, 0);
+  EXPECT_NE(::ftruncate(shared.get(), 0), 0) << "a reader cannot shrink it under kvcached";
+  void* view = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, shared.get(), 0);
   ASSERT_NE(view, MAP_FAILED);
   EXPECT_NE(::mprotect(view, 4096, PROT_READ | PROT_WRITE), 0);
   ::munmap(view, 4096);
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another uid";
+  const int fd = shared.get();
   const pid_t pid = ::fork();
   if (pid == 0) {
     // Only async-signal-safe calls after fork: the exit code says what failed.
@@ -243,13 +383,13 @@ TEST_F(HostBlockPoolTest, ReadersGetADescriptorTheyCannotWriteThrough) {
     size_t n = std::strlen(path);
     char digits[16];
     size_t d = 0;
-    for (int v = shared.fd; v > 0 || d == 0; v /= 10) digits[d++] = static_cast<char>('0' + v % 10);
+    for (int v = fd; v > 0 || d == 0; v /= 10) digits[d++] = static_cast<char>('0' + v % 10);
     while (d > 0) path[n++] = digits[--d];
     path[n] = '\0';
     if (::open(path, O_RDWR) >= 0 || errno != EACCES) ::_exit(11);
-    if (::fchmod(shared.fd, 0600) == 0 || errno != EPERM) ::_exit(12);
+    if (::fchmod(fd, 0600) == 0 || errno != EPERM) ::_exit(12);
     // What it was given still maps for reading.
-    if (::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, shared.fd, 0) == MAP_FAILED) ::_exit(13);
+    if (::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0) == MAP_FAILED) ::_exit(13);
     ::_exit(0);
   }
   int status = 0;

@@ -195,6 +195,22 @@ TEST(KvStoreFullTest, PoolFullFailsWholeAppendAndKeepsBlocks) {
   EXPECT_EQ(after.layer_tokens[1], 0);
 }
 
+// A pool whose config names a tenant holds that scope's sequences only (what lets a device
+// pool share its one allocation with that tenant's engines over CUDA IPC).
+TEST(KvStoreTenantPoolTest, APoolDedicatedToATenantHoldsOnlyItsSequences) {
+  KvStoreOptions options = SmallStore();
+  options.pools[0].tenant = "a";
+  KVC_ASSERT_OK_AND_ASSIGN(auto store, KvStore::Create(options));
+  CreateSequenceParams b;
+  b.scope = b.tenant = "b";
+  EXPECT_THAT(store->CreateSequence(b),
+              StatusIs(Code::kPermissionDenied, "holds one other tenant's sequences only"));
+  EXPECT_THAT(store->CreateSequence({}), StatusIs(Code::kPermissionDenied));
+  CreateSequenceParams a;
+  a.scope = a.tenant = "a";
+  KVC_EXPECT_OK(store->CreateSequence(a).status());
+}
+
 TEST_F(KvStoreTest, ReleaseReturnsEveryBlock) {
   AppendAllLayers(0, 40);  // 3 blocks x 2 heads x 3 layers
   KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot before, store_->GetPoolStats(""));

@@ -410,7 +410,7 @@ TEST(PrefixCacheModelTest, HoldersReturnToZeroAfterRandomSharing) {
   EXPECT_EQ(pool->used_bytes(), st.cached_bytes) << "only the cache holds blocks";
   // An allocation larger than the pool first empties the cache: every block comes back.
   std::vector<BlockId> out;
-  EXPECT_THAT(pool->AllocateOrReclaim(StorageFormat::kF32, int64_t{1} << 30, &out),
+  EXPECT_THAT(pool->AllocateOrReclaim(StorageFormat::kF32, int64_t{1} << 30, "", &out),
               StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_EQ(pool->used_bytes(), 0);
   EXPECT_EQ(pool->shares().frozen_blocks(), 0);
@@ -457,7 +457,7 @@ TEST(PrefixCacheThreadTest, ConcurrentSharersSeeThePublishedBytesAndLeakNothing)
   KVC_ASSERT_OK(store.Release(f.id));
   BlockPool* pool = *store.FindPool("");
   std::vector<BlockId> out;
-  EXPECT_THAT(pool->AllocateOrReclaim(StorageFormat::kF32, int64_t{1} << 30, &out),
+  EXPECT_THAT(pool->AllocateOrReclaim(StorageFormat::kF32, int64_t{1} << 30, "", &out),
               StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_EQ(pool->used_bytes(), 0);
 }

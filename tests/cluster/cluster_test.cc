@@ -90,7 +90,10 @@ class ClusterTest : public ::testing::Test {
                                     "--listen=127.0.0.1:0", "--metrics_listen=off",
                                     absl::StrCat("--shard=kc-", i),
                                     absl::StrCat("--shutdown_grace_seconds=", grace_seconds)};
-      if (local_sockets) args.push_back("--local_socket=" + shard_dir + "/kvcached.sock");
+      if (local_sockets) {
+        args.push_back("--local_socket=" + shard_dir + "/kvcached.sock");
+        args.push_back("--local_socket_allow_same_uid");
+      }
       shards_.push_back(
           std::make_unique<testing::KvcachedProcess>(KVCACHED_PATH, shard_dir, std::move(args)));
       ASSERT_FALSE(shards_.back()->target().empty()) << shards_.back()->Log();

@@ -140,7 +140,8 @@ if [ -n "$same_node" ]; then
                   '/- mountPath: \/run\/kvcached$/{n;s/name: local-socket$/name: local-socket\n          readOnly: true/}' \
                   '/- hostPath:$/{N;N;s/- hostPath:\n *path: \/run\/kvcached\n *type: DirectoryOrCreate/- emptyDir: {}/}' \
                   '/^      initContainers:/,/^      [a-z]/{/^      initContainers:/d;/^      [a-z]/!d}' \
-                  's/local_socket_uids: \[1000\]/# no uids/'; do
+                  's/local_socket_uids: \[1000\]/# no uids/' \
+                  's/local_socket_uids: \[1000\]/local_socket_uids: [1000]\nlocal_socket_allow_same_uid: true/'; do
     sed "$breakage" "$same_node" >"$tmp/broken.yaml"
     cmp -s "$same_node" "$tmp/broken.yaml" && fail "self-test: '$breakage' changed nothing"
     if validate --secrets-dir "$tmp/secrets" "$tmp/broken.yaml" >"$tmp/broken.log" 2>&1; then

@@ -242,8 +242,15 @@ def check_local_socket(where, config, pod, c, args):
         problem(where, f"no init container prepares hostPath {vol['hostPath']['path']}: the kubelet "
                 "creates it root-owned 0755, where kvcached (non-root) cannot create its socket")
     if not config.local_socket_uids:
-        problem(where, "local_socket without local_socket_uids: only kvcached's own uid could "
-                "connect, never an engine's")
+        problem(where, "local_socket without local_socket_uids: no engine's uid could connect "
+                "(kvcached refuses to start)")
+    if config.local_socket_allow_same_uid:
+        problem(where, "local_socket_allow_same_uid: every process of kvcached's uid would be "
+                "trusted with every tenant's KV; give the engines their own uid")
+    if not config.auth.tokens_file:
+        problem(where, "local_socket without auth.tokens_file: a same-node peer proves its "
+                "tenant with a bearer token, so without tokens every engine maps every "
+                "tenant's KV")
     print(f"{where}: local_socket {path} in hostPath {vol['hostPath']['path']}, "
           f"uids {list(config.local_socket_uids)}")
 

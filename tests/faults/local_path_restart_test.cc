@@ -84,7 +84,7 @@ TEST(LocalPathRestartTest, AClientThatOutlivesAServerRestartServesOnlyTheNewServ
   testing::KvcachedProcess server(
       KVCACHED_PATH, dir,
       {"--config=" + dir + "/kvcached.conf", "--listen=127.0.0.1:0", "--metrics_listen=off",
-       "--local_socket=" + dir + "/kvcached.sock"});
+       "--local_socket=" + dir + "/kvcached.sock", "--local_socket_allow_same_uid"});
   ASSERT_FALSE(server.target().empty()) << server.Log();
   client::ClientOptions options;
   options.target = server.target();

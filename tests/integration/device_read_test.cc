@@ -43,7 +43,7 @@ std::string KvcachedPath() {
 
 std::string Config(const std::string& dir) {
   return absl::StrCat(
-      "local_socket: '", dir, "/kvcached.sock'\n",
+      "local_socket: '", dir, "/kvcached.sock'\nlocal_socket_allow_same_uid: true\n",
       "pools { name: 'gpu' device: 'cuda:0' capacity_bytes: 33554432 geometry { num_layers: ",
       kLayers, " num_kv_heads: ", kHeads, " num_query_heads: 4 head_dim: ", kDim,
       " block_tokens: 16 dtype: DTYPE_F16 } }\n",

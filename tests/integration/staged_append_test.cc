@@ -91,6 +91,7 @@ class StagedAppendTest : public ::testing::Test {
     cachesvc::ServerOptions o = testing::SmallServerOptions();
     o.store.pools[0].device = "cpu";
     o.local_socket = dir_ + "/kvcached.sock";
+    o.local_socket_allow_same_uid = true;  // the test is the engine, as this uid
     return o;
   }
   static std::unique_ptr<client::KvCacheClient> Client(const std::string& target, bool local,
@@ -183,7 +184,11 @@ class RawSocket {
     std::memcpy(addr.sun_path, path.data(), path.size());
     EXPECT_EQ(::connect(fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0);
     int unused = -1;
-    EXPECT_EQ(Line(&unused).rfind("KVC-LOCAL 1 ", 0), 0u);
+    EXPECT_EQ(Line(&unused).rfind("KVC-LOCAL 2 ", 0), 0u);
+    const std::string auth = "AUTH -\n";  // the test server has no authentication
+    EXPECT_EQ(::send(fd_, auth.data(), auth.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(auth.size()));
+    EXPECT_EQ(Line(&unused), "OK");
   }
   RawSocket(const RawSocket&) = delete;
   RawSocket& operator=(const RawSocket&) = delete;

@@ -10,7 +10,7 @@ KVCACHED=$1 LOADGEN=$2
 
 write_config $((256 * 1024 * 1024))
 # The socket by flag, as deploy/k8s/overlays/same-node passes it (one path per pod).
-start_server "$KVCACHED" 127.0.0.1:0 --local_socket="$WORK/kvcached.sock"
+start_server "$KVCACHED" 127.0.0.1:0 --local_socket="$WORK/kvcached.sock" --local_socket_allow_same_uid
 [ "$(stat -c %a "$WORK/kvcached.sock")" = 666 ] || fail "the socket is not connectable by other uids"
 
 "$LOADGEN" --target="$SRV_TARGET" --sequences=6 --tokens=1024 --chunk_tokens=128 --threads=2 \

@@ -33,7 +33,7 @@ def decode_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         f'num_kv_heads: {KV_HEADS} num_query_heads: 4 head_dim: {HEAD_DIM} '
         f'dtype: DTYPE_{dtype} }} }}\n' for name, dtype in WIDE.items())
     s = start(tmp, pools + f'local_socket: "{tmp / "kvcached.sock"}"\n'
-              'transfer_listen: "127.0.0.1:0"\n')
+              'local_socket_allow_same_uid: true\ntransfer_listen: "127.0.0.1:0"\n')
     yield s
     s.stop()
 

@@ -24,7 +24,7 @@ from kvcache import CompressionSpec
 @pytest.fixture(scope="module")
 def local_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("kvcached-staged")
-    s = start(tmp, f'local_socket: "{tmp / "kvcached.sock"}"\n')
+    s = start(tmp, f'local_socket: "{tmp / "kvcached.sock"}"\nlocal_socket_allow_same_uid: true\n')
     yield s
     s.stop()
 

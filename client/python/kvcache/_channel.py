@@ -23,6 +23,7 @@ class Settings:
     metadata: Tuple[Tuple[str, str], ...]
     credentials: Optional[grpc.ChannelCredentials]
     options: List[Tuple[str, object]]
+    token: Optional[str] = None  # the bearer token, also presented on the local socket
 
 
 def _read(path: Optional[PathLike], what: str) -> Optional[bytes]:
@@ -69,7 +70,7 @@ def make_settings(target: str, *, timeout: float, max_attempts: int, initial_bac
             options.append(("grpc.ssl_target_name_override", tls_server_name))
     return Settings(target=target, timeout=timeout, max_attempts=max_attempts,
                     initial_backoff=initial_backoff, max_backoff=max_backoff, metadata=metadata,
-                    credentials=credentials, options=options)
+                    credentials=credentials, options=options, token=token)
 
 
 def sequence_id(seq: object) -> str:

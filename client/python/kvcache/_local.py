@@ -3,9 +3,12 @@
 the C++ client's LocalReader (client/src/local_reader.h) does.
 
 The reader connects to the socket the server names in GetServerInfo, checks that the
-greeting carries the server's token (the same server, not another one at that path),
-receives each arena's memfd once (SCM_RIGHTS) and maps it read-only. A read copies each
-lane's records out of the mapping with NumPy (one gather per segment). Records stored in
+greeting carries the server's token (the same server, not another one at that path) and
+authenticates with the client's bearer token (the connection then acts for that tenant). It
+reserves address space for each arena it reads and maps into it, read-only and at their
+places, the segments a lease names (their memfds come over the socket, SCM_RIGHTS, only for
+segments holding the tenant's own blocks), again whenever a lease names a newer epoch. A
+read copies each lane's records out of the mapping with NumPy (one gather per segment). Records stored in
 another format than the requested dtype's raw one (INT4, FP8, NVFP4, ... or f16 asked as
 f32) are decoded as the server would (kvcache/_decode.py) when the client's client_decode
 is on; otherwise read() returns None and the caller fetches over gRPC (the server's C++
@@ -18,6 +21,7 @@ into before sending an Append that names the offsets (cachesvc/rpc/staging_regio
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import select
@@ -35,6 +39,32 @@ from kvcache._decode import DECODABLE, RAW_FORMAT, decode, output_dtype
 from kvcache.types import DType, FetchedHead, FetchResult, lease_positions
 
 _MAX_LINE = 512
+_MAP_FIXED = 0x10  # <sys/mman.h>; the mmap module does not export it
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+
+
+class _Arena:
+    """One (pool, format) arena as this process maps it: a reservation of its whole size
+    (inaccessible, so a read outside a mapped segment faults instead of showing bytes) with
+    segments mapped in place at i * segment_bytes."""
+
+    def __init__(self, size: int, segment_bytes: int):
+        self.segment_bytes = segment_bytes
+        self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS |
+                              getattr(mmap, "MAP_NORESERVE", 0), prot=0)  # PROT_NONE
+        self.array = np.frombuffer(self._map, dtype=np.uint8)
+        self.epochs = [0] * (size // segment_bytes)  # per segment: the epoch mapped, 0 = none
+
+    def map_segment(self, index: int, fd: int) -> None:
+        at = self.array.ctypes.data + index * self.segment_bytes
+        if _libc.mmap(at, self.segment_bytes, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED,
+                      fd, 0) != at:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
 
 
 def server_info_failed(error: KvCacheError) -> Tuple[bool, str]:
@@ -44,7 +74,8 @@ def server_info_failed(error: KvCacheError) -> Tuple[bool, str]:
     return decided, f"grpc (GetServerInfo failed: {error})"
 
 
-def connect_local(info: Any, local_reads: bool = True) -> Tuple[Optional["LocalReader"], str]:
+def connect_local(info: Any, local_reads: bool = True,
+                  bearer_token: Optional[str] = None) -> Tuple[Optional["LocalReader"], str]:
     """The reader of the local socket GetServerInfo's reply names (None when there is none,
     it refuses or local_reads is off), and what data_path says. Blocking: the asyncio client
     runs it in an executor."""
@@ -53,7 +84,7 @@ def connect_local(info: Any, local_reads: bool = True) -> Tuple[Optional["LocalR
     if not info.local_socket:
         return None, "grpc (the server has no local_socket)"
     try:
-        return LocalReader(info.local_socket, info.local_token), \
+        return LocalReader(info.local_socket, info.local_token, bearer_token), \
             f"shared-memory ({info.local_socket})"
     except KvCacheError as e:
         return None, f"grpc ({e.message})"
@@ -155,14 +186,15 @@ class LocalReader:
     """A connection to kvcached's local socket and the arenas mapped through it.
     Thread-safe."""
 
-    def __init__(self, path: str, token: str):
-        """FailedPrecondition when the socket refuses this uid or greets with another token;
-        Unavailable when nothing listens at `path`."""
+    def __init__(self, path: str, token: str, bearer_token: Optional[str] = None):
+        """FailedPrecondition when the socket refuses this uid or `bearer_token` (None: no
+        credential), or greets with another token than `token`; Unavailable when nothing
+        listens at `path`."""
         self.path = path
         self.token = token
         self._stale = False  # a lease of another server came by
         self._lock = threading.Lock()
-        self._maps: Dict[Tuple[str, int], Tuple[mmap.mmap, np.ndarray]] = {}
+        self._maps: Dict[Tuple[str, int], _Arena] = {}
         self._sock: Optional[socket.socket] = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.settimeout(10)
@@ -173,12 +205,21 @@ class LocalReader:
             raise Unavailable(f"local socket {path}: {e.strerror or e}") from None
         for fd in fds:
             os.close(fd)
-        if greeting != f"KVC-LOCAL 1 {token}":
+        if greeting != f"KVC-LOCAL 2 {token}":
             self._sock.close()
             if greeting.startswith("ERR "):
                 raise FailedPrecondition(f"{path} refused: {greeting[4:]}")
             raise FailedPrecondition(f"{path} is another server's (its greeting carries "
                                      "another token)")
+        # The same credential as the gRPC calls: it decides whose segments this maps.
+        with self._lock:
+            reply, fds = self._ask(f"AUTH {bearer_token or '-'}\n")
+        for fd in fds:
+            os.close(fd)
+        if reply != "OK":
+            self.close()
+            raise FailedPrecondition(f"{path} refused this client's credential: "
+                                     f"{reply[4:204] if reply.startswith('ERR ') else reply[:200]}")
 
     def alive(self) -> bool:
         """False once the server's end closed (it exited or restarted: the mappings are of a
@@ -248,25 +289,43 @@ class LocalReader:
             os.close(fds[0])  # the mapping keeps the memory
         return StagingSpace(words[1], m)
 
-    def _arena(self, pool: str, storage: int) -> np.ndarray:
-        """The mapped arena of (pool, storage format), as uint8, mapped on first use."""
+    def _arena(self, pool: str, storage: int, leased: Any) -> np.ndarray:
+        """The arena of (pool, storage format) as uint8 with every segment `leased` (a
+        LeaseArena) names mapped at its epoch; address space reserved on first use."""
         with self._lock:
             key = (pool, storage)
-            if key in self._maps:
-                return self._maps[key][1]
-            reply, fds = self._ask(f"ARENA {pool} {storage}\n")
-            if not reply.startswith("OK ") or len(fds) != 1:
+            arena = self._maps.get(key)
+            if arena is None:
+                reply, fds = self._ask(f"ARENA {pool} {storage}\n")
                 for fd in fds:
                     os.close(fd)
-                raise FailedPrecondition(f"pool '{pool}' cannot be mapped: {reply[:200]}")
-            try:
-                size = int(reply[3:])
-                m = mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-            finally:
-                os.close(fds[0])  # the mapping keeps the memory
-            array = np.frombuffer(m, dtype=np.uint8)
-            self._maps[key] = (m, array)
-            return array
+                words = reply.split(" ")
+                if (len(words) != 4 or words[0] != "OK" or words[2] != "SEGMENTS"
+                        or not words[1].isdigit() or not words[3].isdigit()
+                        or int(words[3]) <= 0 or int(words[1]) % int(words[3]) != 0):
+                    raise FailedPrecondition(f"pool '{pool}' cannot be mapped: {reply[:200]}")
+                arena = _Arena(int(words[1]), int(words[3]))
+                self._maps[key] = arena
+            for seg in leased.segments:
+                if not 0 <= seg.index < len(arena.epochs):
+                    raise Internal(f"the lease names segment {seg.index} outside the arena")
+                if arena.epochs[seg.index] == seg.epoch:
+                    continue
+                reply, fds = self._ask(f"SEGMENT {pool} {storage} {seg.index} {seg.epoch}\n")
+                if reply != f"OK {arena.segment_bytes}" or len(fds) != 1:
+                    for fd in fds:
+                        os.close(fd)
+                    raise FailedPrecondition(
+                        f"segment {seg.index} of pool '{pool}' cannot be mapped: {reply[:200]}")
+                try:
+                    arena.epochs[seg.index] = 0
+                    arena.map_segment(seg.index, fds[0])
+                except OSError as e:
+                    raise Unavailable(f"cannot map a segment of pool '{pool}': {e}") from None
+                finally:
+                    os.close(fds[0])  # the mapping keeps the memory
+                arena.epochs[seg.index] = seg.epoch
+            return arena.array
 
     def read(self, lease: svc.Lease, dtype: Optional[DType], include_unfinished: bool,
              decode: bool = False) -> Optional[FetchResult]:
@@ -284,8 +343,14 @@ class LocalReader:
         dt = read_dtype(lease, dtype, decode)
         if dt is None or lease.device != "cpu":
             return None
-        heads = gather(lease, dt, include_unfinished,
-                       lambda storage: self._arena(lease.pool, storage))
+        try:
+            arenas = {a.format: self._arena(lease.pool, a.format, a) for a in lease.arenas}
+        except KvCacheError:
+            # Nothing was read yet: over gRPC (which says why if it refuses too, e.g. a
+            # revoked credential), and decide the path again next time.
+            self._stale = True
+            return None
+        heads = gather(lease, dt, include_unfinished, arenas.__getitem__)
         # A block of an expired lease may have been handed to another sequence meanwhile.
         if time.time() * 1000 >= lease.expires_unix_ms:
             raise Aborted("the lease expired while it was read; fetch again")

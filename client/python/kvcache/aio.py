@@ -182,7 +182,7 @@ class AsyncClient:
                 return None
             self._local_decided = True
             self._local, self._data_path = await asyncio.get_running_loop().run_in_executor(
-                None, connect_local, info, self._local_reads)
+                None, connect_local, info, self._local_reads, self._s.token)
             if self._local is not None:
                 return self._local
             # No same-node path: a transfer channel, if the server offers one.

@@ -200,7 +200,7 @@ class Client:
                 self._local_decided, self._data_path = server_info_failed(e)
                 return None
             self._local_decided = True
-            self._local, self._data_path = connect_local(info, self._local_reads)
+            self._local, self._data_path = connect_local(info, self._local_reads, self._s.token)
             if self._local is not None:
                 return self._local
             # No same-node path: a transfer channel, if the server offers one.

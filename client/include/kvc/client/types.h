@@ -258,12 +258,19 @@ struct NcclTransfer {
   int32_t nccl_version = 0;  // the server's
 };
 
+// A host segment of an arena that a lease's blocks lie in, and the epoch of the memory that
+// backs it (same-node readers map it again when the epoch moved on).
+struct LeaseArenaSegment {
+  int64_t index = 0;
+  uint64_t epoch = 0;
+};
 struct LeaseArena {
   StorageFormat format = StorageFormat::kPoolDefault;
   int64_t block_bytes = 0;   // block b starts at byte b * block_bytes of the format's arena
   int64_t record_bytes = 0;  // one token's K (or V) record
   int64_t key_offset = 0;    // K record of slot i: key_offset + i * record_bytes in its block
   int64_t value_offset = 0;
+  std::vector<LeaseArenaSegment> segments;  // host pools only
 };
 struct LeaseSegment {
   StorageFormat format = StorageFormat::kPoolDefault;
