@@ -85,9 +85,16 @@ def test_fetch_from_the_mapped_pool_equals_fetch_over_grpc(local_server: Server)
 
         # Records in another format than the requested dtype's come over gRPC, equal all the
         # same.
+        # same, and each result says the path it took while data_path keeps the decision.
         int4 = _filled(local, "f16", 40, policy=CompressionSpec(storage="int4_g32"))
-        _same(local.fetch(int4), remote.fetch(int4))
+        got = local.fetch(int4)
+        _same(got, remote.fetch(int4))
+        assert got.path == ("grpc (STORAGE_FORMAT_INT4_G32 records are decoded by the server "
+                            "(client_decode is off))"), got.path
         _same(local.fetch(seqs[0], dtype="f32"), remote.fetch(seqs[0], dtype="f32"))
+        assert local.fetch(seqs[0]).path == local.data_path
+        assert local.data_path.startswith("shared-memory (")
+        assert remote.fetch(seqs[0]).path == "grpc (local_reads is off)"
         assert local.pool_stats().leases.active == 0
         with pytest.raises(kvcache.NotFound):
             local.fetch("s-nothing")

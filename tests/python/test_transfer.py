@@ -51,7 +51,7 @@ def test_fetch_over_the_channel_equals_fetch_over_grpc(transfer_server: Server) 
             for kwargs in ({}, {"layers": [2, 0]}, {"include_unfinished": True}):
                 _same(c.fetch(seq, **kwargs), g.fetch(seq, **kwargs))
                 sent += 1
-        port = c._transfer.where.rsplit(":", 1)[1]  # type: ignore[union-attr]
+        port = c._paths.transfer.where.rsplit(":", 1)[1]  # type: ignore[union-attr]
         assert c.data_path == f"transfer (127.0.0.1:{port})", c.data_path
         assert c.append_path == "grpc (no same-node path; transfer channels carry reads only)"
         assert g.data_path == "grpc (local_reads and transfers are off)"
@@ -96,12 +96,17 @@ def test_low_bit_records_come_over_grpc_unless_the_client_decodes(
         want = [g.fetch(int4), g.fetch(raw, dtype="f32")]
         sends = transfer_server.rpc_count("SendLease")
         fetches = transfer_server.rpc_count("Fetch")
-        _same(c.fetch(int4), want[0])
+        got = c.fetch(int4)
+        _same(got, want[0])
+        assert got.path == ("grpc (STORAGE_FORMAT_INT4_G32 records are decoded by the server "
+                            "(client_decode is off))"), got.path
         _same(c.fetch(raw, dtype="f32"), want[1])
         # Leased, nothing sent, then fetched over gRPC (decoded by the server).
         assert transfer_server.rpc_count("SendLease") - sends == 0
         assert transfer_server.rpc_count("Fetch") - fetches == 2
-        _same(d.fetch(int4), want[0])
+        decoded = d.fetch(int4)
+        _same(decoded, want[0])
+        assert decoded.path == d.data_path and decoded.path.startswith("transfer (")
         _same(d.fetch(raw, dtype="f32"), want[1])
         # Received over the channel and decoded here.
         assert transfer_server.rpc_count("SendLease") - sends == 2
@@ -117,7 +122,7 @@ def test_a_closed_channel_is_replaced_on_the_next_fetch(transfer_server: Server)
     with kvcache.Client(transfer_server.target) as c, _grpc_only(transfer_server) as g:
         seq = _filled(c, "bf16", 64)
         _same(c.fetch(seq), g.fetch(seq))
-        first = c._transfer
+        first = c._paths.transfer
         assert first is not None
         opened = transfer_server.rpc_count("OpenTransfer")
         # Closed by the server (as an operator's restart of the listener would): the client
@@ -126,7 +131,7 @@ def test_a_closed_channel_is_replaced_on_the_next_fetch(transfer_server: Server)
                 retry=False)
         assert wait_until(lambda: not first.alive())
         _same(c.fetch(seq), g.fetch(seq))
-        assert c._transfer is not None and c._transfer is not first
+        assert c._paths.transfer is not None and c._paths.transfer is not first
         assert transfer_server.rpc_count("OpenTransfer") - opened == 1
         assert c.data_path.startswith("transfer (")
 
@@ -203,7 +208,7 @@ def test_a_refused_send_leaves_the_channel_usable(transfer_server: Server) -> No
     with kvcache.Client(transfer_server.target) as c, _grpc_only(transfer_server) as g:
         seq = _filled(c, "f16", 30)
         _same(c.fetch(seq), g.fetch(seq))
-        reader = c._transfer
+        reader = c._paths.transfer
         assert reader is not None
         lease = c.lease_sequence(seq)
         c.release_lease(lease)
@@ -217,4 +222,4 @@ def test_a_refused_send_leaves_the_channel_usable(transfer_server: Server) -> No
             reader.fetch(lease, send, 10, lambda renumbered, arenas: None)
         assert reader.alive()
         _same(c.fetch(seq), g.fetch(seq))
-        assert c._transfer is reader  # the same channel served it
+        assert c._paths.transfer is reader  # the same channel served it

@@ -28,11 +28,12 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
+from kvcache._proto.kvcache.v1 import types_pb2
 from kvcache.errors import (Aborted, DeadlineExceeded, FailedPrecondition, Internal,
                             KvCacheError, Unavailable)
 from kvcache._decode import DECODABLE, RAW_FORMAT, decode, output_dtype
@@ -101,6 +102,17 @@ def read_dtype(lease: svc.Lease, dtype: Optional[DType], decode: bool) -> Option
     if any(s.format not in allowed for lane in lease.lanes for s in lane.segments):
         return None
     return dt
+
+
+def undecodable(lease: svc.Lease, dtype: Optional[DType]) -> str:
+    """Why read_dtype() said None, for FetchResult.path."""
+    dt = output_dtype(lease.dtype, dtype)
+    if dt is None:
+        return "the requested dtype is decoded by the server"
+    formats = sorted({types_pb2.StorageFormat.Name(s.format) for lane in lease.lanes
+                      for s in lane.segments if s.format != RAW_FORMAT[dt]})
+    return (f"{', '.join(formats)} records are decoded by the server (client_decode is off)"
+            if formats else "records are decoded by the server")
 
 
 def gather(lease: svc.Lease, dt: DType, include_unfinished: bool,
@@ -328,32 +340,35 @@ class LocalReader:
             return arena.array
 
     def read(self, lease: svc.Lease, dtype: Optional[DType], include_unfinished: bool,
-             decode: bool = False) -> Optional[FetchResult]:
+             decode: bool = False) -> Union[FetchResult, str]:
         """The lease's tokens below each layer's limit (visible tokens, or the layer's
         appended ones with include_unfinished) as a dense FetchResult equal to a gRPC fetch
         of the same layers (with `decode`, records in other formats decoded as the server
-        would); None when a segment needs decoding and `decode` is off, or the lease is
-        another server's (fetch over gRPC then).
+        would); or why not (a segment needs decoding and `decode` is off, a device pool,
+        the lease is another server's, it cannot be mapped): fetch over gRPC then.
         Aborted when the lease could have ended before the read finished."""
         if lease.local_token != self.token:
             # Another server's lease (this one restarted): its block ids mean nothing in
             # these mappings. Over gRPC, and connect again next time.
             self._stale = True
-            return None
+            return "the lease is another server's (it restarted)"
+        if lease.device != "cpu":
+            return f"pool '{lease.pool}' is device memory"
         dt = read_dtype(lease, dtype, decode)
-        if dt is None or lease.device != "cpu":
-            return None
+        if dt is None:
+            return undecodable(lease, dtype)
         try:
             arenas = {a.format: self._arena(lease.pool, a.format, a) for a in lease.arenas}
-        except KvCacheError:
+        except KvCacheError as e:
             # Nothing was read yet: over gRPC (which says why if it refuses too, e.g. a
             # revoked credential), and decide the path again next time.
             self._stale = True
-            return None
+            return f"the lease cannot be mapped: {e.message}"
         heads = gather(lease, dt, include_unfinished, arenas.__getitem__)
         # A block of an expired lease may have been handed to another sequence meanwhile.
         if time.time() * 1000 >= lease.expires_unix_ms:
             raise Aborted("the lease expired while it was read; fetch again")
         # As the gRPC path, whose dtype comes with the chunks: POOL when there were none.
         return FetchResult(visible_tokens=lease.visible_tokens,
-                           dtype=dt if heads else DType.POOL, heads=heads)
+                           dtype=dt if heads else DType.POOL, heads=heads,
+                           path=f"shared-memory ({self.path})")

@@ -18,7 +18,7 @@ import asyncio
 import functools
 import time
 from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence,
-                    Tuple, TypeVar)
+                    Tuple, TypeVar, Union)
 
 import grpc
 import grpc.aio
@@ -34,10 +34,10 @@ from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
 from kvcache._local import (LocalReader, StagingSpace, connect_local, gather, read_dtype,
-                            server_info_failed)
+                            undecodable)
+from kvcache._paths import (ConnectLocal, GetServerInfo, OpenStaging, OpenTransfer, PathState,
+                            drive_async, grpc_result)
 from kvcache._transfer import TransferReader, target_host
-from kvcache._transfer import refused as transfer_refused
-from kvcache._transfer import should_open as transfer_should_open
 from kvcache.client import _SERVER_MAY_STILL_READ
 from kvcache.errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition,
                             KvCacheError, from_rpc_error)
@@ -98,103 +98,48 @@ class AsyncClient:
         # socket's requests, the channel's reads and the copies out of the mapping or the
         # received blocks run in the loop's default executor, never on the loop.
         self._local_lock = asyncio.Lock()
-        self._local: Optional[LocalReader] = None
-        self._local_reads = local_reads
-        self._transfers = transfers
+        self._paths = PathState(local_reads, transfers, staging_bytes)
         self._client_decode = client_decode
-        self._transfer: Optional[TransferReader] = None
         self._target = target
-        self._local_decided = not local_reads and not transfers
-        self._data_path = ("grpc (local_reads and transfers are off)" if self._local_decided
-                           else "grpc (no fetch yet)")
-        self._staging_bytes = staging_bytes
-        self._staging: Optional[StagingSpace] = None
-        self._staging_decided = False
-        self._append_path = "grpc (no append yet)"
 
     async def close(self) -> None:
         """Closes the channel; calls in flight are cancelled."""
         await self._channel.close()
-        if self._local is not None:
-            self._local.close()
-        if self._transfer is not None:
-            self._transfer.close()
+        self._paths.close()
 
     @property
     def data_path(self) -> str:
-        """How fetch() moves bytes: "shared-memory (PATH)", "transfer (HOST:PORT)", or
-        "grpc (why neither)". Decided on the first fetch."""
-        return self._data_path
+        """See Client.data_path."""
+        return self._paths.data_path
 
     @property
     def append_path(self) -> str:
         """How append() and append_stream() move bytes: "staged (N-byte region)", or "grpc
         (why not staged)". Decided on the first append."""
-        return self._append_path
+        return self._paths.append_path
+
+    async def _perform(self, op: Any, timeout: Optional[float]) -> Any:
+        """The I/O of one step of the path decision (kvcache/_paths.py); blocking work on the
+        loop's default executor."""
+        loop = asyncio.get_running_loop()
+        if isinstance(op, GetServerInfo):
+            return await self._call(self._admin.GetServerInfo, admin_pb.GetServerInfoRequest(),
+                                    timeout, retry=True)
+        if isinstance(op, ConnectLocal):
+            return await loop.run_in_executor(None, connect_local, op.info,
+                                              self._paths.local_reads, self._s.token)
+        if isinstance(op, OpenTransfer):
+            return await self._open_transfer(timeout)
+        assert isinstance(op, OpenStaging)
+        return await loop.run_in_executor(None, op.local.open_staging, op.nbytes)
 
     async def _local_staging(self, timeout: Optional[float]) -> Optional[StagingSpace]:
-        if self._staging_bytes <= 0:
-            self._staging_decided = True
-            self._append_path = "grpc (staging_bytes is 0)"
-            return None
-        # Every time: after a server restart it drops the old server's region too.
-        local = await self._local_path(timeout)
         async with self._local_lock:
-            if self._staging_decided:  # another task was first
-                return self._staging
-            if local is None:
-                # Undecided while the server is unreachable, as the read path is.
-                self._staging_decided = self._local_decided
-                self._append_path = ("grpc (no same-node path; transfer channels carry reads "
-                                     "only)" if self._transfer is not None else self._data_path)
-                return None
-            try:
-                self._staging = await asyncio.get_running_loop().run_in_executor(
-                    None, local.open_staging, self._staging_bytes)
-                self._append_path = f"staged ({self._staging.size}-byte region)"
-            except KvCacheError as e:
-                self._append_path = f"grpc ({e.message})"
-            self._staging_decided = True
-            return self._staging
+            return await drive_async(self._paths.staged(), lambda op: self._perform(op, timeout))
 
     async def _local_path(self, timeout: Optional[float]) -> Optional[LocalReader]:
         async with self._local_lock:
-            if self._local_decided and self._transfer is not None:
-                if self._transfer.alive():
-                    return None
-                # The channel broke (or the server hung up): decide again.
-                self._transfer.close()
-                self._transfer, self._local_decided = None, False
-            elif self._local_decided and (self._local is None or self._local.alive()):
-                return self._local
-            elif self._local_decided:
-                # As Client._local_path: the server restarted; decide again.
-                assert self._local is not None
-                self._local.close()
-                self._local, self._local_decided = None, False
-                self._staging, self._staging_decided = None, False
-                self._append_path = "grpc (no append since the local socket closed)"
-            try:
-                info = await self._call(self._admin.GetServerInfo,
-                                        admin_pb.GetServerInfoRequest(), timeout, retry=True)
-            except KvCacheError as e:
-                self._local_decided, self._data_path = server_info_failed(e)
-                return None
-            self._local_decided = True
-            self._local, self._data_path = await asyncio.get_running_loop().run_in_executor(
-                None, connect_local, info, self._local_reads, self._s.token)
-            if self._local is not None:
-                return self._local
-            # No same-node path: a transfer channel, if the server offers one.
-            open_one, self._data_path = transfer_should_open(info, self._transfers,
-                                                             self._data_path)
-            if open_one:
-                try:
-                    self._transfer = await self._open_transfer(timeout)
-                    self._data_path = f"transfer ({self._transfer.where})"
-                except KvCacheError as e:
-                    self._data_path = transfer_refused(self._data_path, e)
-            return None
+            return await drive_async(self._paths.read(), lambda op: self._perform(op, timeout))
 
     async def _open_transfer(self, timeout: Optional[float]) -> TransferReader:
         opened = await self._call(self._kv.OpenTransfer, svc.OpenTransferRequest(), timeout,
@@ -218,15 +163,15 @@ class AsyncClient:
     async def _fetch_transferred(self, transfer: TransferReader, seq: Any,
                                  layers: Optional[Sequence[int]], dtype: DTypeLike,
                                  include_unfinished: bool,
-                                 timeout: Optional[float]) -> Optional[FetchResult]:
+                                 timeout: Optional[float]) -> Union[FetchResult, str]:
         """As Client._fetch_transferred: the channel is read on an executor thread while the
         SendLease call runs on the loop."""
         lease = await self.lease_sequence(seq, layers, timeout=timeout)
         try:
-            dt = read_dtype(lease, None if dtype is None else parse_dtype(dtype),
-                            self._client_decode)
+            wanted = None if dtype is None else parse_dtype(dtype)
+            dt = read_dtype(lease, wanted, self._client_decode)
             if dt is None:
-                return None
+                return undecodable(lease, wanted)
             loop = asyncio.get_running_loop()
             request = svc.SendLeaseRequest(transfer_id=transfer.id, lease_id=lease.lease_id)
 
@@ -244,17 +189,18 @@ class AsyncClient:
 
             try:
                 heads = await loop.run_in_executor(None, receive)
-            except KvCacheError:
+            except KvCacheError as e:
                 if transfer.alive():
                     raise  # refused by the server (NotFound, ...): the channel is fine
-                return None
+                return f"the transfer channel broke: {e.message}"
         finally:
             try:  # best effort: the TTL ends it otherwise
                 await self.release_lease(lease, timeout=timeout)
             except KvCacheError:
                 pass
         return FetchResult(visible_tokens=lease.visible_tokens,
-                           dtype=dt if heads else DType.POOL, heads=heads)
+                           dtype=dt if heads else DType.POOL, heads=heads,
+                           path=f"transfer ({transfer.where})")
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -387,12 +333,14 @@ class AsyncClient:
                     tenant: str = "", timeout: Optional[float] = None) -> FetchResult:
         """See Client.fetch (the same-node path too)."""
         local = await self._local_path(timeout) if not tenant else None
-        transfer = self._transfer if not tenant and local is None else None
+        transfer = self._paths.transfer if not tenant and local is None else None
+        why = "another tenant's sequence" if tenant else ""
         if transfer is not None:
             result = await self._fetch_transferred(transfer, seq, layers, dtype,
                                                    include_unfinished, timeout)
-            if result is not None:
+            if isinstance(result, FetchResult):
                 return result
+            why = result
         elif local is not None:
             lease = await self.lease_sequence(seq, layers, timeout=timeout)
             try:
@@ -404,14 +352,15 @@ class AsyncClient:
                     await self.release_lease(lease, timeout=timeout)
                 except KvCacheError:
                     pass
-            if result is not None:
+            if isinstance(result, FetchResult):
                 return result
+            why = result
         assembler = _codec.FetchAssembler()
         async for chunk in self.fetch_chunks(seq, layers, dtype,
                                              include_unfinished=include_unfinished,
                                              tenant=tenant, timeout=timeout):
             assembler.add(chunk)
-        return assembler.result()
+        return grpc_result(assembler.result(), why, self.data_path)
 
     async def get_sequence(self, seq: Any, *, tenant: str = "",
                            timeout: Optional[float] = None) -> types_pb2.SequenceInfo:

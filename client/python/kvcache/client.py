@@ -18,7 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 import numpy as np
@@ -33,10 +33,10 @@ from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache._proto.kvcache.v1 import types_pb2
 from kvcache._local import (LocalReader, StagingSpace, connect_local, gather, read_dtype,
-                            server_info_failed)
+                            undecodable)
+from kvcache._paths import (ConnectLocal, GetServerInfo, OpenStaging, OpenTransfer, PathState,
+                            drive, grpc_result)
 from kvcache._transfer import TransferReader, target_host
-from kvcache._transfer import refused as transfer_refused
-from kvcache._transfer import should_open as transfer_should_open
 from kvcache.errors import (Aborted, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition,
                             Internal, KvCacheError, Unavailable, Unknown, from_rpc_error)
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec, DType,
@@ -99,23 +99,12 @@ class Client:
         self._channel = channel
         self._kv = svc_grpc.KvCacheServiceStub(channel)
         self._admin = admin_grpc.AdminServiceStub(channel)
-        # The same-node path, decided on the first fetch (kvcache/_local.py).
+        # How reads and appends move bytes (kvcache/_paths.py), decided on the first fetch
+        # and append, under this lock.
         self._local_lock = threading.Lock()
-        self._local: Optional[LocalReader] = None
-        self._local_reads = local_reads
-        # Without the same-node path: the transfer channel (kvcache/_transfer.py).
-        self._transfers = transfers
+        self._paths = PathState(local_reads, transfers, staging_bytes)
         self._client_decode = client_decode
-        self._transfer: Optional[TransferReader] = None
         self._target = target
-        self._local_decided = not local_reads and not transfers
-        self._data_path = ("grpc (local_reads and transfers are off)" if self._local_decided
-                           else "grpc (no fetch yet)")
-        # Appends' staging region, decided on the first append (kvcache/_local.py).
-        self._staging_bytes = staging_bytes
-        self._staging: Optional[StagingSpace] = None
-        self._staging_decided = False
-        self._append_path = "grpc (no append yet)"
         # Append requests arrive serialized by _codec.encode_append (one copy of the tensors).
         self._append = channel.unary_unary(
             _codec.KV_SERVICE + "Append", request_serializer=None,
@@ -130,89 +119,43 @@ class Client:
         """Closes the channel; calls in flight are cancelled."""
         self._raw_channel.close()
         with self._local_lock:
-            if self._local is not None:
-                self._local.close()
-            if self._transfer is not None:
-                self._transfer.close()
+            self._paths.close()
 
     @property
     def data_path(self) -> str:
         """How fetch() moves bytes: "shared-memory (PATH)", "transfer (HOST:PORT)", or
-        "grpc (why neither)". Decided on the first fetch."""
+        "grpc (why neither)". Decided on the first fetch. A fetch whose records this path
+        cannot carry (low-bit ones without client_decode) goes over gRPC: its result's
+        ``path`` says which path each fetch took."""
         with self._local_lock:
-            return self._data_path
+            return self._paths.data_path
 
     @property
     def append_path(self) -> str:
         """How append() and append_stream() move bytes: "staged (N-byte region)", or "grpc
         (why not staged)". Decided on the first append."""
         with self._local_lock:
-            return self._append_path
+            return self._paths.append_path
+
+    def _perform(self, op: Any, timeout: Optional[float]) -> Any:
+        """The I/O of one step of the path decision (kvcache/_paths.py)."""
+        if isinstance(op, GetServerInfo):
+            return self._call(self._admin.GetServerInfo, admin_pb.GetServerInfoRequest(),
+                              timeout, retry=True)
+        if isinstance(op, ConnectLocal):
+            return connect_local(op.info, self._paths.local_reads, self._s.token)
+        if isinstance(op, OpenTransfer):
+            return self._open_transfer(timeout)
+        assert isinstance(op, OpenStaging)
+        return op.local.open_staging(op.nbytes)
 
     def _local_staging(self, timeout: Optional[float]) -> Optional[StagingSpace]:
         with self._local_lock:
-            if self._staging_bytes <= 0:
-                self._staging_decided = True
-                self._append_path = "grpc (staging_bytes is 0)"
-                return None
-        # Every time: after a server restart it drops the old server's region too.
-        local = self._local_path(timeout)
-        with self._local_lock:
-            if self._staging_decided:  # another thread was first
-                return self._staging
-            if local is None:
-                # Undecided while the server is unreachable, as the read path is.
-                self._staging_decided = self._local_decided
-                self._append_path = ("grpc (no same-node path; transfer channels carry reads "
-                                     "only)" if self._transfer is not None else self._data_path)
-                return None
-            self._staging_decided = True
-            try:
-                self._staging = local.open_staging(self._staging_bytes)
-            except KvCacheError as e:
-                self._append_path = f"grpc ({e.message})"
-                return None
-            self._append_path = f"staged ({self._staging.size}-byte region)"
-            return self._staging
+            return drive(self._paths.staged(), lambda op: self._perform(op, timeout))
 
     def _local_path(self, timeout: Optional[float]) -> Optional[LocalReader]:
         with self._local_lock:
-            if self._local_decided and self._transfer is not None:
-                if self._transfer.alive():
-                    return None
-                # The channel broke (or the server hung up): decide again.
-                self._transfer.close()
-                self._transfer, self._local_decided = None, False
-            elif self._local_decided and (self._local is None or self._local.alive()):
-                return self._local
-            elif self._local_decided:
-                # The server's end closed (a restart) or another server's lease came by: the
-                # mappings and the staging region are of memory it no longer serves.
-                assert self._local is not None
-                self._local.close()
-                self._local, self._local_decided = None, False
-                self._staging, self._staging_decided = None, False
-                self._append_path = "grpc (no append since the local socket closed)"
-            try:
-                info = self._call(self._admin.GetServerInfo, admin_pb.GetServerInfoRequest(),
-                                  timeout, retry=True)
-            except KvCacheError as e:
-                self._local_decided, self._data_path = server_info_failed(e)
-                return None
-            self._local_decided = True
-            self._local, self._data_path = connect_local(info, self._local_reads, self._s.token)
-            if self._local is not None:
-                return self._local
-            # No same-node path: a transfer channel, if the server offers one.
-            open_one, self._data_path = transfer_should_open(info, self._transfers,
-                                                             self._data_path)
-            if open_one:
-                try:
-                    self._transfer = self._open_transfer(timeout)
-                    self._data_path = f"transfer ({self._transfer.where})"
-                except KvCacheError as e:
-                    self._data_path = transfer_refused(self._data_path, e)
-            return None
+            return drive(self._paths.read(), lambda op: self._perform(op, timeout))
 
     def _open_transfer(self, timeout: Optional[float]) -> TransferReader:
         opened = self._call(self._kv.OpenTransfer, svc.OpenTransferRequest(), timeout,
@@ -235,21 +178,21 @@ class Client:
     def _transfer_path(self) -> Optional[TransferReader]:
         """The transfer channel _local_path decided on, if it did."""
         with self._local_lock:
-            return self._transfer
+            return self._paths.transfer
 
     def _fetch_transferred(self, transfer: TransferReader, seq: Any,
                            layers: Optional[Sequence[int]], dtype: DTypeLike,
                            include_unfinished: bool,
-                           timeout: Optional[float]) -> Optional[FetchResult]:
+                           timeout: Optional[float]) -> Union[FetchResult, str]:
         """fetch() over the transfer channel; None when a record needs decoding and
         client_decode is off, or the channel broke (then over gRPC; the next fetch decides
         the path again)."""
         lease = self.lease_sequence(seq, layers, timeout=timeout)
         try:
-            dt = read_dtype(lease, None if dtype is None else parse_dtype(dtype),
-                            self._client_decode)
+            wanted = None if dtype is None else parse_dtype(dtype)
+            dt = read_dtype(lease, wanted, self._client_decode)
             if dt is None:
-                return None
+                return undecodable(lease, wanted)
 
             def send(nonce: int) -> Any:
                 request = svc.SendLeaseRequest(transfer_id=transfer.id,
@@ -262,10 +205,10 @@ class Client:
                     lease, send, self._timeout(timeout),
                     lambda renumbered, arenas: gather(renumbered, dt, include_unfinished,
                                                       arenas.__getitem__))
-            except KvCacheError:
+            except KvCacheError as e:
                 if transfer.alive():
                     raise  # refused by the server (NotFound, ...): the channel is fine
-                return None
+                return f"the transfer channel broke: {e.message}"
         finally:
             try:  # best effort: the TTL ends it otherwise
                 self.release_lease(lease, timeout=timeout)
@@ -273,7 +216,8 @@ class Client:
                 pass
         # As the gRPC path, whose dtype comes with the chunks: POOL when there were none.
         return FetchResult(visible_tokens=lease.visible_tokens,
-                           dtype=dt if heads else DType.POOL, heads=heads)
+                           dtype=dt if heads else DType.POOL, heads=heads,
+                           path=f"transfer ({transfer.where})")
 
     def __enter__(self) -> "Client":
         return self
@@ -418,11 +362,13 @@ class Client:
         result is the same on every path."""
         local = self._local_path(timeout) if not tenant else None
         transfer = self._transfer_path() if not tenant and local is None else None
+        why = "another tenant's sequence" if tenant else ""
         if transfer is not None:
             result = self._fetch_transferred(transfer, seq, layers, dtype, include_unfinished,
                                              timeout)
-            if result is not None:
+            if isinstance(result, FetchResult):
                 return result
+            why = result
         elif local is not None:
             lease = self.lease_sequence(seq, layers, timeout=timeout)
             try:
@@ -433,13 +379,14 @@ class Client:
                     self.release_lease(lease, timeout=timeout)
                 except KvCacheError:
                     pass
-            if result is not None:
+            if isinstance(result, FetchResult):
                 return result
+            why = result
         assembler = _codec.FetchAssembler()
         for chunk in self.fetch_chunks(seq, layers, dtype, include_unfinished=include_unfinished,
                                        tenant=tenant, timeout=timeout):
             assembler.add(chunk)
-        return assembler.result()
+        return grpc_result(assembler.result(), why, self.data_path)
 
     def get_sequence(self, seq: Any, *, tenant: str = "",
                      timeout: Optional[float] = None) -> types_pb2.SequenceInfo:

@@ -265,6 +265,10 @@ class FetchResult:
     visible_tokens: int
     dtype: DType
     heads: Dict[Tuple[int, int], FetchedHead]
+    # The path this fetch took: "shared-memory (PATH)", "transfer (HOST:PORT)" or
+    # "grpc (why not one of those)" (the client's data_path says what it decided; a fetch of
+    # records that path cannot carry still goes over gRPC, and says so here).
+    path: str = ""
 
     def __getitem__(self, key: Tuple[int, int]) -> FetchedHead:
         return self.heads[key]
