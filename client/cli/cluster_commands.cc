@@ -491,10 +491,11 @@ int RunCluster(const std::string& command, const std::vector<char*>& args, bool 
                  "shard at once stops the cache (see `kvcachectl cluster` for the names)\n");
     return 1;
   }
-  if (command == "tenants") {
+  if (command == "tenants" || command == "leases" || command == "end-lease") {
     std::fprintf(stderr,
-                 "kvcachectl: tenants is per kvcached; use --target=ADDRESS (see `kvcachectl "
-                 "cluster` for the addresses)\n");
+                 "kvcachectl: %s is per kvcached; use --target=ADDRESS (see `kvcachectl "
+                 "cluster` for the addresses)\n",
+                 command.c_str());
     return 1;
   }
   kvc::client::ClusterOptions options;

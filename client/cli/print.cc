@@ -168,6 +168,19 @@ void PrintTenants(const pb::ListTenantsResponse& r) {
   std::cout << table.Render();
 }
 
+void PrintLeases(const pb::ListLeasesResponse& r, int64_t now_unix_ms) {
+  Table table({"LEASE", "TENANT", "SEQUENCE", "POOL", "BYTES", "LEASE-ONLY", "AGE", "EXPIRES IN",
+               "RENEWALS"});
+  auto seconds = [](int64_t ms) { return absl::StrFormat("%.1fs", static_cast<double>(ms) / 1e3); };
+  for (const auto& l : r.leases()) {
+    table.AddRow({l.lease_id(), l.tenant().empty() ? "(none)" : l.tenant(), l.sequence_id(),
+                  l.pool(), FormatBytes(l.leased_bytes()), FormatBytes(l.lease_only_bytes()),
+                  seconds(now_unix_ms - l.granted_unix_ms()),
+                  seconds(l.expires_unix_ms() - now_unix_ms), absl::StrCat(l.renewals())});
+  }
+  std::cout << table.Render();
+}
+
 void PrintStats(const pb::PoolStats& s) {
   Table table({"FIELD", "VALUE"});
   table.AddRow({"pool", s.pool().empty() ? "(all)" : s.pool()});

@@ -56,6 +56,23 @@ keys = {"lookups", "hits", "lookup_tokens", "hit_tokens", "attached_tokens", "ch
 assert set(p) == keys, sorted(p)
 assert all(int(v) == 0 for v in p.values()), p' || fail "stats --json: prefix_cache"
 
+# leases / end-lease (the leases themselves: tests/integration/auth_test.cc; none here)
+out=$("$CTL" --target="$KVC_TARGET" leases --tenant=ctl-test)
+echo "$out"
+grep -Eq '^LEASE +TENANT +SEQUENCE +POOL +BYTES +LEASE-ONLY' <<<"$out" || fail "leases: no header"
+[ "$(echo "$out" | wc -l)" = 1 ] || fail "leases: expected no rows"
+"$CTL" --target="$KVC_TARGET" --json leases | python3 -c '
+import json, sys
+assert json.load(sys.stdin) == {"leases": []}' || fail "leases --json"
+set +e
+"$CTL" --target="$KVC_TARGET" end-lease ctl-test l-nosuch 2>err.txt; rc=$?
+set -e
+[ $rc = 3 ] && grep -q "lease 'l-nosuch' does not exist" err.txt || fail "end-lease unknown: exit $rc"
+set +e
+"$CTL" --target="$KVC_TARGET" end-lease l-nosuch 2>err.txt; rc=$?
+set -e
+[ $rc = 1 ] || fail "end-lease without a tenant: exit $rc"
+
 # sequence show / --sort / evict / drain
 first=$("$CTL" --target="$KVC_TARGET" --json sequences --sort=id | python3 -c 'import json,sys; print(json.load(sys.stdin)["sequences"][0]["sequence_id"])')
 "$CTL" --target="$KVC_TARGET" --json sequences --sort=id | python3 -c '
