@@ -293,6 +293,7 @@ pb::PoolStats SumStats(const std::vector<ShardAnswer>& answers,
       t->set_renewed(t->renewed() + l.renewed());
       t->set_released(t->released() + l.released());
       t->set_expired(t->expired() + l.expired());
+      t->set_lease_only_bytes(t->lease_only_bytes() + l.lease_only_bytes());
     }
     // A tenant's view: the tenant and its per-shard limits are the same on every shard.
     if (!s.tenant().empty()) {

@@ -221,13 +221,17 @@ void PrintStats(const pb::PoolStats& s) {
     table.AddRow({"prefix corrupt reads refused", absl::StrCat(c.corrupt_reads())});
     table.AddRow({"prefix evicted entries", absl::StrCat(c.evicted_entries())});
   }
-  if (s.has_leases()) {
+  if (s.has_leases() && s.tenant().empty()) {
     const pb::LeaseStats& l = s.leases();
     table.AddRow(
         {"leases active", absl::StrCat(l.active(), " pinning ", FormatBytes(l.leased_bytes()))});
     table.AddRow(
         {"leases granted", absl::StrCat(l.granted(), " (", l.renewed(), " renewals, ", l.released(),
                                         " released, ", l.expired(), " expired)")});
+  }
+  if (s.has_leases()) {
+    // Part of "used": blocks no sequence holds, kept (and charged) for leases.
+    table.AddRow({"pinned only by leases", FormatBytes(s.leases().lease_only_bytes())});
   }
   std::cout << table.Render();
 }

@@ -456,9 +456,10 @@ TEST_F(LeaseTest, SendingAnEndedOrForeignLeaseSendsNothing) {
 // before and after each piece), listings and the sequence's own reads leave its expiry as
 // granted, and it ends on time.
 TEST_F(LeaseTest, LookupsNeverExtendALease) {
-  KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_, {}, 300));
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  while (std::chrono::steady_clock::now() < until) {
+  KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_, {}, 1500));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  // Looks while the lease is surely live (a loaded machine may take long per look).
+  while (std::chrono::steady_clock::now() < until && NowUnixMs() < lease.expires_unix_ms - 800) {
     Collect sink;
     KVC_ASSERT_OK(store_->SendLeasedBlocks("", lease.lease_id, &sink).status());
     KVC_ASSERT_OK(store_->GetSequence(id_).status());
@@ -472,6 +473,7 @@ TEST_F(LeaseTest, LookupsNeverExtendALease) {
   while (Stats().active > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  EXPECT_GE(NowUnixMs(), lease.expires_unix_ms) << "ended at its expiry, not before";
   EXPECT_EQ(Stats().expired, 1);
   EXPECT_EQ(Stats().renewed, 0);
 }

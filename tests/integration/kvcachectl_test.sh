@@ -47,6 +47,7 @@ grep -Eq '^prefix hit rate +- \(0 of 0 tokens\)$' <<<"$out" || fail "stats: pref
 grep -Eq '^prefix attached tokens +0$' <<<"$out" || fail "stats: prefix attached tokens"
 grep -Eq '^prefix checksum misses +0$' <<<"$out" || fail "stats: prefix checksum misses"
 grep -Eq '^prefix evicted entries +0$' <<<"$out" || fail "stats: prefix evicted entries"
+grep -Eq '^pinned only by leases +0 B$' <<<"$out" || fail "stats: pinned only by leases"
 "$CTL" --target="$KVC_TARGET" --json --pool=default stats | python3 -c '
 import json, sys
 p = json.load(sys.stdin)["prefix_cache"]
