@@ -68,8 +68,9 @@ class LeaseQuotaTest : public ::testing::Test {
   // Tenants act in their own scope, as authenticated callers do.
   absl::StatusOr<std::string> Create(const std::string& tenant,
                                      std::optional<PrefixSpec> prefix = std::nullopt) {
-    KVC_ASSIGN_OR_RETURN(const SequenceSnapshot s, store_->CreateSequence(CreateSequenceParams{
-                                                       tenant, "", tenant, "", {}, prefix}));
+    KVC_ASSIGN_OR_RETURN(const SequenceSnapshot s,
+                         store_->CreateSequence(
+                             CreateSequenceParams{tenant, "", tenant, "", {}, std::move(prefix)}));
     return s.id;
   }
   // Appends `n` tokens to each layer from where that layer is (an append refused over quota
