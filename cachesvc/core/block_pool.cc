@@ -2,10 +2,19 @@
 
 namespace kvc::cachesvc {
 
-int64_t BlockPool::Drop(StorageFormat format, absl::Span<const BlockId> blocks) {
+int64_t BlockPool::Drop(StorageFormat format, absl::Span<const BlockId> blocks, Holder holder) {
   std::vector<BlockId> last;
   last.reserve(blocks.size());
-  shares_.Drop(format, blocks, &last);
+  shares_.Drop(format, blocks, holder, &last);
+  if (!last.empty()) Free(format, last);
+  return static_cast<int64_t>(last.size());
+}
+
+int64_t BlockPool::Unpin(StorageFormat format, absl::Span<const BlockId> blocks,
+                         const LeaseCharge& charge) {
+  std::vector<BlockId> last;
+  last.reserve(blocks.size());
+  shares_.Unpin(format, blocks, charge, &last);
   if (!last.empty()) Free(format, last);
   return static_cast<int64_t>(last.size());
 }

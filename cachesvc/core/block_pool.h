@@ -118,9 +118,13 @@ class BlockPool {
   // Which blocks are shared (prefix cache, attached prefixes) and by how many holders.
   BlockShares& shares() { return shares_; }
   const BlockShares& shares() const { return shares_; }
-  // One holder of each block lets go; blocks nobody holds any more return to the pool (how
-  // many: the result).
-  int64_t Drop(StorageFormat format, absl::Span<const BlockId> blocks);
+  // One holder of kind `holder` of each block lets go; blocks nobody holds any more return to
+  // the pool (how many: the result). Blocks only leases hold now are charged to their lessee
+  // (BlockShares).
+  int64_t Drop(StorageFormat format, absl::Span<const BlockId> blocks, Holder holder);
+  // A lease lets go of the blocks it pinned with `charge` (BlockShares::Unpin); blocks nobody
+  // holds any more return to the pool (how many: the result).
+  int64_t Unpin(StorageFormat format, absl::Span<const BlockId> blocks, const LeaseCharge& charge);
 
   // Allocate, but when the pool is full, first asks the reclaimer (the prefix cache) to give
   // back cached blocks nobody uses, then tries once more.

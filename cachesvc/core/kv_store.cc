@@ -291,7 +291,7 @@ absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& scope,
                                               std::memory_order_relaxed);
     }
     for (auto& [format, blocks] : seq->storage().TakeAllBlocks()) {
-      seq->pool()->Drop(format, blocks);
+      seq->pool()->Drop(format, blocks, Holder::kSequence);
       result.freed_blocks += static_cast<int64_t>(blocks.size());
       result.freed_bytes += static_cast<int64_t>(blocks.size()) *
                             static_cast<int64_t>(seq->pool()->layout(format).block_bytes);

@@ -98,8 +98,12 @@ class KvStore {
   // The new expiry (unix ms). NOT_FOUND for an unknown, ended or expired lease.
   absl::StatusOr<int64_t> RenewLease(const std::string& scope, const std::string& lease_id,
                                      int64_t ttl_ms);
-  // Ends the lease at once; returns the blocks that went back to the pool.
+  // Ends the lease at once; returns the blocks that went back to the pool. An operator ends
+  // another tenant's lease by naming that tenant's scope.
   absl::StatusOr<int64_t> ReleaseLease(const std::string& scope, const std::string& lease_id);
+  // The live leases of a scope (unset: every scope) and pool (empty: every pool), oldest
+  // first; NOT_FOUND for an unknown pool. Neither this nor any other lookup extends a lease.
+  absl::StatusOr<std::vector<LeaseInfo>> ListLeases(const ListLeasesParams& params) const;
   // Where SendLeasedBlocks puts a lease's blocks (a transfer channel): Begin once, before
   // any byte, with the payload's size; then Write in order, a piece at a time.
   class BlockSink {

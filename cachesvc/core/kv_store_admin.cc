@@ -110,7 +110,12 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::TenantPoolStats(const std::string& te
   for (size_t i = 0; i < pools_.size(); ++i) {
     if (only != nullptr && pools_[i].get() != only) continue;
     stats.capacity_bytes += pools_[i]->capacity_bytes();
-    if (account != nullptr) stats.used_bytes += account->bytes(static_cast<int>(i));
+    if (account != nullptr) {
+      stats.used_bytes += account->bytes(static_cast<int>(i));
+      // The tenant's own lease-only bytes (part of used_bytes); the rest of the pool's lease
+      // statistics are other tenants' business.
+      stats.leases.lease_only_bytes += account->lease_only_bytes(static_cast<int>(i));
+    }
   }
   if (account != nullptr) {
     // Sequences are counted per tenant, not per pool: a pool's share is counted by a visit.
@@ -134,6 +139,7 @@ std::vector<TenantUsageSnapshot> KvStore::TenantUsage() const {
     t.sequences = account->sequences();
     for (size_t i = 0; i < pools_.size(); ++i) {
       t.pool_bytes.push_back(account->bytes(static_cast<int>(i)));
+      t.lease_only_bytes.push_back(account->lease_only_bytes(static_cast<int>(i)));
     }
     out.push_back(std::move(t));
   }

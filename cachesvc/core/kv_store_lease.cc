@@ -94,9 +94,12 @@ absl::StatusOr<LeaseSnapshot> KvStore::LeaseSequence(const LeaseParams& p) {
     lease.segments.push_back(pool->SegmentsOf(format, held[f]));
     lease.leased_bytes += static_cast<int64_t>(held[f].size()) *
                           static_cast<int64_t>(pool->layout(format).block_bytes);
-    pool->shares().Freeze(format, held[f], 1);
+    // The sequence pays for these blocks now; once it lets go of one, the lease does.
+    pool->shares().Pin(format, held[f],
+                       LeaseTable::ChargeFor(seq->account(), pool, seq->pool_index(), format));
   }
-  leases_->Add(p.scope, pool, seq->pool_index(), std::move(held), std::move(slots), &lease);
+  leases_->Add(LeaseTable::Lessee{p.scope, seq->id(), seq->shared_account()}, pool,
+               seq->pool_index(), std::move(held), std::move(slots), &lease);
   return lease;
 }
 
@@ -108,6 +111,21 @@ absl::StatusOr<int64_t> KvStore::RenewLease(const std::string& scope, const std:
 absl::StatusOr<int64_t> KvStore::ReleaseLease(const std::string& scope,
                                               const std::string& lease_id) {
   return leases_->Release(scope, lease_id);
+}
+
+absl::StatusOr<std::vector<LeaseInfo>> KvStore::ListLeases(const ListLeasesParams& p) const {
+  int pool_index = -1;
+  if (!p.pool.empty()) {
+    KVC_ASSIGN_OR_RETURN(const BlockPool* pool, FindPool(p.pool));
+    pool_index = PoolIndex(pool);
+  }
+  std::vector<LeaseInfo> leases = leases_->List(p.scope, pool_index);
+  if (!p.tenant.empty()) {
+    leases.erase(std::remove_if(leases.begin(), leases.end(),
+                                [&](const LeaseInfo& l) { return l.tenant != p.tenant; }),
+                 leases.end());
+  }
+  return leases;
 }
 
 absl::StatusOr<KvStore::SentBlocks> KvStore::SendLeasedBlocks(const std::string& scope,
@@ -201,6 +219,7 @@ absl::StatusOr<LeaseStats> KvStore::LeaseStatsFor(const std::string& pool) const
     sum.renewed += s.renewed;
     sum.released += s.released;
     sum.expired += s.expired;
+    sum.lease_only_bytes += pools_[i]->shares().lease_only_bytes();
   }
   if (!found) return absl::NotFoundError(absl::StrCat("pool ", Quoted(pool), " does not exist"));
   return sum;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -71,16 +72,22 @@ absl::StatusOr<int64_t> LeaseTable::CheckNew(const std::string& scope, int64_t t
                                                      " leases (the limit): release leases it no "
                                                      "longer reads"));
   }
-  return ttl;
+  return std::min(ttl, limits_.max_lifetime_ms);
 }
 
-void LeaseTable::Add(const std::string& scope, BlockPool* pool, int pool_index, PerFormat held,
+LeaseCharge LeaseTable::ChargeFor(TenantAccount* account, BlockPool* pool, int pool_index,
+                                  StorageFormat format) {
+  return LeaseCharge{account, pool_index, static_cast<int64_t>(pool->layout(format).block_bytes)};
+}
+
+void LeaseTable::Add(Lessee lessee, BlockPool* pool, int pool_index, PerFormat held,
                      PerFormat slots, LeaseSnapshot* snapshot) {
   Lease lease;
-  lease.scope = scope;
+  lease.lessee = std::move(lessee);
   lease.pool = pool;
   lease.pool_index = pool_index;
-  lease.expires_ms = NowUnixMs() + snapshot->ttl_ms;
+  lease.granted_ms = NowUnixMs();
+  lease.expires_ms = lease.granted_ms + snapshot->ttl_ms;
   lease.bytes = snapshot->leased_bytes;
   lease.held = std::move(held);
   lease.slots = std::move(slots);
@@ -92,7 +99,7 @@ void LeaseTable::Add(const std::string& scope, BlockPool* pool, int pool_index, 
   ++c.active;
   ++c.granted;
   c.bytes += lease.bytes;
-  ++per_scope_[scope];
+  ++per_scope_[lease.lessee.scope];
   leases_.emplace(std::move(id), std::move(lease));
 }
 
@@ -104,19 +111,32 @@ absl::StatusOr<int64_t> LeaseTable::Renew(const std::string& scope, const std::s
   const int64_t now = NowUnixMs();
   // An expired lease the reaper has not reached yet is gone all the same: its reader may
   // already have been told so by a failed read.
-  if (it == leases_.end() || it->second.scope != scope || it->second.expires_ms <= now) {
+  if (it == leases_.end() || it->second.lessee.scope != scope || it->second.expires_ms <= now) {
     return UnknownLease(lease_id);
   }
-  it->second.expires_ms = now + ttl;
-  ++counters_[static_cast<size_t>(it->second.pool_index)].renewed;
-  return it->second.expires_ms;
+  Lease& lease = it->second;
+  // Renewals keep a live reader's snapshot, not the memory forever: past the lifetime, the
+  // reader leases again and gets (and is charged for) what the sequence holds then.
+  const int64_t last = lease.granted_ms + limits_.max_lifetime_ms;
+  if (lease.expires_ms >= last) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("lease ", Quoted(lease_id), " already expires at its lifetime limit (",
+                     limits_.max_lifetime_ms,
+                     " ms after it was granted) and cannot be renewed; lease the sequence "
+                     "again"));
+  }
+  lease.expires_ms = std::min(now + ttl, last);
+  ++lease.renewals;
+  ++counters_[static_cast<size_t>(lease.pool_index)].renewed;
+  return lease.expires_ms;
 }
 
 absl::StatusOr<LeaseTable::Pinned> LeaseTable::Find(const std::string& scope,
                                                     const std::string& lease_id) const {
   kvc::MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
-  if (it == leases_.end() || it->second.scope != scope || it->second.expires_ms <= NowUnixMs()) {
+  if (it == leases_.end() || it->second.lessee.scope != scope ||
+      it->second.expires_ms <= NowUnixMs()) {
     return UnknownLease(lease_id);
   }
   return Pinned{it->second.pool, it->second.held, it->second.slots};
@@ -125,7 +145,8 @@ absl::StatusOr<LeaseTable::Pinned> LeaseTable::Find(const std::string& scope,
 bool LeaseTable::Live(const std::string& scope, const std::string& lease_id) const {
   kvc::MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
-  return it != leases_.end() && it->second.scope == scope && it->second.expires_ms > NowUnixMs();
+  return it != leases_.end() && it->second.lessee.scope == scope &&
+         it->second.expires_ms > NowUnixMs();
 }
 
 absl::StatusOr<int64_t> LeaseTable::Release(const std::string& scope, const std::string& lease_id) {
@@ -133,14 +154,14 @@ absl::StatusOr<int64_t> LeaseTable::Release(const std::string& scope, const std:
   {
     kvc::MutexLock lock(&mu_);
     auto it = leases_.find(lease_id);
-    if (it == leases_.end() || it->second.scope != scope) return UnknownLease(lease_id);
+    if (it == leases_.end() || it->second.lessee.scope != scope) return UnknownLease(lease_id);
     lease = std::move(it->second);
     leases_.erase(it);
     Counters& c = counters_[static_cast<size_t>(lease.pool_index)];
     --c.active;
     c.bytes -= lease.bytes;
     ++c.released;
-    if (--per_scope_[lease.scope] == 0) per_scope_.erase(lease.scope);
+    if (--per_scope_[lease.lessee.scope] == 0) per_scope_.erase(lease.lessee.scope);
   }
   return Drop(lease);
 }
@@ -159,7 +180,8 @@ int64_t LeaseTable::ExpireDue() {
       --c.active;
       c.bytes -= it->second.bytes;
       ++c.expired;
-      if (--per_scope_[it->second.scope] == 0) per_scope_.erase(it->second.scope);
+      const std::string& scope = it->second.lessee.scope;
+      if (--per_scope_[scope] == 0) per_scope_.erase(scope);
       due.push_back(std::move(it->second));
       leases_.erase(it++);
     }
@@ -172,7 +194,11 @@ int64_t LeaseTable::Drop(Lease& lease) {
   int64_t returned = 0;
   for (size_t f = 0; f < lease.held.size(); ++f) {
     if (lease.held[f].empty()) continue;
-    returned += lease.pool->Drop(static_cast<StorageFormat>(f), lease.held[f]);
+    const auto format = static_cast<StorageFormat>(f);
+    // The account is still held here: the lease's blocks leave it before the lease goes.
+    returned += lease.pool->Unpin(
+        format, lease.held[f],
+        ChargeFor(lease.lessee.account.get(), lease.pool, lease.pool_index, format));
   }
   return returned;
 }
@@ -181,6 +207,51 @@ LeaseStats LeaseTable::Stats(int pool_index) const {
   kvc::MutexLock lock(&mu_);
   const Counters& c = counters_[static_cast<size_t>(pool_index)];
   return LeaseStats{c.active, c.bytes, c.granted, c.renewed, c.released, c.expired};
+}
+
+std::vector<LeaseInfo> LeaseTable::List(const std::optional<std::string>& scope,
+                                        int pool_index) const {
+  struct Found {
+    LeaseInfo info;
+    BlockPool* pool;
+    PerFormat held;
+  };
+  std::vector<Found> found;
+  {
+    kvc::MutexLock lock(&mu_);
+    const int64_t now = NowUnixMs();
+    for (const auto& [id, lease] : leases_) {
+      if (scope.has_value() && lease.lessee.scope != *scope) continue;
+      if (pool_index >= 0 && lease.pool_index != pool_index) continue;
+      if (lease.expires_ms <= now) continue;  // gone, as for Find
+      LeaseInfo info;
+      info.lease_id = id;
+      info.scope = lease.lessee.scope;
+      info.tenant = lease.lessee.account != nullptr ? lease.lessee.account->tenant() : "";
+      info.sequence_id = lease.lessee.sequence_id;
+      info.pool = lease.pool->options().name;
+      info.leased_bytes = lease.bytes;
+      info.granted_unix_ms = lease.granted_ms;
+      info.expires_unix_ms = lease.expires_ms;
+      info.renewals = lease.renewals;
+      found.push_back(Found{std::move(info), lease.pool, lease.held});
+    }
+  }
+  // Outside mu_: the shares' lock is the pool's business.
+  std::vector<LeaseInfo> out;
+  out.reserve(found.size());
+  for (Found& f : found) {
+    for (size_t format = 0; format < f.held.size(); ++format) {
+      if (f.held[format].empty()) continue;
+      f.info.lease_only_bytes +=
+          f.pool->shares().LeaseOnlyBytes(static_cast<StorageFormat>(format), f.held[format]);
+    }
+    out.push_back(std::move(f.info));
+  }
+  std::sort(out.begin(), out.end(), [](const LeaseInfo& a, const LeaseInfo& b) {
+    return std::tie(a.granted_unix_ms, a.lease_id) < std::tie(b.granted_unix_ms, b.lease_id);
+  });
+  return out;
 }
 
 }  // namespace kvc::cachesvc

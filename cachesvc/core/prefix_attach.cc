@@ -54,7 +54,7 @@ absl::Status InstallAttachedLocked(Sequence& seq, StorageFormat format,
   if (absl::Status quota =
           seq.account()->Reserve(seq.pool_index(), seq.pool()->options().name, bytes);
       !quota.ok()) {
-    for (const auto& blocks : attached) seq.pool()->Drop(format, blocks);
+    for (const auto& blocks : attached) seq.pool()->Drop(format, blocks, Holder::kSequence);
     return quota;
   }
   const int64_t tokens = static_cast<int64_t>(attached.size()) * bt;
@@ -77,7 +77,7 @@ absl::Status InstallAttachedLocked(Sequence& seq, StorageFormat format,
 void DropAttachedLocked(Sequence& seq) {
   int64_t bytes = 0;
   for (auto& [format, blocks] : seq.storage().TakeAllBlocks()) {
-    seq.pool()->Drop(format, blocks);
+    seq.pool()->Drop(format, blocks, Holder::kSequence);
     bytes += static_cast<int64_t>(blocks.size()) *
              static_cast<int64_t>(seq.pool()->layout(format).block_bytes);
   }

@@ -99,7 +99,7 @@ void PrefixIndex::EraseLocked(absl::flat_hash_map<PrefixKey, Entry>::iterator it
     if (parent != entries_.end()) --parent->second.children;
   }
   cached_bytes_ -= EntryBytes(e);
-  pool_->Drop(e.format, e.blocks);
+  pool_->Drop(e.format, e.blocks, Holder::kIndex);
   entries_.erase(it);
 }
 
@@ -183,7 +183,9 @@ absl::Status PrefixIndex::Attach(absl::Span<const PrefixKey> keys, StorageFormat
       auto it = entries_.find(keys[good]);
       if (it != entries_.end() && it->second.blocks == (*attached)[good]) EraseLocked(it);
     }
-    for (size_t i = good; i < attached->size(); ++i) pool_->Drop(format, (*attached)[i]);
+    for (size_t i = good; i < attached->size(); ++i) {
+      pool_->Drop(format, (*attached)[i], Holder::kSequence);
+    }
     attached->resize(good);
   }
   const int64_t bt = pool_->options().geometry.block_tokens;
@@ -193,7 +195,7 @@ absl::Status PrefixIndex::Attach(absl::Span<const PrefixKey> keys, StorageFormat
   hit_tokens_.fetch_add(static_cast<int64_t>(good) * bt, std::memory_order_relaxed);
   attached_tokens_.fetch_add(static_cast<int64_t>(good) * bt, std::memory_order_relaxed);
   if (!read.ok()) {
-    for (const auto& blocks : *attached) pool_->Drop(format, blocks);
+    for (const auto& blocks : *attached) pool_->Drop(format, blocks, Holder::kSequence);
     attached->clear();
     return read;
   }
@@ -228,7 +230,7 @@ int64_t PrefixIndex::Publish(absl::Span<const PrefixKey> keys, absl::Span<const 
     auto [it, inserted] = entries_.try_emplace(keys[i], std::move(e));
     if (!inserted) continue;  // published by another sequence meanwhile
     // The index becomes a holder; the sequence that wrote the blocks stays one.
-    pool_->shares().Freeze(format, it->second.blocks, /*extra_holders=*/1);
+    pool_->shares().Freeze(format, it->second.blocks, Holder::kIndex);
     pool_->shares().SetChecksums(format, it->second.blocks, it->second.checksums);
     cached_bytes_ += EntryBytes(it->second);
     if (it->second.has_parent) {

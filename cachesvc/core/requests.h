@@ -104,6 +104,26 @@ struct LeaseSnapshot {
   std::vector<LeasedLane> lanes;  // layer-major, kv heads in order
 };
 
+// One live lease, as an operator sees it (KvStore::ListLeases).
+struct LeaseInfo {
+  std::string lease_id;
+  std::string scope;        // the id space it lives in (the leased sequence's)
+  std::string tenant;       // the account it is charged to (the leased sequence's tenant)
+  std::string sequence_id;  // the leased sequence (it may have been released since)
+  std::string pool;
+  int64_t leased_bytes = 0;      // bytes of the blocks it pins
+  int64_t lease_only_bytes = 0;  // of which no sequence holds any more
+  int64_t granted_unix_ms = 0;
+  int64_t expires_unix_ms = 0;
+  int64_t renewals = 0;
+};
+
+struct ListLeasesParams {
+  std::optional<std::string> scope;  // unset = every scope
+  std::string tenant;                // empty = every tenant (the account charged)
+  std::string pool;                  // empty = every pool
+};
+
 struct PublishPrefixParams {
   std::string scope;
   std::string sequence_id;
@@ -250,6 +270,7 @@ struct TenantUsageSnapshot {
   int64_t sequences = 0;
   std::vector<int64_t> pool_bytes;  // [pool], in the order of ListPools
   TenantQuota quota;
+  std::vector<int64_t> lease_only_bytes;  // [pool]: of pool_bytes, blocks only its leases hold
 };
 
 struct SequenceList {

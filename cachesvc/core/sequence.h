@@ -41,6 +41,8 @@ class Sequence {
   BlockPool* pool() const { return pool_; }
   int pool_index() const { return pool_index_; }
   TenantAccount* account() const { return account_.get(); }
+  // For what outlives the sequence and charges the same account (a lease).
+  const std::shared_ptr<TenantAccount>& shared_account() const { return account_; }
   TenantCharge charge() const {
     return {account_.get(), pool_index_, &pool_->options().name, &scope_};
   }

@@ -92,7 +92,8 @@ absl::Status ForkLocked(const Sequence& source, Sequence& child) {
 
   // 3. Nothing fails from here: share the whole blocks, install the copy.
   for (size_t f = 0; f < kFormats; ++f) {
-    if (!shared[f].empty()) pool->shares().Freeze(static_cast<StorageFormat>(f), shared[f], 1);
+    if (!shared[f].empty())
+      pool->shares().Freeze(static_cast<StorageFormat>(f), shared[f], Holder::kSequence);
   }
   SequenceStorage& mine = child.storage();
   mine = st;

@@ -6,7 +6,9 @@
 namespace kvc::cachesvc {
 
 TenantAccount::TenantAccount(TenantQuota quota, int num_pools)
-    : quota_(std::move(quota)), bytes_(static_cast<size_t>(num_pools)) {}
+    : quota_(std::move(quota)),
+      bytes_(static_cast<size_t>(num_pools)),
+      lease_only_(static_cast<size_t>(num_pools)) {}
 
 absl::Status TenantAccount::AddSequence() {
   int64_t now = sequences_.load(std::memory_order_relaxed);
@@ -25,10 +27,13 @@ absl::Status TenantAccount::Reserve(int pool, const std::string& pool_name, int6
   int64_t now = held.load(std::memory_order_relaxed);
   do {
     if (quota_.max_bytes_per_pool > 0 && now + bytes > quota_.max_bytes_per_pool) {
+      const int64_t leased = lease_only_bytes(pool);
       return absl::ResourceExhaustedError(absl::StrCat(
           "tenant ", Quoted(tenant()), " holds ", now, " bytes in pool ", Quoted(pool_name),
+          leased > 0 ? absl::StrCat(" (", leased, " of them pinned only by its leases)") : "",
           "; this call needs ", bytes, " more, over its quota (max_bytes_per_pool ",
-          quota_.max_bytes_per_pool, "); release or compress sequences first"));
+          quota_.max_bytes_per_pool, "); release or compress sequences",
+          leased > 0 ? " or release leases" : "", " first"));
     }
   } while (!held.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
   return absl::OkStatus();

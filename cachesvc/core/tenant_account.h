@@ -1,12 +1,16 @@
 // TenantAccount: what one tenant holds (live sequences, block bytes per pool) and its quota.
-// Sequences hold their tenant's account; transactions reserve bytes in it before they
-// allocate (so a call over quota is refused having changed nothing) and settle at commit, and
-// Release gives the bytes back, so the counts are exactly what the tenant's sequences hold.
-// Counters are atomics: checking a quota and reading usage take no lock.
+// The bytes of a pool are those of the blocks its sequences hold plus those of its lease-only
+// blocks: blocks that its leases pin and no sequence holds any more (block_shares.h). Sequences
+// hold their tenant's account; transactions reserve bytes in it before they allocate (so a call
+// over quota is refused having changed nothing) and settle at commit, Release gives the
+// sequence's bytes back, and BlockShares moves a leased block's bytes to the lessee when its
+// last sequence lets go and off when its last lease does. So the counts are exactly what the
+// tenant's sequences and leases hold. Counters are atomics: checking a quota and reading usage
+// take no lock.
 //
-// TenantAccounts: tenant -> account, made on first use. An account lives while a sequence
-// holds it; a tenant with nothing left has no account (its usage is zero), so free-text
-// tenant labels of unauthenticated deployments cannot grow the map without bound.
+// TenantAccounts: tenant -> account, made on first use. An account lives while a sequence or
+// a lease holds it; a tenant with nothing left has no account (its usage is zero), so
+// free-text tenant labels of unauthenticated deployments cannot grow the map without bound.
 #pragma once
 
 #include <atomic>
@@ -48,11 +52,22 @@ class TenantAccount {
   int64_t bytes(int pool) const {
     return bytes_[static_cast<size_t>(pool)].load(std::memory_order_relaxed);
   }
+  // Lease-only bytes in and out of the account (BlockShares, as blocks change hands): they
+  // count in bytes() too.
+  void AddLeaseOnly(int pool, int64_t delta) {
+    lease_only_[static_cast<size_t>(pool)].fetch_add(delta, std::memory_order_relaxed);
+    Add(pool, delta);
+  }
+  // Of bytes(pool): those of lease-only blocks.
+  int64_t lease_only_bytes(int pool) const {
+    return lease_only_[static_cast<size_t>(pool)].load(std::memory_order_relaxed);
+  }
 
  private:
   const TenantQuota quota_;
   std::atomic<int64_t> sequences_{0};
-  std::vector<std::atomic<int64_t>> bytes_;  // [pool]
+  std::vector<std::atomic<int64_t>> bytes_;       // [pool]
+  std::vector<std::atomic<int64_t>> lease_only_;  // [pool]
 };
 
 class TenantAccounts {

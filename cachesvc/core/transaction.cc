@@ -72,6 +72,18 @@ int64_t Transaction::NetBytes() const {
   return net;
 }
 
+int64_t Transaction::StaysLeased() const {
+  if (pool_->shares().pinned_blocks() == 0) return 0;
+  int64_t bytes = 0;
+  for (const Lane& l : lanes_) {
+    const std::vector<Segment>& old = storage_->lane(l.lane);
+    for (size_t j = 0; j < l.plan.freed.size(); ++j) {
+      bytes += pool_->shares().LeaseOnlyIfDropped(old[j].format, l.plan.freed[j], charge_.account);
+    }
+  }
+  return bytes;
+}
+
 bool Transaction::WritesInPlace() const {
   for (const Lane& l : lanes_) {
     for (const SegmentPlan& sp : l.plan.segments) {
@@ -91,12 +103,14 @@ absl::Status Transaction::Execute() {
     }
   }
   if (charge_.account != nullptr) {
-    // The quota counts what the sequence holds after the commit: a Compress that converts
-    // f16 blocks to INT4 needs both for a moment but leaves the tenant with less.
+    // The quota counts what the tenant holds after the commit: a Compress that converts f16
+    // blocks to INT4 needs both for a moment but leaves the tenant with less. A freed block a
+    // lease of the tenant keeps stays on its account (lease-only), so it frees nothing here.
     net_bytes_ = NetBytes();
-    if (net_bytes_ > 0) {
-      KVC_RETURN_IF_ERROR(charge_.account->Reserve(charge_.pool, *charge_.pool_name, net_bytes_));
-      reserved_ = net_bytes_;
+    const int64_t need = net_bytes_ + StaysLeased();
+    if (need > 0) {
+      KVC_RETURN_IF_ERROR(charge_.account->Reserve(charge_.pool, *charge_.pool_name, need));
+      reserved_ = need;
     }
   }
   leases_.reserve(kFormats);
@@ -327,12 +341,14 @@ void Transaction::Commit() {
   }
   for (PageLease& lease : leases_) lease.Commit();
   if (charge_.account != nullptr) {
-    if (net_bytes_ < 0) charge_.account->Add(charge_.pool, net_bytes_);
-    reserved_ = 0;  // a positive change was reserved in Execute and is now held
+    // Settled exactly: the sequence's own change here, and the freed blocks that leases keep
+    // by the Drop below, whatever the leases did since Execute estimated them.
+    if (net_bytes_ != reserved_) charge_.account->Add(charge_.pool, net_bytes_ - reserved_);
+    reserved_ = 0;
   }
   for (size_t f = 0; f < kFormats; ++f) {
     // Shared (frozen) blocks lose one holder; the rest return to the pool.
-    if (!freed[f].empty()) pool_->Drop(static_cast<StorageFormat>(f), freed[f]);
+    if (!freed[f].empty()) pool_->Drop(static_cast<StorageFormat>(f), freed[f], Holder::kSequence);
   }
   for (int layer = 0; layer < storage_->num_layers(); ++layer) {
     if (rewritten[static_cast<size_t>(layer)]) storage_->BumpGeneration(layer);

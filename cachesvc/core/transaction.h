@@ -81,13 +81,16 @@ class Transaction {
   absl::Status RunWrites(OpStage& stage);
   absl::Status RunRotations(OpStage& stage);
 
-  // Bytes the plans allocate minus those they free: the tenant's change at commit.
+  // Bytes the plans allocate minus those they free: the sequence's change at commit.
   int64_t NetBytes() const;
+  // Bytes of the freed blocks that leases of the charged tenant would keep (lease-only, still
+  // on its account) if the commit ran now.
+  int64_t StaysLeased() const;
 
   BlockPool* pool_;
   SequenceStorage* storage_;
   TenantCharge charge_;
-  int64_t reserved_ = 0;  // quota reserved in Execute, settled in Commit
+  int64_t reserved_ = 0;  // quota reserved in Execute (net_bytes_ + StaysLeased), settled in Commit
   int64_t net_bytes_ = 0;
   IncomingRows incoming_;
   std::vector<Lane> lanes_;

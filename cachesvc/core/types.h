@@ -164,8 +164,11 @@ struct LeaseStats {
   int64_t leased_bytes = 0;  // bytes of the blocks they pin (some also held by sequences)
   int64_t granted = 0;       // since start
   int64_t renewed = 0;
-  int64_t released = 0;  // ended by ReleaseLease
+  int64_t released = 0;  // ended by ReleaseLease (or an admin's EndLease)
   int64_t expired = 0;   // ended by their TTL
+  // Bytes of the blocks that leases pin and no sequence holds any more (in the pool's used
+  // bytes, and in the lessees' accounts).
+  int64_t lease_only_bytes = 0;
 };
 
 struct PoolStatsSnapshot {
@@ -189,7 +192,7 @@ struct PoolStatsSnapshot {
   int64_t quota_bytes = 0;
   int64_t quota_sequences = 0;
   PrefixStats prefix_cache;  // pool-wide only
-  LeaseStats leases;         // pool-wide only
+  LeaseStats leases;         // pool-wide; a tenant's: only its lease_only_bytes
   // Host pools: bytes of free blocks whose pages are resident, and bytes of pages returned
   // to the OS since start (keep_free_bytes).
   int64_t free_resident_bytes = 0;

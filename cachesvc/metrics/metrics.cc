@@ -117,20 +117,25 @@ struct LeaseFamilies {
   prometheus::MetricFamily active = GaugeFamily("kvc_leases", "Leases live now.");
   prometheus::MetricFamily bytes = GaugeFamily(
       "kvc_leased_bytes", "Pool bytes live leases pin (some also held by their sequences).");
+  prometheus::MetricFamily lease_only = GaugeFamily(
+      "kvc_lease_only_bytes",
+      "Pool bytes only leases pin (no sequence holds them); charged to the lessees' quotas.");
   prometheus::MetricFamily events = CounterFamily(
       "kvc_lease_events_total",
-      "Lease events, by event: granted, renewed, released (ReleaseLease), expired (TTL).");
+      "Lease events, by event: granted, renewed, released (ReleaseLease, EndLease), expired "
+      "(TTL).");
 
   void Add(const std::string& pool, const LeaseStats& s) {
     AddSample(&active, {{"pool", pool}}, static_cast<double>(s.active));
     AddSample(&bytes, {{"pool", pool}}, static_cast<double>(s.leased_bytes));
+    AddSample(&lease_only, {{"pool", pool}}, static_cast<double>(s.lease_only_bytes));
     AddSample(&events, {{"pool", pool}, {"event", "granted"}}, static_cast<double>(s.granted));
     AddSample(&events, {{"pool", pool}, {"event", "renewed"}}, static_cast<double>(s.renewed));
     AddSample(&events, {{"pool", pool}, {"event", "released"}}, static_cast<double>(s.released));
     AddSample(&events, {{"pool", pool}, {"event", "expired"}}, static_cast<double>(s.expired));
   }
   void AppendTo(std::vector<prometheus::MetricFamily>* families) {
-    for (auto* f : {&active, &bytes, &events}) families->push_back(std::move(*f));
+    for (auto* f : {&active, &bytes, &lease_only, &events}) families->push_back(std::move(*f));
   }
 };
 
@@ -251,7 +256,11 @@ class Metrics::PoolCollector : public prometheus::Collectable {
 
   void CollectTenants(std::vector<prometheus::MetricFamily>* families) const {
     auto sequences = GaugeFamily("kvc_tenant_sequences", "Live sequences, by tenant.");
-    auto bytes = GaugeFamily("kvc_tenant_used_bytes", "Block bytes a tenant holds, by pool.");
+    auto bytes = GaugeFamily(
+        "kvc_tenant_used_bytes",
+        "Block bytes a tenant holds (its sequences' and those only its leases pin), by pool.");
+    auto lease_only = GaugeFamily("kvc_tenant_lease_only_bytes",
+                                  "Of kvc_tenant_used_bytes: blocks only the tenant's leases pin.");
     auto quota_bytes =
         GaugeFamily("kvc_tenant_quota_bytes", "A tenant's max_bytes_per_pool (0 = unlimited).");
     auto quota_sequences =
@@ -260,6 +269,7 @@ class Metrics::PoolCollector : public prometheus::Collectable {
     // Summed by label: several unnamed tenants share "_other".
     std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> by_label;
     std::map<std::string, TenantQuota> quotas;
+    std::map<std::string, std::vector<int64_t>> leased_by_label;
     for (const TenantUsageSnapshot& t : store_->TenantUsage()) {
       const std::string label = TenantLabel(t.tenant);
       auto& [seqs, pool_bytes] = by_label[label];
@@ -267,6 +277,11 @@ class Metrics::PoolCollector : public prometheus::Collectable {
       seqs += t.sequences;
       for (size_t i = 0; i < pools.size() && i < t.pool_bytes.size(); ++i) {
         pool_bytes[i] += t.pool_bytes[i];
+      }
+      std::vector<int64_t>& leased = leased_by_label[label];
+      leased.resize(pools.size());
+      for (size_t i = 0; i < pools.size() && i < t.lease_only_bytes.size(); ++i) {
+        leased[i] += t.lease_only_bytes[i];
       }
       if (label != "_other") quotas[label] = t.quota;
     }
@@ -283,12 +298,20 @@ class Metrics::PoolCollector : public prometheus::Collectable {
                   static_cast<double>(usage.second[i]));
       }
     }
+    for (const auto& [label, leased] : leased_by_label) {
+      for (size_t i = 0; i < pools.size(); ++i) {
+        if (leased[i] == 0) continue;  // only tenants that have some: no series per tenant
+        AddSample(&lease_only, {{"tenant", label}, {"pool", pools[i].options.name}},
+                  static_cast<double>(leased[i]));
+      }
+    }
     for (const auto& [label, q] : quotas) {
       AddSample(&quota_bytes, {{"tenant", label}}, static_cast<double>(q.max_bytes_per_pool));
       AddSample(&quota_sequences, {{"tenant", label}}, static_cast<double>(q.max_sequences));
     }
     families->push_back(std::move(sequences));
     families->push_back(std::move(bytes));
+    families->push_back(std::move(lease_only));
     families->push_back(std::move(quota_bytes));
     families->push_back(std::move(quota_sequences));
   }

@@ -75,6 +75,40 @@ grpc::Status AdminServiceImpl::EvictSequence(grpc::ServerContext* context,
   return scope.Finish(grpc::Status::OK);
 }
 
+grpc::Status AdminServiceImpl::ListLeases(grpc::ServerContext* context,
+                                          const pb::ListLeasesRequest* request,
+                                          pb::ListLeasesResponse* response) {
+  RpcScope scope(metrics_, kService, "ListLeases");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  ListLeasesParams params;
+  params.pool = request->pool();
+  if (caller.authenticated && caller.role != Role::kAdmin) {
+    // A tenant sees its own leases only, as its own sequences (ListSequences).
+    KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, request->tenant(), "ListLeases"));
+  } else {
+    params.tenant = request->tenant();
+  }
+  KVC_ASSIGN_OR_FINISH(const std::vector<LeaseInfo> leases, store_->ListLeases(params));
+  for (const LeaseInfo& l : leases) ToProto(l, response->add_leases());
+  return scope.Finish(grpc::Status::OK);
+}
+
+grpc::Status AdminServiceImpl::EndLease(grpc::ServerContext* context,
+                                        const pb::EndLeaseRequest* request,
+                                        pb::EndLeaseResponse* response) {
+  RpcScope scope(metrics_, kService, "EndLease");
+  KVC_AUTHENTICATE_OR_FINISH(caller);
+  const std::string tenant = request->tenant().empty() ? caller.tenant : request->tenant();
+  KVC_FINISH_IF_ERROR(access_->RequireAdmin(
+      caller, "EndLease",
+      absl::StrCat(Quoted(request->lease_id()), " of tenant ", Quoted(tenant))));
+  const std::string tenant_scope = caller.authenticated ? tenant : "";
+  KVC_ASSIGN_OR_FINISH(const int64_t freed,
+                       store_->ReleaseLease(tenant_scope, request->lease_id()));
+  response->set_freed_blocks(freed);
+  return scope.Finish(grpc::Status::OK);
+}
+
 grpc::Status AdminServiceImpl::Drain(grpc::ServerContext* context, const pb::DrainRequest* request,
                                      pb::DrainResponse* response) {
   RpcScope scope(metrics_, kService, "Drain");
@@ -139,6 +173,11 @@ grpc::Status AdminServiceImpl::ListTenants(grpc::ServerContext* context,
     out->set_quota_sequences(t.quota.max_sequences);
     out->set_quota_streams(t.quota.max_streams);
     out->set_quota_compute_calls(t.quota.max_compute_calls);
+    for (size_t i = 0; i < pools.size() && i < t.lease_only_bytes.size(); ++i) {
+      if (t.lease_only_bytes[i] != 0) {
+        (*out->mutable_lease_only_bytes())[pools[i].options.name] = t.lease_only_bytes[i];
+      }
+    }
   }
   if (!caller.admin() && response->tenants_size() == 0) {
     // A tenant that holds nothing still learns its limits.

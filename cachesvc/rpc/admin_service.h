@@ -37,6 +37,11 @@ class AdminServiceImpl final : public kvcache::v1::AdminService::Service {
   grpc::Status GetServerInfo(grpc::ServerContext* context,
                              const kvcache::v1::GetServerInfoRequest* request,
                              kvcache::v1::ServerInfo* response) override;
+  grpc::Status ListLeases(grpc::ServerContext* context,
+                          const kvcache::v1::ListLeasesRequest* request,
+                          kvcache::v1::ListLeasesResponse* response) override;
+  grpc::Status EndLease(grpc::ServerContext* context, const kvcache::v1::EndLeaseRequest* request,
+                        kvcache::v1::EndLeaseResponse* response) override;
 
  private:
   KvStore* store_;

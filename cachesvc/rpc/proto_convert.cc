@@ -350,7 +350,22 @@ void ToProto(const PoolStatsSnapshot& s, pb::PoolStats* out) {
     q->set_renewed(l.renewed);
     q->set_released(l.released);
     q->set_expired(l.expired);
+    q->set_lease_only_bytes(l.lease_only_bytes);
+  } else if (s.leases.lease_only_bytes != 0) {
+    out->mutable_leases()->set_lease_only_bytes(s.leases.lease_only_bytes);
   }
+}
+
+void ToProto(const LeaseInfo& l, pb::LeaseInfo* out) {
+  out->set_lease_id(l.lease_id);
+  out->set_tenant(l.tenant);
+  out->set_sequence_id(l.sequence_id);
+  out->set_pool(l.pool);
+  out->set_leased_bytes(l.leased_bytes);
+  out->set_lease_only_bytes(l.lease_only_bytes);
+  out->set_granted_unix_ms(l.granted_unix_ms);
+  out->set_expires_unix_ms(l.expires_unix_ms);
+  out->set_renewals(l.renewals);
 }
 
 LeaseParams FromProto(const pb::LeaseRequest& r) {

@@ -35,6 +35,7 @@ PrefixSpec FromProto(const kvcache::v1::PrefixSpec& prefix);
 // The scope is the caller's: set by the handler.
 LeaseParams FromProto(const kvcache::v1::LeaseRequest& request);
 void ToProto(const LeaseSnapshot& lease, kvcache::v1::Lease* out);
+void ToProto(const LeaseInfo& lease, kvcache::v1::LeaseInfo* out);
 
 absl::StatusOr<AppendParams> FromProto(const kvcache::v1::AppendRequest& request);
 absl::StatusOr<FetchParams> FromProto(const kvcache::v1::FetchRequest& request);

@@ -144,6 +144,29 @@ absl::Status ParseQuotas(const kvcache::v1::ServerConfig& config, std::vector<Te
   return absl::OkStatus();
 }
 
+absl::Status ParseLeases(const kvcache::v1::LeaseConfig& config, LeaseLimits* out) {
+  const std::pair<const char*, int64_t> fields[] = {{"default_ttl_ms", config.default_ttl_ms()},
+                                                    {"max_ttl_ms", config.max_ttl_ms()},
+                                                    {"max_per_tenant", config.max_per_tenant()},
+                                                    {"max_lifetime_ms", config.max_lifetime_ms()}};
+  for (const auto& [name, value] : fields) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config leases.", name, " is ", value, "; expected > 0 (0 = default)"));
+    }
+  }
+  if (config.default_ttl_ms() > 0) out->default_ttl_ms = config.default_ttl_ms();
+  if (config.max_ttl_ms() > 0) out->max_ttl_ms = config.max_ttl_ms();
+  if (config.max_per_tenant() > 0) out->max_per_scope = config.max_per_tenant();
+  if (config.max_lifetime_ms() > 0) out->max_lifetime_ms = config.max_lifetime_ms();
+  if (out->default_ttl_ms > out->max_ttl_ms) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config leases.default_ttl_ms (", out->default_ttl_ms,
+                     ") is above leases.max_ttl_ms (", out->max_ttl_ms, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsValidTenantName(const std::string& name) {
@@ -212,6 +235,7 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
   KVC_RETURN_IF_ERROR(ParseTls(config.tls(), &options.tls));
   KVC_RETURN_IF_ERROR(ParseAuth(config.auth(), options.tls, &options.auth));
   KVC_RETURN_IF_ERROR(ParseQuotas(config, &options.store.quotas));
+  KVC_RETURN_IF_ERROR(ParseLeases(config.leases(), &options.store.leases));
   options.insecure = config.insecure();
   options.store.shard_name = config.shard().name();
   options.store.shard_weight = config.shard().weight();

@@ -293,6 +293,7 @@ pb::PoolStats SumStats(const std::vector<ShardAnswer>& answers,
       t->set_renewed(t->renewed() + l.renewed());
       t->set_released(t->released() + l.released());
       t->set_expired(t->expired() + l.expired());
+      t->set_lease_only_bytes(t->lease_only_bytes() + l.lease_only_bytes());
     }
     // A tenant's view: the tenant and its per-shard limits are the same on every shard.
     if (!s.tenant().empty()) {
@@ -491,10 +492,11 @@ int RunCluster(const std::string& command, const std::vector<char*>& args, bool 
                  "shard at once stops the cache (see `kvcachectl cluster` for the names)\n");
     return 1;
   }
-  if (command == "tenants") {
+  if (command == "tenants" || command == "leases" || command == "end-lease") {
     std::fprintf(stderr,
-                 "kvcachectl: tenants is per kvcached; use --target=ADDRESS (see `kvcachectl "
-                 "cluster` for the addresses)\n");
+                 "kvcachectl: %s is per kvcached; use --target=ADDRESS (see `kvcachectl "
+                 "cluster` for the addresses)\n",
+                 command.c_str());
     return 1;
   }
   kvc::client::ClusterOptions options;

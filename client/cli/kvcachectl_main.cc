@@ -5,6 +5,8 @@
 //   kvcachectl [--target=host:port] [--json] stats [--pool=P]
 //   kvcachectl [--target=host:port] [--json] sequence show ID
 //   kvcachectl [--target=host:port] evict ID
+//   kvcachectl [--target=host:port] [--json] leases [--tenant=T] [--pool=P]
+//   kvcachectl [--target=host:port] end-lease TENANT LEASE_ID
 //   kvcachectl [--target=host:port] drain [--resume]
 //   kvcachectl hash-token --tenant=T [--role=tenant|admin] [--generate] < token
 //
@@ -36,6 +38,8 @@
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/ascii.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/cli/cluster_commands.h"
 #include "client/cli/conn.h"
 #include "client/cli/flags.h"
@@ -52,10 +56,10 @@ ABSL_FLAG(std::string, dns, "",
           "a cluster: host:port whose every DNS address is a shard (instead of --target)");
 ABSL_FLAG(std::string, shard, "", "drain with --targets/--dns: the shard (by name) to drain");
 ABSL_FLAG(bool, json, false, "print JSON instead of a table");
-ABSL_FLAG(std::string, pool, "", "only this pool (sequences, stats)");
+ABSL_FLAG(std::string, pool, "", "only this pool (sequences, stats, leases)");
 ABSL_FLAG(std::string, tenant, "",
-          "only this tenant (sequences); the tenant whose sequence it is (sequence show, evict: "
-          "an admin acting on another tenant's); the token's tenant (hash-token)");
+          "only this tenant (sequences, leases); the tenant whose sequence it is (sequence show, "
+          "evict: an admin acting on another tenant's); the token's tenant (hash-token)");
 ABSL_FLAG(int32_t, limit, 0, "at most this many sequences (0 = server default, 1000)");
 ABSL_FLAG(int32_t, timeout_ms, 5000, "deadline of the call");
 ABSL_FLAG(std::string, sort, "created",
@@ -73,6 +77,7 @@ using kvc::cli::Dial;
 using kvc::cli::FormatBytes;
 using kvc::cli::Json;
 using kvc::cli::PrepareContext;
+using kvc::cli::PrintLeases;
 using kvc::cli::PrintPools;
 using kvc::cli::PrintSequence;
 using kvc::cli::PrintSequences;
@@ -91,6 +96,9 @@ constexpr char kUsage[] =
     "  sequence show ID [--tenant=T]           one sequence: lengths per layer, bytes\n"
     "  evict ID [--tenant=T]                   free a sequence (counted as evicted; admin)\n"
     "  tenants                                 what each tenant holds, its open calls, quotas\n"
+    "  leases [--tenant=T] [--pool=P]          live leases: bytes, bytes only the lease pins,\n"
+    "                                          age, expiry (a tenant sees its own)\n"
+    "  end-lease TENANT LEASE_ID               end any tenant's lease at once (admin)\n"
     "  drain [--resume]                        stop (or resume) accepting new sequences\n"
     "  hash-token --tenant=T [--role=tenant|admin] [--generate]   tokens-file line for the\n"
     "                                          token on stdin (or a new one: 'token: <hex>')\n"
@@ -222,6 +230,33 @@ int RunOne(const std::string& command, const std::vector<char*>& args, const std
       PrintTenants(response);
     return 0;
   }
+  if (command == "leases") {
+    pb::ListLeasesRequest request;
+    request.set_tenant(absl::GetFlag(FLAGS_tenant));
+    request.set_pool(absl::GetFlag(FLAGS_pool));
+    pb::ListLeasesResponse response;
+    const grpc::Status status = stub->ListLeases(&context, request, &response);
+    if (!status.ok()) return Report(status, target);
+    if (json)
+      std::cout << Json(response);
+    else
+      PrintLeases(response, absl::ToUnixMillis(absl::Now()));
+    return 0;
+  }
+  if (command == "end-lease") {
+    pb::EndLeaseRequest request;
+    request.set_tenant(args[2]);
+    request.set_lease_id(args[3]);
+    pb::EndLeaseResponse response;
+    const grpc::Status status = stub->EndLease(&context, request, &response);
+    if (!status.ok()) return Report(status, target);
+    if (json)
+      std::cout << Json(response);
+    else
+      std::cout << "ended lease " << args[3] << " of tenant " << args[2] << ": "
+                << response.freed_blocks() << " blocks went back to the pool\n";
+    return 0;
+  }
   if (command == "drain") {
     pb::DrainRequest request;
     request.set_resume(absl::GetFlag(FLAGS_resume));
@@ -257,7 +292,8 @@ int main(int argc, char** argv) {
     }
     return HashToken();
   }
-  const size_t expected_args = command == "sequence" ? 4 : (command == "evict" ? 3 : 2);
+  const size_t expected_args =
+      command == "sequence" || command == "end-lease" ? 4 : (command == "evict" ? 3 : 2);
   if (args.size() != expected_args || (command == "sequence" && std::string(args[2]) != "show")) {
     std::fprintf(stderr, "kvcachectl: wrong arguments for '%s'\nusage: %s\n", command.c_str(),
                  kUsage);

@@ -168,6 +168,19 @@ void PrintTenants(const pb::ListTenantsResponse& r) {
   std::cout << table.Render();
 }
 
+void PrintLeases(const pb::ListLeasesResponse& r, int64_t now_unix_ms) {
+  Table table({"LEASE", "TENANT", "SEQUENCE", "POOL", "BYTES", "LEASE-ONLY", "AGE", "EXPIRES IN",
+               "RENEWALS"});
+  auto seconds = [](int64_t ms) { return absl::StrFormat("%.1fs", static_cast<double>(ms) / 1e3); };
+  for (const auto& l : r.leases()) {
+    table.AddRow({l.lease_id(), l.tenant().empty() ? "(none)" : l.tenant(), l.sequence_id(),
+                  l.pool(), FormatBytes(l.leased_bytes()), FormatBytes(l.lease_only_bytes()),
+                  seconds(now_unix_ms - l.granted_unix_ms()),
+                  seconds(l.expires_unix_ms() - now_unix_ms), absl::StrCat(l.renewals())});
+  }
+  std::cout << table.Render();
+}
+
 void PrintStats(const pb::PoolStats& s) {
   Table table({"FIELD", "VALUE"});
   table.AddRow({"pool", s.pool().empty() ? "(all)" : s.pool()});
@@ -208,13 +221,17 @@ void PrintStats(const pb::PoolStats& s) {
     table.AddRow({"prefix corrupt reads refused", absl::StrCat(c.corrupt_reads())});
     table.AddRow({"prefix evicted entries", absl::StrCat(c.evicted_entries())});
   }
-  if (s.has_leases()) {
+  if (s.has_leases() && s.tenant().empty()) {
     const pb::LeaseStats& l = s.leases();
     table.AddRow(
         {"leases active", absl::StrCat(l.active(), " pinning ", FormatBytes(l.leased_bytes()))});
     table.AddRow(
         {"leases granted", absl::StrCat(l.granted(), " (", l.renewed(), " renewals, ", l.released(),
                                         " released, ", l.expired(), " expired)")});
+  }
+  if (s.has_leases()) {
+    // Part of "used": blocks no sequence holds, kept (and charged) for leases.
+    table.AddRow({"pinned only by leases", FormatBytes(s.leases().lease_only_bytes())});
   }
   std::cout << table.Render();
 }

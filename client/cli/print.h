@@ -5,6 +5,7 @@
 
 #include <grpcpp/support/status.h>
 
+#include <cstdint>
 #include <string>
 
 #include "google/protobuf/message.h"
@@ -31,6 +32,8 @@ void PrintPools(const ::kvcache::v1::ListPoolsResponse& response);
 void PrintSequences(const ::kvcache::v1::ListSequencesResponse& response);
 void PrintSequence(const ::kvcache::v1::SequenceInfo& s);
 void PrintTenants(const ::kvcache::v1::ListTenantsResponse& r);
+// One row per lease; times relative to `now_unix_ms` (expires in, age).
+void PrintLeases(const ::kvcache::v1::ListLeasesResponse& r, int64_t now_unix_ms);
 
 // Pool statistics as FIELD/VALUE rows; the prefix cache's rows only when the server sent them
 // (pool-wide statistics: a tenant's own view has none).

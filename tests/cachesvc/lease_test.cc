@@ -278,6 +278,38 @@ TEST_F(LeaseTest, RenewKeepsTheLeaseAlive) {
   KVC_ASSERT_OK(store_->ReleaseLease("", lease.lease_id));
 }
 
+// However often it is renewed, no lease lives past max_lifetime_ms after its grant: the
+// renewal that would pass it gets the capped expiry, the next one FAILED_PRECONDITION, and
+// the reaper ends the lease at the cap. A TTL longer than the lifetime is cut to it.
+TEST_F(LeaseTest, RenewalsStopAtTheLifetimeLimit) {
+  KvStoreOptions options = HostOptions();
+  options.leases.max_lifetime_ms = 400;
+  Reset(options);
+  KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_, {}, 200));
+  KVC_ASSERT_OK_AND_ASSIGN(const std::vector<LeaseInfo> listed, store_->ListLeases({}));
+  ASSERT_EQ(listed.size(), 1u);
+  const int64_t granted = listed[0].granted_unix_ms;
+  EXPECT_EQ(lease.expires_unix_ms, granted + 200);
+  KVC_ASSERT_OK_AND_ASSIGN(const int64_t capped, store_->RenewLease("", lease.lease_id, 60000));
+  EXPECT_EQ(capped, granted + 400) << "renewed up to the cap, not past it";
+  EXPECT_THAT(store_->RenewLease("", lease.lease_id, 10),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "lease the sequence again"));
+  EXPECT_EQ(store_->ListLeases({})->at(0).renewals, 1);
+  EXPECT_EQ(store_->ListLeases({})->at(0).expires_unix_ms, granted + 400);
+
+  KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot longer, Lease(id_, {}, 60000));
+  EXPECT_EQ(longer.ttl_ms, 400) << "a TTL past the lifetime is cut to it";
+  EXPECT_LE(longer.expires_unix_ms, NowUnixMs() + 400);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Stats().expired < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(Stats().expired, 2) << "both ended at their cap";
+  EXPECT_GE(NowUnixMs(), granted + 400);
+  EXPECT_THAT(store_->RenewLease("", lease.lease_id, 10), StatusIs(absl::StatusCode::kNotFound));
+  KVC_ASSERT_OK(Lease(id_).status()) << "leasing again is how a reader goes on";
+}
+
 TEST_F(LeaseTest, RefusalsChangeNothing) {
   Reset(HostOptions(/*max_ttl_ms=*/1000, /*max_per_scope=*/2));
   EXPECT_THAT(Lease("s-nope"), StatusIs(absl::StatusCode::kNotFound));
@@ -418,6 +450,32 @@ TEST_F(LeaseTest, SendingAnEndedOrForeignLeaseSendsNothing) {
   Collect again;
   EXPECT_THAT(store_->SendLeasedBlocks("", lease.lease_id, &again).status(),
               StatusIs(absl::StatusCode::kNotFound));
+}
+
+// Looking at a lease never extends it: reads through it (SendLeasedBlocks checks it live
+// before and after each piece), listings and the sequence's own reads leave its expiry as
+// granted, and it ends on time.
+TEST_F(LeaseTest, LookupsNeverExtendALease) {
+  KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_, {}, 1500));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+  // Looks while the lease is surely live (a loaded machine may take long per look).
+  while (std::chrono::steady_clock::now() < until && NowUnixMs() < lease.expires_unix_ms - 800) {
+    Collect sink;
+    KVC_ASSERT_OK(store_->SendLeasedBlocks("", lease.lease_id, &sink).status());
+    KVC_ASSERT_OK(store_->GetSequence(id_).status());
+    EXPECT_EQ(Read(*store_, id_).chunks.size(), static_cast<size_t>(kLanes));
+    KVC_ASSERT_OK_AND_ASSIGN(const std::vector<LeaseInfo> listed, store_->ListLeases({}));
+    ASSERT_EQ(listed.size(), 1u);
+    EXPECT_EQ(listed[0].expires_unix_ms, lease.expires_unix_ms);
+    EXPECT_EQ(listed[0].renewals, 0);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (Stats().active > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_GE(NowUnixMs(), lease.expires_unix_ms) << "ended at its expiry, not before";
+  EXPECT_EQ(Stats().expired, 1);
+  EXPECT_EQ(Stats().renewed, 0);
 }
 
 }  // namespace

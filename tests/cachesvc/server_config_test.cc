@@ -60,6 +60,28 @@ TEST(ServerConfigTest, ParsesPoolsAndFillsDefaults) {
               StatusIs(absl::StatusCode::kInvalidArgument, "keep_free_bytes is -1"));
 }
 
+TEST(ServerConfigTest, ParsesLeaseLimits) {
+  const std::string pool = R"(pools { name: "a" capacity_bytes: 1048576
+                                geometry { num_layers: 2 num_kv_heads: 1 head_dim: 64 } })";
+  KVC_ASSERT_OK_AND_ASSIGN(const ServerOptions defaults, ParseServerConfig(pool));
+  EXPECT_EQ(defaults.store.leases.default_ttl_ms, 30000);
+  EXPECT_EQ(defaults.store.leases.max_ttl_ms, 300000);
+  EXPECT_EQ(defaults.store.leases.max_per_scope, 256);
+  EXPECT_EQ(defaults.store.leases.max_lifetime_ms, 600000);
+  KVC_ASSERT_OK_AND_ASSIGN(
+      const ServerOptions o,
+      ParseServerConfig(pool + R"( leases { default_ttl_ms: 5000 max_ttl_ms: 60000
+                                            max_per_tenant: 8 max_lifetime_ms: 120000 })"));
+  EXPECT_EQ(o.store.leases.default_ttl_ms, 5000);
+  EXPECT_EQ(o.store.leases.max_ttl_ms, 60000);
+  EXPECT_EQ(o.store.leases.max_per_scope, 8);
+  EXPECT_EQ(o.store.leases.max_lifetime_ms, 120000);
+  EXPECT_THAT(ParseServerConfig(pool + " leases { max_lifetime_ms: -1 }"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "leases.max_lifetime_ms is -1"));
+  EXPECT_THAT(ParseServerConfig(pool + " leases { default_ttl_ms: 400000 }"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "above leases.max_ttl_ms"));
+}
+
 TEST(ServerConfigTest, SyntaxErrorsNameTheLine) {
   EXPECT_THAT(ParseServerConfig("pools { name: \"a\"\n capacity: 3 }"),
               StatusIs(absl::StatusCode::kInvalidArgument, "line 2"));

@@ -376,6 +376,7 @@ TEST_F(ClientFaultTest, OneMillisecondDeadlinesOnEveryRpcLeakNothing) {
                                                                          : "other"];
   };
   const std::string queries(size_t{64} * kQHeads * kDim * 2, '\0');  // 64 queries, 128 KiB
+  std::vector<std::string> lease_ids;
   Footprint settled{};
   for (int r = 0; r < kRounds; ++r) {
     const std::string seq = absl::StrCat("dl-", r), comp = absl::StrCat("dlc-", r);
@@ -459,6 +460,20 @@ TEST_F(ClientFaultTest, OneMillisecondDeadlinesOnEveryRpcLeakNothing) {
          admin_->ListSequences(Ctx(k1ms).get(), pb::ListSequencesRequest(), &listed));
     pb::ListTenantsResponse tenants;
     note("ListTenants", admin_->ListTenants(Ctx(k1ms).get(), pb::ListTenantsRequest(), &tenants));
+    {
+      // A lease of the sequence evicted below, ended by an admin call that may not arrive.
+      pb::LeaseRequest lease_request;
+      lease_request.set_sequence_id(absl::StrCat("dle-", r));
+      pb::Lease lease;
+      ASSERT_TRUE(kv_->LeaseSequence(Ctx().get(), lease_request, &lease).ok());
+      lease_ids.push_back(lease.lease_id());
+      pb::ListLeasesResponse leases;
+      note("ListLeases", admin_->ListLeases(Ctx(k1ms).get(), pb::ListLeasesRequest(), &leases));
+      pb::EndLeaseRequest end;
+      end.set_lease_id(lease.lease_id());
+      pb::EndLeaseResponse ended;
+      note("EndLease", admin_->EndLease(Ctx(k1ms).get(), end, &ended));
+    }
     // Evicting and releasing race with nothing now: the deadline alone decides.
     pb::EvictSequenceRequest evict;
     evict.set_sequence_id(absl::StrCat("dle-", r));
@@ -512,6 +527,14 @@ TEST_F(ClientFaultTest, OneMillisecondDeadlinesOnEveryRpcLeakNothing) {
     for (const char* other : {"dlx-", "dle-", "dlf-"}) {
       if (Get(absl::StrCat(other, r))) Release(absl::StrCat(other, r));
     }
+  }
+  for (const std::string& id : lease_ids) {
+    // Ended by its EndLease, or now; either way the lease's blocks go back.
+    pb::ReleaseLeaseRequest release;
+    release.set_lease_id(id);
+    pb::ReleaseLeaseResponse released;
+    const grpc::Status s = kv_->ReleaseLease(Ctx().get(), release, &released);
+    EXPECT_TRUE(s.ok() || s.error_code() == grpc::StatusCode::NOT_FOUND) << s.error_message();
   }
   Release("big");
   const pb::PoolStats after = Stats();

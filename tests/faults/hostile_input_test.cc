@@ -377,6 +377,32 @@ TEST_P(HostileInputTest, AMegabyteStringInAnyFieldGetsTheContractsCodeAndAShortM
                 "EvictSequence (tenant)");
   }
 
+  pb::ListLeasesRequest list_leases;
+  list_leases.set_pool(huge);
+  pb::ListLeasesResponse leases;
+  ExpectShort(admin_->ListLeases(Ctx().get(), list_leases, &leases), GrpcCode::NOT_FOUND,
+              "ListLeases.pool");
+  list_leases.Clear();
+  list_leases.set_tenant(huge);
+  if (auth_) {
+    ExpectShort(admin_->ListLeases(Ctx().get(), list_leases, &leases), GrpcCode::PERMISSION_DENIED,
+                "ListLeases.tenant");
+  } else {
+    const grpc::Status s = admin_->ListLeases(Ctx().get(), list_leases, &leases);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(leases.leases_size(), 0) << "a tenant filter nobody matches lists nothing";
+  }
+  pb::EndLeaseRequest end_lease;
+  end_lease.set_lease_id(huge);
+  end_lease.set_tenant(huge);
+  pb::EndLeaseResponse lease_ended;
+  ExpectShort(admin_->EndLease(Ctx(/*admin=*/true).get(), end_lease, &lease_ended),
+              GrpcCode::NOT_FOUND, "EndLease.lease_id/tenant (admin)");
+  if (auth_) {
+    ExpectShort(admin_->EndLease(Ctx().get(), end_lease, &lease_ended), GrpcCode::PERMISSION_DENIED,
+                "EndLease (tenant)");
+  }
+
   ExpectEmpty(id);
 }
 

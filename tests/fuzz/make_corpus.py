@@ -114,7 +114,9 @@ def request_seeds():
         "open_transfer": (21, b""),
         "send_lease": (22, ld(1, "t-0000000000000000") + ld(2, "l-0000000000000000") + vi(3, 1)),
         "close_transfer": (23, ld(1, "t-0000000000000000")),
-        "server_info": (24, b""),
+        "list_leases": (24, ld(1, "tenant-a") + ld(2, "f")),
+        "end_lease": (25, ld(2, "l-0000000000000000")),
+        "server_info": (26, b""),
     }
     return {name: bytes([rpc]) + msg for name, (rpc, msg) in seeds.items()}
 

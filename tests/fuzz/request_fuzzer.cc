@@ -307,6 +307,14 @@ void Send(Harness& h, int rpc, const uint8_t* data, size_t size) {
       return Unary<v1::CloseTransferRequest, v1::CloseTransferResponse>(
           data, size, "CloseTransfer",
           [&](auto* c, const auto& q, auto* r) { return kv.CloseTransfer(c, q, r); });
+    case 24:
+      return Unary<v1::ListLeasesRequest, v1::ListLeasesResponse>(
+          data, size, "ListLeases",
+          [&](auto* c, const auto& q, auto* r) { return admin.ListLeases(c, q, r); });
+    case 25:
+      return Unary<v1::EndLeaseRequest, v1::EndLeaseResponse>(
+          data, size, "EndLease",
+          [&](auto* c, const auto& q, auto* r) { return admin.EndLease(c, q, r); });
     default:
       return Unary<v1::GetServerInfoRequest, v1::ServerInfo>(
           data, size, "GetServerInfo",
@@ -314,7 +322,7 @@ void Send(Harness& h, int rpc, const uint8_t* data, size_t size) {
   }
 }
 
-constexpr int kRpcs = 25;
+constexpr int kRpcs = 27;
 
 }  // namespace
 

@@ -225,6 +225,12 @@ class AuthTest : public ::testing::Test {
       out.emplace_back("ListTenants", admin_->ListTenants(Ctx(token).get(), {}, &tenants));
       pb::ServerInfo info;
       out.emplace_back("GetServerInfo", admin_->GetServerInfo(Ctx(token).get(), {}, &info));
+      pb::ListLeasesResponse leases;
+      out.emplace_back("ListLeases", admin_->ListLeases(Ctx(token).get(), {}, &leases));
+      pb::EndLeaseRequest end;
+      end.set_lease_id(id);
+      pb::EndLeaseResponse ended;
+      out.emplace_back("EndLease", admin_->EndLease(Ctx(token).get(), end, &ended));
     }
     return out;
   }
@@ -244,7 +250,7 @@ TEST_F(AuthTest, EveryRpcWithoutValidCredentialsIsUnauthenticatedAndChangesNothi
   ASSERT_TRUE(Fetch(kTokenA, "doc", &before).ok());
   for (const std::string token : {"", "not-a-token", "token-of-tenant-a-0123456789abcdeX"}) {
     const auto results = EveryRpc(token, "doc");
-    EXPECT_EQ(results.size(), 16u);
+    EXPECT_EQ(results.size(), 18u);
     for (const auto& [rpc, status] : results) {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
           << rpc << " with token '" << token << "': " << status.error_message();
@@ -281,10 +287,11 @@ TEST_F(AuthTest, AnotherTenantsSequenceIsIndistinguishableFromAMissingOne) {
   for (size_t i = 0; i < on_a.size(); ++i) {
     const auto& [rpc, status] = on_a[i];
     if (rpc == "CreateSequence" || rpc == "ListPools" || rpc == "GetPoolStats" ||
-        rpc == "ListSequences" || rpc == "ListTenants" || rpc == "GetServerInfo") {
+        rpc == "ListSequences" || rpc == "ListTenants" || rpc == "GetServerInfo" ||
+        rpc == "ListLeases") {
       continue;  // not about the sequence
     }
-    if (rpc == "EvictSequence" || rpc == "Drain") {
+    if (rpc == "EvictSequence" || rpc == "Drain" || rpc == "EndLease") {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << rpc;
       continue;
     }
@@ -409,6 +416,113 @@ TEST_F(AuthTest, AdminReadsAndEvictsAnyTenantsSequencesAndTenantsSeeOnlyTheirOwn
   EXPECT_THAT(metrics, HasSubstr("kvc_tenant_sequences{tenant=\"b\"} 1"));
   EXPECT_THAT(metrics, HasSubstr("kvc_tenant_used_bytes{pool=\"small\",tenant=\"b\"} " +
                                  std::to_string(b_stats.used_bytes())));
+}
+
+// Leases through gRPC with three credentials: each tenant lists only its own leases, only
+// the admin lists everyone's and ends any of them (audited; a tenant gets PERMISSION_DENIED
+// for another's lease and for its own: tenants end theirs with ReleaseLease), and the bytes a
+// lease alone pins show in the tenant's statistics and the metrics.
+TEST_F(AuthTest, AdminListsAndEndsAnyTenantsLeasesAndTenantsSeeOnlyTheirOwn) {
+  ASSERT_TRUE(Create(kTokenA, "doc").ok());
+  ASSERT_TRUE(AppendAll(kTokenA, "doc", 0, 32).ok());
+  ASSERT_TRUE(Create(kTokenB, "doc").ok());
+  ASSERT_TRUE(AppendAll(kTokenB, "doc", 0, 16).ok());
+  auto lease = [&](const std::string& token) {
+    pb::LeaseRequest r;
+    r.set_sequence_id("doc");
+    pb::Lease l;
+    EXPECT_TRUE(kv_->LeaseSequence(Ctx(token).get(), r, &l).ok());
+    return l;
+  };
+  const pb::Lease a = lease(kTokenA);
+  const pb::Lease b = lease(kTokenB);
+  auto list = [&](const std::string& token, const std::string& tenant, grpc::Status* status) {
+    pb::ListLeasesRequest r;
+    r.set_tenant(tenant);
+    pb::ListLeasesResponse response;
+    *status = admin_->ListLeases(Ctx(token).get(), r, &response);
+    std::vector<std::string> out;
+    for (const pb::LeaseInfo& l : response.leases()) {
+      out.push_back(absl::StrCat(l.tenant(), "/", l.sequence_id(), "/", l.lease_id()));
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const std::string a_row = absl::StrCat("a/doc/", a.lease_id());
+  const std::string b_row = absl::StrCat("b/doc/", b.lease_id());
+  grpc::Status status;
+  EXPECT_THAT(list(kTokenA, "", &status), ::testing::ElementsAre(a_row));
+  EXPECT_THAT(list(kTokenB, "", &status), ::testing::ElementsAre(b_row));
+  EXPECT_THAT(list(kTokenAdmin, "", &status), ::testing::ElementsAre(a_row, b_row));
+  EXPECT_THAT(list(kTokenAdmin, "b", &status), ::testing::ElementsAre(b_row));
+  EXPECT_TRUE(list(kTokenB, "a", &status).empty());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+
+  // What the admin sees of a lease.
+  pb::ListLeasesRequest only_a;
+  only_a.set_tenant("a");
+  pb::ListLeasesResponse listed;
+  ASSERT_TRUE(admin_->ListLeases(Ctx(kTokenAdmin).get(), only_a, &listed).ok());
+  ASSERT_EQ(listed.leases_size(), 1);
+  const pb::LeaseInfo& info = listed.leases(0);
+  EXPECT_EQ(info.pool(), "small");
+  EXPECT_EQ(info.leased_bytes(), a.leased_bytes());
+  EXPECT_EQ(info.lease_only_bytes(), 0) << "the sequence still holds every block";
+  EXPECT_EQ(info.expires_unix_ms(), a.expires_unix_ms());
+  EXPECT_LE(info.granted_unix_ms(), info.expires_unix_ms());
+  EXPECT_EQ(info.renewals(), 0);
+
+  // a's sequence goes; its lease keeps the blocks, on a's account.
+  pb::ReleaseRequest release;
+  release.set_sequence_id("doc");
+  pb::ReleaseResponse released;
+  ASSERT_TRUE(kv_->Release(Ctx(kTokenA).get(), release, &released).ok());
+  listed.Clear();
+  ASSERT_TRUE(admin_->ListLeases(Ctx(kTokenAdmin).get(), only_a, &listed).ok());
+  EXPECT_EQ(listed.leases(0).lease_only_bytes(), a.leased_bytes());
+  pb::PoolStats a_stats;
+  ASSERT_TRUE(admin_->GetPoolStats(Ctx(kTokenA).get(), {}, &a_stats).ok());
+  EXPECT_EQ(a_stats.used_bytes(), a.leased_bytes()) << "the tenant's statistics show it";
+  EXPECT_EQ(a_stats.leases().lease_only_bytes(), a.leased_bytes());
+  pb::ListTenantsResponse tenants;
+  ASSERT_TRUE(admin_->ListTenants(Ctx(kTokenA).get(), {}, &tenants).ok());
+  ASSERT_EQ(tenants.tenants_size(), 1);
+  EXPECT_EQ(tenants.tenants(0).pool_bytes().at("small"), a.leased_bytes());
+  EXPECT_EQ(tenants.tenants(0).lease_only_bytes().at("small"), a.leased_bytes());
+  const std::string metrics = testing::HttpGet(server_->metrics_address(), "/metrics");
+  EXPECT_THAT(metrics,
+              HasSubstr(absl::StrCat("kvc_lease_only_bytes{pool=\"small\"} ", a.leased_bytes())));
+  EXPECT_THAT(metrics,
+              HasSubstr(absl::StrCat("kvc_tenant_lease_only_bytes{pool=\"small\",tenant=\"a\"} ",
+                                     a.leased_bytes())));
+
+  // Ending: the admin only, in the lease's tenant.
+  auto end = [&](const std::string& token, const std::string& tenant, const std::string& id) {
+    pb::EndLeaseRequest r;
+    r.set_tenant(tenant);
+    r.set_lease_id(id);
+    pb::EndLeaseResponse response;
+    return admin_->EndLease(Ctx(token).get(), r, &response);
+  };
+  EXPECT_EQ(end(kTokenB, "a", a.lease_id()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(end(kTokenB, "", a.lease_id()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(end(kTokenA, "", a.lease_id()).error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << "a tenant ends its own leases with ReleaseLease";
+  EXPECT_EQ(end(kTokenAdmin, "", a.lease_id()).error_code(), grpc::StatusCode::NOT_FOUND)
+      << "without the tenant field the admin acts in its own id space";
+  EXPECT_EQ(end(kTokenAdmin, "b", a.lease_id()).error_code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(end(kTokenAdmin, "a", a.lease_id()).ok());
+  EXPECT_THAT(list(kTokenA, "", &status), ::testing::IsEmpty());
+  pb::RenewLeaseRequest renew;
+  renew.set_lease_id(a.lease_id());
+  pb::RenewLeaseResponse renewed;
+  EXPECT_EQ(kv_->RenewLease(Ctx(kTokenA).get(), renew, &renewed).error_code(),
+            grpc::StatusCode::NOT_FOUND)
+      << "an ended lease is gone for its holder";
+  a_stats.Clear();
+  ASSERT_TRUE(admin_->GetPoolStats(Ctx(kTokenA).get(), {}, &a_stats).ok());
+  EXPECT_EQ(a_stats.used_bytes(), 0);
+  EXPECT_THAT(list(kTokenAdmin, "", &status), ::testing::ElementsAre(b_row));
 }
 
 TEST_F(AuthTest, TokensFileReloadsUnderTrafficWithoutRestart) {

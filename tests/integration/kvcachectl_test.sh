@@ -47,6 +47,7 @@ grep -Eq '^prefix hit rate +- \(0 of 0 tokens\)$' <<<"$out" || fail "stats: pref
 grep -Eq '^prefix attached tokens +0$' <<<"$out" || fail "stats: prefix attached tokens"
 grep -Eq '^prefix checksum misses +0$' <<<"$out" || fail "stats: prefix checksum misses"
 grep -Eq '^prefix evicted entries +0$' <<<"$out" || fail "stats: prefix evicted entries"
+grep -Eq '^pinned only by leases +0 B$' <<<"$out" || fail "stats: pinned only by leases"
 "$CTL" --target="$KVC_TARGET" --json --pool=default stats | python3 -c '
 import json, sys
 p = json.load(sys.stdin)["prefix_cache"]
@@ -55,6 +56,23 @@ keys = {"lookups", "hits", "lookup_tokens", "hit_tokens", "attached_tokens", "ch
         "corrupt_reads", "evicted_misses"}
 assert set(p) == keys, sorted(p)
 assert all(int(v) == 0 for v in p.values()), p' || fail "stats --json: prefix_cache"
+
+# leases / end-lease (the leases themselves: tests/integration/auth_test.cc; none here)
+out=$("$CTL" --target="$KVC_TARGET" leases --tenant=ctl-test)
+echo "$out"
+grep -Eq '^LEASE +TENANT +SEQUENCE +POOL +BYTES +LEASE-ONLY' <<<"$out" || fail "leases: no header"
+[ "$(echo "$out" | wc -l)" = 1 ] || fail "leases: expected no rows"
+"$CTL" --target="$KVC_TARGET" --json leases | python3 -c '
+import json, sys
+assert json.load(sys.stdin) == {"leases": []}' || fail "leases --json"
+set +e
+"$CTL" --target="$KVC_TARGET" end-lease ctl-test l-nosuch 2>err.txt; rc=$?
+set -e
+[ $rc = 3 ] && grep -q "lease 'l-nosuch' does not exist" err.txt || fail "end-lease unknown: exit $rc"
+set +e
+"$CTL" --target="$KVC_TARGET" end-lease l-nosuch 2>err.txt; rc=$?
+set -e
+[ $rc = 1 ] || fail "end-lease without a tenant: exit $rc"
 
 # sequence show / --sort / evict / drain
 first=$("$CTL" --target="$KVC_TARGET" --json sequences --sort=id | python3 -c 'import json,sys; print(json.load(sys.stdin)["sequences"][0]["sequence_id"])')

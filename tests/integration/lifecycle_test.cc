@@ -186,18 +186,18 @@ TEST_F(LifecycleTest, AFailedOrPartialStoreIsNeverVisible) {
 
   // A stream whose third message is refused keeps the two before it, nothing after.
   std::unique_ptr<client::AppendStream> stream = grpc_->StartAppendStream();
-  const std::string k = testing::MakeKv(9, kLayers - 1, 0, kBlock, kHeads, kDim,
-                                        kernels::DType::kF16, false);
+  const std::string k =
+      testing::MakeKv(9, kLayers - 1, 0, kBlock, kHeads, kDim, kernels::DType::kF16, false);
   const std::string v =
       testing::MakeKv(9, kLayers - 1, 0, kBlock, kHeads, kDim, kernels::DType::kF16, true);
-  const std::string k2 = testing::MakeKv(9, kLayers - 1, kBlock, kBlock, kHeads, kDim,
-                                         kernels::DType::kF16, false);
-  const std::string v2 = testing::MakeKv(9, kLayers - 1, kBlock, kBlock, kHeads, kDim,
-                                         kernels::DType::kF16, true);
-  client::AppendChunk a{s.sequence_id, kLayers - 1, 0, kBlock, client::DType::kF16,
-                        k.data(), v.data(), k.size()};
-  client::AppendChunk b{s.sequence_id, kLayers - 1, kBlock, kBlock, client::DType::kF16,
-                        k2.data(), v2.data(), k2.size()};
+  const std::string k2 =
+      testing::MakeKv(9, kLayers - 1, kBlock, kBlock, kHeads, kDim, kernels::DType::kF16, false);
+  const std::string v2 =
+      testing::MakeKv(9, kLayers - 1, kBlock, kBlock, kHeads, kDim, kernels::DType::kF16, true);
+  client::AppendChunk a{s.sequence_id,       kLayers - 1, 0,        kBlock,
+                        client::DType::kF16, k.data(),    v.data(), k.size()};
+  client::AppendChunk b{s.sequence_id,       kLayers - 1, kBlock,    kBlock,
+                        client::DType::kF16, k2.data(),   v2.data(), k2.size()};
   client::AppendChunk bad = b;
   bad.start_position = 5 * kBlock;  // out of order
   KVC_ASSERT_OK(stream->Write(a));

@@ -6,7 +6,7 @@ once; a short TTL expires on its own; bad requests get the contract's codes; asy
 from __future__ import annotations
 
 import asyncio
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -93,6 +93,26 @@ def test_bad_lease_requests(lc: kvcache.Client) -> None:
         lc.lease_sequence("s-nothing")
     assert lc.pool_stats().leases.active == 0
     lc.release(seq)
+
+
+def test_leases_are_listed_and_ended_by_an_admin(lc: kvcache.Client) -> None:
+    # No authentication here: every caller may use the admin calls.
+    seq = _filled(lc)
+    lease = lc.lease_sequence(seq)
+
+    def info() -> Any:  # kvcache.v1.LeaseInfo
+        (found,) = [i for i in lc.list_leases() if i.lease_id == lease.lease_id]
+        return found
+
+    assert info().sequence_id == seq and info().leased_bytes == lease.leased_bytes
+    assert info().lease_only_bytes == 0 and info().renewals == 0
+    assert info().expires_unix_ms == lease.expires_unix_ms, "listing never extends a lease"
+    lc.release(seq)
+    assert info().lease_only_bytes == lease.leased_bytes, "only the lease pins them now"
+    assert lc.end_lease(lease) == 3 * LAYERS * KV_HEADS
+    assert all(i.lease_id != lease.lease_id for i in lc.list_leases())
+    with pytest.raises(kvcache.NotFound):
+        lc.end_lease(lease)
 
 
 def test_asyncio_lease(lease_server: Server) -> None:

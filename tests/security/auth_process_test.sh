@@ -94,6 +94,23 @@ ctl --token_file="$dir/admin.token" --tenant=team-a evict "$id" | grep -q "evict
 grep -q "audit: admin 'ops' (token) EvictSequence '$id' of tenant 'team-a'" "$KVC_LOG" \
   || fail "no audit line for the eviction"
 grep -q "audit: refused EvictSequence" "$KVC_LOG" || fail "no audit line for the refusal"
+# Leases: a tenant lists its own only and may not end any; the admin's EndLease is audited
+# (no lease exists here: the refusals and the audit are what is checked).
+ctl --token_file="$dir/a.token" leases >/dev/null || fail "team-a cannot list its leases"
+if ctl --token_file="$dir/a.token" --tenant=team-b leases 2>/dev/null; then
+  fail "team-a listed team-b's leases"
+fi
+if out=$(ctl --token_file="$dir/a.token" end-lease team-b l-x 2>&1); then
+  fail "a tenant ended a lease"
+fi
+grep -q PERMISSION_DENIED <<<"$out" || fail "tenant end-lease: $out"
+if out=$(ctl --token_file="$dir/admin.token" end-lease team-b l-x 2>&1); then
+  fail "admin ended a lease that does not exist"
+fi
+grep -q NOT_FOUND <<<"$out" || fail "admin end-lease of an unknown lease: $out"
+grep -q "audit: admin 'ops' (token) EndLease 'l-x' of tenant 'team-b'" "$KVC_LOG" \
+  || fail "no audit line for EndLease"
+grep -q "audit: refused EndLease" "$KVC_LOG" || fail "no audit line for the EndLease refusal"
 grep -q "audit: authentication failed for peer" "$KVC_LOG" || fail "no audit line for auth"
 for t in a b admin; do
   grep -q "$(cat "$dir/$t.token")" "$KVC_LOG" && fail "a token appears in the log"

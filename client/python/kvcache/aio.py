@@ -451,6 +451,20 @@ class AsyncClient:
         return await self._call(self._admin.Drain, admin_pb.DrainRequest(resume=resume),
                                 timeout, retry=True)
 
+    async def list_leases(self, *, tenant: str = "", pool: str = "",
+                          timeout: Optional[float] = None) -> List[admin_pb.LeaseInfo]:
+        """See Client.list_leases."""
+        request = admin_pb.ListLeasesRequest(tenant=tenant, pool=pool)
+        r = await self._call(self._admin.ListLeases, request, timeout, retry=True)
+        return list(r.leases)
+
+    async def end_lease(self, lease: Any, *, tenant: str = "",
+                        timeout: Optional[float] = None) -> int:
+        """See Client.end_lease."""
+        request = admin_pb.EndLeaseRequest(tenant=tenant, lease_id=_lease_id(lease))
+        r = await self._call(self._admin.EndLease, request, timeout, retry=False)
+        return r.freed_blocks
+
 
 class AsyncAppendStream:
     """See kvcache.client.AppendStream; append() and finish() are coroutines. Which path it

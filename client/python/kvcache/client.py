@@ -510,6 +510,19 @@ class Client:
         return self._call(self._admin.Drain, admin_pb.DrainRequest(resume=resume), timeout,
                           retry=True)
 
+    def list_leases(self, *, tenant: str = "", pool: str = "",
+                    timeout: Optional[float] = None) -> List[admin_pb.LeaseInfo]:
+        """Live leases, oldest first (a tenant sees its own). Never extends one. Retried."""
+        request = admin_pb.ListLeasesRequest(tenant=tenant, pool=pool)
+        return list(self._call(self._admin.ListLeases, request, timeout, retry=True).leases)
+
+    def end_lease(self, lease: Any, *, tenant: str = "",
+                  timeout: Optional[float] = None) -> int:
+        """Ends any tenant's lease (admin); returns the blocks that went back to the pool. Not
+        retried. NotFound, PermissionDenied."""
+        request = admin_pb.EndLeaseRequest(tenant=tenant, lease_id=_lease_id(lease))
+        return self._call(self._admin.EndLease, request, timeout, retry=False).freed_blocks
+
 
 class AppendStream:
     """One AppendStream call. append() queues a message (blocking while 4 are queued);

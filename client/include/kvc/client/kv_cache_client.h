@@ -156,7 +156,9 @@ class KvCacheClient {
                                       const std::vector<int32_t>& layers = {},
                                       absl::Duration ttl = absl::ZeroDuration(),
                                       const CallOptions& call = {});
-  // The new expiry. NOT_FOUND once the lease was released or expired. Retried.
+  // The new expiry, never past the server's lease lifetime (10 minutes from the grant by
+  // default). NOT_FOUND once the lease was released or expired; FAILED_PRECONDITION once it
+  // already expires at its lifetime limit (lease the sequence again). Retried.
   absl::StatusOr<absl::Time> RenewLease(const std::string& lease_id,
                                         absl::Duration ttl = absl::ZeroDuration(),
                                         const CallOptions& call = {});
