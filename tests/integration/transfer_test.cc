@@ -319,7 +319,8 @@ TEST_F(TransferTest, IdleConnectionsOfOtherPeersDoNotKeepAReaderOut) {
             "ERR too many connections from 127.0.0.2 waiting to greet\n");
   ::close(ninth);
 
-  testing::ExpectFetchIntoMatchesFetch(*via, *grpc_only, id, client::DType::kF16, false);
+  testing::ExpectFetchIntoMatchesFetch(*via, *grpc_only, id, client::DType::kF16,
+                                       /*unfinished=*/false);
   const std::string where = "transfer (127.0.0.1:" + std::to_string(port) + ")";
   EXPECT_EQ(via->DataPath(), where) << "the idle connections kept the reader's greeting out";
   EXPECT_LT(absl::Now() - connected, absl::Milliseconds(1500))
