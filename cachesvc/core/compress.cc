@@ -252,6 +252,11 @@ absl::StatusOr<CompressInputs> ValidateCompress(const CompressParams& p, const P
           absl::StrCat("queries for layer ", q.layer, " were sent twice"));
     }
     const int64_t n = static_cast<int64_t>(q.positions.size());
+    if (n > kMaxScoringQueries) {  // SnapKV's window is bounded too: this is H2O's bound
+      return absl::InvalidArgumentError(absl::StrCat("queries for layer ", q.layer, " have ", n,
+                                                     " positions; at most ", kMaxScoringQueries,
+                                                     " (the last prompt queries suffice)"));
+    }
     if (n < 1 || (spec.eviction == Eviction::kSnapKv && n != spec.window)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "queries for layer ", q.layer, " have ", n, " positions; expected ",

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace kvc::cachesvc {
 
@@ -62,6 +65,41 @@ int32_t LayerBudget(const EvictionRule& rule, int layer, int num_layers, int64_t
   return static_cast<int32_t>(std::clamp<int64_t>(mine, 0, std::numeric_limits<int32_t>::max()));
 }
 
+namespace {
+
+// Every token count of the spec's eviction at most kMaxPolicyTokens (checked before the
+// sums the other checks form).
+absl::Status CheckTokenCounts(const CompressionSpec& s) {
+  std::vector<std::pair<const char*, int>> counts;
+  switch (s.eviction) {
+    case Eviction::kNone:
+      break;
+    case Eviction::kStreamingLlm:
+      counts = {{"streaming_llm.sinks", s.sinks}, {"streaming_llm.window", s.window}};
+      break;
+    case Eviction::kSnapKv:
+      counts = {{"snapkv.budget", s.budget}};  // window: at most kMaxScoringQueries
+      break;
+    case Eviction::kH2o:
+      counts = {{"h2o.heavy", s.heavy}, {"h2o.recent", s.recent}};
+      break;
+    case Eviction::kExpectedAttention:
+      counts = {{"expected_attention.sinks", s.sinks},
+                {"expected_attention.window", s.window},
+                {"expected_attention.budget", s.budget}};
+      break;
+  }
+  for (const auto& [field, n] : counts) {
+    if (n > kMaxPolicyTokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " is ", n, "; at most ", kMaxPolicyTokens, " tokens"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 const char* EvictionName(Eviction eviction) {
   switch (eviction) {
     case Eviction::kNone:
@@ -84,10 +122,11 @@ absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool 
         absl::StrCat("storage ", kernels::StorageFormatName(s.storage), " cannot store head_dim ",
                      g.head_dim, " (its quantization groups must tile head_dim)"));
   }
-  if (s.residual_tokens < 0) {
+  if (s.residual_tokens < 0 || s.residual_tokens > kMaxPolicyTokens) {
     return absl::InvalidArgumentError(
-        absl::StrCat("residual_tokens is ", s.residual_tokens, "; expected >= 0"));
+        absl::StrCat("residual_tokens is ", s.residual_tokens, "; expected 0..", kMaxPolicyTokens));
   }
+  KVC_RETURN_IF_ERROR(CheckTokenCounts(s));
   switch (s.eviction) {
     case Eviction::kNone:
       break;
@@ -114,10 +153,16 @@ absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool 
             absl::StrCat("snapkv.budget is ", s.budget, "; it must be larger than window (",
                          s.window, ") so some prompt tokens are selected"));
       }
-      if (s.pooling_kernel < 1 || s.pooling_kernel % 2 == 0) {
-        return absl::InvalidArgumentError(absl::StrCat("snapkv.pooling_kernel is ",
-                                                       s.pooling_kernel,
-                                                       "; expected an odd number >= 1 (paper: 7)"));
+      if (s.window > kMaxScoringQueries) {
+        return absl::InvalidArgumentError(absl::StrCat("snapkv.window is ", s.window, "; at most ",
+                                                       kMaxScoringQueries,
+                                                       " observation queries (paper: 32)"));
+      }
+      if (s.pooling_kernel < 1 || s.pooling_kernel % 2 == 0 ||
+          s.pooling_kernel > kMaxPoolingKernel) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("snapkv.pooling_kernel is ", s.pooling_kernel,
+                         "; expected an odd number 1..", kMaxPoolingKernel, " (paper: 7)"));
       }
       if (s.head_floor_percent < 0 || s.head_floor_percent > 100) {
         return absl::InvalidArgumentError(absl::StrCat("snapkv.head_floor_percent is ",
@@ -153,10 +198,10 @@ absl::Status ValidateSpec(const CompressionSpec& s, const PoolGeometry& g, bool 
             "expected_attention.budget is ", s.budget, "; it must be larger than sinks + window (",
             int64_t{s.sinks} + s.window, ") so some tokens are selected by score"));
       }
-      if (s.future_positions < 1 || s.future_positions > (1 << 20)) {
+      if (s.future_positions < 1 || s.future_positions > kMaxFuturePositions) {
         return absl::InvalidArgumentError(absl::StrCat("expected_attention.future_positions is ",
-                                                       s.future_positions,
-                                                       "; expected 1..1048576 (kvpress: 512)"));
+                                                       s.future_positions, "; expected 1..",
+                                                       kMaxFuturePositions, " (kvpress: 512)"));
       }
       if (s.head_floor_percent < 0 || s.head_floor_percent > 100) {
         return absl::InvalidArgumentError(absl::StrCat("expected_attention.head_floor_percent is ",

@@ -10,6 +10,25 @@
 
 namespace kvc::cachesvc {
 
+// Upper bounds of a CompressionSpec's fields, checked by ValidateSpec (INVALID_ARGUMENT naming
+// the field and the bound). Each caps what one request may make the service compute.
+//
+// Token counts (sinks, windows, budgets, heavy, recent, residual_tokens): 16M tokens, beyond
+// the longest context any model serves, so a larger value can only be a mistake; it also keeps
+// every sum of two of them far from int32 overflow.
+inline constexpr int kMaxPolicyTokens = 1 << 24;
+// SnapKV's pooling kernel: each prompt token's pooled score takes `pooling_kernel`
+// comparisons, so an unbounded kernel made one Compress cost tokens^2 (~10^11 at 300K tokens).
+// 129 is ten times the measured default (13); the cost stays below the scoring's own.
+inline constexpr int kMaxPoolingKernel = 129;
+// Query vectors a Compress scores with per layer (snapkv.window; H2O's prompt queries): each
+// costs a pass over every stored token of the layer. The same bound as Attend's queries per call.
+inline constexpr int kMaxScoringQueries = 4096;
+// Expected Attention's RoPE average: each position costs num_layers x rotary_dim / 2 sin/cos
+// pairs (~2 s per layer of head_dim 128 at the former bound of 2^20); 4096 is 8x kvpress's default
+// of 512.
+inline constexpr int kMaxFuturePositions = 4096;
+
 struct EvictionRule {
   CompressionSpec::Eviction why = CompressionSpec::Eviction::kNone;
   int32_t sinks = 0;      // lowest positions always kept

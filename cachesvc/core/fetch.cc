@@ -33,12 +33,20 @@ absl::StatusOr<std::vector<int>> FetchLayers(const FetchParams& p, const Sequenc
   if (p.layers.empty()) {
     for (int l = 0; l < g.num_layers; ++l) layers.push_back(l);
   }
+  // Each layer at most once: a layer named again would be read and sent again, so a request
+  // of a few bytes per entry could make the server stream a layer millions of times.
+  std::vector<bool> named(static_cast<size_t>(g.num_layers), false);
   for (int64_t l : p.layers) {
     if (l < 0 || l >= g.num_layers) {
       return absl::InvalidArgumentError(absl::StrCat("layers contains ", l, ": pool '",
                                                      seq.pool()->options().name, "' has layers 0..",
                                                      g.num_layers - 1));
     }
+    if (named[static_cast<size_t>(l)]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layers: ", l, " is named twice; name each layer at most once"));
+    }
+    named[static_cast<size_t>(l)] = true;
     layers.push_back(static_cast<int>(l));
   }
   return layers;

@@ -55,4 +55,20 @@ absl::StatusOr<CallLimits::Slot> AccessControl::Enter(const Caller& caller, Call
   return slot;
 }
 
+absl::Status CredentialCheck::StillValid(const grpc::ServerContext& context, const Caller& caller) {
+  const int64_t now = access_->generation();
+  if (now == generation_) return absl::OkStatus();
+  generation_ = now;
+  absl::StatusOr<Caller> again = access_->Authenticate(context);
+  if (again.ok() && again->authenticated == caller.authenticated &&
+      again->tenant == caller.tenant && again->role == caller.role) {
+    return absl::OkStatus();
+  }
+  KVC_LOG(WARNING) << "audit: ended a stream of " << Describe(caller)
+                   << ": its credential was revoked";
+  return absl::UnauthenticatedError(
+      "the credential was revoked (or now maps to another tenant or role) while this stream was "
+      "open; reconnect with a valid one");
+}
+
 }  // namespace kvc::cachesvc

@@ -22,6 +22,8 @@ class AccessControl {
       : auth_(auth), limits_(limits), metrics_(metrics) {}
 
   bool enabled() const { return auth_->enabled(); }
+  // The authenticator's generation (Authenticator::generation).
+  int64_t generation() const { return auth_->generation(); }
   // UNAUTHENTICATED without a valid credential (authentication on).
   absl::StatusOr<Caller> Authenticate(const grpc::ServerContext& context) const;
   // The id space a call acts in: the caller's tenant, or `requested` (a request's tenant
@@ -43,6 +45,22 @@ class AccessControl {
   Authenticator* auth_;
   CallLimits* limits_;
   Metrics* metrics_;
+};
+
+// Keeps an open stream's credential current (AppendStream, AttendStream, Fetch): made before
+// the call authenticates, so a reload in between is not missed; StillValid() before each
+// message or chunk re-authenticates the call only when the tokens file was reloaded since
+// (otherwise one atomic load), and is UNAUTHENTICATED when the credential was revoked or now
+// maps to another tenant or role: the stream ends before it applies or sends anything more.
+class CredentialCheck {
+ public:
+  explicit CredentialCheck(const AccessControl* access)
+      : access_(access), generation_(access->generation()) {}
+  absl::Status StillValid(const grpc::ServerContext& context, const Caller& caller);
+
+ private:
+  const AccessControl* access_;
+  int64_t generation_;
 };
 
 // "tenant 'a' (token)" for audit lines.

@@ -108,8 +108,9 @@ absl::Status Authenticator::Reload() {
     tokens_ = std::make_shared<const std::vector<TokenEntry>>(*std::move(entries));
     verified_.clear();
     file_stamp_ = stamp;
+    // Inside the lock: whoever sees the new generation authenticates against the new tokens.
+    loads_.fetch_add(1, std::memory_order_acq_rel);
   }
-  loads_.fetch_add(1);
   KVC_LOG(INFO) << "auth: loaded " << count << " tokens from " << path;
   return absl::OkStatus();
 }

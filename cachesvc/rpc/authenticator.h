@@ -68,6 +68,9 @@ class Authenticator {
   absl::Status Reload();
   // How many times the tokens file was (re)loaded successfully; for tests and logs.
   int64_t loads() const { return loads_.load(); }
+  // Moves on every successful reload, together with the tokens (under the same lock), so a
+  // call that stays open re-authenticates only when it moved: one atomic load per message.
+  int64_t generation() const { return loads_.load(std::memory_order_acquire); }
 
  private:
   explicit Authenticator(const AuthOptions& options) : options_(options) {}

@@ -274,6 +274,7 @@ grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext* context,
                                               grpc::ServerReader<pb::AppendRequest>* reader,
                                               pb::AppendStreamResponse* response) {
   RpcScope scope(metrics_, kService, "AppendStream");
+  CredentialCheck credential(access_);
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kStream));
   KVC_ASSIGN_OR_FINISH(const std::string tenant_scope,
@@ -283,6 +284,11 @@ grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext* context,
   int64_t tokens = 0;
   int64_t visible = 0;
   while (reader->Read(&request)) {
+    if (const absl::Status valid = credential.StillValid(*context, caller); !valid.ok()) {
+      return scope.Finish(ToGrpcStatus(absl::Status(
+          valid.code(), absl::StrCat(valid.message(), "; AppendStream applied ", messages,
+                                     " messages, none after the revocation"))));
+    }
     absl::Status status;
     std::shared_ptr<const StagingRegion> staged;
     auto params = AppendFromProto(request, tenant_scope, &staged);
@@ -316,19 +322,23 @@ grpc::Status KvCacheServiceImpl::Fetch(grpc::ServerContext* context,
                                        const pb::FetchRequest* request,
                                        grpc::ServerWriter<pb::FetchChunk>* writer) {
   RpcScope scope(metrics_, kService, "Fetch");
+  CredentialCheck credential(access_);
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kStream));
   KVC_ASSIGN_OR_FINISH(FetchParams params, FromProto(*request));
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, request->tenant(), "Fetch"));
   pb::FetchChunk message;
+  absl::Status revoked;
   const absl::Status status = store_->Fetch(params, [&](FetchChunk& chunk) {
     if (context->IsCancelled()) return false;
+    revoked = credential.StillValid(*context, caller);
+    if (!revoked.ok()) return false;
     scope.AddSent(static_cast<int64_t>(chunk.keys.size() + chunk.values.size()));
     message.Clear();
     ToProto(chunk, &message);
     return writer->Write(message);
   });
-  return scope.Finish(ToGrpcStatus(status));
+  return scope.Finish(ToGrpcStatus(revoked.ok() ? status : revoked));
 }
 
 grpc::Status KvCacheServiceImpl::GetSequence(grpc::ServerContext* context,
@@ -404,6 +414,7 @@ grpc::Status KvCacheServiceImpl::AttendStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<pb::AttendResponse, pb::AttendRequest>* stream) {
   RpcScope scope(metrics_, kService, "AttendStream");
+  CredentialCheck credential(access_);
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kStream));
   KVC_ASSIGN_OR_FINISH(const std::string tenant_scope,
@@ -412,6 +423,9 @@ grpc::Status KvCacheServiceImpl::AttendStream(
   pb::AttendResponse response;
   int64_t answered = 0;
   while (stream->Read(&request)) {
+    if (const absl::Status valid = credential.StillValid(*context, caller); !valid.ok()) {
+      return scope.Finish(ToGrpcStatus(valid));
+    }
     response.Clear();
     scope.AddReceived(static_cast<int64_t>(request.queries().size()));
     const absl::Status status = AttendOne(tenant_scope, request, &response);

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -16,6 +17,83 @@
 #include "common/transfer_wire.h"
 
 namespace kvc::cachesvc {
+
+// Receive-buffer bytes per scope and in all, against NcclChannelOptions' budgets. A Charge
+// holds bytes until it is destroyed or reset (RAII: a channel gives its buffer's bytes back
+// when it is dropped, however that happens).
+class NcclChannels::Budget {
+ public:
+  Budget(int64_t per_tenant, int64_t total) : per_tenant_(per_tenant), total_(total) {}
+
+  class Charge {
+   public:
+    Charge() = default;
+    Charge(std::shared_ptr<Budget> budget, std::string scope, int64_t bytes)
+        : budget_(std::move(budget)), scope_(std::move(scope)), bytes_(bytes) {}
+    Charge(Charge&& other) noexcept { *this = std::move(other); }
+    Charge& operator=(Charge&& other) noexcept {
+      Reset();
+      budget_ = std::move(other.budget_);
+      scope_ = std::move(other.scope_);
+      bytes_ = std::exchange(other.bytes_, 0);
+      return *this;
+    }
+    Charge(const Charge&) = delete;
+    Charge& operator=(const Charge&) = delete;
+    ~Charge() { Reset(); }
+    void Reset() {
+      if (budget_ != nullptr && bytes_ > 0) budget_->Give(scope_, bytes_);
+      bytes_ = 0;
+    }
+
+   private:
+    std::shared_ptr<Budget> budget_;
+    std::string scope_;
+    int64_t bytes_ = 0;
+  };
+
+  // `bytes` more for `scope`, or RESOURCE_EXHAUSTED naming the budget it would pass.
+  static absl::StatusOr<Charge> Take(const std::shared_ptr<Budget>& self, const std::string& scope,
+                                     int64_t bytes) {
+    Budget& b = *self;
+    kvc::MutexLock lock(&b.mu_);
+    int64_t& mine = b.by_scope_[scope];
+    const auto refuse = [&](const std::string& who, int64_t held, const char* budget,
+                            int64_t limit) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "an Append over NCCL needs a receive buffer of ", bytes, " bytes; ", who, " holds ", held,
+          " bytes of them, its budget (", budget, ") is ", limit,
+          ": send smaller appends or close idle NCCL transfers; this transfer is closed"));
+    };
+    if (mine + bytes > b.per_tenant_) {
+      const int64_t held = mine;
+      if (mine == 0) b.by_scope_.erase(scope);
+      return refuse(absl::StrCat("tenant ", Quoted(scope)), held,
+                    "transfer_nccl_receive_bytes_per_tenant", b.per_tenant_);
+    }
+    if (b.all_ + bytes > b.total_) {
+      if (mine == 0) b.by_scope_.erase(scope);
+      return refuse("the server", b.all_, "transfer_nccl_receive_bytes", b.total_);
+    }
+    mine += bytes;
+    b.all_ += bytes;
+    return Charge(self, scope, bytes);
+  }
+
+ private:
+  void Give(const std::string& scope, int64_t bytes) {
+    kvc::MutexLock lock(&mu_);
+    all_ -= bytes;
+    auto it = by_scope_.find(scope);
+    if (it != by_scope_.end() && (it->second -= bytes) <= 0) by_scope_.erase(it);
+  }
+
+  const int64_t per_tenant_;
+  const int64_t total_;
+  kvc::Mutex mu_;
+  absl::flat_hash_map<std::string, int64_t> by_scope_ ABSL_GUARDED_BY(mu_);
+  int64_t all_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // One channel: its communicator (rank 0, on its pool's device), the stream its operations
 // run on, a header buffer in pool memory (NCCL moves device memory only) and the buffer
@@ -30,6 +108,7 @@ struct NcclChannels::Channel {
   bool joined ABSL_GUARDED_BY(op_mu) = false;
   bool broken ABSL_GUARDED_BY(op_mu) = false;
   std::optional<BackendBuffer> header;
+  Budget::Charge incoming_charge ABSL_GUARDED_BY(op_mu);  // incoming_bytes, against the budgets
   std::optional<BackendBuffer> incoming ABSL_GUARDED_BY(op_mu);
   size_t incoming_bytes ABSL_GUARDED_BY(op_mu) = 0;
   kernels::StreamHandle stream;
@@ -152,6 +231,12 @@ NcclChannels::~NcclChannels() {
   channels_.Clear();  // each aborts its comm
 }
 
+NcclChannels::NcclChannels(const NcclChannelOptions& options, KvStore* store, const nccl::Api* api)
+    : options_(options),
+      store_(store),
+      api_(api),
+      budget_(std::make_shared<Budget>(options.receive_bytes_per_tenant, options.receive_bytes)) {}
+
 bool NcclChannels::Names(const std::string& id) { return absl::StartsWith(id, "n-"); }
 
 absl::StatusOr<NcclChannels::Opened> NcclChannels::Open(const std::string& scope,
@@ -258,6 +343,10 @@ absl::Status NcclChannels::Receive(const std::string& scope, const std::string& 
     Event("failed");
     c->broken = true;
     c->Abort();  // the peer's sends fail at once
+    // A broken channel never receives again: its buffer goes back now, not when it is dropped.
+    c->incoming.reset();
+    c->incoming_bytes = 0;
+    c->incoming_charge.Reset();
     return why;
   };
   if (bytes < 1 || bytes > transfer::kMaxNcclAppendBytes) {
@@ -269,10 +358,15 @@ absl::Status NcclChannels::Receive(const std::string& scope, const std::string& 
   if (c->incoming_bytes < need) {
     c->incoming.reset();
     c->incoming_bytes = 0;
+    c->incoming_charge.Reset();
+    absl::StatusOr<Budget::Charge> charge =
+        Budget::Take(budget_, scope, static_cast<int64_t>(need));
+    if (!charge.ok()) return fail(charge.status());
     absl::StatusOr<BackendBuffer> grown = BackendBuffer::Allocate(c->pool->backend(), need);
     if (!grown.ok()) return fail(grown.status());
     c->incoming = *std::move(grown);
     c->incoming_bytes = need;
+    c->incoming_charge = *std::move(charge);
   }
   const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
   char* const keys = static_cast<char*>(c->incoming->data());
@@ -337,17 +431,21 @@ void NcclChannels::Watch() {
       kvc::MutexLock lock(&mu_);
       if (stopping_) return;
     }
-    const std::vector<std::shared_ptr<Channel>> all = channels_.All();
-    const absl::Time now = absl::Now();
-    for (const std::shared_ptr<Channel>& c : all) {
-      bool late = false;
-      {
-        kvc::MutexLock lock(&c->wait_mu);
-        late = now > c->wait_until;
-      }
-      if (late && !c->stalled.exchange(true)) {
-        KVC_LOG(WARNING) << "NCCL transfer: a reader stopped receiving; aborting its channel";
-        c->Abort();
+    {
+      // Let go of the channels before sleeping: a closed channel ends (and gives its receive
+      // buffer back) at once, not up to a sleep later.
+      const std::vector<std::shared_ptr<Channel>> all = channels_.All();
+      const absl::Time now = absl::Now();
+      for (const std::shared_ptr<Channel>& c : all) {
+        bool late = false;
+        {
+          kvc::MutexLock lock(&c->wait_mu);
+          late = now > c->wait_until;
+        }
+        if (late && !c->stalled.exchange(true)) {
+          KVC_LOG(WARNING) << "NCCL transfer: a reader stopped receiving; aborting its channel";
+          c->Abort();
+        }
       }
     }
     absl::SleepFor(absl::Milliseconds(20));

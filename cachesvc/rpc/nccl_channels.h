@@ -40,6 +40,12 @@ struct NcclChannelOptions {
   std::string library;  // what nccl::Load opens ("libnccl.so.2", or a path)
   absl::Duration connect_within = absl::Seconds(10);
   absl::Duration write_stall = absl::Seconds(30);
+  // The buffers Appends are received into (2 x nccl.bytes each, kept with their transfer) are
+  // device memory outside every pool's capacity and tenant quota, so they have budgets of
+  // their own: per tenant (scope) and in all. 1 GiB lets a tenant hold two transfers' buffers
+  // of the largest Append (2 x 256 MiB); 4 GiB keeps a GPU's share for the pools.
+  int64_t receive_bytes_per_tenant = int64_t{1} << 30;
+  int64_t receive_bytes = int64_t{4} << 30;
   // Called for "opened", "connected", "sent", "received", "failed", "closed" (metrics).
   std::function<void(const char* event)> on_event;
 };
@@ -78,8 +84,8 @@ class NcclChannels {
   // device, on this thread, the channel still held (the buffer is the channel's), and
   // returns what `apply` returns: the channel stays usable. A failure before that (unknown
   // or broken transfer, bytes out of range, a header of another call, the peer not sending
-  // within write_stall or `deadline`) closes the channel. `bytes` at most
-  // transfer::kMaxNcclAppendBytes.
+  // within write_stall or `deadline`, a receive buffer past the budgets: RESOURCE_EXHAUSTED)
+  // closes the channel. `bytes` at most transfer::kMaxNcclAppendBytes.
   using ApplyReceived =
       std::function<absl::Status(const char* keys, const char* values, const std::string& device)>;
   absl::Status Receive(const std::string& scope, const std::string& id, uint64_t nonce,
@@ -92,8 +98,8 @@ class NcclChannels {
  private:
   struct Channel;
   class Sink;
-  NcclChannels(const NcclChannelOptions& options, KvStore* store, const nccl::Api* api)
-      : options_(options), store_(store), api_(api) {}
+  class Budget;
+  NcclChannels(const NcclChannelOptions& options, KvStore* store, const nccl::Api* api);
   // Whether a channel is finished with: broken, or not joined within connect_within
   // (counted closed; its comm is aborted when it is dropped). Never waits for a send.
   bool Done(Channel& c, absl::Time now);
@@ -109,6 +115,8 @@ class NcclChannels {
   const NcclChannelOptions options_;
   KvStore* const store_;
   const nccl::Api* const api_;
+  // Shared with each channel's charge, which may be given back after this is gone.
+  const std::shared_ptr<Budget> budget_;
   ScopedChannels<Channel> channels_{"n-"};
   kvc::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,6 +1,9 @@
 #include "cachesvc/rpc/proto_convert.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
+#include "cachesvc/core/pool_options.h"
 #include "common/status_macros.h"
 
 namespace kvc::cachesvc {
@@ -449,6 +452,11 @@ absl::StatusOr<AppendParams> FromProto(const pb::AppendRequest& r) {
 absl::StatusOr<FetchParams> FromProto(const pb::FetchRequest& r) {
   FetchParams p;
   p.sequence_id = r.sequence_id();
+  // Checked before the list is copied: each layer may be named once (the core checks which).
+  if (r.layers_size() > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layers has ", r.layers_size(), " entries; at most ", kMaxLayers, " (each layer once)"));
+  }
   p.layers.assign(r.layers().begin(), r.layers().end());
   switch (r.format()) {
     case pb::FETCH_FORMAT_UNSPECIFIED:
@@ -497,6 +505,15 @@ absl::StatusOr<CompressParams> FromProto(const pb::CompressRequest& r) {
   CompressParams p;
   p.sequence_id = r.sequence_id();
   KVC_ASSIGN_OR_RETURN(p.spec, FromProto(r.spec()));
+  // One entry per layer: checked before anything is copied out of the request.
+  for (const auto& [field, n] :
+       {std::pair<const char*, int>{"queries", r.queries_size()},
+        std::pair<const char*, int>{"query_stats", r.query_stats_size()}}) {
+    if (n > kMaxLayers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " has ", n, " entries; at most ", kMaxLayers, " (one per layer)"));
+    }
+  }
   for (const auto& q : r.queries()) {
     LayerQueries lq;
     lq.layer = q.layer();

@@ -114,6 +114,12 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   if (!options.transfer_nccl_library.empty()) {
     NcclChannelOptions nccl;
     nccl.library = options.transfer_nccl_library;
+    if (options.transfer_nccl_receive_bytes_per_tenant > 0) {
+      nccl.receive_bytes_per_tenant = options.transfer_nccl_receive_bytes_per_tenant;
+    }
+    if (options.transfer_nccl_receive_bytes > 0) {
+      nccl.receive_bytes = options.transfer_nccl_receive_bytes;
+    }
     nccl.on_event = [metrics = server->metrics_.get()](const char* event) {
       metrics->RecordTransferEvent(event);
     };

@@ -222,6 +222,14 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
   options.transfer_listen = config.transfer_listen();
   options.transfer_advertise_host = config.transfer_advertise_host();
   options.transfer_nccl_library = config.transfer_nccl_library();
+  if (config.transfer_nccl_receive_bytes_per_tenant() < 0 ||
+      config.transfer_nccl_receive_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        "config transfer_nccl_receive_bytes_per_tenant and transfer_nccl_receive_bytes must be "
+        ">= 0 (0 = the default: 1 GiB and 4 GiB)");
+  }
+  options.transfer_nccl_receive_bytes_per_tenant = config.transfer_nccl_receive_bytes_per_tenant();
+  options.transfer_nccl_receive_bytes = config.transfer_nccl_receive_bytes();
   if (config.verify_shared_reads_every() > 0) {
     options.store.verify_shared_reads_every = config.verify_shared_reads_every();
   }

@@ -1,5 +1,6 @@
 #include "cachesvc/rpc/transfer_channels.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -25,8 +26,6 @@
 namespace kvc::cachesvc {
 namespace {
 
-constexpr size_t kMaxPending = 64;
-
 std::string Errno() { return std::generic_category().message(errno); }
 
 // Equal without an early exit: how long a comparison takes says nothing about the token.
@@ -35,6 +34,25 @@ bool SameSecret(const std::string& a, const std::string& b) {
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
+}
+
+// What the per-peer limit counts: the IPv4 address, or the /64 of an IPv6 one (a host is
+// commonly given a whole /64, so its single addresses would not limit it).
+std::string PeerOf(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (addr.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(addr);
+    ::inet_ntop(AF_INET, &a.sin_addr, text, sizeof(text));
+    return text;
+  }
+  if (addr.ss_family == AF_INET6) {
+    in6_addr prefix = reinterpret_cast<const sockaddr_in6&>(addr).sin6_addr;
+    const bool v4 = IN6_IS_ADDR_V4MAPPED(&prefix);  // an IPv4 peer of a dual-stack listener
+    if (!v4) std::memset(&prefix.s6_addr[8], 0, 8);
+    ::inet_ntop(AF_INET6, &prefix, text, sizeof(text));
+    return v4 ? std::string(text) : absl::StrCat(text, "/64");
+  }
+  return "?";
 }
 
 void Reply(int fd, const std::string& line) {
@@ -97,7 +115,9 @@ absl::StatusOr<std::unique_ptr<TransferChannels>> TransferChannels::Start(
   }
   std::string why = "no address";
   for (addrinfo* a = found; a != nullptr && t->listen_fd_ < 0; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    // Non-blocking: Admit accepts until the backlog is empty.
+    const int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) continue;
     const int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -224,7 +244,7 @@ void TransferChannels::Serve() {
     for (size_t i = 0; i < pending.size(); ++i) {
       Pending& p = pending[i];
       if (fds[i + 2].revents != 0 && Greet(p)) continue;
-      if (now - p.accepted > options_.connect_within) {
+      if (now - p.accepted > options_.greeting_within) {
         Event("refused");
         Reply(p.fd, "ERR no greeting in time\n");
         ::close(p.fd);
@@ -233,20 +253,40 @@ void TransferChannels::Serve() {
       kept.push_back(std::move(p));
     }
     pending = std::move(kept);
-    if (fds[1].revents & POLLIN) {
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd >= 0 && pending.size() >= kMaxPending) {
-        Event("refused");
-        Reply(fd, "ERR too many connections waiting to greet\n");
-        ::close(fd);
-      } else if (fd >= 0) {
-        const int one = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        pending.push_back(Pending{fd, now, {}});
-      }
-    }
+    if (fds[1].revents & POLLIN) Admit(pending, now);
   }
   for (Pending& p : pending) ::close(p.fd);
+}
+
+void TransferChannels::Admit(std::vector<Pending>& pending, absl::Time now) {
+  // At most a backlog's worth per round, so the greetings waiting are read in between.
+  for (int round = 0; round < 64; ++round) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
+                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;  // EAGAIN: nothing more waits
+    std::string peer = PeerOf(addr);
+    int from_peer = 0;
+    for (const Pending& p : pending) from_peer += p.peer == peer ? 1 : 0;
+    if (from_peer >= options_.max_ungreeted_per_peer) {
+      Event("refused");
+      Reply(fd, absl::StrCat("ERR too many connections from ", peer, " waiting to greet\n"));
+      ::close(fd);
+      continue;
+    }
+    if (static_cast<int>(pending.size()) >= options_.max_ungreeted && !pending.empty()) {
+      // The oldest has had the longest to greet; dropping it instead of refusing the new one
+      // means a flood delays a reader that greets at once by nothing.
+      Event("refused");
+      Reply(pending.front().fd, "ERR dropped: too many connections waiting to greet\n");
+      ::close(pending.front().fd);
+      pending.erase(pending.begin());
+    }
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    pending.push_back(Pending{fd, now, std::move(peer), {}});
+  }
 }
 
 bool TransferChannels::Greet(Pending& p) {

@@ -10,7 +10,8 @@
 // that ends while its blocks are read aborts the send (ABORTED). A failure after a payload
 // began closes the channel (the byte stream cannot be resynchronized): the reader opens
 // another. Channels are per scope (another tenant's id is NOT_FOUND), at most
-// kMaxPerScope each; an unconnected one is dropped after `connect_within`.
+// kMaxPerScope each; an unconnected one is dropped after `connect_within`. Connections that
+// have not greeted are bounded per peer and in all and dropped after `greeting_within`.
 // Thread-safe: sends on different channels run in parallel, on one channel in call order.
 #pragma once
 
@@ -36,6 +37,16 @@ struct TransferOptions {
   std::string advertise_host;  // what OpenTransfer tells readers ("" = the gRPC host)
   absl::Duration connect_within = absl::Seconds(10);
   absl::Duration write_stall = absl::Seconds(30);
+  // Connections that have not greeted yet cost the listener a slot each, so they are bounded:
+  // a reader greets as soon as it is connected (one line), so an idle one is dropped after
+  // greeting_within (2 s: many round trips of a congested WAN); at most
+  // max_ungreeted_per_peer from one remote address (an IPv6 /64), so one peer cannot take
+  // every slot; at most max_ungreeted in all, and when all are taken the oldest is dropped
+  // to make room, so peers with many addresses delay a greeting by at most greeting_within
+  // instead of refusing it.
+  absl::Duration greeting_within = absl::Seconds(2);
+  int max_ungreeted_per_peer = 8;
+  int max_ungreeted = 64;
   // Called for "opened", "connected", "refused", "sent", "failed", "closed" (metrics).
   std::function<void(const char* event)> on_event;
 };
@@ -85,6 +96,7 @@ class TransferChannels {
   struct Pending {  // an accepted connection whose greeting is not complete yet
     int fd = -1;
     absl::Time accepted;
+    std::string peer;  // its remote address (IPv6: the /64), what the per-peer limit counts
     std::string line;
   };
   TransferChannels(const TransferOptions& options, KvStore* store)
@@ -92,6 +104,8 @@ class TransferChannels {
   void Serve();
   // Reads what arrived; true when the connection is done with (attached or refused).
   bool Greet(Pending& p);
+  // Accepts what the listener has, within the limits on ungreeted connections.
+  void Admit(std::vector<Pending>& pending, absl::Time now);
   // Whether a channel is finished with: unconnected past connect_within, broken, or its
   // reader hung up (counted closed). Never waits for a send.
   bool Done(Channel& c, absl::Time now);

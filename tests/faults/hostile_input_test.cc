@@ -1,8 +1,9 @@
 // Hostile input through real gRPC, as an independent client written from the .proto files
 // would send it (raw stubs, gRPC's default channel limits): 1 MB strings in every string
 // field of every RPC, enum numbers outside the contract, start positions at the int64
-// limits, and an Attend whose weights cannot fit in a response. Each gets the code the
-// contract promises with a short message, changes nothing and, for Attend, runs no kernel.
+// limits, every size and count a request chooses past its bound, and an Attend whose weights
+// cannot fit in a response. Each gets the code the contract promises with a short message,
+// changes nothing and, for Attend, runs no kernel.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -17,6 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "cachesvc/core/eviction_rule.h"
+#include "cachesvc/core/pool_options.h"
 #include "cachesvc/rpc/server.h"
 #include "cachesvc/rpc/server_config.h"
 #include "common/token_hash.h"
@@ -538,6 +541,166 @@ TEST_P(HostileInputTest, StartPositionsAndTokenCountsAtTheIntegerLimitsAreRefuse
   r.set_start_position(int64_t{INT32_MAX} - 4);
   ExpectShort(Append(r), GrpcCode::FAILED_PRECONDITION, "start_position 2^31-5");
   ExpectEmpty(id);
+}
+
+// A request past a size or count limit: INVALID_ARGUMENT with a short message that names the
+// field and the limit.
+void ExpectLimit(const grpc::Status& s, const std::string& what, const std::string& field,
+                 const std::string& limit) {
+  ExpectShort(s, GrpcCode::INVALID_ARGUMENT, what);
+  EXPECT_THAT(s.error_message(), HasSubstr(field)) << what;
+  EXPECT_THAT(s.error_message(), HasSubstr(limit)) << what;
+}
+
+// Every size or count a request chooses that drives the server's work has a bound: past it,
+// the request is refused before any work, and the refusal names the field and the bound.
+// Each case is a request that is valid but for that one field (it would run without the
+// check), so each fails when its check is removed.
+TEST_P(HostileInputTest, SizesAndCountsPastTheirLimitsAreRefusedBeforeAnyWork) {
+  const std::string id = NewSequence();
+  constexpr int kTokens = 64;
+  for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(Append(AppendReq(id, l, 0, kTokens)).ok());
+  // SnapKV with the observation window's queries of every layer.
+  pb::CompressRequest snap;
+  snap.set_sequence_id(id);
+  pb::SnapKvSpec* snapkv = snap.mutable_spec()->mutable_snapkv();
+  snapkv->set_window(4);
+  snapkv->set_budget(16);
+  snapkv->set_pooling_kernel(7);
+  for (int l = 0; l < kLayers; ++l) {
+    pb::LayerQueries* q = snap.add_queries();
+    q->set_layer(l);
+    for (int i = 0; i < 4; ++i) q->add_positions(kTokens - 4 + i);
+    q->set_queries(std::string(4 * kQHeads * kDim * 2, '\0'));
+  }
+  const std::string tokens = absl::StrCat(kMaxPolicyTokens);
+  constexpr int kOver = kMaxPolicyTokens + 1;
+  constexpr int kInt32Max = std::numeric_limits<int32_t>::max();
+
+  struct SpecCase {
+    std::string field, limit;
+    pb::CompressionSpec spec;
+  };
+  std::vector<SpecCase> specs;
+  auto add = [&](const std::string& field, const std::string& limit, auto&& set) {
+    SpecCase c{field, limit, {}};
+    set(&c.spec);
+    specs.push_back(std::move(c));
+  };
+  add("streaming_llm.sinks", tokens, [&](pb::CompressionSpec* s) {
+    s->mutable_streaming_llm()->set_sinks(kOver);
+    s->mutable_streaming_llm()->set_window(16);
+  });
+  add("streaming_llm.window", tokens, [&](pb::CompressionSpec* s) {
+    s->mutable_streaming_llm()->set_sinks(4);
+    s->mutable_streaming_llm()->set_window(kInt32Max);
+  });
+  add("h2o.heavy", tokens, [&](pb::CompressionSpec* s) {
+    s->mutable_h2o()->set_heavy(kOver);
+    s->mutable_h2o()->set_recent(4);
+  });
+  add("h2o.heavy", tokens, [&](pb::CompressionSpec* s) {  // heavy + recent overflowed int32
+    s->mutable_h2o()->set_heavy(kInt32Max);
+    s->mutable_h2o()->set_recent(kInt32Max);
+  });
+  add("h2o.recent", tokens, [&](pb::CompressionSpec* s) {
+    s->mutable_h2o()->set_heavy(4);
+    s->mutable_h2o()->set_recent(kOver);
+  });
+  add("snapkv.budget", tokens, [&](pb::CompressionSpec* s) {
+    *s = snap.spec();
+    s->mutable_snapkv()->set_budget(kOver);
+  });
+  add("snapkv.window", absl::StrCat(kMaxScoringQueries), [&](pb::CompressionSpec* s) {
+    *s = snap.spec();
+    s->mutable_snapkv()->set_window(kMaxScoringQueries + 1);
+    s->mutable_snapkv()->set_budget(2 * kMaxScoringQueries);
+  });
+  for (const int kernel : {kMaxPoolingKernel + 2, kInt32Max}) {
+    add("snapkv.pooling_kernel", absl::StrCat(kMaxPoolingKernel), [&](pb::CompressionSpec* s) {
+      *s = snap.spec();
+      s->mutable_snapkv()->set_pooling_kernel(kernel);
+    });
+  }
+  add("expected_attention.budget", tokens, [&](pb::CompressionSpec* s) {
+    s->mutable_expected_attention()->set_window(4);
+    s->mutable_expected_attention()->set_budget(kOver);
+  });
+  add("expected_attention.window", tokens, [&](pb::CompressionSpec* s) {
+    s->mutable_expected_attention()->set_window(kOver);
+    s->mutable_expected_attention()->set_budget(16);
+  });
+  add("expected_attention.sinks", tokens, [&](pb::CompressionSpec* s) {
+    s->mutable_expected_attention()->set_sinks(kOver);
+    s->mutable_expected_attention()->set_budget(16);
+  });
+  add("expected_attention.future_positions", absl::StrCat(kMaxFuturePositions),
+      [&](pb::CompressionSpec* s) {
+        s->mutable_expected_attention()->set_window(4);
+        s->mutable_expected_attention()->set_budget(16);
+        s->mutable_expected_attention()->set_future_positions(kMaxFuturePositions + 1);
+      });
+  add("residual_tokens", tokens, [&](pb::CompressionSpec* s) { s->set_residual_tokens(kOver); });
+  for (const SpecCase& c : specs) {
+    pb::CreateSequenceRequest create;
+    *create.mutable_policy() = c.spec;
+    ExpectLimit(Create(create), "CreateSequence.policy." + c.field, c.field, c.limit);
+    pb::CompressRequest compress = snap;
+    *compress.mutable_spec() = c.spec;
+    if (!c.spec.has_snapkv()) compress.clear_queries();
+    ExpectLimit(Compress(compress), "Compress.spec." + c.field, c.field, c.limit);
+  }
+
+  // H2O's prompt queries: one more than the bound on every layer, each the right size.
+  pb::CompressRequest h2o;
+  h2o.set_sequence_id(id);
+  h2o.mutable_spec()->mutable_h2o()->set_heavy(8);
+  h2o.mutable_spec()->mutable_h2o()->set_recent(8);
+  for (int l = 0; l < kLayers; ++l) {
+    pb::LayerQueries* q = h2o.add_queries();
+    q->set_layer(l);
+    for (int i = 0; i <= kMaxScoringQueries; ++i) q->add_positions(kTokens - 1);
+    q->set_queries(std::string(size_t{kMaxScoringQueries + 1} * kQHeads * kDim * 2, '\0'));
+  }
+  ExpectLimit(Compress(h2o), "Compress.queries (h2o)", "queries for layer 0",
+              absl::StrCat("at most ", kMaxScoringQueries));
+  // More entries than a pool has layers: refused before they are copied.
+  pb::CompressRequest many = snap;
+  for (int i = kLayers; i <= kMaxLayers; ++i) *many.add_queries() = snap.queries(0);
+  ExpectLimit(Compress(many), "Compress.queries (entries)", "queries has 1025 entries",
+              absl::StrCat("at most ", kMaxLayers));
+  pb::CompressRequest stats;
+  stats.set_sequence_id(id);
+  stats.mutable_spec()->mutable_expected_attention()->set_window(4);
+  stats.mutable_spec()->mutable_expected_attention()->set_budget(16);
+  for (int i = 0; i <= kMaxLayers; ++i) stats.add_query_stats()->set_layer(i % kLayers);
+  ExpectLimit(Compress(stats), "Compress.query_stats (entries)", "query_stats has 1025 entries",
+              absl::StrCat("at most ", kMaxLayers));
+
+  pb::FetchRequest fetch;
+  fetch.set_sequence_id(id);
+  for (int i = 0; i <= kMaxLayers; ++i) fetch.add_layers(i % kLayers);
+  ExpectLimit(Fetch(fetch), "Fetch.layers (entries)", "layers has 1025 entries",
+              absl::StrCat("at most ", kMaxLayers));
+  fetch.clear_layers();
+  fetch.add_layers(1);
+  fetch.add_layers(1);  // the layer would be read and sent twice
+  ExpectLimit(Fetch(fetch), "Fetch.layers (twice)", "layers: 1", "named twice");
+
+  // Nothing changed and nothing was created.
+  pb::GetSequenceRequest get;
+  get.set_sequence_id(id);
+  pb::SequenceInfo info;
+  ASSERT_TRUE(kv_->GetSequence(Ctx().get(), get, &info).ok());
+  EXPECT_EQ(info.stored_token_heads(), kTokens * kHeads * kLayers);
+  pb::ListSequencesRequest list;
+  pb::ListSequencesResponse listed;
+  ASSERT_TRUE(admin_->ListSequences(Ctx().get(), list, &listed).ok());
+  EXPECT_EQ(listed.total(), 1);
+  // At the bound, the request is served.
+  snap.mutable_spec()->mutable_snapkv()->set_pooling_kernel(kMaxPoolingKernel);
+  const grpc::Status at_bound = Compress(snap);
+  EXPECT_TRUE(at_bound.ok()) << at_bound.error_message();
 }
 
 // Attend with return_weights over a long sequence: the weights cannot fit in one response.

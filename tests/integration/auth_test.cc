@@ -570,6 +570,104 @@ TEST_F(AuthTest, TokensFileReloadsUnderTrafficWithoutRestart) {
   EXPECT_EQ(failed_calls.load(), 0) << "calls with a valid token failed during the reloads";
 }
 
+// A token revoked while streams it opened are still open: each stream ends with
+// UNAUTHENTICATED at its next message (AppendStream, AttendStream) or chunk (Fetch), and
+// nothing it sent after the reload is applied. A reload that keeps the token ends nothing.
+TEST_F(AuthTest, StreamsOfARevokedTokenEndBeforeTheirNextMessage) {
+  ASSERT_TRUE(Create(kTokenA, "doc").ok());
+  ASSERT_TRUE(Create(kTokenA, "big").ok());
+  // 24K tokens x 1 KiB: far more than gRPC's flow-control windows hold, so the Fetch below is
+  // still writing when the token is revoked.
+  constexpr int kBigTokens = 24 * 1024;
+  for (int at = 0; at < kBigTokens; at += 4096)
+    ASSERT_TRUE(AppendAll(kTokenA, "big", at, 4096).ok());
+  // What tenant a holds, seen by the admin (a's own token is revoked below).
+  auto layer_tokens = [&](int layer) -> int64_t {
+    pb::GetSequenceRequest r;
+    r.set_sequence_id("doc");
+    r.set_tenant("a");
+    pb::SequenceInfo info;
+    EXPECT_TRUE(kv_->GetSequence(Ctx(kTokenAdmin).get(), r, &info).ok());
+    return info.layer_tokens(layer);
+  };
+
+  auto append_ctx = Ctx(kTokenA);
+  append_ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  pb::AppendStreamResponse appended;
+  auto append = kv_->AppendStream(append_ctx.get(), &appended);
+  ASSERT_TRUE(append->Write(AppendReq("doc", 0, 0, 16, 1)));
+  for (int i = 0; i < 200 && layer_tokens(0) < 16; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(layer_tokens(0), 16);
+
+  pb::AttendRequest attend;
+  attend.set_sequence_id("doc");
+  attend.set_layer(0);
+  attend.set_queries(std::string(4 * 32 * 2, '\0'));
+  attend.add_positions(1000);  // after every token appended meanwhile
+  auto attend_ctx = Ctx(kTokenA);
+  attend_ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto attend_stream = kv_->AttendStream(attend_ctx.get());
+  pb::AttendResponse attended;
+  ASSERT_TRUE(attend_stream->Write(attend));
+  ASSERT_TRUE(attend_stream->Read(&attended));
+
+  pb::FetchRequest fetch;
+  fetch.set_sequence_id("big");
+  fetch.set_max_chunk_bytes(4096);
+  auto fetch_ctx = Ctx(kTokenA);
+  fetch_ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto fetch_stream = kv_->Fetch(fetch_ctx.get(), fetch);
+  pb::FetchChunk chunk;
+  ASSERT_TRUE(fetch_stream->Read(&chunk));
+
+  // A reload that keeps a's token: every stream goes on.
+  const std::string tokens_b_admin =
+      TokenLine("b", "tenant", kTokenB) + TokenLine("ops", "admin", kTokenAdmin);
+  WriteAtomically(tokens_file_, TokenLine("a", "tenant", kTokenA) + tokens_b_admin);
+  ASSERT_TRUE(server_->ReloadCredentials().ok());
+  ASSERT_TRUE(append->Write(AppendReq("doc", 0, 16, 16, 1)));
+  ASSERT_TRUE(attend_stream->Write(attend));
+  ASSERT_TRUE(attend_stream->Read(&attended)) << "a stream of a valid token was ended";
+  ASSERT_TRUE(fetch_stream->Read(&chunk));
+  for (int i = 0; i < 200 && layer_tokens(0) < 32; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(layer_tokens(0), 32);
+
+  // Revoke it (the SIGHUP path); the streams keep sending.
+  WriteAtomically(tokens_file_, tokens_b_admin);
+  ASSERT_TRUE(server_->ReloadCredentials().ok());
+  for (int i = 0; i < 4; ++i) {
+    if (!append->Write(AppendReq("doc", i % 2, i < 2 ? 32 : 0, 16, 1))) break;
+  }
+  append->WritesDone();
+  const grpc::Status append_end = append->Finish();
+  EXPECT_EQ(append_end.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << append_end.error_message();
+  EXPECT_THAT(append_end.error_message(), HasSubstr("the credential was revoked"));
+  EXPECT_THAT(append_end.error_message(), HasSubstr("applied 2 messages"));
+  EXPECT_EQ(layer_tokens(0), 32) << "a message sent after the revocation was applied";
+  EXPECT_EQ(layer_tokens(1), 0) << "a message sent after the revocation was applied";
+
+  attend_stream->Write(attend);
+  attend_stream->WritesDone();
+  EXPECT_FALSE(attend_stream->Read(&attended)) << "an Attend after the revocation was answered";
+  const grpc::Status attend_end = attend_stream->Finish();
+  EXPECT_EQ(attend_end.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+      << attend_end.error_message();
+
+  int64_t fetched = 2;
+  while (fetch_stream->Read(&chunk)) ++fetched;
+  const grpc::Status fetch_end = fetch_stream->Finish();
+  EXPECT_EQ(fetch_end.error_code(), grpc::StatusCode::UNAUTHENTICATED) << fetch_end.error_message();
+  // A chunk holds 4 KiB of keys and values: 32 tokens of one (layer, kv head) lane.
+  EXPECT_LT(fetched, int64_t{kBigTokens} / 32 * 4 * 2) << "the Fetch was served to its end";
+  std::printf("chunks fetched before the revocation ended the Fetch: %lld\n",
+              static_cast<long long>(fetched));
+}
+
 // A Kubernetes Secret volume: `tokens` -> `..data/tokens`, `..data` -> a timestamped
 // directory; an update writes a new directory and renames a new `..data` link over the old
 // one, so the file at `tokens` changes without ever being written or renamed itself.

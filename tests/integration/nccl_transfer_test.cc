@@ -6,11 +6,14 @@
 // would send. Refusals: a host pool, a server without NCCL, an unknown kind, a send before anyone
 // joined; a refused lease sends a header with its code and the channel stays usable; a reader that
 // stops receiving breaks the channel (DEADLINE_EXCEEDED, then UNAVAILABLE) and pins nothing.
+// Appends' receive buffers are charged to a per-tenant and a server budget.
 #include <grpcpp/grpcpp.h>
 
 #include <array>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <string>
 #include <thread>
@@ -18,6 +21,7 @@
 
 #include "cachesvc/core/kv_store.h"
 #include "common/nccl_api.h"
+#include "common/token_hash.h"
 #include "common/transfer_wire.h"
 #include "gtest/gtest.h"
 #include "kvc/client/nccl_link.h"
@@ -588,6 +592,81 @@ TEST_F(NcclAppendTest, AHeaderOfAnotherCallIsRefused) {
   KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo info,
                            t_.client->GetSequence(seq.sequence_id));
   EXPECT_EQ(info.layer_tokens, std::vector<int64_t>(testing::kLayers, 0));
+}
+
+// The buffers Appends are received into are charged to budgets (ServerConfig
+// transfer_nccl_receive_bytes_per_tenant and transfer_nccl_receive_bytes): tenant a may hold
+// two transfers' buffers and the server three, so a's third transfer and then b's second are
+// refused, naming the budget, with nothing appended; closing a transfer gives its buffer back.
+TEST_F(NcclAppendTest, ReceiveBuffersAreChargedToTheTenantsAndTheServersBudgets) {
+  constexpr int kTokens = 10;
+  constexpr int64_t kBuffer = 2 * kTokens * testing::kHeads * testing::kDim * 2;  // keys, values
+  char dir[] = "/tmp/kvc-nccl-budget-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string tokens = std::string(dir) + "/tokens";
+  {
+    std::ofstream out(tokens);
+    for (const char* tenant : {"a", "b"}) {
+      const std::string salt = *RandomBytes(16);
+      out << tenant << " tenant " << ToHex(salt) << " "
+          << TokenHashHex(salt, std::string("token-of-") + tenant) << "\n";
+    }
+  }
+  cachesvc::ServerOptions o = Options(/*nccl=*/true);
+  o.auth.tokens_file = tokens;
+  o.transfer_nccl_receive_bytes_per_tenant = 2 * kBuffer;
+  o.transfer_nccl_receive_bytes = 3 * kBuffer;
+  client::ClientOptions as_a;
+  as_a.bearer_token = "token-of-a";
+  testing::TestServer t = testing::StartTestServer(o, as_a);
+  client::ClientOptions as_b = as_a;
+  as_b.target = t.server->address();
+  as_b.bearer_token = "token-of-b";
+  KVC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::KvCacheClient> b,
+                           client::KvCacheClient::Connect(as_b));
+  auto link = [&](client::KvCacheClient* c) {
+    client::NcclLink::Options lo;
+    lo.pool = "small";
+    lo.library = LoopbackPath();
+    absl::StatusOr<std::unique_ptr<client::NcclLink>> opened = client::NcclLink::Open(c, lo);
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    return opened.ok() ? *std::move(opened) : nullptr;
+  };
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo seq_a, t.client->CreateSequence({}));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo seq_b, b->CreateSequence({}));
+  auto append = [&](client::NcclLink& l, const std::string& id, int layer) {
+    const Chunk c = Make(layer, 0, kTokens);
+    return l.Append(Request(id, layer, 0, kTokens, c.device_keys, c.device_values, c.keys.size()))
+        .status();
+  };
+  std::unique_ptr<client::NcclLink> a1 = link(t.client.get()), a2 = link(t.client.get()),
+                                    a3 = link(t.client.get());
+  ASSERT_TRUE(a1 != nullptr && a2 != nullptr && a3 != nullptr);
+  KVC_ASSERT_OK(append(*a1, seq_a.sequence_id, 0));
+  KVC_ASSERT_OK(append(*a2, seq_a.sequence_id, 1));
+  EXPECT_THAT(append(*a3, seq_a.sequence_id, 2),
+              testing::StatusIs(absl::StatusCode::kResourceExhausted,
+                                "tenant 'a' holds 5120 bytes of them, its budget "
+                                "(transfer_nccl_receive_bytes_per_tenant) is 5120"));
+  // b has a budget of its own, but the server's is full after b's first buffer.
+  std::unique_ptr<client::NcclLink> b1 = link(b.get()), b2 = link(b.get());
+  ASSERT_TRUE(b1 != nullptr && b2 != nullptr);
+  KVC_ASSERT_OK(append(*b1, seq_b.sequence_id, 0));
+  EXPECT_THAT(append(*b2, seq_b.sequence_id, 1),
+              testing::StatusIs(absl::StatusCode::kResourceExhausted,
+                                "the server holds 7680 bytes of them, its budget "
+                                "(transfer_nccl_receive_bytes) is 7680"));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo info_a,
+                           t.client->GetSequence(seq_a.sequence_id));
+  EXPECT_EQ(info_a.layer_tokens, (std::vector<int64_t>{kTokens, kTokens, 0, 0}));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo info_b, b->GetSequence(seq_b.sequence_id));
+  EXPECT_EQ(info_b.layer_tokens, (std::vector<int64_t>{kTokens, 0, 0, 0}));
+  // Closing a1's transfer gives its buffer back to a and to the server.
+  a1.reset();
+  std::unique_ptr<client::NcclLink> b3 = link(b.get());
+  ASSERT_TRUE(b3 != nullptr);
+  KVC_EXPECT_OK(append(*b3, seq_b.sequence_id, 1));
+  std::filesystem::remove_all(dir);
 }
 
 #ifndef KVC_NCCL_TEST_ON_SIMULATOR

@@ -6,9 +6,11 @@
 // checked on the wire with raw stubs and sockets: a wrong token is refused, a send on an
 // unconnected channel is FAILED_PRECONDITION, a reader that goes away mid-payload breaks the
 // channel (UNAVAILABLE, then nothing more is sent on it) and pins nothing after its lease.
+// Connections that never greet are bounded per peer and in all, and dropped after 2 s.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -61,6 +63,38 @@ int ConnectTo(int port) {
     return -1;
   }
   return fd;
+}
+
+// A TCP connection to the server's transfer port from the loopback address `from` (any of
+// 127.0.0.0/8 reaches the server from a peer address of its own); -1 on failure.
+int ConnectFrom(const char* from, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from, &local.sin_addr);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&local), sizeof(local)) != 0 ||
+      ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The server's one-line answer on `fd` (without sending anything), "" if none came by `until`.
+std::string ReplyBy(int fd, absl::Time until) {
+  std::string reply;
+  while (reply.empty() || reply.back() != '\n') {
+    pollfd p{fd, POLLIN, 0};
+    const int64_t ms = absl::ToInt64Milliseconds(until - absl::Now());
+    char c = 0;
+    if (ms < 0 || ::poll(&p, 1, static_cast<int>(ms)) != 1 || ::recv(fd, &c, 1, 0) != 1) break;
+    reply.push_back(c);
+  }
+  return reply;
 }
 
 // Sends `line` and returns the server's one-line answer.
@@ -255,6 +289,60 @@ TEST_F(TransferTest, AReaderThatGoesAwayBreaksTheChannelAndPinsNothing) {
   }
   EXPECT_EQ(t_.client->GetPoolStats("")->used_bytes, 0);
   EXPECT_EQ(t_.client->GetPoolStats("")->leases.expired, 1);
+}
+
+// Connections to the transfer port that never greet (TransferOptions: at most 8 ungreeted
+// from one peer, 64 in all, each dropped after 2 s): eight peers holding 8 each fill every
+// slot and one of them gets no ninth; another peer's FetchInto still gets its channel (the
+// oldest idle connection makes room), and every idle one is dropped about 2 s after it came.
+// The peers are distinct loopback addresses (127.0.0.2-9; the client is 127.0.0.1).
+TEST_F(TransferTest, IdleConnectionsOfOtherPeersDoNotKeepAReaderOut) {
+  auto via = Client(t_.server->address(), /*transfers=*/true);
+  auto grpc_only = Client(t_.server->address(), /*transfers=*/false);
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string id, Filled(*grpc_only, 50));
+  const int port = t_.server->store()->transfer_port();
+  constexpr int kPeers = 8, kPerPeer = 8;  // TransferOptions' defaults: every slot taken
+  std::vector<int> idle;
+  for (int peer = 0; peer < kPeers; ++peer) {
+    const std::string from = "127.0.0." + std::to_string(2 + peer);
+    for (int i = 0; i < kPerPeer; ++i) {
+      idle.push_back(ConnectFrom(from.c_str(), port));
+      ASSERT_GE(idle.back(), 0) << from;
+    }
+  }
+  const absl::Time connected = absl::Now();
+  // A ninth from one peer is refused at once. Connections are accepted in order, so once its
+  // answer came, all 64 before it hold their slots.
+  const int ninth = ConnectFrom("127.0.0.2", port);
+  ASSERT_GE(ninth, 0);
+  EXPECT_EQ(ReplyBy(ninth, connected + absl::Seconds(1)),
+            "ERR too many connections from 127.0.0.2 waiting to greet\n");
+  ::close(ninth);
+
+  testing::ExpectFetchIntoMatchesFetch(*via, *grpc_only, id, client::DType::kF16,
+                                       /*unfinished=*/false);
+  const std::string where = "transfer (127.0.0.1:" + std::to_string(port) + ")";
+  EXPECT_EQ(via->DataPath(), where) << "the idle connections kept the reader's greeting out";
+  EXPECT_LT(absl::Now() - connected, absl::Milliseconds(1500))
+      << "too slow to tell: the idle connections may have timed out before the reader came";
+  // The oldest idle connection made room for the reader's.
+  EXPECT_EQ(ReplyBy(idle[0], connected + absl::Seconds(1)),
+            "ERR dropped: too many connections waiting to greet\n");
+
+  // The rest are dropped once they were idle for the greeting time (2 s).
+  for (size_t i = 1; i < idle.size(); ++i) {
+    EXPECT_EQ(ReplyBy(idle[i], connected + absl::Seconds(5)), "ERR no greeting in time\n") << i;
+  }
+  const absl::Duration dropped_after = absl::Now() - connected;
+  EXPECT_GE(dropped_after, absl::Milliseconds(1900));
+  EXPECT_LT(dropped_after, absl::Seconds(4));
+  for (const int fd : idle) ::close(fd);
+  EXPECT_TRUE(HasMetric(*t_.server, "kvc_transfer_events_total{event=\"connected\"} 1"));
+  EXPECT_TRUE(HasMetric(*t_.server, "kvc_transfer_events_total{event=\"refused\"} 65"))
+      << t_.server->metrics()->Serialize();
+  // The reader's channel outlived them all.
+  KVC_ASSERT_OK(via->Fetch(id, {}).status());
+  EXPECT_EQ(via->DataPath(), where);
 }
 
 // A server restart breaks the client's channel: the client notices the hang-up before its
