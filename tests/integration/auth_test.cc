@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -77,6 +78,7 @@ class AuthTest : public ::testing::Test {
     options.metrics_listen = "127.0.0.1:0";
     options.auth.tokens_file = tokens_file_;
     options.auth.reload_interval_seconds = 1;
+    options.transfer_listen = "127.0.0.1:0";  // the transfer RPCs are in the sweeps too
     options.store.quotas = quotas;
     server_.reset();
     auto server = KvCacheServer::Start(options);
@@ -148,6 +150,23 @@ class AuthTest : public ::testing::Test {
     return reader->Finish();
   }
 
+  static pb::PrefixSpec SweepPrefix() {
+    pb::PrefixSpec prefix;
+    prefix.set_model("sweep-model");
+    for (int i = 0; i < 16; ++i) prefix.add_token_ids(100 + i);
+    return prefix;
+  }
+  // The lease and transfer the sweep names for sequence `id`: the ones a test recorded (a's,
+  // to try as b), else ids nobody was given.
+  std::string LeaseOf(const std::string& id) const {
+    auto it = leases_.find(id);
+    return it == leases_.end() ? "l-" + std::string(32, '0') : it->second;
+  }
+  std::string TransferOf(const std::string& id) const {
+    auto it = transfers_.find(id);
+    return it == transfers_.end() ? "t-" + std::string(32, '0') : it->second;
+  }
+
   // One call of every RPC on sequence `id` (or none) with `token`; name -> status.
   std::vector<std::pair<std::string, grpc::Status>> EveryRpc(const std::string& token,
                                                              const std::string& id) {
@@ -201,6 +220,46 @@ class AuthTest : public ::testing::Test {
       out.emplace_back("Compress", kv_->Compress(Ctx(token).get(), r, &response));
     }
     {
+      pb::ForkSequenceRequest fork;
+      fork.set_sequence_id(id);
+      pb::SequenceInfo forked;
+      out.emplace_back("ForkSequence", kv_->ForkSequence(Ctx(token).get(), fork, &forked));
+      pb::PublishPrefixRequest publish;
+      publish.set_sequence_id(id);
+      *publish.mutable_prefix() = SweepPrefix();
+      pb::PublishPrefixResponse published;
+      out.emplace_back("PublishPrefix", kv_->PublishPrefix(Ctx(token).get(), publish, &published));
+      pb::LookupPrefixRequest lookup;
+      *lookup.mutable_prefix() = SweepPrefix();
+      pb::LookupPrefixResponse found;
+      out.emplace_back("LookupPrefix", kv_->LookupPrefix(Ctx(token).get(), lookup, &found));
+      pb::LeaseRequest lease;
+      lease.set_sequence_id(id);
+      pb::Lease leased;
+      out.emplace_back("LeaseSequence", kv_->LeaseSequence(Ctx(token).get(), lease, &leased));
+      const std::string lease_id = LeaseOf(id);
+      pb::RenewLeaseRequest renew;
+      renew.set_lease_id(lease_id);
+      pb::RenewLeaseResponse renewed;
+      out.emplace_back("RenewLease", kv_->RenewLease(Ctx(token).get(), renew, &renewed));
+      pb::OpenTransferRequest open;
+      pb::OpenTransferResponse opened;
+      out.emplace_back("OpenTransfer", kv_->OpenTransfer(Ctx(token).get(), open, &opened));
+      pb::SendLeaseRequest send;
+      send.set_transfer_id(TransferOf(id));
+      send.set_lease_id(lease_id);
+      pb::SendLeaseResponse sent;
+      out.emplace_back("SendLease", kv_->SendLease(Ctx(token).get(), send, &sent));
+      pb::CloseTransferRequest close;
+      close.set_transfer_id(TransferOf(id));
+      pb::CloseTransferResponse closed;
+      out.emplace_back("CloseTransfer", kv_->CloseTransfer(Ctx(token).get(), close, &closed));
+      pb::ReleaseLeaseRequest end;
+      end.set_lease_id(lease_id);
+      pb::ReleaseLeaseResponse ended;
+      out.emplace_back("ReleaseLease", kv_->ReleaseLease(Ctx(token).get(), end, &ended));
+    }
+    {
       pb::ReleaseRequest r;
       r.set_sequence_id(id);
       pb::ReleaseResponse response;
@@ -237,6 +296,7 @@ class AuthTest : public ::testing::Test {
 
   TempDir dir_;
   std::string tokens_file_;
+  std::map<std::string, std::string> leases_, transfers_;  // sequence id -> what LeaseOf says
   std::unique_ptr<KvCacheServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::KvCacheService::Stub> kv_;
@@ -248,9 +308,19 @@ TEST_F(AuthTest, EveryRpcWithoutValidCredentialsIsUnauthenticatedAndChangesNothi
   ASSERT_TRUE(AppendAll(kTokenA, "doc", 0, 16).ok());
   std::string before;
   ASSERT_TRUE(Fetch(kTokenA, "doc", &before).ok());
-  for (const std::string token : {"", "not-a-token", "token-of-tenant-a-0123456789abcdeX"}) {
+  // A token that worked and was revoked is refused like one that never did.
+  constexpr char kTokenC[] = "token-of-tenant-c-0123456789abcdef";
+  const std::string base = TokenLine("a", "tenant", kTokenA) + TokenLine("b", "tenant", kTokenB) +
+                           TokenLine("ops", "admin", kTokenAdmin);
+  WriteAtomically(tokens_file_, base + TokenLine("c", "tenant", kTokenC));
+  ASSERT_TRUE(server_->ReloadCredentials().ok());
+  ASSERT_TRUE(Create(kTokenC, "c-doc").ok());
+  WriteAtomically(tokens_file_, base);
+  ASSERT_TRUE(server_->ReloadCredentials().ok());
+  for (const std::string token :
+       {"", "not-a-token", "token-of-tenant-a-0123456789abcdeX", kTokenC}) {
     const auto results = EveryRpc(token, "doc");
-    EXPECT_EQ(results.size(), 18u);
+    EXPECT_EQ(results.size(), 27u) << "every RPC of both services";
     for (const auto& [rpc, status] : results) {
       EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
           << rpc << " with token '" << token << "': " << status.error_message();
@@ -281,14 +351,37 @@ TEST_F(AuthTest, AnotherTenantsSequenceIsIndistinguishableFromAMissingOne) {
   ASSERT_TRUE(Fetch(kTokenA, "doc", &a_data).ok());
 
   // Tenant b on a's "doc" and on an id nobody created: the same codes and messages.
+  // a's lease and transfer on it, a's published prefix: b names them too.
+  {
+    pb::LeaseRequest r;
+    r.set_sequence_id("doc");
+    pb::Lease lease;
+    ASSERT_TRUE(kv_->LeaseSequence(Ctx(kTokenA).get(), r, &lease).ok());
+    leases_["doc"] = lease.lease_id();
+    pb::OpenTransferResponse opened;
+    ASSERT_TRUE(kv_->OpenTransfer(Ctx(kTokenA).get(), {}, &opened).ok());
+    transfers_["doc"] = opened.transfer_id();
+    pb::PublishPrefixRequest publish;
+    publish.set_sequence_id("doc");
+    *publish.mutable_prefix() = SweepPrefix();
+    pb::PublishPrefixResponse published;
+    ASSERT_TRUE(kv_->PublishPrefix(Ctx(kTokenA).get(), publish, &published).ok());
+    ASSERT_EQ(published.published_tokens(), 16);
+  }
   const auto on_a = EveryRpc(kTokenB, "doc");
   const auto on_missing = EveryRpc(kTokenB, "nope");
   ASSERT_EQ(on_a.size(), on_missing.size());
+  ASSERT_EQ(on_a.size(), 27u);
+  const auto normalized = [&](const std::string& message, const std::string& id) {
+    return absl::StrReplaceAll(message, {{absl::StrCat("'", id, "'"), "'ID'"},
+                                         {LeaseOf(id), "LEASE"},
+                                         {TransferOf(id), "TRANSFER"}});
+  };
   for (size_t i = 0; i < on_a.size(); ++i) {
     const auto& [rpc, status] = on_a[i];
     if (rpc == "CreateSequence" || rpc == "ListPools" || rpc == "GetPoolStats" ||
         rpc == "ListSequences" || rpc == "ListTenants" || rpc == "GetServerInfo" ||
-        rpc == "ListLeases") {
+        rpc == "ListLeases" || rpc == "LookupPrefix" || rpc == "OpenTransfer") {
       continue;  // not about the sequence
     }
     if (rpc == "EvictSequence" || rpc == "Drain" || rpc == "EndLease") {
@@ -298,10 +391,27 @@ TEST_F(AuthTest, AnotherTenantsSequenceIsIndistinguishableFromAMissingOne) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND)
         << rpc << ": " << status.error_message();
     EXPECT_EQ(status.error_code(), on_missing[i].second.error_code()) << rpc;
-    EXPECT_EQ(absl::StrReplaceAll(status.error_message(), {{"'doc'", "'ID'"}}),
-              absl::StrReplaceAll(on_missing[i].second.error_message(), {{"'nope'", "'ID'"}}))
+    EXPECT_EQ(normalized(status.error_message(), "doc"),
+              normalized(on_missing[i].second.error_message(), "nope"))
         << rpc;
   }
+  // None of it touched a's: its lease renews, its transfer closes, and b's lookup of a's
+  // published tokens finds none of them (the prefix cache is per tenant).
+  pb::RenewLeaseRequest renew;
+  renew.set_lease_id(LeaseOf("doc"));
+  pb::RenewLeaseResponse renewed;
+  EXPECT_TRUE(kv_->RenewLease(Ctx(kTokenA).get(), renew, &renewed).ok());
+  pb::LookupPrefixRequest lookup;
+  *lookup.mutable_prefix() = SweepPrefix();
+  pb::LookupPrefixResponse found;
+  ASSERT_TRUE(kv_->LookupPrefix(Ctx(kTokenB).get(), lookup, &found).ok());
+  EXPECT_EQ(found.cached_tokens(), 0);
+  ASSERT_TRUE(kv_->LookupPrefix(Ctx(kTokenA).get(), lookup, &found).ok());
+  EXPECT_EQ(found.cached_tokens(), 16);
+  pb::CloseTransferRequest close;
+  close.set_transfer_id(TransferOf("doc"));
+  pb::CloseTransferResponse closed;
+  EXPECT_TRUE(kv_->CloseTransfer(Ctx(kTokenA).get(), close, &closed).ok());
   // b may use the same id for its own sequence: ids are per tenant, so a taken id reveals
   // nothing, and the two sequences stay apart.
   ASSERT_TRUE(Create(kTokenB, "doc").ok());
