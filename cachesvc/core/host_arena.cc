@@ -115,7 +115,7 @@ absl::Status HostArena::Claim(int64_t segment) {
   const int read_only = ReadOnlyReopen(fd);
   // After our own writable mapping: nobody grows or shrinks it.
   if (read_only < 0 || ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    const absl::Status status = fail("sealing");
+    absl::Status status = fail("sealing");
     if (read_only >= 0) ::close(read_only);
     ::close(fd);
     ::mmap(at, segment_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,

@@ -83,7 +83,7 @@ absl::StatusOr<std::pair<std::string, std::shared_ptr<StagingRegion>>> StagingRe
     return region.status();
   }
   absl::MutexLock lock(&mu_);
-  regions_[id] = Open_{*region, scope};
+  regions_[id] = OpenRegion{*region, scope};
   return std::make_pair(std::move(id), *std::move(region));
 }
 

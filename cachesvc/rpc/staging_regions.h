@@ -68,14 +68,14 @@ class StagingRegions {
   int64_t open_bytes() const;
 
  private:
-  struct Open_ {
+  struct OpenRegion {
     std::shared_ptr<StagingRegion> region;
     std::string scope;
   };
   const int64_t budget_per_scope_;
   const int64_t budget_total_;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Open_> regions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, OpenRegion> regions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int64_t> scope_bytes_ ABSL_GUARDED_BY(mu_);
   int64_t open_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };

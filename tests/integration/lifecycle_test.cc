@@ -58,10 +58,10 @@ void ExpectHolds(const client::FetchResult& r, uint32_t seed, int64_t n, const s
 absl::StatusOr<client::AppendResult> AppendRange(client::KvCacheClient& c, const std::string& id,
                                                  uint32_t seed, int layer, int64_t start, int n,
                                                  const client::CallOptions& call = {}) {
-  const std::string k =
-      testing::MakeKv(seed, layer, start, n, kHeads, kDim, kernels::DType::kF16, false);
+  const std::string k = testing::MakeKv(seed, layer, start, n, kHeads, kDim, kernels::DType::kF16,
+                                        /*is_value=*/false);
   const std::string v =
-      testing::MakeKv(seed, layer, start, n, kHeads, kDim, kernels::DType::kF16, true);
+      testing::MakeKv(seed, layer, start, n, kHeads, kDim, kernels::DType::kF16, /*is_value=*/true);
   client::AppendChunk a;
   a.sequence_id = id;
   a.layer = layer;
@@ -91,9 +91,9 @@ class LifecycleTest : public ::testing::Test {
     o.local_socket_allow_same_uid = true;  // the test is the engine, as kvcached's uid
     o.transfer_listen = "127.0.0.1:0";
     server_ = testing::StartTestServer(o);
-    grpc_ = Client(false, false);
-    mapped_ = Client(true, false);
-    transfer_ = Client(false, true);
+    grpc_ = Client(/*local=*/false, /*transfers=*/false);
+    mapped_ = Client(/*local=*/true, /*transfers=*/false);
+    transfer_ = Client(/*local=*/false, /*transfers=*/true);
   }
   std::unique_ptr<client::KvCacheClient> Client(bool local, bool transfers) const {
     client::ClientOptions o;
@@ -186,14 +186,14 @@ TEST_F(LifecycleTest, AFailedOrPartialStoreIsNeverVisible) {
 
   // A stream whose third message is refused keeps the two before it, nothing after.
   std::unique_ptr<client::AppendStream> stream = grpc_->StartAppendStream();
-  const std::string k =
-      testing::MakeKv(9, kLayers - 1, 0, kBlock, kHeads, kDim, kernels::DType::kF16, false);
-  const std::string v =
-      testing::MakeKv(9, kLayers - 1, 0, kBlock, kHeads, kDim, kernels::DType::kF16, true);
-  const std::string k2 =
-      testing::MakeKv(9, kLayers - 1, kBlock, kBlock, kHeads, kDim, kernels::DType::kF16, false);
-  const std::string v2 =
-      testing::MakeKv(9, kLayers - 1, kBlock, kBlock, kHeads, kDim, kernels::DType::kF16, true);
+  const std::string k = testing::MakeKv(9, kLayers - 1, 0, kBlock, kHeads, kDim,
+                                        kernels::DType::kF16, /*is_value=*/false);
+  const std::string v = testing::MakeKv(9, kLayers - 1, 0, kBlock, kHeads, kDim,
+                                        kernels::DType::kF16, /*is_value=*/true);
+  const std::string k2 = testing::MakeKv(9, kLayers - 1, kBlock, kBlock, kHeads, kDim,
+                                         kernels::DType::kF16, /*is_value=*/false);
+  const std::string v2 = testing::MakeKv(9, kLayers - 1, kBlock, kBlock, kHeads, kDim,
+                                         kernels::DType::kF16, /*is_value=*/true);
   client::AppendChunk a{s.sequence_id,       kLayers - 1, 0,        kBlock,
                         client::DType::kF16, k.data(),    v.data(), k.size()};
   client::AppendChunk b{s.sequence_id,       kLayers - 1, kBlock,    kBlock,
@@ -222,12 +222,14 @@ TEST_F(LifecycleTest, CancelledAppendsNeverMixIntoAnotherSequence) {
   constexpr int kWriters = 4, kPerWriter = 3, kTokens = 32 * kBlock;
   EXPECT_EQ(mapped_->AppendPath(), "grpc (no Append yet)");
   std::vector<std::string> ids;
+  ids.reserve(kWriters * kPerWriter);
   for (int i = 0; i < kWriters * kPerWriter; ++i) {
     KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo s, mapped_->CreateSequence({}));
     ids.push_back(s.sequence_id);
   }
   std::atomic<int> failed{0};
   std::vector<std::thread> writers;
+  writers.reserve(kWriters);
   for (int w = 0; w < kWriters; ++w) {
     writers.emplace_back([&, w] {
       std::mt19937 rng(static_cast<uint32_t>(w));
