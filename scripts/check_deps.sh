@@ -20,13 +20,18 @@ check "kernels/ must not include gRPC, Abseil, protobuf or Prometheus" \
   "${inc}(grpc|grpcpp|absl|google/protobuf|prometheus)/|${inc}[^>\"]*\.pb\.h" kernels
 check "cachesvc/core must not include gRPC, protobuf or Prometheus" \
   "${inc}(grpc|grpcpp|google/protobuf|prometheus)/|${inc}[^>\"]*\.pb\.h" cachesvc/core
+check "cachesvc/transport must not include gRPC, protobuf, Prometheus or the RPC layer" \
+  "${inc}(grpc|grpcpp|google/protobuf|prometheus|cachesvc/rpc|cachesvc/metrics)/|${inc}[^>\"]*\.pb\.h" \
+  cachesvc/transport
+check "transfer/ is a leaf (Abseil, common/ and the standard library only)" \
+  "${inc}(grpc|grpcpp|google/protobuf|prometheus|kvc|cachesvc|client|proto|kernels)/" transfer
 check "CUDA and NCCL headers belong in kernels/cuda only" \
-  "${inc}(cuda_runtime|cuda|nccl)[._a-z]*\.h" common proto cachesvc client worker
+  "${inc}(cuda_runtime|cuda|nccl)[._a-z]*\.h" common transfer proto cachesvc client worker
 check "client/ and worker/ must not include cachesvc/" "${inc}cachesvc/" client worker
 # Each target's include root holds only what it may see (kvc_expose, cmake/KvcHelpers.cmake);
 # a relative path would step around it.
 check "project includes are full paths, never relative with \"../\"" \
-  "${inc}([^>\"]*/)?\.\./" common proto cachesvc client worker kernels tests
+  "${inc}([^>\"]*/)?\.\./" common transfer proto cachesvc client worker kernels tests
 # worker/ shares the kernels' thread pool and RoPE helpers, through their public headers only.
 check "worker/ may use kernels/ only through its public headers (kvc/kernels/*)" \
   "${inc}kernels/" worker

@@ -22,7 +22,7 @@
 
 namespace kvc::cachesvc {
 
-// What a same-node reader is told of a format's arena (cachesvc/rpc/local_socket.h).
+// What a same-node reader is told of a format's arena (cachesvc/transport/local_socket.h).
 // Host pools: the arena's reserved `bytes` and its `segment_bytes`: segment i (its own memfd,
 // handed out by ShareSegment to readers of its owner only) maps at byte i * segment_bytes,
 // so block b of the format lies at b * block_bytes as kvcached sees it. Device pools:
@@ -52,7 +52,7 @@ class BlockPool {
   // The arena of `format` for kernel ops. Blocks handed out by Allocate(format) index it.
   virtual kernels::PagedArena arena(StorageFormat format) = 0;
 
-  // Same-node readers (cachesvc/rpc/local_socket.h). Every block belongs to the owner it was
+  // Same-node readers (cachesvc/transport/local_socket.h). Every block belongs to the owner it was
   // allocated for (AllocateFor: the sequence's scope, i.e. its tenant), and a reader acting
   // for `owner` is given only memory that holds that owner's blocks or zeros.
   //

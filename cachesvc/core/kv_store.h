@@ -104,43 +104,16 @@ class KvStore {
   // The live leases of a scope (unset: every scope) and pool (empty: every pool), oldest
   // first; NOT_FOUND for an unknown pool. Neither this nor any other lookup extends a lease.
   absl::StatusOr<std::vector<LeaseInfo>> ListLeases(const ListLeasesParams& params) const;
-  // Where SendLeasedBlocks puts a lease's blocks (a transfer channel): Begin once, before
-  // any byte, with the payload's size; then Write in order, a piece at a time.
-  class BlockSink {
-   public:
-    virtual ~BlockSink() = default;
-    virtual absl::Status Begin(int64_t blocks, int64_t bytes) = 0;
-    virtual absl::Status Write(const char* data, size_t bytes) = 0;
-    // Where Write's bytes lie: host memory (null: a TCP channel), or the memory of the pool
-    // returned (a sender from the device, such as an NCCL channel, whose communicator lives
-    // on that pool's device). Only that pool's leases are sent to such a sink, and only if
-    // it is a device pool (FAILED_PRECONDITION before Begin otherwise), with the calling
-    // thread bound to the pool's device (KernelBackend::BindThread) before Begin.
-    virtual const BlockPool* SendsFromPool() const { return nullptr; }
-  };
-  // The pieces Write gets: each storage format's blocks (in the order below) in runs of
-  // SendPieceBlocks(block_bytes), the last run of a format shorter. A reader that must post
-  // each piece's size (NCCL) computes them from the lease.
-  static constexpr size_t kSendPieceBytes = size_t{4} << 20;
-  static size_t SendPieceBlocks(size_t block_bytes) {
-    return std::max<size_t>(1, kSendPieceBytes / block_bytes);
-  }
-  struct SentBlocks {
-    int64_t blocks = 0;
-    int64_t bytes = 0;
-  };
-  // Copies the blocks of the caller's live lease into `sink`: per storage format in number
-  // order, its blocks in lease order (lanes, segments, blocks), each block_bytes long with the
-  // slots the lease does not describe zeroed (they may be written meanwhile or hold another
-  // sequence's data). NOT_FOUND, before Begin, for a lease that is not live; ABORTED, after
-  // Begin, when the lease ended during the copy (blocks may have been recycled: nothing sent
-  // counts); FAILED_PRECONDITION, before Begin, for a sink that sends from a pool's memory
-  // and a lease of another pool or of a host pool; the sink's errors as they come.
-  absl::StatusOr<SentBlocks> SendLeasedBlocks(const std::string& scope, const std::string& lease_id,
-                                              BlockSink* sink);
+  // What a live lease of `scope` pins, for a reader that copies its blocks
+  // (cachesvc/transport/lease_sender.h); NOT_FOUND unless the lease is live now.
+  absl::StatusOr<LeaseTable::Pinned> PinnedLease(const std::string& scope,
+                                                 const std::string& lease_id) const;
+  // Whether the lease is live now: live after a copy of its blocks finished means pinned
+  // throughout it (an ended lease never comes back).
+  bool LeaseLive(const std::string& scope, const std::string& lease_id) const;
   // Lease statistics of one pool (empty = every pool summed); NOT_FOUND for an unknown pool.
   absl::StatusOr<LeaseStats> LeaseStatsFor(const std::string& pool) const;
-  // Same-node readers acting for `scope` (cachesvc/rpc/local_socket.h; BlockPool::ShareArena
+  // Same-node readers acting for `scope` (cachesvc/transport/local_socket.h; BlockPool::ShareArena
   // and ShareSegment): the shape of one arena of pool `pool` (empty = default), and a
   // read-only descriptor of one of its segments holding that scope's blocks now. NOT_FOUND
   // pool; FAILED_PRECONDITION not shareable, or not the scope's segment (at that epoch).
@@ -148,21 +121,6 @@ class KvStore {
                                          const std::string& scope);
   absl::StatusOr<UniqueFd> ShareSegment(const std::string& pool, StorageFormat format,
                                         const std::string& scope, int64_t index, uint64_t epoch);
-  // Where same-node readers get the arenas ("" = nowhere) and the token that names this
-  // server there; set once at startup, before serving.
-  void SetLocalEndpoint(std::string path, std::string token) {
-    local_socket_ = std::move(path);
-    local_token_ = std::move(token);
-  }
-  const std::string& local_socket() const { return local_socket_; }
-  const std::string& local_token() const { return local_token_; }
-  // The transfer listener's port (0 = none); set once at startup, before serving.
-  void SetTransferPort(int port) { transfer_port_ = port; }
-  int transfer_port() const { return transfer_port_; }
-  // What serves NCCL transfers ("" = none), for ServerInfo; set once at startup.
-  void SetNcclTransfers(std::string describe) { nccl_transfers_ = std::move(describe); }
-  const std::string& nccl_transfers() const { return nccl_transfers_; }
-
   // `scope`: as in requests.h.
   absl::StatusOr<SequenceSnapshot> GetSequence(const std::string& sequence_id,
                                                const std::string& scope = "") const;
@@ -237,10 +195,6 @@ class KvStore {
   ReadSampler read_sampler_;
   std::atomic<bool> draining_{false};
   ShardIdentity shard_;
-  std::string local_socket_;
-  std::string local_token_;
-  int transfer_port_ = 0;
-  std::string nccl_transfers_;
 };
 
 }  // namespace kvc::cachesvc

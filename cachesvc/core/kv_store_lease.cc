@@ -2,12 +2,10 @@
 // now; RenewLease and ReleaseLease act on the table.
 #include <algorithm>
 #include <array>
-#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/backend_buffer.h"
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/core/quote.h"
 #include "common/status_macros.h"
@@ -128,69 +126,13 @@ absl::StatusOr<std::vector<LeaseInfo>> KvStore::ListLeases(const ListLeasesParam
   return leases;
 }
 
-absl::StatusOr<KvStore::SentBlocks> KvStore::SendLeasedBlocks(const std::string& scope,
-                                                              const std::string& lease_id,
-                                                              BlockSink* sink) {
-  // Each piece is written before the next is copied.
-  KVC_ASSIGN_OR_RETURN(const LeaseTable::Pinned pinned, leases_->Find(scope, lease_id));
-  BlockPool* const pool = pinned.pool;
-  SentBlocks total;
-  size_t largest_piece = 0;
-  for (size_t f = 0; f < kFormats; ++f) {
-    const auto n = static_cast<int64_t>(pinned.held[f].size());
-    const size_t bb = pool->layout(static_cast<StorageFormat>(f)).block_bytes;
-    total.blocks += n;
-    total.bytes += n * static_cast<int64_t>(bb);
-    if (n > 0) largest_piece = std::max(largest_piece, SendPieceBlocks(bb) * bb);
-  }
-  const BlockPool* const sink_pool = sink->SendsFromPool();
-  const bool to_pool_memory = sink_pool != nullptr;
-  std::vector<char> host_piece;
-  std::optional<BackendBuffer> pool_piece;  // to_pool_memory: the pieces, in the pool's memory
-  if (to_pool_memory) {
-    if (sink_pool != pool) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "lease ", Quoted(lease_id), " is of pool ", Quoted(pool->options().name),
-          "; this transfer carries pool ", Quoted(sink_pool->options().name), "'s leases"));
-    }
-    if (pool->options().device == "cpu") {
-      return absl::FailedPreconditionError(
-          absl::StrCat("lease ", Quoted(lease_id), " is of pool ", Quoted(pool->options().name),
-                       ", in host memory: this transfer sends device pools' blocks only"));
-    }
-    KVC_ASSIGN_OR_RETURN(pool_piece, BackendBuffer::Allocate(pool->backend(), largest_piece));
-    if (const kernels::KernelStatus ks = pool->backend()->BindThread(); !ks.ok()) {
-      return absl::InternalError(absl::StrCat("cannot use the pool's device: ", ks.detail));
-    }
-  }
-  KVC_RETURN_IF_ERROR(sink->Begin(total.blocks, total.bytes));
-  for (size_t f = 0; f < kFormats; ++f) {
-    const auto format = static_cast<StorageFormat>(f);
-    const absl::Span<const BlockId> held = pinned.held[f];
-    const absl::Span<const int32_t> slots = pinned.slots[f];
-    const size_t bb = pool->layout(format).block_bytes;
-    const size_t per_piece = SendPieceBlocks(bb);
-    for (size_t at = 0; at < held.size(); at += per_piece) {
-      const size_t count = std::min(per_piece, held.size() - at);
-      char* piece = nullptr;
-      if (to_pool_memory) {
-        piece = static_cast<char*>(pool_piece->data());
-      } else {
-        host_piece.resize(count * bb);
-        piece = host_piece.data();
-      }
-      KVC_RETURN_IF_ERROR(pool->CopyBlocksOut(
-          format, held.subspan(at, count), slots.subspan(at, count), piece,
-          to_pool_memory ? BlockPool::CopyTo::kPoolMemory : BlockPool::CopyTo::kHost));
-      // Checked after the copy: live now means live (and pinned) throughout it.
-      if (!leases_->Live(scope, lease_id)) {
-        return absl::AbortedError(absl::StrCat("lease ", Quoted(lease_id),
-                                               " ended while its blocks were sent; lease again"));
-      }
-      KVC_RETURN_IF_ERROR(sink->Write(piece, count * bb));
-    }
-  }
-  return total;
+absl::StatusOr<LeaseTable::Pinned> KvStore::PinnedLease(const std::string& scope,
+                                                        const std::string& lease_id) const {
+  return leases_->Find(scope, lease_id);
+}
+
+bool KvStore::LeaseLive(const std::string& scope, const std::string& lease_id) const {
+  return leases_->Live(scope, lease_id);
 }
 
 absl::StatusOr<SharedArena> KvStore::ShareArena(const std::string& pool, StorageFormat format,

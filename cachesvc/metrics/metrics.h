@@ -50,8 +50,8 @@ class Metrics {
   void RecordQuotaRefusal(const std::string& tenant, const char* limit);
   // A same-node socket event (local_socket.h): "connected", "refused" or "arena".
   void RecordLocalSocketEvent(const char* event);
-  // A transfer channel event (transfer_channels.h): "opened", "connected", "refused", "sent",
-  // "failed", "closed"; and the payload bytes a SendLease wrote.
+  // A transfer channel event (cachesvc/transport/tcp_channels.h): "opened", "connected", "refused",
+  // "sent", "failed", "closed"; and the payload bytes a SendLease wrote.
   void RecordTransferEvent(const char* event);
   void RecordTransferBytes(int64_t bytes);
 

@@ -135,10 +135,10 @@ grpc::Status AdminServiceImpl::GetServerInfo(grpc::ServerContext* context,
   response->set_weight(shard.weight());
   response->set_draining(store_->draining());
   response->set_started_unix_ms(shard.started_unix_ms());
-  response->set_local_socket(store_->local_socket());
-  response->set_local_token(store_->local_token());
-  response->set_transfer_port(store_->transfer_port());
-  response->set_nccl_transfers(store_->nccl_transfers());
+  response->set_local_socket(endpoints_->local_socket);
+  response->set_local_token(endpoints_->local_token);
+  response->set_transfer_port(endpoints_->transfer_port);
+  response->set_nccl_transfers(endpoints_->nccl_transfers);
   return scope.Finish(grpc::Status::OK);
 }
 

@@ -6,6 +6,7 @@
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
 #include "cachesvc/rpc/access_control.h"
+#include "cachesvc/rpc/endpoints.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 
 namespace kvc::cachesvc {
@@ -14,9 +15,14 @@ class AdminServiceImpl final : public kvcache::v1::AdminService::Service {
  public:
   // `metrics` may be null. `set_draining` switches the whole server (store, health,
   // metrics) into or out of draining.
+  // `endpoints` (outliving the service): what GetServerInfo tells about the data paths.
   AdminServiceImpl(KvStore* store, Metrics* metrics, const AccessControl* access,
-                   std::function<void(bool)> set_draining)
-      : store_(store), metrics_(metrics), access_(access), set_draining_(std::move(set_draining)) {}
+                   const Endpoints* endpoints, std::function<void(bool)> set_draining)
+      : store_(store),
+        metrics_(metrics),
+        access_(access),
+        endpoints_(endpoints),
+        set_draining_(std::move(set_draining)) {}
 
   grpc::Status ListPools(grpc::ServerContext* context, const kvcache::v1::ListPoolsRequest* request,
                          kvcache::v1::ListPoolsResponse* response) override;
@@ -47,6 +53,7 @@ class AdminServiceImpl final : public kvcache::v1::AdminService::Service {
   KvStore* store_;
   Metrics* metrics_;
   const AccessControl* access_;
+  const Endpoints* endpoints_;
   std::function<void(bool)> set_draining_;
 };
 

@@ -63,7 +63,7 @@ grpc::Status KvCacheServiceImpl::LeaseSequence(grpc::ServerContext* context,
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "LeaseSequence"));
   KVC_ASSIGN_OR_FINISH(const LeaseSnapshot lease, store_->LeaseSequence(params));
   ToProto(lease, response);
-  response->set_local_token(store_->local_token());
+  response->set_local_token(endpoints_->local_token);
   return scope.Finish(grpc::Status::OK);
 }
 
@@ -93,12 +93,6 @@ grpc::Status KvCacheServiceImpl::ReleaseLease(grpc::ServerContext* context,
 
 namespace {
 
-absl::Status NoTransfers() {
-  return absl::FailedPreconditionError(
-      "this server offers no transfers (ServerConfig.transfer_listen is unset): read over "
-      "Fetch");
-}
-
 absl::Status NoNcclTransfers() {
   return absl::FailedPreconditionError(
       "this server offers no NCCL transfers (ServerConfig.transfer_nccl_library is unset)");
@@ -112,29 +106,17 @@ grpc::Status KvCacheServiceImpl::OpenTransfer(grpc::ServerContext* context,
   RpcScope scope(metrics_, kService, "OpenTransfer");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "OpenTransfer"));
-  if (request->kind() == pb::TRANSFER_KIND_NCCL) {
-    if (nccl_ == nullptr) return scope.Finish(ToGrpcStatus(NoNcclTransfers()));
-    KVC_ASSIGN_OR_FINISH(const NcclChannels::Opened opened, nccl_->Open(owner, request->pool()));
-    response->set_transfer_id(opened.id);
-    response->set_kind(pb::TRANSFER_KIND_NCCL);
-    response->set_nccl_unique_id(opened.unique_id);
-    response->set_nccl_version(opened.nccl_version);
-    response->set_connect_within_ms(opened.connect_within_ms);
-    return scope.Finish(grpc::Status::OK);
-  }
-  if (request->kind() != pb::TRANSFER_KIND_UNSPECIFIED &&
-      request->kind() != pb::TRANSFER_KIND_TCP) {
-    return scope.Finish(ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("OpenTransfer kind ", request->kind(), " is not TCP (1) or NCCL (2)"))));
-  }
-  if (transfers_ == nullptr) return scope.Finish(ToGrpcStatus(NoTransfers()));
-  KVC_ASSIGN_OR_FINISH(const TransferChannels::Opened opened, transfers_->Open(owner));
+  KVC_ASSIGN_OR_FINISH(const OpenedTransfer opened,
+                       transfers_->Open(request->kind(), owner, request->pool()));
   response->set_transfer_id(opened.id);
+  response->set_kind(request->kind() == pb::TRANSFER_KIND_NCCL ? pb::TRANSFER_KIND_NCCL
+                                                               : pb::TRANSFER_KIND_TCP);
+  response->set_connect_within_ms(opened.connect_within_ms);
   response->set_host(opened.host);
   response->set_port(opened.port);
   response->set_token(opened.token);
-  response->set_connect_within_ms(opened.connect_within_ms);
-  response->set_kind(pb::TRANSFER_KIND_TCP);
+  response->set_nccl_unique_id(opened.nccl_unique_id);
+  response->set_nccl_version(opened.nccl_version);
   return scope.Finish(grpc::Status::OK);
 }
 
@@ -144,22 +126,9 @@ grpc::Status KvCacheServiceImpl::SendLease(grpc::ServerContext* context,
   RpcScope scope(metrics_, kService, "SendLease");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "SendLease"));
-  const absl::Time deadline = absl::FromChrono(context->deadline());
-  absl::StatusOr<KvStore::SentBlocks> sending;
-  if (nccl_ != nullptr && NcclChannels::Names(request->transfer_id())) {
-    sending =
-        nccl_->Send(owner, request->transfer_id(), request->lease_id(), request->nonce(), deadline);
-  } else if (transfers_ != nullptr) {
-    sending = transfers_->Send(owner, request->transfer_id(), request->lease_id(), request->nonce(),
-                               deadline);
-  } else {
-    sending =
-        nccl_ != nullptr
-            ? absl::NotFoundError(absl::StrCat("transfer ", Quoted(request->transfer_id()),
-                                               " does not exist (never opened, closed, or broken)"))
-            : NoTransfers();
-  }
-  KVC_ASSIGN_OR_FINISH(const KvStore::SentBlocks sent, std::move(sending));
+  KVC_ASSIGN_OR_FINISH(const SentBlocks sent,
+                       transfers_->Send(owner, request->transfer_id(), request->lease_id(),
+                                        request->nonce(), absl::FromChrono(context->deadline())));
   response->set_blocks(sent.blocks);
   response->set_bytes(sent.bytes);
   if (metrics_ != nullptr) metrics_->RecordTransferBytes(sent.bytes);
@@ -172,11 +141,6 @@ grpc::Status KvCacheServiceImpl::CloseTransfer(grpc::ServerContext* context,
   RpcScope scope(metrics_, kService, "CloseTransfer");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "CloseTransfer"));
-  if (nccl_ != nullptr && NcclChannels::Names(request->transfer_id())) {
-    KVC_FINISH_IF_ERROR(nccl_->Close(owner, request->transfer_id()));
-    return scope.Finish(grpc::Status::OK);
-  }
-  if (transfers_ == nullptr) return scope.Finish(ToGrpcStatus(NoTransfers()));
   KVC_FINISH_IF_ERROR(transfers_->Close(owner, request->transfer_id()));
   return scope.Finish(grpc::Status::OK);
 }

@@ -5,26 +5,29 @@
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
 #include "cachesvc/rpc/access_control.h"
-#include "cachesvc/rpc/nccl_channels.h"
-#include "cachesvc/rpc/staging_regions.h"
-#include "cachesvc/rpc/transfer_channels.h"
+#include "cachesvc/rpc/endpoints.h"
+#include "cachesvc/transport/nccl_channels.h"
+#include "cachesvc/transport/staging_regions.h"
+#include "cachesvc/transport/transfers.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 
 namespace kvc::cachesvc {
 
 class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
  public:
-  // `metrics` may be null; `staging` too (no local socket: a staged Append is refused),
-  // `transfers` (no transfer_listen: TCP transfers are refused) and `nccl` (no
-  // transfer_nccl_library: NCCL transfers are refused).
+  // `metrics` may be null; `staging` too (no local socket: a staged Append is refused) and
+  // `nccl` (no transfer_nccl_library: Appends over NCCL are refused). `transfers`: the
+  // transfer kinds offered (transfers.h); `endpoints`: the local token leases carry. All
+  // outlive the service.
   KvCacheServiceImpl(KvStore* store, Metrics* metrics, const AccessControl* access,
-                     const StagingRegions* staging = nullptr, TransferChannels* transfers = nullptr,
-                     NcclChannels* nccl = nullptr)
+                     const Transfers* transfers, const Endpoints* endpoints,
+                     const StagingRegions* staging = nullptr, NcclChannels* nccl = nullptr)
       : store_(store),
         metrics_(metrics),
         access_(access),
-        staging_(staging),
         transfers_(transfers),
+        endpoints_(endpoints),
+        staging_(staging),
         nccl_(nccl) {}
 
   grpc::Status LookupPrefix(grpc::ServerContext* context,
@@ -91,8 +94,9 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
   KvStore* store_;
   Metrics* metrics_;
   const AccessControl* access_;
+  const Transfers* transfers_;
+  const Endpoints* endpoints_;
   const StagingRegions* staging_;
-  TransferChannels* transfers_;
   NcclChannels* nccl_;
 };
 

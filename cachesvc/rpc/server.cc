@@ -8,11 +8,12 @@
 #include "cachesvc/rpc/access_control.h"
 #include "cachesvc/rpc/admin_service.h"
 #include "cachesvc/rpc/kv_cache_service.h"
-#include "cachesvc/rpc/local_socket.h"
-#include "cachesvc/rpc/nccl_channels.h"
-#include "cachesvc/rpc/staging_regions.h"
 #include "cachesvc/rpc/tls_credentials.h"
-#include "cachesvc/rpc/transfer_channels.h"
+#include "cachesvc/transport/local_socket.h"
+#include "cachesvc/transport/nccl_channels.h"
+#include "cachesvc/transport/staging_regions.h"
+#include "cachesvc/transport/tcp_channels.h"
+#include "cachesvc/transport/transfers.h"
 #include "common/logging.h"
 #include "common/random_id.h"
 #include "common/status_macros.h"
@@ -93,23 +94,29 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
                                                         options.local_staging_bytes_total);
     KVC_ASSIGN_OR_RETURN(server->local_socket_,
                          LocalSocket::Start(local, server->store_.get(), server->staging_.get()));
-    server->store_->SetLocalEndpoint(options.local_socket, token);
+    server->endpoints_.local_socket = options.local_socket;
+    server->endpoints_.local_token = token;
     KVC_LOG(INFO)
         << "same-node readers map host pools (device pools: CUDA IPC) through unix socket "
         << options.local_socket;
   }
   if (!options.transfer_listen.empty()) {
-    TransferOptions transfer;
+    TcpChannelOptions transfer;
     transfer.listen = options.transfer_listen;
     transfer.advertise_host = options.transfer_advertise_host;
     transfer.on_event = [metrics = server->metrics_.get()](const char* event) {
       metrics->RecordTransferEvent(event);
     };
-    KVC_ASSIGN_OR_RETURN(server->transfers_,
-                         TransferChannels::Start(transfer, server->store_.get()));
-    server->store_->SetTransferPort(server->transfers_->port());
-    KVC_LOG(INFO) << "transfers: readers connect to port " << server->transfers_->port()
+    KVC_ASSIGN_OR_RETURN(server->tcp_, TcpChannels::Start(transfer, server->store_.get()));
+    server->endpoints_.transfer_port = server->tcp_->port();
+    server->transfers_.Offer(Transfers::kTcp, TcpChannels::kIdPrefix, server->tcp_.get());
+    KVC_LOG(INFO) << "transfers: readers connect to port " << server->tcp_->port()
                   << " (transfer_listen " << options.transfer_listen << ")";
+  } else {
+    server->transfers_.Refuse(
+        Transfers::kTcp,
+        "this server offers no transfers (ServerConfig.transfer_listen is unset): read over "
+        "Fetch");
   }
   if (!options.transfer_nccl_library.empty()) {
     NcclChannelOptions nccl;
@@ -130,17 +137,22 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
                           absl::StrCat("transfer_nccl_library: ", started.status().message()));
     }
     server->nccl_ = *std::move(started);
-    server->store_->SetNcclTransfers(server->nccl_->Describe());
+    server->endpoints_.nccl_transfers = server->nccl_->Describe();
+    server->transfers_.Offer(Transfers::kNccl, NcclChannels::kIdPrefix, server->nccl_.get());
     KVC_LOG(INFO) << "NCCL transfers of device pools' blocks: " << server->nccl_->Describe();
+  } else {
+    server->transfers_.Refuse(
+        Transfers::kNccl,
+        "this server offers no NCCL transfers (ServerConfig.transfer_nccl_library is unset)");
   }
   server->access_ = std::make_unique<AccessControl>(server->auth_.get(), server->limits_.get(),
                                                     server->metrics_.get());
   server->kv_service_ = std::make_unique<KvCacheServiceImpl>(
-      server->store_.get(), server->metrics_.get(), server->access_.get(), server->staging_.get(),
-      server->transfers_.get(), server->nccl_.get());
+      server->store_.get(), server->metrics_.get(), server->access_.get(), &server->transfers_,
+      &server->endpoints_, server->staging_.get(), server->nccl_.get());
   KvCacheServer* self = server.get();
   server->admin_service_ = std::make_unique<AdminServiceImpl>(
-      server->store_.get(), server->metrics_.get(), server->access_.get(),
+      server->store_.get(), server->metrics_.get(), server->access_.get(), &server->endpoints_,
       [self](bool draining) { self->SetDraining(draining); });
 
   // grpc.health.v1 (Kubernetes gRPC probes) and server reflection (grpcurl and friends).

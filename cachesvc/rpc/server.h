@@ -9,7 +9,9 @@
 #include "absl/time/time.h"
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
+#include "cachesvc/rpc/endpoints.h"
 #include "cachesvc/rpc/server_config.h"
+#include "cachesvc/transport/transfers.h"
 
 namespace grpc {
 class Server;
@@ -25,7 +27,7 @@ class CallLimits;
 class LocalSocket;
 class StagingRegions;
 class NcclChannels;
-class TransferChannels;
+class TcpChannels;
 
 class KvCacheServer {
  public:
@@ -55,6 +57,8 @@ class KvCacheServer {
   // Re-reads the tokens file now (SIGHUP); on error the previous tokens stay in force.
   absl::Status ReloadCredentials();
   Authenticator* authenticator() const { return auth_.get(); }
+  // The data paths beside gRPC, as clients are told about them.
+  const Endpoints& endpoints() const { return endpoints_; }
 
   // Blocks until the server has shut down.
   void Wait();
@@ -70,10 +74,14 @@ class KvCacheServer {
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<CallLimits> limits_;
   std::unique_ptr<AccessControl> access_;
-  // Transfer channels (with transfer_listen only): before the service that sends on them,
-  // so destroyed after it (and after grpc::Server, whose calls may be sending).
-  std::unique_ptr<TransferChannels> transfers_;
-  std::unique_ptr<NcclChannels> nccl_;  // with transfer_nccl_library only; as transfers_
+  // Transfer channels (with transfer_listen / transfer_nccl_library only) and the kinds
+  // offered: before the service that sends on them, so destroyed after it (and after
+  // grpc::Server, whose calls may be sending).
+  std::unique_ptr<TcpChannels> tcp_;
+  std::unique_ptr<NcclChannels> nccl_;
+  Transfers transfers_;
+  // What GetServerInfo and leases tell about the data paths; filled before serving.
+  Endpoints endpoints_;
   std::unique_ptr<KvCacheServiceImpl> kv_service_;
   std::unique_ptr<AdminServiceImpl> admin_service_;
   std::unique_ptr<grpc::Server> server_;

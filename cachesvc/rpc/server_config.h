@@ -29,7 +29,7 @@ struct ServerOptions {
   // together (staging_regions.h).
   int64_t local_staging_bytes_per_tenant = int64_t{4} << 30;
   int64_t local_staging_bytes_total = int64_t{16} << 30;
-  // Transfers (transfer_channels.h): "host:port" of the TCP listener; "" = off.
+  // Transfers (cachesvc/transport/tcp_channels.h): "host:port" of the TCP listener; "" = off.
   std::string transfer_listen;
   std::string transfer_advertise_host;  // "" = the host clients reached gRPC at
   // NCCL transfers (nccl_channels.h): the library to load; "" = off.

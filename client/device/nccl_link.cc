@@ -12,53 +12,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/device/device_decode.h"
+#include "client/src/lease_payload.h"
 #include "common/mutex.h"
-#include "common/nccl_api.h"
-#include "common/transfer_wire.h"
 #include "kvc/kernels/backend.h"
+#include "transfer/nccl_api.h"
+#include "transfer/payload.h"
+#include "transfer/wire.h"
 
 namespace kvc::client {
 
-namespace {
-
-// The contract's piece rule (OpenTransferResponse.nccl_unique_id): per storage format, runs
-// of max(1, 4 MiB / block_bytes) blocks, each its own ncclSend.
-size_t PieceBlocks(size_t block_bytes) {
-  return std::max<size_t>(1, (size_t{4} << 20) / block_bytes);
-}
-
-// Where each format's blocks land in the payload, and the lease renumbered to match: the
-// server sends per format in number order, each format's blocks in lane order.
-struct Plan {
-  Lease lease;
-  std::array<int64_t, 9> count{};
-  std::array<size_t, 9> offset{};
-  std::array<size_t, 9> block_bytes{};
-  size_t bytes = 0;
-};
-
-absl::StatusOr<Plan> PlanReceive(const Lease& lease) {
-  Plan p;
-  p.lease = lease;
-  for (LeaseLane& lane : p.lease.lanes) {
-    for (LeaseSegment& seg : lane.segments) {
-      const auto f = static_cast<size_t>(seg.format);
-      if (f == 0 || f >= p.count.size() || lease.arena(seg.format) == nullptr) {
-        return absl::InternalError("the lease names no arena for a segment");
-      }
-      for (int32_t& block : seg.blocks) block = static_cast<int32_t>(p.count[f]++);
-    }
-  }
-  for (size_t f = 1; f < p.count.size(); ++f) {
-    p.offset[f] = p.bytes;
-    if (p.count[f] == 0) continue;
-    p.block_bytes[f] = static_cast<size_t>(lease.arena(static_cast<StorageFormat>(f))->block_bytes);
-    p.bytes += static_cast<size_t>(p.count[f]) * p.block_bytes[f];
-  }
-  return p;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 struct NcclLink::Impl {
   KvCacheClient* client = nullptr;
@@ -261,14 +224,15 @@ absl::StatusOr<FetchIntoResult> NcclLink::FetchInto(const std::string& sequence_
   if (!lease.ok()) return lease.status();
   std::optional<internal::LeaseRelease> release;
   release.emplace(m.client, lease->lease_id, call);
-  absl::StatusOr<Plan> plan = PlanReceive(*lease);
+  absl::StatusOr<internal::PayloadPlan> plan = internal::PlanPayload(*lease);
   if (!plan.ok()) return plan.status();
-  if (m.payload == nullptr || m.payload_bytes < plan->bytes) {
+  const auto payload_bytes = static_cast<size_t>(plan->layout.total_bytes());
+  if (m.payload == nullptr || m.payload_bytes < payload_bytes) {
     m.payload = std::make_unique<internal::Scratch>(m.backend.get());
     m.payload_bytes = 0;
-    KVC_RETURN_IF_KERNEL_ERROR(m.payload->Allocate(std::max<size_t>(plan->bytes, 1)),
+    KVC_RETURN_IF_KERNEL_ERROR(m.payload->Allocate(std::max<size_t>(payload_bytes, 1)),
                                "NcclLink: payload buffer");
-    m.payload_bytes = plan->bytes;
+    m.payload_bytes = payload_bytes;
   }
   KVC_RETURN_IF_KERNEL_ERROR(m.backend->BindThread(), "NcclLink: device");
   const absl::Duration budget =
@@ -295,20 +259,16 @@ absl::StatusOr<FetchIntoResult> NcclLink::FetchInto(const std::string& sequence_
     const absl::Status refused = sending.get();
     return refused.ok() ? absl::InternalError("SendLease succeeded but sent no payload") : refused;
   }
-  if (h.payload_bytes != plan->bytes) {
+  if (h.payload_bytes != payload_bytes) {
     return m.Break(sending,
                    absl::InternalError(absl::StrCat("the frame announces ", h.payload_bytes,
-                                                    " bytes; the lease has ", plan->bytes)));
+                                                    " bytes; the lease has ", payload_bytes)));
   }
   char* base = static_cast<char*>(m.payload->get());
-  for (size_t f = 1; f < plan->count.size(); ++f) {
-    const auto n = static_cast<size_t>(plan->count[f]);
-    const size_t run = n == 0 ? 0 : PieceBlocks(plan->block_bytes[f]);
-    for (size_t at = 0; at < n; at += run) {
-      const size_t bytes = std::min(run, n - at) * plan->block_bytes[f];
-      got = m.Receive(base + plan->offset[f] + at * plan->block_bytes[f], bytes, deadline);
-      if (!got.ok()) return m.Break(sending, got);
-    }
+  // One receive per piece the server sends (transfer/payload.h).
+  for (const transfer::Piece& piece : plan->layout.Pieces()) {
+    got = m.Receive(base + piece.offset, static_cast<size_t>(piece.bytes), deadline);
+    if (!got.ok()) return m.Break(sending, got);
   }
   if (const absl::Status sent = sending.get(); !sent.ok()) {
     m.broken = true;
@@ -319,8 +279,8 @@ absl::StatusOr<FetchIntoResult> NcclLink::FetchInto(const std::string& sequence_
   return internal::DecodeOnDevice(
       plan->lease,
       [&](StorageFormat format) {
-        const auto f = static_cast<size_t>(format);
-        return internal::DeviceArena{base + plan->offset[f], plan->count[f]};
+        const auto f = static_cast<int>(format);
+        return internal::DeviceArena{base + plan->layout.offset(f), plan->layout.blocks(f)};
       },
       m.backend.get(), buffers, options);
 }

@@ -53,6 +53,7 @@ absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequ
   absl::StatusOr<std::vector<int32_t>> checked = CheckBuffers(buffers, options);
   if (!checked.ok()) return checked.status();
   const std::vector<int32_t>& layers = *checked;
+  std::string why_grpc;  // set when the decided path could not serve this call
   if (const std::shared_ptr<internal::LocalReader> local = LocalPath(call); local != nullptr) {
     absl::StatusOr<Lease> lease = LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
     if (!lease.ok()) return lease.status();
@@ -61,8 +62,12 @@ absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequ
                             ? local->ReadLeasedInto(*lease, buffers, options, &result)
                             : absl::UnimplementedError("device pool");
     (void)ReleaseLease(lease->lease_id, call);  // best effort: the TTL ends it otherwise
-    if (read.ok()) return result;
+    if (read.ok()) {
+      result.path = absl::StrCat("shared-memory (", local->path(), ")");
+      return result;
+    }
     if (!absl::IsUnimplemented(read)) return read;
+    why_grpc = absl::StrCat("grpc (", read.message(), ")");
   } else if (const std::shared_ptr<internal::TransferReader> transfer = TransferPath(call);
              transfer != nullptr) {
     bool channel_failed = false;
@@ -74,9 +79,11 @@ absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequ
           internal::ReadLeasedInto(got->lease, buffers, options, got->arenas(), &result);
       transfer->Recycle(*std::move(got));
       if (!read.ok()) return read;
+      result.path = absl::StrCat("transfer (", transfer->where(), ")");
       return result;
     }
     if (!channel_failed) return got.status();
+    why_grpc = absl::StrCat("grpc (the transfer channel broke: ", got.status().message(), ")");
   }
   // Over gRPC: the shape comes from GetSequence (a lane with no tokens sends no chunk), the
   // rows from the dense chunks, copied in as they arrive.
@@ -91,6 +98,7 @@ absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequ
   }
   const size_t row = static_cast<size_t>(options.head_dim) * (options.dtype == DType::kF32 ? 4 : 2);
   FetchIntoResult result;
+  result.path = why_grpc.empty() ? DataPath() : why_grpc;
   result.lane_tokens.assign(buffers.size() * heads, 0);
   std::vector<std::vector<int32_t>> positions(options.positions ? result.lane_tokens.size() : 0);
   FetchOptions fetch;

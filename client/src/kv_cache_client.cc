@@ -173,6 +173,14 @@ absl::StatusOr<DeviceArenaHandle> KvCacheClient::ShareDeviceArena(const std::str
 absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const FetchOptions& options,
                                         const std::function<absl::Status(FetchedChunk&)>& on_chunk,
                                         const CallOptions& call) {
+  std::string path;
+  return FetchChunksVia(sequence_id, options, on_chunk, call, &path);
+}
+
+absl::Status KvCacheClient::FetchChunksVia(
+    const std::string& sequence_id, const FetchOptions& options,
+    const std::function<absl::Status(FetchedChunk&)>& on_chunk, const CallOptions& call,
+    std::string* path) {
   if (const std::shared_ptr<internal::LocalReader> local = LocalPath(call); local != nullptr) {
     const std::vector<int32_t> layers(options.layers.begin(), options.layers.end());
     absl::StatusOr<Lease> lease = LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
@@ -181,9 +189,14 @@ absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const Fe
                                                : absl::UnimplementedError("device pool");
     // Ending the lease is best effort: if this call fails, the TTL ends it.
     (void)ReleaseLease(lease->lease_id, call);
-    if (!absl::IsUnimplemented(read)) return read;
+    if (!absl::IsUnimplemented(read)) {
+      *path = absl::StrCat("shared-memory (", local->path(), ")");
+      return read;
+    }
     // A device pool's arenas cannot be mapped here, or the lease is of another server than
     // the socket's (it restarted): the records come over gRPC.
+    *path = absl::StrCat("grpc (", read.message(), ")");
+    return FetchChunksOverGrpc(sequence_id, options, on_chunk, call);
   } else if (const std::shared_ptr<internal::TransferReader> transfer = TransferPath(call);
              transfer != nullptr) {
     const std::vector<int32_t> layers(options.layers.begin(), options.layers.end());
@@ -193,11 +206,15 @@ absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const Fe
     if (got.ok()) {
       absl::Status read = internal::ReadLeased(got->lease, options, got->arenas(), on_chunk);
       transfer->Recycle(*std::move(got));
+      *path = absl::StrCat("transfer (", transfer->where(), ")");
       return read;
     }
     if (!channel_failed) return got.status();
     // The channel broke: this call reads over gRPC; the next one decides the path again.
+    *path = absl::StrCat("grpc (the transfer channel broke: ", got.status().message(), ")");
+    return FetchChunksOverGrpc(sequence_id, options, on_chunk, call);
   }
+  *path = DataPath();
   return FetchChunksOverGrpc(sequence_id, options, on_chunk, call);
 }
 
@@ -247,7 +264,7 @@ absl::StatusOr<FetchResult> KvCacheClient::Fetch(const std::string& sequence_id,
                                                  const CallOptions& call) {
   FetchResult result;
   std::vector<std::pair<int, int>> order;  // (layer, head) of result.heads
-  const absl::Status status = FetchChunks(
+  const absl::Status status = FetchChunksVia(
       sequence_id, options,
       [&](FetchedChunk& chunk) -> absl::Status {
         result.visible_tokens = chunk.visible_tokens;
@@ -287,7 +304,7 @@ absl::StatusOr<FetchResult> KvCacheClient::Fetch(const std::string& sequence_id,
         }
         return absl::OkStatus();
       },
-      call);
+      call, &result.path);
   if (!status.ok()) return status;
   return result;
 }

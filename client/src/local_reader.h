@@ -1,4 +1,4 @@
-// LocalReader: the client's half of the same-node data path (cachesvc/rpc/local_socket.h).
+// LocalReader: the client's half of the same-node data path (cachesvc/transport/local_socket.h).
 // It connects to the server's unix socket, checks that the greeting carries the token the
 // server gave over gRPC (the same server, not another one at that path), authenticates with
 // the client's bearer token, and reserves address space for each host arena it reads; then,

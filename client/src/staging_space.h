@@ -1,4 +1,4 @@
-// StagingSpace: the client's half of a staging region (cachesvc/rpc/staging_regions.h): the
+// StagingSpace: the client's half of a staging region (cachesvc/transport/staging_regions.h): the
 // region the server made for this client, mapped writable here, and which of its bytes an
 // Append in flight is using. Append copies a chunk's keys and values into a slot, sends an
 // AppendRequest whose `staged` field points at them, and frees the slot when the call returns

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "common/transfer_wire.h"
+#include "transfer/wire.h"
 
 namespace kvc::client::internal {
 namespace {
@@ -28,31 +28,19 @@ std::string Errno() { return std::generic_category().message(errno); }
 
 ArenaLookup ReceivedBlocks::arenas() const {
   return [this](StorageFormat f) -> absl::StatusOr<ArenaView> {
-    const auto i = static_cast<size_t>(f);
-    if (i >= offsets.size()) return absl::InternalError("unknown storage format");
-    return ArenaView{payload.get() + offsets[i], sizes[i]};
+    const auto i = static_cast<int>(f);
+    if (i < 1 || i >= transfer::kMaxFormats) return absl::InternalError("unknown storage format");
+    return ArenaView{payload.get() + layout.offset(i), layout.bytes(i)};
   };
 }
 
 absl::StatusOr<ReceivedBlocks> PlanReceive(const Lease& lease) {
+  absl::StatusOr<PayloadPlan> plan = PlanPayload(lease);
+  if (!plan.ok()) return plan.status();
   ReceivedBlocks r;
-  r.lease = lease;
-  std::array<int64_t, 9> count{};
-  for (LeaseLane& lane : r.lease.lanes) {
-    for (LeaseSegment& seg : lane.segments) {
-      const auto f = static_cast<size_t>(seg.format);
-      if (f == 0 || f >= count.size() || lease.arena(seg.format) == nullptr) {
-        return absl::InternalError("the lease names no arena for a segment");
-      }
-      for (int32_t& block : seg.blocks) block = static_cast<int32_t>(count[f]++);
-    }
-  }
-  for (size_t f = 1; f < count.size(); ++f) {
-    r.offsets[f] = r.bytes;
-    if (count[f] == 0) continue;
-    r.sizes[f] = count[f] * lease.arena(static_cast<StorageFormat>(f))->block_bytes;
-    r.bytes += r.sizes[f];
-  }
+  r.lease = std::move(plan->lease);
+  r.layout = plan->layout;
+  r.bytes = plan->layout.total_bytes();
   return r;
 }
 

@@ -1,5 +1,5 @@
 // TransferReader: the client's half of a transfer channel (KvCacheService.OpenTransfer /
-// SendLease; cachesvc/rpc/transfer_channels.h). It connects to the server's transfer
+// SendLease; cachesvc/transport/tcp_channels.h). It connects to the server's transfer
 // listener over TCP, greets with the channel's id and token, and then receives leased blocks:
 // Fetch runs the SendLease call on a helper thread while it reads the frame that call writes,
 // and hands back the blocks with the lease renumbered to them, ready for lease_decode.h (the
@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/src/lease_decode.h"
+#include "client/src/lease_payload.h"
 #include "common/mutex.h"
 #include "kvc/client/types.h"
 
@@ -29,17 +30,15 @@ namespace kvc::client::internal {
 // them as the pool's arenas would.
 struct ReceivedBlocks {
   Lease lease;
+  transfer::PayloadLayout layout;  // where each format's blocks lie in payload
   std::unique_ptr<uint8_t[]> payload;
   int64_t bytes = 0;
-  int64_t capacity = 0;              // of payload (a reused buffer may be larger than bytes)
-  std::array<int64_t, 9> offsets{};  // [StorageFormat]: where its blocks start
-  std::array<int64_t, 9> sizes{};    // [StorageFormat]: their bytes
+  int64_t capacity = 0;  // of payload (a reused buffer may be larger than bytes)
   ArenaLookup arenas() const;
 };
 
-// The lease renumbered as SendLease orders its blocks (per format in number order, then lane,
-// segment, block), and where each format's blocks lie in the payload. INTERNAL when a
-// segment's format has no arena in the lease.
+// The lease renumbered as SendLease orders its blocks (lease_payload.h), with no payload yet.
+// INTERNAL when a segment's format has no arena in the lease.
 absl::StatusOr<ReceivedBlocks> PlanReceive(const Lease& lease);
 
 class TransferReader {

@@ -1,6 +1,6 @@
 // SendLeasedBlocks to a sink that sends from pool memory (the NCCL channel's kind): on a
 // device pool (cudasim's cuda:0 in CI, a GPU through tests/gpu) its pieces lie in the pool's
-// device memory, come in the sizes KvStore::SendPieceBlocks documents (a reader that must
+// device memory, come in the sizes transfer/payload.h documents (a reader that must
 // post each piece's size computes them from the lease), and hold exactly what a host sink
 // receives for the same lease; a host pool's lease is refused before anything is sent.
 #include <algorithm>
@@ -8,12 +8,14 @@
 #include <vector>
 
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/transport/lease_sender.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/cachesvc/compression_fixture.h"
 #include "tests/testing/host_collect.h"
 #include "tests/testing/pool_device.h"
 #include "tests/testing/status_matchers.h"
+#include "transfer/payload.h"
 
 namespace kvc::cachesvc {
 namespace {
@@ -23,7 +25,7 @@ using ::kvc::testing::StatusIs;
 
 // Pieces in the pool's memory, copied out through the pool's backend (on cudasim a host
 // pointer here would be refused by the copy: the pieces must be device memory).
-class PoolMemoryCollect final : public KvStore::BlockSink {
+class PoolMemoryCollect final : public BlockSink {
  public:
   explicit PoolMemoryCollect(BlockPool* pool) : pool_(pool) {}
   std::string bytes;
@@ -90,10 +92,10 @@ size_t DeviceSendTest::SendBothWays() {
   if (!lease.ok()) return 0;
   BlockPool* pool = *store_->FindPool("c");
   PoolMemoryCollect device(pool);
-  auto sent = store_->SendLeasedBlocks("", lease->lease_id, &device);
+  auto sent = SendLeasedBlocks(*store_, "", lease->lease_id, &device);
   EXPECT_TRUE(sent.ok()) << sent.status();
   HostCollect host;
-  EXPECT_TRUE(store_->SendLeasedBlocks("", lease->lease_id, &host).ok());
+  EXPECT_TRUE(SendLeasedBlocks(*store_, "", lease->lease_id, &host).ok());
   EXPECT_TRUE(store_->ReleaseLease("", lease->lease_id).ok());
   if (!sent.ok()) return 0;
   EXPECT_EQ(device.announced, sent->bytes);
@@ -111,9 +113,8 @@ size_t DeviceSendTest::SendBothWays() {
         if (static_cast<int>(seg.format) == f) blocks += seg.blocks.size();
       }
     }
-    for (size_t at = 0; at < blocks; at += KvStore::SendPieceBlocks(block_bytes)) {
-      expected.push_back(std::min(KvStore::SendPieceBlocks(block_bytes), blocks - at) *
-                         block_bytes);
+    for (size_t at = 0; at < blocks; at += transfer::PieceBlocks(block_bytes)) {
+      expected.push_back(std::min(transfer::PieceBlocks(block_bytes), blocks - at) * block_bytes);
     }
   }
   EXPECT_EQ(device.pieces, expected);
@@ -125,7 +126,7 @@ TEST_F(DeviceSendTest, PiecesInPoolMemoryHoldWhatAHostSinkGets) {
     KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease,
                              store_->LeaseSequence(LeaseParams{"", id_, {}, 0}));
     PoolMemoryCollect device(*store_->FindPool("c"));
-    EXPECT_THAT(store_->SendLeasedBlocks("", lease.lease_id, &device).status(),
+    EXPECT_THAT(SendLeasedBlocks(*store_, "", lease.lease_id, &device).status(),
                 StatusIs(absl::StatusCode::kFailedPrecondition, "in host memory"));
     EXPECT_EQ(device.announced, -1) << "refused before Begin";
     return;

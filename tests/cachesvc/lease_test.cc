@@ -16,6 +16,7 @@
 
 #include "absl/strings/escaping.h"
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/transport/lease_sender.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/cachesvc/compression_fixture.h"
@@ -367,7 +368,7 @@ TEST_F(LeaseTest, ConcurrentMutationsNeverReachTheLeasedSnapshot) {
 
 // A transfer's view of a lease (SendLeasedBlocks): what a sink receives, and what the lease
 // says it should be.
-class Collect final : public KvStore::BlockSink {
+class Collect final : public BlockSink {
  public:
   std::function<void()> on_begin;
   int64_t blocks = -1, announced = -1;
@@ -425,8 +426,8 @@ TEST_F(LeaseTest, SendsTheLeasedBlocksWithUndescribedSlotsZeroed) {
     SCOPED_TRACE(id);
     KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id));
     Collect sink;
-    KVC_ASSERT_OK_AND_ASSIGN(const KvStore::SentBlocks sent,
-                             store_->SendLeasedBlocks("", lease.lease_id, &sink));
+    KVC_ASSERT_OK_AND_ASSIGN(const SentBlocks sent,
+                             SendLeasedBlocks(*store_, "", lease.lease_id, &sink));
     EXPECT_EQ(sent.bytes, static_cast<int64_t>(sink.bytes.size()));
     EXPECT_EQ(sink.announced, sent.bytes) << "Begin announces the whole payload";
     EXPECT_EQ(sink.blocks, sent.blocks);
@@ -439,16 +440,16 @@ TEST_F(LeaseTest, SendsTheLeasedBlocksWithUndescribedSlotsZeroed) {
 TEST_F(LeaseTest, SendingAnEndedOrForeignLeaseSendsNothing) {
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_));
   Collect sink;
-  EXPECT_THAT(store_->SendLeasedBlocks("tenant-b", lease.lease_id, &sink).status(),
+  EXPECT_THAT(SendLeasedBlocks(*store_, "tenant-b", lease.lease_id, &sink).status(),
               StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(sink.blocks, -1) << "refused before Begin";
   // Ended while it was being sent: whatever went out does not count.
   sink.on_begin = [&] { EXPECT_TRUE(store_->ReleaseLease("", lease.lease_id).ok()); };
-  EXPECT_THAT(store_->SendLeasedBlocks("", lease.lease_id, &sink).status(),
+  EXPECT_THAT(SendLeasedBlocks(*store_, "", lease.lease_id, &sink).status(),
               StatusIs(absl::StatusCode::kAborted, "ended while its blocks were sent"));
   EXPECT_TRUE(sink.bytes.empty()) << "nothing copied after the lease ended is written";
   Collect again;
-  EXPECT_THAT(store_->SendLeasedBlocks("", lease.lease_id, &again).status(),
+  EXPECT_THAT(SendLeasedBlocks(*store_, "", lease.lease_id, &again).status(),
               StatusIs(absl::StatusCode::kNotFound));
 }
 
@@ -461,7 +462,7 @@ TEST_F(LeaseTest, LookupsNeverExtendALease) {
   // Looks while the lease is surely live (a loaded machine may take long per look).
   while (std::chrono::steady_clock::now() < until && NowUnixMs() < lease.expires_unix_ms - 800) {
     Collect sink;
-    KVC_ASSERT_OK(store_->SendLeasedBlocks("", lease.lease_id, &sink).status());
+    KVC_ASSERT_OK(SendLeasedBlocks(*store_, "", lease.lease_id, &sink).status());
     KVC_ASSERT_OK(store_->GetSequence(id_).status());
     EXPECT_EQ(Read(*store_, id_).chunks.size(), static_cast<size_t>(kLanes));
     KVC_ASSERT_OK_AND_ASSIGN(const std::vector<LeaseInfo> listed, store_->ListLeases({}));

@@ -114,6 +114,9 @@ TEST_F(LocalReadTest, FetchFromTheMappedPoolEqualsFetchOverGrpc) {
       KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult mine, local->Fetch(id, cases[c]));
       KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult theirs, remote->Fetch(id, cases[c]));
       ExpectSame(mine, theirs);
+      // Each result says the path it took.
+      EXPECT_EQ(mine.path, "shared-memory (" + dir_ + "/kvcached.sock)");
+      EXPECT_EQ(theirs.path, "grpc (local_reads is off)");
     }
   }
   EXPECT_EQ(local->DataPath(), "shared-memory (" + dir_ + "/kvcached.sock)");

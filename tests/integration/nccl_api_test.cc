@@ -1,7 +1,7 @@
 // nccl_api.h against the machine's real NCCL (the CUDA toolkit's libnccl.so.2): loading it
 // at run time, its unique id (made without a GPU: it names the bootstrap's socket), and the
 // errors a machine without NCCL, or with something else under that name, gets.
-#include "common/nccl_api.h"
+#include "transfer/nccl_api.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// libkvc_nccl_loopback.so through common/nccl_api.h, on cudasim: what NCCL transfer channels
+// libkvc_nccl_loopback.so through transfer/nccl_api.h, on cudasim: what NCCL transfer channels
 // will rely on NCCL for (a nonblocking join of two ranks, bytes between device buffers, an
 // abort that ends a join or a send nobody completes, an error when the peer goes away), so
 // that the stand-in they are tested against behaves as NCCL does there.
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/nccl_api.h"
+#include "transfer/nccl_api.h"
 
 namespace kvc::nccl {
 namespace {

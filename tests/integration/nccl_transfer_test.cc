@@ -20,9 +20,8 @@
 #include <vector>
 
 #include "cachesvc/core/kv_store.h"
-#include "common/nccl_api.h"
+#include "cachesvc/transport/lease_sender.h"
 #include "common/token_hash.h"
-#include "common/transfer_wire.h"
 #include "gtest/gtest.h"
 #include "kvc/client/nccl_link.h"
 #include "kvc/kernels/backend.h"
@@ -32,6 +31,8 @@
 #include "tests/testing/host_collect.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
+#include "transfer/nccl_api.h"
+#include "transfer/wire.h"
 
 namespace kvc {
 namespace {
@@ -212,7 +213,7 @@ TEST_F(NcclTransferTest, TheReaderReceivesWhatATcpChannelCarries) {
     const grpc::Status sent = sending.get();
     EXPECT_TRUE(sent.ok()) << sent.error_message();
     HostCollect tcp;
-    KVC_ASSERT_OK(t_.server->store()->SendLeasedBlocks("", lease.lease_id, &tcp).status());
+    KVC_ASSERT_OK(SendLeasedBlocks(*t_.server->store(), "", lease.lease_id, &tcp).status());
     EXPECT_EQ(payload.size(), tcp.bytes.size());
     EXPECT_TRUE(payload == tcp.bytes) << "the NCCL payload differs from the TCP one";
     KVC_ASSERT_OK(t_.client->ReleaseLease(lease.lease_id).status());

@@ -18,12 +18,12 @@
 #include <thread>
 
 #include "cachesvc/metrics/metrics.h"
-#include "common/transfer_wire.h"
 #include "gtest/gtest.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "tests/integration/read_paths.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
+#include "transfer/wire.h"
 
 namespace kvc {
 namespace {
@@ -154,6 +154,7 @@ TEST_F(TransferTest, FetchOverATransferEqualsFetchOverGrpc) {
       KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult mine, via->Fetch(id, cases[c]));
       KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult theirs, grpc_only->Fetch(id, cases[c]));
       ExpectSame(mine, theirs);
+      EXPECT_EQ(mine.path.rfind("transfer (127.0.0.1:", 0), 0u) << mine.path;
       ++fetches;
     }
     for (const client::DType dtype : {client::DType::kF16, client::DType::kF32}) {
@@ -164,7 +165,7 @@ TEST_F(TransferTest, FetchOverATransferEqualsFetchOverGrpc) {
       }
     }
   }
-  const std::string port = std::to_string(t_.server->store()->transfer_port());
+  const std::string port = std::to_string(t_.server->endpoints().transfer_port);
   EXPECT_EQ(via->DataPath(), "transfer (127.0.0.1:" + port + ")");
   EXPECT_EQ(via->AppendPath(), "grpc (no same-node path; transfer channels carry reads only)");
   EXPECT_EQ(grpc_only->DataPath(), "grpc (local_reads and transfers are off)");
@@ -187,7 +188,7 @@ TEST_F(TransferTest, FetchOverATransferEqualsFetchOverGrpc) {
 TEST_F(TransferTest, TheChannelRefusesStrangersAndUnconnectedSends) {
   pb::OpenTransferResponse opened;
   ASSERT_TRUE(OpenTransfer(&opened).ok());
-  EXPECT_EQ(opened.port(), t_.server->store()->transfer_port());
+  EXPECT_EQ(opened.port(), t_.server->endpoints().transfer_port);
   EXPECT_EQ(opened.token().size(), 32u);
   EXPECT_GT(opened.connect_within_ms(), 0);
   KVC_ASSERT_OK_AND_ASSIGN(const std::string id, Filled(*t_.client, 20));
@@ -291,7 +292,7 @@ TEST_F(TransferTest, AReaderThatGoesAwayBreaksTheChannelAndPinsNothing) {
   EXPECT_EQ(t_.client->GetPoolStats("")->leases.expired, 1);
 }
 
-// Connections to the transfer port that never greet (TransferOptions: at most 8 ungreeted
+// Connections to the transfer port that never greet (TcpChannelOptions: at most 8 ungreeted
 // from one peer, 64 in all, each dropped after 2 s): eight peers holding 8 each fill every
 // slot and one of them gets no ninth; another peer's FetchInto still gets its channel (the
 // oldest idle connection makes room), and every idle one is dropped about 2 s after it came.
@@ -300,8 +301,8 @@ TEST_F(TransferTest, IdleConnectionsOfOtherPeersDoNotKeepAReaderOut) {
   auto via = Client(t_.server->address(), /*transfers=*/true);
   auto grpc_only = Client(t_.server->address(), /*transfers=*/false);
   KVC_ASSERT_OK_AND_ASSIGN(const std::string id, Filled(*grpc_only, 50));
-  const int port = t_.server->store()->transfer_port();
-  constexpr int kPeers = 8, kPerPeer = 8;  // TransferOptions' defaults: every slot taken
+  const int port = t_.server->endpoints().transfer_port;
+  constexpr int kPeers = 8, kPerPeer = 8;  // TcpChannelOptions' defaults: every slot taken
   std::vector<int> idle;
   for (int peer = 0; peer < kPeers; ++peer) {
     const std::string from = "127.0.0." + std::to_string(2 + peer);
@@ -351,7 +352,7 @@ TEST_F(TransferTest, AClientReopensItsChannelAfterARestart) {
   auto via = Client(t_.server->address(), /*transfers=*/true);
   KVC_ASSERT_OK_AND_ASSIGN(const std::string before, Filled(*via, 50));
   KVC_ASSERT_OK(via->Fetch(before, {}).status());
-  const std::string first_port = std::to_string(t_.server->store()->transfer_port());
+  const std::string first_port = std::to_string(t_.server->endpoints().transfer_port);
   EXPECT_EQ(via->DataPath(), "transfer (127.0.0.1:" + first_port + ")");
   const std::string address = t_.server->address();
   t_ = {};
@@ -362,7 +363,7 @@ TEST_F(TransferTest, AClientReopensItsChannelAfterARestart) {
   KVC_ASSERT_OK_AND_ASSIGN(const std::string after, Filled(*via, 30));
   KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult got, via->Fetch(after, {}));
   EXPECT_EQ(got.visible_tokens, 30);
-  const std::string second_port = std::to_string(t_.server->store()->transfer_port());
+  const std::string second_port = std::to_string(t_.server->endpoints().transfer_port);
   EXPECT_EQ(via->DataPath(), "transfer (127.0.0.1:" + second_port + ")");
   EXPECT_TRUE(HasMetric(*t_.server, "kvc_transfer_events_total{event=\"connected\"} 1"));
 }
@@ -392,8 +393,8 @@ TEST(TransferConfigTest, AnNcclLibraryThatCannotBeLoadedFailsStartup) {
                                 "libkvc-no-such-nccl.so: "));
   o.transfer_nccl_library = "libnccl.so.2";
   testing::TestServer t = testing::StartTestServer(o);
-  EXPECT_EQ(t.server->store()->nccl_transfers().rfind("NCCL 2.", 0), 0u)
-      << t.server->store()->nccl_transfers();
+  EXPECT_EQ(t.server->endpoints().nccl_transfers.rfind("NCCL 2.", 0), 0u)
+      << t.server->endpoints().nccl_transfers;
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// A KvStore::BlockSink that keeps what SendLeasedBlocks writes in host memory: what a TCP
+// A BlockSink that keeps what SendLeasedBlocks writes in host memory: what a TCP
 // transfer carries for a lease, to compare other sinks' bytes with.
 #pragma once
 
@@ -7,10 +7,11 @@
 
 #include "absl/status/status.h"
 #include "cachesvc/core/kv_store.h"
+#include "cachesvc/transport/lease_sender.h"
 
 namespace kvc::testing {
 
-class HostCollect final : public cachesvc::KvStore::BlockSink {
+class HostCollect final : public cachesvc::BlockSink {
  public:
   std::string bytes;
   absl::Status Begin(int64_t /*blocks*/, int64_t /*bytes*/) override { return absl::OkStatus(); }

@@ -1,5 +1,5 @@
 // libkvc_nccl_loopback.so: a stand-in for libnccl with NCCL's C ABI for what
-// common/nccl_api.h loads, for two ranks on ONE machine. Real NCCL refuses two ranks on one
+// transfer/nccl_api.h loads, for two ranks on ONE machine. Real NCCL refuses two ranks on one
 // GPU (NVIDIA/nccl#418), and CI has no GPU at all, so NCCL transfer channels are tested
 // against this library: on cudasim (its CUDA calls resolve to the simulator linked into the
 // executable, which exports it) and on a one-GPU machine (linked to libcudart).
@@ -45,7 +45,7 @@ constexpr size_t kPiece = size_t{4} << 20;
 struct UniqueId {
   char internal[128];
 };
-struct Config {  // the v2.14 prefix (common/nccl_api.h)
+struct Config {  // the v2.14 prefix (transfer/nccl_api.h)
   size_t size;
   unsigned int magic;
   unsigned int version;

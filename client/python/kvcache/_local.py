@@ -1,5 +1,5 @@
 """Same-node reads for the Python client: the protocol of kvcached's local socket
-(cachesvc/rpc/local_socket.h) and reads of a Lease's records from the mapped host arenas, as
+(cachesvc/transport/local_socket.h) and reads of a Lease's records from the mapped host arenas, as
 the C++ client's LocalReader (client/src/local_reader.h) does.
 
 The reader connects to the socket the server names in GetServerInfo, checks that the
@@ -16,7 +16,7 @@ decode is faster than NumPy's).
 
 The same connection opens staging regions for appends (open_staging, StagingSpace): the
 server's memfd mapped writable here, which Client.append and append_stream copy keys and values
-into before sending an Append that names the offsets (cachesvc/rpc/staging_regions.h).
+into before sending an Append that names the offsets (cachesvc/transport/staging_regions.h).
 """
 
 from __future__ import annotations

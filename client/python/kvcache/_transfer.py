@@ -1,5 +1,5 @@
 """Transfer channels for the Python client: the wire of KvCacheService.OpenTransfer /
-SendLease (common/transfer_wire.h, docs/ARCHITECTURE.md "Transfers"), as the C++ client's
+SendLease (transfer/wire.h, docs/ARCHITECTURE.md "Transfers"), as the C++ client's
 TransferReader (client/src/transfer_reader.h) speaks it.
 
 A client that cannot map the server's pools (another node, another uid) opens a channel over

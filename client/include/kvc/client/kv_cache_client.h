@@ -233,6 +233,10 @@ class KvCacheClient {
   // The staging region Appends use, when this client may use one (decided with LocalPath);
   // null: gRPC.
   std::shared_ptr<internal::StagingSpace> LocalStaging(const CallOptions& call);
+  // FetchChunks, and the path it took into *path (FetchResult::path).
+  absl::Status FetchChunksVia(const std::string& sequence_id, const FetchOptions& options,
+                              const std::function<absl::Status(FetchedChunk&)>& on_chunk,
+                              const CallOptions& call, std::string* path);
   // FetchChunks' gRPC half: the chunks of a Fetch stream, retried before the first one.
   absl::Status FetchChunksOverGrpc(const std::string& sequence_id, const FetchOptions& options,
                                    const std::function<absl::Status(FetchedChunk&)>& on_chunk,

@@ -10,7 +10,7 @@
 // values with ncclSend beside an Append call that the server answers after receiving them
 // into the pool's device memory and appending them there.
 //
-// NCCL is loaded at run time (common/nccl_api.h) from Options::library. Needs the CUDA
+// NCCL is loaded at run time (transfer/nccl_api.h) from Options::library. Needs the CUDA
 // backend (kvc::kernels built with CUDA, or the cudasim test build). A transfer that failed
 // mid-frame cannot be resynchronized: every later call is UNAVAILABLE; make another link.
 // One call at a time (NCCL orders a communicator's operations); thread-safe.

@@ -425,6 +425,10 @@ struct FetchedHead {
 struct FetchResult {
   int64_t visible_tokens = 0;
   DType dtype = DType::kPoolDefault;
+  // The path this fetch took: "shared-memory (PATH)", "transfer (HOST:PORT)" or "grpc (why
+  // not one of those)". KvCacheClient::DataPath() says what the client decided; a fetch the
+  // decided path could not serve (a device pool's lease, a broken channel) says so here.
+  std::string path;
   // stored_format: of the first head (the low-bit part); see FetchedHead for each part.
   StorageFormat storage = StorageFormat::kPoolDefault;
   int record_bytes = 0;
@@ -451,6 +455,7 @@ struct FetchIntoOptions {
 
 struct FetchIntoResult {
   int64_t visible_tokens = 0;
+  std::string path;  // as FetchResult::path
   // Rows written per lane: buffers x kv heads, in buffer order (layer-major).
   std::vector<int64_t> lane_tokens;
   // With options.positions: each lane's positions, lanes in lane_tokens' order, concatenated.

@@ -1,4 +1,4 @@
-#include "cachesvc/rpc/local_socket.h"
+#include "cachesvc/transport/local_socket.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -18,7 +18,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "cachesvc/rpc/proto_convert.h"
 #include "common/logging.h"
 
 namespace kvc::cachesvc {
@@ -176,13 +175,14 @@ bool LocalSocket::Auth(Conn& conn, const std::string& token) {
 
 namespace {
 
-// A kvcache.v1.StorageFormat number as the core's format.
+// A kvcache.v1.StorageFormat number (what the socket's requests carry, as leases do) as the
+// core's format: the contract counts from UNSPECIFIED = 0, the kernels from F32 = 0.
 absl::StatusOr<StorageFormat> ParseFormat(const std::string& word) {
   int number = 0;
-  if (!absl::SimpleAtoi(word, &number) || !kvcache::v1::StorageFormat_IsValid(number)) {
+  if (!absl::SimpleAtoi(word, &number) || number < 1 || number > kernels::kNumStorageFormats) {
     return absl::InvalidArgumentError("unknown storage format");
   }
-  return FromProto(static_cast<kvcache::v1::StorageFormat>(number), "format");
+  return static_cast<StorageFormat>(number - 1);
 }
 
 }  // namespace

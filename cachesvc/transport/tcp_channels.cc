@@ -1,4 +1,4 @@
-#include "cachesvc/rpc/transfer_channels.h"
+#include "cachesvc/transport/tcp_channels.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -21,7 +21,7 @@
 #include "common/logging.h"
 #include "common/random_id.h"
 #include "common/status_macros.h"
-#include "common/transfer_wire.h"
+#include "transfer/wire.h"
 
 namespace kvc::cachesvc {
 namespace {
@@ -60,7 +60,7 @@ void Reply(int fd, const std::string& line) {
 }
 
 // Writes the frame header and then the blocks into the channel's connection.
-class ConnectionSink final : public KvStore::BlockSink {
+class ConnectionSink final : public BlockSink {
  public:
   ConnectionSink(int fd, uint64_t nonce, absl::Time deadline)
       : fd_(fd), nonce_(nonce), deadline_(deadline) {}
@@ -84,14 +84,14 @@ class ConnectionSink final : public KvStore::BlockSink {
 
 }  // namespace
 
-TransferChannels::Channel::~Channel() {
+TcpChannels::Channel::~Channel() {
   kvc::MutexLock lock(&send_mu);
   if (fd >= 0) ::close(fd);
 }
 
-absl::StatusOr<std::unique_ptr<TransferChannels>> TransferChannels::Start(
-    const TransferOptions& options, KvStore* store) {
-  std::unique_ptr<TransferChannels> t(new TransferChannels(options, store));
+absl::StatusOr<std::unique_ptr<TcpChannels>> TcpChannels::Start(const TcpChannelOptions& options,
+                                                                KvStore* store) {
+  std::unique_ptr<TcpChannels> t(new TcpChannels(options, store));
   const auto colon = options.listen.rfind(':');
   if (colon == std::string::npos || colon + 1 == options.listen.size()) {
     return absl::InvalidArgumentError(absl::StrCat("transfer_listen ", Quoted(options.listen),
@@ -145,7 +145,7 @@ absl::StatusOr<std::unique_ptr<TransferChannels>> TransferChannels::Start(
   return t;
 }
 
-TransferChannels::~TransferChannels() {
+TcpChannels::~TcpChannels() {
   if (thread_.joinable()) {
     const uint64_t one = 1;
     (void)!::write(wake_fd_, &one, sizeof(one));
@@ -155,13 +155,14 @@ TransferChannels::~TransferChannels() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-absl::StatusOr<TransferChannels::Opened> TransferChannels::Open(const std::string& scope) {
+absl::StatusOr<OpenedTransfer> TcpChannels::Open(const std::string& scope,
+                                                 const std::string& /*pool*/) {
   const std::string token = RandomId("");
   auto channel = std::make_shared<Channel>();
   channel->scope = scope;
   channel->token = token;
   channel->opened = absl::Now();
-  Opened o;
+  OpenedTransfer o;
   const absl::Time now = absl::Now();
   KVC_ASSIGN_OR_RETURN(o.id,
                        channels_.Add(std::move(channel), [&](Channel& c) { return Done(c, now); }));
@@ -173,7 +174,7 @@ absl::StatusOr<TransferChannels::Opened> TransferChannels::Open(const std::strin
   return o;
 }
 
-bool TransferChannels::Done(Channel& c, absl::Time now) {
+bool TcpChannels::Done(Channel& c, absl::Time now) {
   if (!c.send_mu.TryLock()) return false;  // sending: in use
   bool done = false;
   if (c.fd < 0) {
@@ -188,16 +189,15 @@ bool TransferChannels::Done(Channel& c, absl::Time now) {
   return done;
 }
 
-absl::Status TransferChannels::Close(const std::string& scope, const std::string& id) {
+absl::Status TcpChannels::Close(const std::string& scope, const std::string& id) {
   KVC_RETURN_IF_ERROR(channels_.Close(scope, id));
   Event("closed");
   return absl::OkStatus();  // the connection closes when the last send on it is done
 }
 
-absl::StatusOr<KvStore::SentBlocks> TransferChannels::Send(const std::string& scope,
-                                                           const std::string& id,
-                                                           const std::string& lease_id,
-                                                           uint64_t nonce, absl::Time deadline) {
+absl::StatusOr<SentBlocks> TcpChannels::Send(const std::string& scope, const std::string& id,
+                                             const std::string& lease_id, uint64_t nonce,
+                                             absl::Time deadline) {
   std::shared_ptr<Channel> c = channels_.Find(scope, id);
   if (c == nullptr) return ScopedChannels<Channel>::Unknown(id);
   kvc::MutexLock lock(&c->send_mu);
@@ -211,7 +211,7 @@ absl::StatusOr<KvStore::SentBlocks> TransferChannels::Send(const std::string& sc
   }
   const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
   ConnectionSink sink(c->fd, nonce, until);
-  absl::StatusOr<KvStore::SentBlocks> sent = store_->SendLeasedBlocks(scope, lease_id, &sink);
+  absl::StatusOr<SentBlocks> sent = SendLeasedBlocks(*store_, scope, lease_id, &sink);
   if (sent.ok()) {
     Event("sent");
     return sent;
@@ -228,7 +228,7 @@ absl::StatusOr<KvStore::SentBlocks> TransferChannels::Send(const std::string& sc
   return sent.status();
 }
 
-void TransferChannels::Serve() {
+void TcpChannels::Serve() {
   std::vector<Pending> pending;
   for (;;) {
     std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
@@ -258,7 +258,7 @@ void TransferChannels::Serve() {
   for (Pending& p : pending) ::close(p.fd);
 }
 
-void TransferChannels::Admit(std::vector<Pending>& pending, absl::Time now) {
+void TcpChannels::Admit(std::vector<Pending>& pending, absl::Time now) {
   // At most a backlog's worth per round, so the greetings waiting are read in between.
   for (int round = 0; round < 64; ++round) {
     sockaddr_storage addr{};
@@ -289,7 +289,7 @@ void TransferChannels::Admit(std::vector<Pending>& pending, absl::Time now) {
   }
 }
 
-bool TransferChannels::Greet(Pending& p) {
+bool TcpChannels::Greet(Pending& p) {
   char buf[transfer::kMaxGreetingBytes];
   const ssize_t n = ::recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT);
   if (n <= 0) {

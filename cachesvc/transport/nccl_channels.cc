@@ -1,4 +1,4 @@
-#include "cachesvc/rpc/nccl_channels.h"
+#include "cachesvc/transport/nccl_channels.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,7 +14,7 @@
 #include "cachesvc/core/quote.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "common/transfer_wire.h"
+#include "transfer/wire.h"
 
 namespace kvc::cachesvc {
 
@@ -137,7 +137,7 @@ struct NcclChannels::Channel {
 };
 
 // Sends a SendLease's frame on a joined channel: the header, then each piece as it comes.
-class NcclChannels::Sink final : public KvStore::BlockSink {
+class NcclChannels::Sink final : public BlockSink {
  public:
   Sink(Channel* c, uint64_t nonce, absl::Time until) : c_(c), nonce_(nonce), until_(until) {}
   const BlockPool* SendsFromPool() const override { return c_->pool; }
@@ -237,10 +237,8 @@ NcclChannels::NcclChannels(const NcclChannelOptions& options, KvStore* store, co
       api_(api),
       budget_(std::make_shared<Budget>(options.receive_bytes_per_tenant, options.receive_bytes)) {}
 
-bool NcclChannels::Names(const std::string& id) { return absl::StartsWith(id, "n-"); }
-
-absl::StatusOr<NcclChannels::Opened> NcclChannels::Open(const std::string& scope,
-                                                        const std::string& pool_name) {
+absl::StatusOr<OpenedTransfer> NcclChannels::Open(const std::string& scope,
+                                                  const std::string& pool_name) {
   KVC_ASSIGN_OR_RETURN(BlockPool * pool, store_->FindPool(pool_name));
   if (pool->options().device == "cpu") {
     return absl::FailedPreconditionError(
@@ -268,11 +266,11 @@ absl::StatusOr<NcclChannels::Opened> NcclChannels::Open(const std::string& scope
   if (const nccl::Result r = c->comm.Join(id, 0); r != nccl::kSuccess && r != nccl::kInProgress) {
     return api_->Check(r, "ncclCommInitRankConfig");
   }
-  Opened o;
+  OpenedTransfer o;
   const absl::Time now = absl::Now();
   KVC_ASSIGN_OR_RETURN(o.id,
                        channels_.Add(std::move(c), [&](Channel& ch) { return Done(ch, now); }));
-  o.unique_id.assign(id.internal, sizeof(id.internal));
+  o.nccl_unique_id.assign(id.internal, sizeof(id.internal));
   o.connect_within_ms = absl::ToInt64Milliseconds(options_.connect_within);
   o.nccl_version = api_->version;
   Event("opened");
@@ -398,17 +396,16 @@ absl::Status NcclChannels::Close(const std::string& scope, const std::string& id
   return absl::OkStatus();  // the comm is aborted when the last send on it is done
 }
 
-absl::StatusOr<KvStore::SentBlocks> NcclChannels::Send(const std::string& scope,
-                                                       const std::string& id,
-                                                       const std::string& lease_id, uint64_t nonce,
-                                                       absl::Time deadline) {
+absl::StatusOr<SentBlocks> NcclChannels::Send(const std::string& scope, const std::string& id,
+                                              const std::string& lease_id, uint64_t nonce,
+                                              absl::Time deadline) {
   std::shared_ptr<Channel> c = channels_.Find(scope, id);
   if (c == nullptr) return ScopedChannels<Channel>::Unknown(id);
   kvc::MutexLock lock(&c->op_mu);
   KVC_RETURN_IF_ERROR(Ready(*c, id, deadline));
   const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
   Sink sink(c.get(), nonce, until);
-  absl::StatusOr<KvStore::SentBlocks> sent = store_->SendLeasedBlocks(scope, lease_id, &sink);
+  absl::StatusOr<SentBlocks> sent = SendLeasedBlocks(*store_, scope, lease_id, &sink);
   if (sent.ok()) {
     Event("sent");
     return sent;

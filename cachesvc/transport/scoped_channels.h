@@ -1,4 +1,4 @@
-// ScopedChannels: the open transfers of one kind (TCP: transfer_channels.h, NCCL:
+// ScopedChannels: the open transfers of one kind (TCP: tcp_channels.h, NCCL:
 // nccl_channels.h) by id, each belonging to the scope (tenant) that opened it: ids of 128
 // random bits (common/random_id.h), at most kMaxPerScope per scope, and the lookups that keep one
 // scope from reaching another's transfers. `Channel` has a `scope` member.

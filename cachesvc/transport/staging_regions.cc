@@ -1,4 +1,4 @@
-#include "cachesvc/rpc/staging_regions.h"
+#include "cachesvc/transport/staging_regions.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/token_hash.h"
+#include "common/random_id.h"
 
 namespace kvc::cachesvc {
 
@@ -71,12 +71,7 @@ absl::StatusOr<std::pair<std::string, std::shared_ptr<StagingRegion>>> StagingRe
     if ((scope_bytes_[scope] -= bytes) == 0) scope_bytes_.erase(scope);
     open_bytes_ -= bytes;
   };
-  absl::StatusOr<std::string> random = RandomBytes(16);
-  if (!random.ok()) {
-    unreserve();
-    return random.status();
-  }
-  std::string id = ToHex(*random);
+  std::string id = RandomId("");
   absl::StatusOr<std::shared_ptr<StagingRegion>> region = StagingRegion::Create(bytes);
   if (!region.ok()) {
     unreserve();

@@ -1,4 +1,4 @@
-#include "common/transfer_wire.h"
+#include "transfer/wire.h"
 
 #include <poll.h>
 #include <sys/socket.h>

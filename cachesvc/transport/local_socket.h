@@ -60,7 +60,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cachesvc/core/kv_store.h"
-#include "cachesvc/rpc/staging_regions.h"
+#include "cachesvc/transport/staging_regions.h"
 
 namespace kvc::cachesvc {
 

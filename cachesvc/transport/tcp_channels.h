@@ -1,4 +1,4 @@
-// TransferChannels: the byte channels of KvCacheService.OpenTransfer / SendLease (issue #13
+// TcpChannels: the byte channels of KvCacheService.OpenTransfer / SendLease (issue #13
 // item 4; docs/ARCHITECTURE.md "Transfers"). A reader that cannot map the pools (another
 // node) opens a channel over gRPC (authenticated, in its scope), connects to the TCP listener
 // here and presents the channel's token; SendLease then writes a lease's blocks into the
@@ -27,12 +27,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cachesvc/core/kv_store.h"
-#include "cachesvc/rpc/scoped_channels.h"
+#include "cachesvc/transport/lease_sender.h"
+#include "cachesvc/transport/scoped_channels.h"
+#include "cachesvc/transport/transfer_channels.h"
 #include "common/mutex.h"
 
 namespace kvc::cachesvc {
 
-struct TransferOptions {
+struct TcpChannelOptions {
   std::string listen;          // "host:port" (port 0: any free one)
   std::string advertise_host;  // what OpenTransfer tells readers ("" = the gRPC host)
   absl::Duration connect_within = absl::Seconds(10);
@@ -51,34 +53,28 @@ struct TransferOptions {
   std::function<void(const char* event)> on_event;
 };
 
-class TransferChannels {
+class TcpChannels final : public TransferChannels {
  public:
   static constexpr int kMaxPerScope = ScopedChannels<int>::kMaxPerScope;
 
   // Binds the listener. UNAVAILABLE when it cannot; INVALID_ARGUMENT for a malformed address.
-  static absl::StatusOr<std::unique_ptr<TransferChannels>> Start(const TransferOptions& options,
-                                                                 KvStore* store);
-  TransferChannels(const TransferChannels&) = delete;
-  TransferChannels& operator=(const TransferChannels&) = delete;
+  static absl::StatusOr<std::unique_ptr<TcpChannels>> Start(const TcpChannelOptions& options,
+                                                            KvStore* store);
+  TcpChannels(const TcpChannels&) = delete;
+  TcpChannels& operator=(const TcpChannels&) = delete;
   // Stops listening and closes every channel; no send may be running.
-  ~TransferChannels();
+  ~TcpChannels() override;
 
   int port() const { return port_; }
 
-  struct Opened {
-    std::string id;
-    std::string token;
-    std::string host;
-    int port = 0;
-    int64_t connect_within_ms = 0;
-  };
-  // RESOURCE_EXHAUSTED when the scope has kMaxPerScope channels open.
-  absl::StatusOr<Opened> Open(const std::string& scope);
-  // SendLease (see the proto). `deadline`: the call's.
-  absl::StatusOr<KvStore::SentBlocks> Send(const std::string& scope, const std::string& id,
-                                           const std::string& lease_id, uint64_t nonce,
-                                           absl::Time deadline);
-  absl::Status Close(const std::string& scope, const std::string& id);
+  // The prefix of the ids it makes (NCCL channels': "n-").
+  static constexpr char kIdPrefix[] = "t-";
+  // RESOURCE_EXHAUSTED when the scope has kMaxPerScope channels open. Any pool's leases.
+  absl::StatusOr<OpenedTransfer> Open(const std::string& scope, const std::string& pool) override;
+  absl::StatusOr<SentBlocks> Send(const std::string& scope, const std::string& id,
+                                  const std::string& lease_id, uint64_t nonce,
+                                  absl::Time deadline) override;
+  absl::Status Close(const std::string& scope, const std::string& id) override;
 
  private:
   struct Channel {
@@ -99,7 +95,7 @@ class TransferChannels {
     std::string peer;  // its remote address (IPv6: the /64), what the per-peer limit counts
     std::string line;
   };
-  TransferChannels(const TransferOptions& options, KvStore* store)
+  TcpChannels(const TcpChannelOptions& options, KvStore* store)
       : options_(options), store_(store) {}
   void Serve();
   // Reads what arrived; true when the connection is done with (attached or refused).
@@ -113,12 +109,12 @@ class TransferChannels {
     if (options_.on_event) options_.on_event(event);
   }
 
-  const TransferOptions options_;
+  const TcpChannelOptions options_;
   KvStore* const store_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   int port_ = 0;
-  ScopedChannels<Channel> channels_{"t-"};
+  ScopedChannels<Channel> channels_{kIdPrefix};
   std::thread thread_;
 };
 

@@ -1,4 +1,4 @@
-#include "common/nccl_api.h"
+#include "transfer/nccl_api.h"
 
 #include <dlfcn.h>
 

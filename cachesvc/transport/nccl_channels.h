@@ -3,11 +3,11 @@
 // for a device pool and gets an NCCL unique id; both sides join a two-rank communicator
 // (kvcached rank 0 on the pool's device, the reader rank 1 on its own); SendLease then sends
 // the same 32-byte frame header as the TCP wire and, after it, the lease's blocks device to
-// device, in the pieces KvStore::SendPieceBlocks documents (each an ncclSend the reader
+// device, in the pieces transfer/payload.h documents (each an ncclSend the reader
 // matches with an ncclRecv of the same size). An Append the other way (AppendRequest.nccl):
 // the peer sends a frame header, the keys and the values, which Receive takes into device
 // memory of the pool and hands to the append. NCCL is loaded at run time
-// (common/nccl_api.h) from ServerConfig.transfer_nccl_library.
+// (transfer/nccl_api.h) from ServerConfig.transfer_nccl_library.
 //
 // Failure: a join not complete within `connect_within` is aborted and the channel dropped
 // (on the scope's next Open or Send); a send the reader does not receive within
@@ -30,9 +30,11 @@
 #include "absl/time/time.h"
 #include "cachesvc/core/backend_buffer.h"
 #include "cachesvc/core/kv_store.h"
-#include "cachesvc/rpc/scoped_channels.h"
+#include "cachesvc/transport/lease_sender.h"
+#include "cachesvc/transport/scoped_channels.h"
+#include "cachesvc/transport/transfer_channels.h"
 #include "common/mutex.h"
-#include "common/nccl_api.h"
+#include "transfer/nccl_api.h"
 
 namespace kvc::cachesvc {
 
@@ -50,7 +52,7 @@ struct NcclChannelOptions {
   std::function<void(const char* event)> on_event;
 };
 
-class NcclChannels {
+class NcclChannels final : public TransferChannels {
  public:
   static constexpr int kMaxPerScope = ScopedChannels<int>::kMaxPerScope;
 
@@ -60,24 +62,18 @@ class NcclChannels {
   NcclChannels(const NcclChannels&) = delete;
   NcclChannels& operator=(const NcclChannels&) = delete;
   // Aborts every channel; no send may be running.
-  ~NcclChannels();
+  ~NcclChannels() override;
 
   // "NCCL 2.28.9 (libnccl.so.2)".
   std::string Describe() const { return api_->Describe(); }
 
-  struct Opened {
-    std::string id;
-    std::string unique_id;  // nccl::kUniqueIdBytes bytes
-    int64_t connect_within_ms = 0;
-    int nccl_version = 0;
-  };
   // NOT_FOUND pool; FAILED_PRECONDITION for a host pool; RESOURCE_EXHAUSTED when the scope
   // has kMaxPerScope channels; UNAVAILABLE when NCCL refuses to start the join.
-  absl::StatusOr<Opened> Open(const std::string& scope, const std::string& pool);
+  absl::StatusOr<OpenedTransfer> Open(const std::string& scope, const std::string& pool) override;
   // SendLease (see the proto). `deadline`: the call's.
-  absl::StatusOr<KvStore::SentBlocks> Send(const std::string& scope, const std::string& id,
-                                           const std::string& lease_id, uint64_t nonce,
-                                           absl::Time deadline);
+  absl::StatusOr<SentBlocks> Send(const std::string& scope, const std::string& id,
+                                  const std::string& lease_id, uint64_t nonce,
+                                  absl::Time deadline) override;
   // The receiving half of an Append over NCCL (AppendRequest.nccl, whose contract this
   // follows): receives the peer's frame header, then `bytes` of keys and `bytes` of values
   // into device memory of the transfer's pool, then calls `apply` with them and the pool's
@@ -90,10 +86,10 @@ class NcclChannels {
       std::function<absl::Status(const char* keys, const char* values, const std::string& device)>;
   absl::Status Receive(const std::string& scope, const std::string& id, uint64_t nonce,
                        int64_t bytes, absl::Time deadline, const ApplyReceived& apply);
-  absl::Status Close(const std::string& scope, const std::string& id);
+  absl::Status Close(const std::string& scope, const std::string& id) override;
 
-  // Whether `id` names an NCCL channel (its ids start with "n-"; TCP channels' with "t-").
-  static bool Names(const std::string& id);
+  // The prefix of the ids it makes (TCP channels': "t-").
+  static constexpr char kIdPrefix[] = "n-";
 
  private:
   struct Channel;
@@ -117,7 +113,7 @@ class NcclChannels {
   const nccl::Api* const api_;
   // Shared with each channel's charge, which may be given back after this is gone.
   const std::shared_ptr<Budget> budget_;
-  ScopedChannels<Channel> channels_{"n-"};
+  ScopedChannels<Channel> channels_{kIdPrefix};
   kvc::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watchdog_;
