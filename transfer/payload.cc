@@ -29,9 +29,8 @@ absl::StatusOr<PayloadLayout> PayloadLayout::Make(
     if (blocks[f] == 0) continue;
     if (f == 0 || blocks[f] < 0 || block_bytes[f] <= 0 || blocks[f] > kMax / block_bytes[f] ||
         layout.total_ > kMax - blocks[f] * block_bytes[f]) {
-      return absl::InvalidArgumentError(absl::StrCat("a payload of ", blocks[f],
-                                                     " blocks of format ", f, " of ",
-                                                     block_bytes[f], " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a payload of ", blocks[f], " blocks of format ", f, " of ", block_bytes[f], " bytes"));
     }
     layout.blocks_[f] = blocks[f];
     layout.block_bytes_[f] = block_bytes[f];

@@ -36,9 +36,9 @@ class Transfers {
  private:
   struct Kind {
     int kind = 0;
-    std::string id_prefix;              // offered: non-empty
+    std::string id_prefix;                 // offered: non-empty
     TransferChannels* channels = nullptr;  // null: refused
-    std::string why;                    // refused: the reason
+    std::string why;                       // refused: the reason
   };
   const Kind* Find(int kind) const;
   // The offered kind whose ids `id` starts like; else NOT_FOUND, or the TCP kind's refusal

@@ -29,7 +29,8 @@ absl::StatusOr<PayloadPlan> PlanPayload(const Lease& lease) {
       block_bytes[static_cast<size_t>(f)] = lease.arena(static_cast<StorageFormat>(f))->block_bytes;
     }
   }
-  absl::StatusOr<transfer::PayloadLayout> layout = transfer::PayloadLayout::Make(blocks, block_bytes);
+  absl::StatusOr<transfer::PayloadLayout> layout =
+      transfer::PayloadLayout::Make(blocks, block_bytes);
   if (!layout.ok()) return absl::InternalError(layout.status().message());
   plan.layout = *layout;
   return plan;
