@@ -40,11 +40,12 @@ ABSL_FLAG(bool, local_socket_allow_same_uid, false,
 ABSL_FLAG(std::string, transfer_listen, "",
           "host:port of the TCP listener that sends leased blocks to readers on other nodes "
           "(OpenTransfer; port 0 = any free one); overrides the config's transfer_listen. "
-          "Carries KV in the clear: refused with tls");
+          "Under the config's tls it speaks TLS; every frame carries a MAC");
 ABSL_FLAG(std::string, transfer_nccl_library, "",
           "the NCCL library (e.g. libnccl.so.2) that sends device pools' leased blocks to "
           "readers on other GPUs (OpenTransfer kind NCCL); overrides the config's "
-          "transfer_nccl_library. Carries KV in the clear: refused with tls");
+          "transfer_nccl_library. Carries KV in the clear: beside tls only with "
+          "transfer_nccl_trusted_fabric");
 ABSL_FLAG(int32_t, shutdown_grace_seconds, 10,
           "on SIGTERM/SIGINT, how long in-flight calls may take to finish");
 

@@ -55,7 +55,7 @@ bool DecodeHeader(const char in[kHeaderBytes], FrameHeader* header) {
 }
 
 std::string Greeting(const std::string& transfer_id, const std::string& token) {
-  return absl::StrCat("KVC-TRANSFER 1 ", transfer_id, " ", token, "\n");
+  return absl::StrCat("KVC-TRANSFER ", kWireVersion, " ", transfer_id, " ", token, "\n");
 }
 
 absl::Status WriteAll(int fd, const void* data, size_t bytes, absl::Time deadline) {

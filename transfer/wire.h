@@ -1,6 +1,7 @@
 // The transfer channel's wire (kvcache.v1 KvCacheService.OpenTransfer / SendLease): the
 // greeting a reader sends after it connects, the 32-byte frame header the server writes
-// before each lease's blocks, and socket reads and writes with a deadline. Shared by kvcached
+// before each lease's blocks (on a TCP channel the frame then ends with its MAC:
+// frame_mac.h), and socket reads and writes with a deadline. Shared by kvcached
 // and the client library (which installs it with its package): Abseil and POSIX only.
 #pragma once
 
@@ -32,7 +33,9 @@ void EncodeHeader(const FrameHeader& header, char out[kHeaderBytes]);
 // payload).
 bool DecodeHeader(const char in[kHeaderBytes], FrameHeader* header);
 
-// "KVC-TRANSFER 1 <transfer id> <token>\n"
+// The wire's version, in the greeting: 2 added the frame MAC trailer (frame_mac.h).
+inline constexpr int kWireVersion = 2;
+// "KVC-TRANSFER 2 <transfer id> <token>\n"
 std::string Greeting(const std::string& transfer_id, const std::string& token);
 
 // Writes every byte to the (non-blocking or blocking) socket `fd`, waiting for room at most

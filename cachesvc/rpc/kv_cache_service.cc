@@ -115,6 +115,8 @@ grpc::Status KvCacheServiceImpl::OpenTransfer(grpc::ServerContext* context,
   response->set_host(opened.host);
   response->set_port(opened.port);
   response->set_token(opened.token);
+  response->set_frame_key(opened.frame_key);
+  response->set_tls(opened.tls);
   response->set_nccl_unique_id(opened.nccl_unique_id);
   response->set_nccl_version(opened.nccl_version);
   return scope.Finish(grpc::Status::OK);

@@ -38,14 +38,11 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
   KVC_RETURN_IF_ERROR(CheckExposure(options));
   // A transfer channel's bytes are not encrypted: next to a TLS listener it would undo what
   // TLS protects.
-  if (!options.transfer_listen.empty() && options.tls.enabled()) {
+  if (!options.transfer_nccl_library.empty() && options.tls.enabled() &&
+      !options.transfer_nccl_trusted_fabric) {
     return absl::FailedPreconditionError(
-        "transfer_listen carries KV in the clear and cannot be combined with tls: unset one");
-  }
-  if (!options.transfer_nccl_library.empty() && options.tls.enabled()) {
-    return absl::FailedPreconditionError(
-        "transfer_nccl_library carries KV in the clear and cannot be combined with tls: unset "
-        "one");
+        "transfer_nccl_library carries KV in the clear and cannot be combined with tls unless "
+        "transfer_nccl_trusted_fabric says the GPUs' fabric is trusted");
   }
   if (options.insecure && !IsLoopback(options.listen)) {
     KVC_LOG(WARNING) << "INSECURE: listening on '" << options.listen
@@ -104,6 +101,9 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
     TcpChannelOptions transfer;
     transfer.listen = options.transfer_listen;
     transfer.advertise_host = options.transfer_advertise_host;
+    // Under the gRPC listener's TLS, the transfer listener speaks TLS with the same files.
+    transfer.tls_cert_file = options.tls.cert_file;
+    transfer.tls_key_file = options.tls.key_file;
     transfer.on_event = [metrics = server->metrics_.get()](const char* event) {
       metrics->RecordTransferEvent(event);
     };

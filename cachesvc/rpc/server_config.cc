@@ -222,6 +222,7 @@ absl::StatusOr<ServerOptions> ParseServerConfig(const std::string& text) {
   options.transfer_listen = config.transfer_listen();
   options.transfer_advertise_host = config.transfer_advertise_host();
   options.transfer_nccl_library = config.transfer_nccl_library();
+  options.transfer_nccl_trusted_fabric = config.transfer_nccl_trusted_fabric();
   if (config.transfer_nccl_receive_bytes_per_tenant() < 0 ||
       config.transfer_nccl_receive_bytes() < 0) {
     return absl::InvalidArgumentError(

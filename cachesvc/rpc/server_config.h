@@ -34,6 +34,7 @@ struct ServerOptions {
   std::string transfer_advertise_host;  // "" = the host clients reached gRPC at
   // NCCL transfers (nccl_channels.h): the library to load; "" = off.
   std::string transfer_nccl_library;
+  bool transfer_nccl_trusted_fabric = false;  // NCCL beside tls
   // Budgets of NCCL receive buffers (NcclChannelOptions); 0 = NcclChannelOptions' default.
   int64_t transfer_nccl_receive_bytes_per_tenant = 0;
   int64_t transfer_nccl_receive_bytes = 0;

@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -21,6 +23,8 @@
 #include "common/logging.h"
 #include "common/random_id.h"
 #include "common/status_macros.h"
+#include "transfer/frame_mac.h"
+#include "transfer/stream.h"
 #include "transfer/wire.h"
 
 namespace kvc::cachesvc {
@@ -55,28 +59,40 @@ std::string PeerOf(const sockaddr_storage& addr) {
   return "?";
 }
 
-void Reply(int fd, const std::string& line) {
-  (void)::send(fd, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+// The stamp of the files a TLS context was made from: a changed one is reloaded.
+std::string FileStamp(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return "missing";
+  return absl::StrCat(st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
 }
 
-// Writes the frame header and then the blocks into the channel's connection.
+// Writes a frame into the channel's connection: the header, then the blocks, each also fed to
+// the frame's MAC; Finish writes the MAC's tag after them (transfer/frame_mac.h).
 class ConnectionSink final : public BlockSink {
  public:
-  ConnectionSink(int fd, uint64_t nonce, absl::Time deadline)
-      : fd_(fd), nonce_(nonce), deadline_(deadline) {}
+  ConnectionSink(transfer::Stream* stream, const std::string& key, uint64_t nonce,
+                 absl::Time deadline)
+      : stream_(stream), mac_(key), nonce_(nonce), deadline_(deadline) {}
   absl::Status Begin(int64_t /*blocks*/, int64_t bytes) override {
     char header[transfer::kHeaderBytes];
     transfer::EncodeHeader({nonce_, static_cast<uint64_t>(bytes), 0}, header);
     begun_ = true;
-    return transfer::WriteAll(fd_, header, sizeof(header), deadline_);
+    mac_.Update(header, sizeof(header));
+    return stream_->WriteAll(header, sizeof(header), deadline_);
   }
   absl::Status Write(const char* data, size_t bytes) override {
-    return transfer::WriteAll(fd_, data, bytes, deadline_);
+    mac_.Update(data, bytes);
+    return stream_->WriteAll(data, bytes, deadline_);
+  }
+  absl::Status Finish() {
+    const transfer::Mac tag = mac_.Finish();
+    return stream_->WriteAll(tag.data(), tag.size(), deadline_);
   }
   bool begun() const { return begun_; }
 
  private:
-  const int fd_;
+  transfer::Stream* const stream_;
+  transfer::FrameMac mac_;
   const uint64_t nonce_;
   const absl::Time deadline_;
   bool begun_ = false;
@@ -86,12 +102,18 @@ class ConnectionSink final : public BlockSink {
 
 TcpChannels::Channel::~Channel() {
   kvc::MutexLock lock(&send_mu);
-  if (fd >= 0) ::close(fd);
+  stream.reset();  // closes the connection
 }
 
 absl::StatusOr<std::unique_ptr<TcpChannels>> TcpChannels::Start(const TcpChannelOptions& options,
                                                                 KvStore* store) {
   std::unique_ptr<TcpChannels> t(new TcpChannels(options, store));
+  if (!options.tls_cert_file.empty()) {
+    t->tls_stamp_ =
+        absl::StrCat(FileStamp(options.tls_cert_file), "|", FileStamp(options.tls_key_file));
+    KVC_ASSIGN_OR_RETURN(t->tls_,
+                         transfer::TlsContext::Server(options.tls_cert_file, options.tls_key_file));
+  }
   const auto colon = options.listen.rfind(':');
   if (colon == std::string::npos || colon + 1 == options.listen.size()) {
     return absl::InvalidArgumentError(absl::StrCat("transfer_listen ", Quoted(options.listen),
@@ -161,8 +183,11 @@ absl::StatusOr<OpenedTransfer> TcpChannels::Open(const std::string& scope,
   auto channel = std::make_shared<Channel>();
   channel->scope = scope;
   channel->token = token;
+  channel->frame_key = absl::HexStringToBytes(absl::StrCat(RandomId(""), RandomId("")));
   channel->opened = absl::Now();
   OpenedTransfer o;
+  o.frame_key = channel->frame_key;
+  o.tls = tls_ != nullptr;
   const absl::Time now = absl::Now();
   KVC_ASSIGN_OR_RETURN(o.id,
                        channels_.Add(std::move(channel), [&](Channel& c) { return Done(c, now); }));
@@ -177,12 +202,11 @@ absl::StatusOr<OpenedTransfer> TcpChannels::Open(const std::string& scope,
 bool TcpChannels::Done(Channel& c, absl::Time now) {
   if (!c.send_mu.TryLock()) return false;  // sending: in use
   bool done = false;
-  if (c.fd < 0) {
+  if (c.stream == nullptr) {
     done = now - c.opened > options_.connect_within;
   } else {
     // A reader never writes after its greeting: readable means it hung up.
-    pollfd p{c.fd, POLLIN, 0};
-    done = c.broken || ::poll(&p, 1, 0) != 0;
+    done = c.broken || c.stream->Readable();
   }
   c.send_mu.Unlock();
   if (done) Event("closed");
@@ -205,34 +229,68 @@ absl::StatusOr<SentBlocks> TcpChannels::Send(const std::string& scope, const std
     return absl::UnavailableError(
         absl::StrCat("transfer ", Quoted(id), " broke in an earlier send; open another"));
   }
-  if (c->fd < 0) {
+  if (c->stream == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "transfer ", Quoted(id), " is not connected yet: connect and greet before SendLease"));
   }
   const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
-  ConnectionSink sink(c->fd, nonce, until);
+  ConnectionSink sink(c->stream.get(), c->frame_key, nonce, until);
   absl::StatusOr<SentBlocks> sent = SendLeasedBlocks(*store_, scope, lease_id, &sink);
   if (sent.ok()) {
-    Event("sent");
-    return sent;
+    const absl::Status tagged = sink.Finish();
+    if (tagged.ok()) {
+      Event("sent");
+      return sent;
+    }
+    sent = tagged;
   }
   Event("failed");
   if (!sink.begun()) {
-    // Nothing of a payload went out: a header with the code keeps the channel in step.
+    // Nothing of a payload went out: a header with the code (and its MAC) keeps the channel
+    // in step.
     char header[transfer::kHeaderBytes];
     transfer::EncodeHeader({nonce, 0, static_cast<uint32_t>(sent.status().code())}, header);
-    if (transfer::WriteAll(c->fd, header, sizeof(header), until).ok()) return sent.status();
+    transfer::FrameMac mac(c->frame_key);
+    mac.Update(header, sizeof(header));
+    const transfer::Mac tag = mac.Finish();
+    if (c->stream->WriteAll(header, sizeof(header), until).ok() &&
+        c->stream->WriteAll(tag.data(), tag.size(), until).ok()) {
+      return sent.status();
+    }
   }
   c->broken = true;
-  ::shutdown(c->fd, SHUT_RDWR);  // the reader sees the channel end at once
+  c->stream->Shutdown();  // the reader sees the channel end at once
   return sent.status();
+}
+
+std::shared_ptr<transfer::TlsContext> TcpChannels::TlsForNewConnection() {
+  if (tls_ == nullptr) return nullptr;
+  const std::string stamp =
+      absl::StrCat(FileStamp(options_.tls_cert_file), "|", FileStamp(options_.tls_key_file));
+  if (stamp != tls_stamp_) {
+    tls_stamp_ = stamp;  // one attempt (and one log line) per change
+    absl::StatusOr<std::shared_ptr<transfer::TlsContext>> reloaded =
+        transfer::TlsContext::Server(options_.tls_cert_file, options_.tls_key_file);
+    if (reloaded.ok()) {
+      tls_ = *std::move(reloaded);
+      KVC_LOG(INFO) << "transfers: reloaded the TLS certificate " << options_.tls_cert_file;
+    } else {
+      KVC_LOG(ERROR) << "transfers: the TLS files changed but cannot be used; the previous "
+                     << "certificate stays in force: " << reloaded.status().message();
+    }
+  }
+  return tls_;
 }
 
 void TcpChannels::Serve() {
   std::vector<Pending> pending;
   for (;;) {
     std::vector<pollfd> fds{{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-    for (const Pending& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    for (const Pending& p : pending) {
+      fds.push_back(
+          {p.stream->fd(),
+           static_cast<short>(p.want == transfer::Stream::Want::kWrite ? POLLOUT : POLLIN), 0});
+    }
     if (::poll(fds.data(), fds.size(), 500) < 0) {
       if (errno == EINTR) continue;
       KVC_LOG(ERROR) << "transfer listener: poll failed: " << Errno();
@@ -246,16 +304,14 @@ void TcpChannels::Serve() {
       if (fds[i + 2].revents != 0 && Greet(p)) continue;
       if (now - p.accepted > options_.greeting_within) {
         Event("refused");
-        Reply(p.fd, "ERR no greeting in time\n");
-        ::close(p.fd);
-        continue;
+        p.stream->WriteLine("ERR no greeting in time\n");
+        continue;  // the stream closes with it
       }
       kept.push_back(std::move(p));
     }
     pending = std::move(kept);
     if (fds[1].revents & POLLIN) Admit(pending, now);
   }
-  for (Pending& p : pending) ::close(p.fd);
 }
 
 void TcpChannels::Admit(std::vector<Pending>& pending, absl::Time now) {
@@ -266,73 +322,92 @@ void TcpChannels::Admit(std::vector<Pending>& pending, absl::Time now) {
     const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
                              SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;  // EAGAIN: nothing more waits
+    const int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    const std::shared_ptr<transfer::TlsContext> tls = TlsForNewConnection();
+    std::unique_ptr<transfer::Stream> stream =
+        tls != nullptr ? transfer::Stream::AcceptTls(fd, tls) : transfer::Stream::Plain(fd);
     std::string peer = PeerOf(addr);
     int from_peer = 0;
     for (const Pending& p : pending) from_peer += p.peer == peer ? 1 : 0;
     if (from_peer >= options_.max_ungreeted_per_peer) {
       Event("refused");
-      Reply(fd, absl::StrCat("ERR too many connections from ", peer, " waiting to greet\n"));
-      ::close(fd);
-      continue;
+      // A TLS peer has not shaken hands yet: it sees the connection close, no line.
+      if (!stream->tls()) {
+        stream->WriteLine(
+            absl::StrCat("ERR too many connections from ", peer, " waiting to greet\n"));
+      }
+      continue;  // the stream closes the connection
     }
     if (static_cast<int>(pending.size()) >= options_.max_ungreeted && !pending.empty()) {
       // The oldest has had the longest to greet; dropping it instead of refusing the new one
       // means a flood delays a reader that greets at once by nothing.
       Event("refused");
-      Reply(pending.front().fd, "ERR dropped: too many connections waiting to greet\n");
-      ::close(pending.front().fd);
+      pending.front().stream->WriteLine("ERR dropped: too many connections waiting to greet\n");
       pending.erase(pending.begin());
     }
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    pending.push_back(Pending{fd, now, std::move(peer), {}});
+    Pending p;
+    p.stream = std::move(stream);
+    p.accepted = now;
+    p.peer = std::move(peer);
+    pending.push_back(std::move(p));
   }
 }
 
 bool TcpChannels::Greet(Pending& p) {
-  char buf[transfer::kMaxGreetingBytes];
-  const ssize_t n = ::recv(p.fd, buf, sizeof(buf), MSG_DONTWAIT);
-  if (n <= 0) {
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
-    ::close(p.fd);
-    return true;
+  // Under TLS, the handshake first (a few round trips, driven by the poll loop).
+  absl::StatusOr<transfer::Stream::Want> want = p.stream->Handshake();
+  if (!want.ok()) {
+    Event("refused");
+    return true;  // the stream closes the connection
   }
-  p.line.append(buf, static_cast<size_t>(n));
+  if (*want != transfer::Stream::Want::kNothing) {
+    p.want = *want;
+    return false;
+  }
+  p.want = transfer::Stream::Want::kRead;
+  char buf[transfer::kMaxGreetingBytes];
+  for (;;) {
+    absl::StatusOr<size_t> n = p.stream->ReadSome(buf, sizeof(buf));
+    if (!n.ok()) return true;  // the peer went away
+    if (*n == 0) break;
+    p.line.append(buf, *n);
+    if (p.line.size() >= transfer::kMaxGreetingBytes) break;
+  }
   const auto end = p.line.find('\n');
   if (end == std::string::npos) {
     if (p.line.size() < transfer::kMaxGreetingBytes) return false;
     Event("refused");
-    Reply(p.fd, "ERR greeting too long\n");
-    ::close(p.fd);
+    p.stream->WriteLine("ERR greeting too long\n");
     return true;
   }
   const std::vector<std::string> words = absl::StrSplit(p.line.substr(0, end), ' ');
-  std::string why = "expected: KVC-TRANSFER 1 <transfer id> <token>";
-  if (words.size() == 4 && words[0] == "KVC-TRANSFER" && words[1] == "1" &&
-      end + 1 == p.line.size()) {
+  std::string why =
+      absl::StrCat("expected: KVC-TRANSFER ", transfer::kWireVersion, " <transfer id> <token>");
+  if (words.size() == 4 && words[0] == "KVC-TRANSFER" &&
+      words[1] == absl::StrCat(transfer::kWireVersion) && end + 1 == p.line.size()) {
     why = "unknown transfer or wrong token";
     const std::shared_ptr<Channel> found = channels_.FindById(words[2]);
     if (found != nullptr && SameSecret(found->token, words[3])) {
       Channel& c = *found;
       // A channel that is sending is connected already; never wait for it here.
       if (c.send_mu.TryLock()) {
-        const bool fresh = c.fd < 0;
-        if (fresh) c.fd = p.fd;
-        c.send_mu.Unlock();
+        const bool fresh = c.stream == nullptr;
         if (fresh) {
+          // Counted before the reply (here and below), so that whoever has read a reply sees
+          // it counted (TransferTest reads the metric right after the refusal).
           Event("connected");
-          Reply(p.fd, "OK\n");
-          return true;
+          p.stream->WriteLine("OK\n");
+          c.stream = std::move(p.stream);
         }
+        c.send_mu.Unlock();
+        if (fresh) return true;
       }
       why = "this transfer is connected already";
     }
   }
-  // Counted before the reply (here and above), so that whoever has read a reply sees it
-  // counted (TransferTest reads the metric right after the refusal).
   Event("refused");
-  Reply(p.fd, absl::StrCat("ERR ", why, "\n"));
-  ::close(p.fd);
+  p.stream->WriteLine(absl::StrCat("ERR ", why, "\n"));
   return true;
 }
 

@@ -31,6 +31,7 @@
 #include "cachesvc/transport/scoped_channels.h"
 #include "cachesvc/transport/transfer_channels.h"
 #include "common/mutex.h"
+#include "transfer/stream.h"
 
 namespace kvc::cachesvc {
 
@@ -49,6 +50,10 @@ struct TcpChannelOptions {
   absl::Duration greeting_within = absl::Seconds(2);
   int max_ungreeted_per_peer = 8;
   int max_ungreeted = 64;
+  // TLS on the listener (the gRPC listener's PEM files; empty = in the clear). A changed
+  // file is picked up by the next connection.
+  std::string tls_cert_file;
+  std::string tls_key_file;
   // Called for "opened", "connected", "refused", "sent", "failed", "closed" (metrics).
   std::function<void(const char* event)> on_event;
 };
@@ -81,8 +86,9 @@ class TcpChannels final : public TransferChannels {
     std::string scope;
     std::string token;
     absl::Time opened;
-    kvc::Mutex send_mu;  // one send at a time, in call order
-    int fd ABSL_GUARDED_BY(send_mu) = -1;
+    kvc::Mutex send_mu;     // one send at a time, in call order
+    std::string frame_key;  // transfer::kFrameKeyBytes; keys every frame's MAC
+    std::unique_ptr<transfer::Stream> stream ABSL_GUARDED_BY(send_mu);  // null until greeted
     bool broken ABSL_GUARDED_BY(send_mu) = false;
     Channel() = default;
     Channel(const Channel&) = delete;
@@ -90,7 +96,8 @@ class TcpChannels final : public TransferChannels {
     ~Channel();  // closes the connection
   };
   struct Pending {  // an accepted connection whose greeting is not complete yet
-    int fd = -1;
+    std::unique_ptr<transfer::Stream> stream;
+    transfer::Stream::Want want = transfer::Stream::Want::kRead;  // what to poll for
     absl::Time accepted;
     std::string peer;  // its remote address (IPv6: the /64), what the per-peer limit counts
     std::string line;
@@ -108,9 +115,14 @@ class TcpChannels final : public TransferChannels {
   void Event(const char* event) const {
     if (options_.on_event) options_.on_event(event);
   }
+  // The TLS context for a new connection (null: in the clear), reloaded from the files when
+  // they changed since the last one (a failed reload keeps the previous context and logs).
+  std::shared_ptr<transfer::TlsContext> TlsForNewConnection();
 
   const TcpChannelOptions options_;
   KvStore* const store_;
+  std::shared_ptr<transfer::TlsContext> tls_;  // the listener thread's only
+  std::string tls_stamp_;                      // of the files tls_ was made from
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   int port_ = 0;

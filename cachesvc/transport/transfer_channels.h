@@ -19,10 +19,13 @@ namespace kvc::cachesvc {
 struct OpenedTransfer {
   std::string id;
   int64_t connect_within_ms = 0;
-  // TCP: where to connect ("" host: the one gRPC was reached at) and the token to greet with.
+  // TCP: where to connect ("" host: the one gRPC was reached at), the token to greet with,
+  // the key of its frames' MACs and whether the listener speaks TLS.
   std::string host;
   int port = 0;
   std::string token;
+  std::string frame_key;
+  bool tls = false;
   // NCCL: the communicator's unique id and the server's NCCL version.
   std::string nccl_unique_id;
   int nccl_version = 0;

@@ -170,13 +170,32 @@ absl::StatusOr<std::unique_ptr<internal::TransferReader>> KvCacheClient::OpenTra
         FromGrpcStatus(impl_->kv->OpenTransfer(&context, pb::OpenTransferRequest(), &response));
     if (!status.ok()) return status;
   }
-  const std::string host =
-      response.host().empty() ? TargetHost(impl_->options.target) : response.host();
+  internal::TransferEndpoint at;
+  at.host = response.host().empty() ? TargetHost(impl_->options.target) : response.host();
+  at.port = response.port();
+  at.transfer_id = response.transfer_id();
+  at.token = response.token();
+  at.frame_key = response.frame_key();
   absl::StatusOr<std::unique_ptr<internal::TransferReader>> reader =
-      host.empty()
-          ? absl::FailedPreconditionError("the target names no host to connect to (a unix socket?)")
-          : internal::TransferReader::Connect(host, response.port(), response.transfer_id(),
-                                              response.token());
+      absl::FailedPreconditionError("the target names no host to connect to (a unix socket?)");
+  if (response.tls()) {
+    // The listener's certificate is the gRPC listener's: verified the same way.
+    const ClientTlsOptions& tls = impl_->options.tls;
+    at.server_name = tls.server_name.empty() ? at.host : tls.server_name;
+    absl::StatusOr<std::shared_ptr<transfer::TlsContext>> context =
+        tls.ca_file.empty()
+            ? absl::FailedPreconditionError(
+                  "the server's transfers speak TLS but this client has no CA (tls.ca_file)")
+            : transfer::TlsContext::Client(tls.ca_file, tls.cert_file, tls.key_file);
+    if (context.ok()) {
+      at.tls = *std::move(context);
+    } else {
+      reader = context.status();
+    }
+  }
+  if (!at.host.empty() && (!response.tls() || at.tls != nullptr)) {
+    reader = internal::TransferReader::Connect(at);
+  }
   if (!reader.ok()) {
     // Best effort: an unconnected channel is dropped by the server after connect_within.
     grpc::ClientContext context;

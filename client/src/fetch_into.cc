@@ -83,7 +83,9 @@ absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequ
       return result;
     }
     if (!channel_failed) return got.status();
-    why_grpc = absl::StrCat("grpc (the transfer channel broke: ", got.status().message(), ")");
+    why_grpc = absl::StrCat(
+        "grpc (the transfer channel broke: ", absl::StatusCodeToString(got.status().code()), ": ",
+        got.status().message(), ")");
   }
   // Over gRPC: the shape comes from GetSequence (a lane with no tokens sends no chunk), the
   // rows from the dense chunks, copied in as they arrive.

@@ -211,7 +211,9 @@ absl::Status KvCacheClient::FetchChunksVia(
     }
     if (!channel_failed) return got.status();
     // The channel broke: this call reads over gRPC; the next one decides the path again.
-    *path = absl::StrCat("grpc (the transfer channel broke: ", got.status().message(), ")");
+    *path = absl::StrCat(
+        "grpc (the transfer channel broke: ", absl::StatusCodeToString(got.status().code()), ": ",
+        got.status().message(), ")");
     return FetchChunksOverGrpc(sequence_id, options, on_chunk, call);
   }
   *path = DataPath();

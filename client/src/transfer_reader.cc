@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "transfer/frame_mac.h"
 #include "transfer/wire.h"
 
 namespace kvc::client::internal {
@@ -45,7 +46,9 @@ absl::StatusOr<ReceivedBlocks> PlanReceive(const Lease& lease) {
 }
 
 absl::StatusOr<std::unique_ptr<TransferReader>> TransferReader::Connect(
-    const std::string& host, int port, const std::string& transfer_id, const std::string& token) {
+    const TransferEndpoint& at) {
+  const std::string& host = at.host;
+  const int port = at.port;
   const std::string where =
       absl::StrCat(absl::StrContains(host, ':') ? absl::StrCat("[", host, "]") : host, ":", port);
   addrinfo hints{};
@@ -90,16 +93,26 @@ absl::StatusOr<std::unique_ptr<TransferReader>> TransferReader::Connect(
   // No SO_RCVBUF: setting it turns off the kernel's receive-window autotuning and is capped at
   // net.core.rmem_max (208 KiB by default).
   const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  const std::string greeting = transfer::Greeting(transfer_id, token);
-  absl::Status st = transfer::WriteAll(fd, greeting.data(), greeting.size(), deadline);
+  std::unique_ptr<transfer::Stream> stream;
+  if (at.tls != nullptr) {
+    absl::StatusOr<std::unique_ptr<transfer::Stream>> tls =
+        transfer::Stream::ConnectTls(fd, at.tls, at.server_name, deadline);
+    if (!tls.ok()) {
+      return absl::UnavailableError(absl::StrCat("transfer ", where, ": ", tls.status().message()));
+    }
+    stream = *std::move(tls);
+  } else {
+    stream = transfer::Stream::Plain(fd);
+  }
+  const std::string greeting = transfer::Greeting(at.transfer_id, at.token);
+  absl::Status st = stream->WriteAll(greeting.data(), greeting.size(), deadline);
   std::string reply;
   while (st.ok() && (reply.empty() || reply.back() != '\n') && reply.size() < 256) {
     char c = 0;
-    st = transfer::ReadAll(fd, &c, 1, deadline);
+    st = stream->ReadAll(&c, 1, deadline);
     reply.push_back(c);
   }
   if (!st.ok() || reply != "OK\n") {
-    ::close(fd);
     if (!st.ok())
       return absl::UnavailableError(absl::StrCat("transfer ", where, ": ", st.message()));
     return absl::FailedPreconditionError(absl::StrCat(
@@ -107,29 +120,26 @@ absl::StatusOr<std::unique_ptr<TransferReader>> TransferReader::Connect(
   }
   std::random_device rd;
   const uint64_t first = rd() ^ (static_cast<uint64_t>(rd()) << 32);
-  return std::unique_ptr<TransferReader>(new TransferReader(fd, transfer_id, where, first));
+  return std::unique_ptr<TransferReader>(new TransferReader(
+      std::move(stream), at.transfer_id, at.tls != nullptr ? absl::StrCat(where, ", TLS") : where,
+      at.frame_key, first));
 }
 
-TransferReader::~TransferReader() {
-  kvc::MutexLock lock(&mu_);
-  if (fd_ >= 0) ::close(fd_);
-}
+TransferReader::~TransferReader() = default;
 
 void TransferReader::Break() {
   broken_.store(true, std::memory_order_relaxed);
-  // shutdown, not close: the server's write fails at once instead of stalling; the fd is
+  // shutdown, not close: the server's write fails at once instead of stalling; the socket is
   // closed with the reader.
-  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+  stream_->Shutdown();
 }
 
 bool TransferReader::Alive() {
   if (broken_.load(std::memory_order_relaxed)) return false;
   kvc::MutexLock lock(&mu_);  // not during a Fetch's read: that one will tell
-  if (fd_ < 0) return false;
   // The server writes only what a SendLease asked for: readable between Fetches means it
   // hung up.
-  pollfd p{fd_, POLLIN, 0};
-  return ::poll(&p, 1, 0) == 0;
+  return !stream_->Readable();
 }
 
 absl::StatusOr<ReceivedBlocks> TransferReader::Fetch(
@@ -154,10 +164,12 @@ absl::StatusOr<ReceivedBlocks> TransferReader::Fetch(
   const auto give_up = [&] { return sent_failed.load(std::memory_order_acquire); };
   char raw[transfer::kHeaderBytes];
   transfer::FrameHeader header;
-  absl::Status read = transfer::ReadAll(fd_, raw, sizeof(raw), deadline, give_up);
+  transfer::FrameMac mac(frame_key_);
+  absl::Status read = stream_->ReadAll(raw, sizeof(raw), deadline, give_up);
   if (read.ok() && (!transfer::DecodeHeader(raw, &header) || header.nonce != nonce)) {
     read = absl::InternalError(absl::StrCat("transfer ", where_, " is out of step"));
   }
+  if (read.ok()) mac.Update(raw, sizeof(raw));
   if (read.ok() && header.code == 0) {
     if (header.payload_bytes != static_cast<uint64_t>(r.bytes)) {
       read = absl::InternalError(absl::StrCat("transfer ", where_, " sends ", header.payload_bytes,
@@ -171,15 +183,29 @@ absl::StatusOr<ReceivedBlocks> TransferReader::Fetch(
         r.capacity = std::max<int64_t>(r.bytes, 1);
         r.payload.reset(new uint8_t[static_cast<size_t>(r.capacity)]);
       }
-      read = transfer::ReadAll(fd_, r.payload.get(), static_cast<size_t>(r.bytes), deadline);
+      read = stream_->ReadAll(r.payload.get(), static_cast<size_t>(r.bytes), deadline);
+      if (read.ok()) mac.Update(r.payload.get(), static_cast<size_t>(r.bytes));
+    }
+  }
+  if (read.ok()) {
+    // The frame's MAC: whatever came is served only if it is what the server sent.
+    transfer::Mac tag{};
+    read = stream_->ReadAll(tag.data(), tag.size(), deadline);
+    if (read.ok() && !transfer::SameMac(tag, mac.Finish())) {
+      read = absl::DataLossError(
+          absl::StrCat("transfer ", where_,
+                       ": a frame's MAC does not match its bytes (changed on the way, "
+                       "or not this channel's); nothing of it is used"));
     }
   }
   if (!read.ok()) Break();
   call.join();
   if (!sent.ok()) {
     // A refusal the server announced in the frame leaves the stream in step; any other
-    // failure of the call does not.
+    // failure of the call does not. A frame that failed its check is the answer, whatever
+    // the call says.
     if (!read.ok() || header.code == 0) Break();
+    if (absl::IsDataLoss(read)) return read;
     return sent;
   }
   if (!read.ok()) return read;

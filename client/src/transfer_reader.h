@@ -22,6 +22,7 @@
 #include "client/src/lease_payload.h"
 #include "common/mutex.h"
 #include "kvc/client/types.h"
+#include "transfer/stream.h"
 
 namespace kvc::client::internal {
 
@@ -41,13 +42,24 @@ struct ReceivedBlocks {
 // INTERNAL when a segment's format has no arena in the lease.
 absl::StatusOr<ReceivedBlocks> PlanReceive(const Lease& lease);
 
+// How to reach a channel OpenTransfer answered.
+struct TransferEndpoint {
+  std::string host;
+  int port = 0;
+  std::string transfer_id;
+  std::string token;
+  std::string frame_key;  // keys every frame's MAC (transfer/frame_mac.h)
+  // Set: the listener speaks TLS; its certificate must chain to this context's CAs and name
+  // `server_name`.
+  std::shared_ptr<transfer::TlsContext> tls;
+  std::string server_name;
+};
+
 class TransferReader {
  public:
-  // UNAVAILABLE when nothing accepts at host:port; FAILED_PRECONDITION when the server
-  // refuses the greeting (its reason).
-  static absl::StatusOr<std::unique_ptr<TransferReader>> Connect(const std::string& host, int port,
-                                                                 const std::string& transfer_id,
-                                                                 const std::string& token);
+  // UNAVAILABLE when nothing accepts at host:port or the TLS handshake fails;
+  // FAILED_PRECONDITION when the server refuses the greeting (its reason).
+  static absl::StatusOr<std::unique_ptr<TransferReader>> Connect(const TransferEndpoint& at);
   TransferReader(const TransferReader&) = delete;
   TransferReader& operator=(const TransferReader&) = delete;
   ~TransferReader();
@@ -59,8 +71,9 @@ class TransferReader {
 
   // The blocks of `lease`: runs send(nonce) (the SendLease call) on a helper thread and reads
   // its frame until `deadline`. The call's error when it fails; UNAVAILABLE /
-  // DEADLINE_EXCEEDED / INTERNAL when the stream breaks, stalls or is out of step (the
-  // channel is then closed).
+  // DEADLINE_EXCEEDED / INTERNAL when the stream breaks, stalls or is out of step, DATA_LOSS
+  // when the frame's MAC (or a TLS record) does not match what came (the channel is then
+  // closed, and nothing of the frame is returned).
   absl::StatusOr<ReceivedBlocks> Fetch(const Lease& lease,
                                        const std::function<absl::Status(uint64_t nonce)>& send,
                                        absl::Time deadline);
@@ -70,14 +83,20 @@ class TransferReader {
   static constexpr int64_t kMaxSpareBytes = int64_t{1} << 30;
 
  private:
-  TransferReader(int fd, std::string id, std::string where, uint64_t first_nonce)
-      : fd_(fd), id_(std::move(id)), where_(std::move(where)), nonce_(first_nonce) {}
+  TransferReader(std::unique_ptr<transfer::Stream> stream, std::string id, std::string where,
+                 std::string frame_key, uint64_t first_nonce)
+      : stream_(std::move(stream)),
+        id_(std::move(id)),
+        where_(std::move(where)),
+        frame_key_(std::move(frame_key)),
+        nonce_(first_nonce) {}
   void Break() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   kvc::Mutex mu_;
-  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  const std::unique_ptr<transfer::Stream> stream_;  // reads under mu_; Shutdown from anywhere
   const std::string id_;
   const std::string where_;
+  const std::string frame_key_;
   uint64_t nonce_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<uint8_t[]> spare_ ABSL_GUARDED_BY(mu_);  // a recycled payload buffer
   int64_t spare_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -346,6 +346,7 @@ int main(int argc, char** argv) {
   const bool tls = absl::GetFlag(FLAGS_tls) && absl::GetFlag(FLAGS_layers) <= 1;
   std::unique_ptr<kvc::cachesvc::KvCacheServer> tls_server;
   std::unique_ptr<kvc::client::KvCacheClient> tls_client;
+  std::unique_ptr<kvc::client::KvCacheClient> tls_transfer_client;
   std::string certs;
   if (tls) {
     certs = MakeCerts();
@@ -353,8 +354,8 @@ int main(int argc, char** argv) {
     kvc::cachesvc::ServerOptions tls_options = options;
     tls_options.tls.cert_file = certs + "/server.pem";
     tls_options.tls.key_file = certs + "/server.key";
-    tls_options.local_socket.clear();     // the path is the first server's
-    tls_options.transfer_listen.clear();  // cleartext channels are refused beside TLS
+    tls_options.local_socket.clear();  // the path is the first server's
+    // Its transfer listener speaks TLS too (the same certificate).
     auto started = kvc::cachesvc::KvCacheServer::Start(tls_options);
     if (!started.ok()) {
       std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
@@ -370,6 +371,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     tls_client = *std::move(connected);
+    tls_client_options.transfers = true;
+    tls_client_options.local_reads = false;
+    tls_transfer_client = *kvc::client::KvCacheClient::Connect(tls_client_options);
   }
 
   RawBytesService raw_service;
@@ -394,7 +398,7 @@ int main(int argc, char** argv) {
 
   std::vector<double> t_raw_up, t_raw_down, t_append, t_fetch, t_memcpy;
   std::vector<double> t_tls_append, t_tls_fetch, t_local_fetch, t_local_into, t_local_append;
-  std::vector<double> t_transfer_fetch, t_transfer_into;
+  std::vector<double> t_transfer_fetch, t_transfer_into, t_tls_transfer_into;
   EngineBuffers engine;
   engine.layers = layers;
   engine.heads = kHeads;
@@ -455,6 +459,16 @@ int main(int argc, char** argv) {
     if (tls && !AppendThenFetch(*tls_client, messages, tokens_per_message, keys, values, bytes,
                                 &t_tls_append, &t_tls_fetch)) {
       return 1;
+    }
+    if (tls) {  // FetchInto over the TLS server's transfer channel (TLS, frames with MACs)
+      std::vector<double> unused;
+      const std::string id =
+          TimedAppend(*tls_client, messages, tokens_per_message, keys, values, &unused, layers);
+      if (id.empty() ||
+          !TimedFetchInto(*tls_transfer_client, id, keys, &engine, &t_tls_transfer_into)) {
+        return 1;
+      }
+      (void)tls_client->Release(id);
     }
     {  // raw download
       rb::DownloadRequest req;
@@ -532,6 +546,9 @@ int main(int argc, char** argv) {
                 tls_append / append);
     std::printf("%-34s %10.3f %14.3f\n", "kvcache Fetch (dense f16), TLS", tls_fetch,
                 tls_fetch / fetch);
+    const double tls_into = gb / Median(t_tls_transfer_into);
+    std::printf("%-34s %10.3f %14.3f  (%s)\n", "kvcache FetchInto, transfer, TLS", tls_into,
+                tls_into / transfer_into, tls_transfer_client->DataPath().c_str());
   }
   const std::string json_path = absl::GetFlag(FLAGS_json);
   if (!json_path.empty()) {

@@ -23,6 +23,7 @@
 #include "tests/integration/read_paths.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
+#include "transfer/frame_mac.h"
 #include "transfer/wire.h"
 
 namespace kvc {
@@ -227,17 +228,31 @@ TEST_F(TransferTest, TheChannelRefusesStrangersAndUnconnectedSends) {
   EXPECT_EQ(header.nonce, 7u);
   EXPECT_EQ(header.payload_bytes, 0u);
   EXPECT_EQ(header.code, static_cast<uint32_t>(absl::StatusCode::kNotFound));
+  // Every frame ends with its MAC, keyed by the channel's frame key (a refusal's too).
+  ASSERT_EQ(opened.frame_key().size(), transfer::kFrameKeyBytes);
+  const auto expect_mac = [&](const std::string& framed) {
+    transfer::Mac tag{};
+    ASSERT_TRUE(
+        transfer::ReadAll(fd, tag.data(), tag.size(), absl::Now() + absl::Seconds(10)).ok());
+    transfer::FrameMac mac(opened.frame_key());
+    mac.Update(framed.data(), framed.size());
+    EXPECT_TRUE(transfer::SameMac(tag, mac.Finish())) << "the frame's MAC";
+  };
+  expect_mac(std::string(raw, sizeof(raw)));
 
   std::string payload;
+  std::string framed;  // header and payload, as the MAC covers them
   std::thread reader([&] {
     if (!transfer::ReadAll(fd, raw, sizeof(raw), absl::Now() + absl::Seconds(30)).ok()) return;
     if (!transfer::DecodeHeader(raw, &header)) return;
     payload.resize(header.payload_bytes);
     (void)transfer::ReadAll(fd, payload.data(), payload.size(), absl::Now() + absl::Seconds(30));
+    framed = std::string(raw, sizeof(raw)) + payload;
   });
   const grpc::Status ok = SendLease(opened.transfer_id(), lease.lease_id, 8, &sent);
   reader.join();
   ASSERT_TRUE(ok.ok()) << ok.error_message();
+  expect_mac(framed);
   EXPECT_EQ(header.nonce, 8u);
   EXPECT_EQ(sent.bytes(), lease.leased_bytes);
   EXPECT_EQ(static_cast<int64_t>(payload.size()), lease.leased_bytes);
@@ -368,18 +383,22 @@ TEST_F(TransferTest, AClientReopensItsChannelAfterARestart) {
   EXPECT_TRUE(HasMetric(*t_.server, "kvc_transfer_events_total{event=\"connected\"} 1"));
 }
 
-TEST(TransferConfigTest, ServersWithTlsOfferNoCleartextChannel) {
+// Beside TLS, NCCL (which does not encrypt) needs the config to say the fabric is trusted;
+// TCP channels run under TLS themselves (tests/security/transfer_security_test.cc).
+TEST(TransferConfigTest, ServersWithTlsOfferNcclOnlyOnATrustedFabric) {
   cachesvc::ServerOptions o = Options();
   o.tls.cert_file = "/nonexistent/cert.pem";
   o.tls.key_file = "/nonexistent/key.pem";
-  // Refused for the combination, before any file is read.
-  EXPECT_THAT(cachesvc::KvCacheServer::Start(o).status(),
-              testing::StatusIs(absl::StatusCode::kFailedPrecondition, "in the clear"));
   o.transfer_listen.clear();
   o.transfer_nccl_library = "libnccl.so.2";
+  // Refused for the combination, before any file is read.
   EXPECT_THAT(cachesvc::KvCacheServer::Start(o).status(),
               testing::StatusIs(absl::StatusCode::kFailedPrecondition,
                                 "transfer_nccl_library carries KV in the clear"));
+  o.transfer_nccl_trusted_fabric = true;
+  // Past that check: the next refusal is the certificate file's.
+  EXPECT_THAT(cachesvc::KvCacheServer::Start(o).status(),
+              testing::StatusIs(absl::StatusCode::kInvalidArgument, "cannot read tls.cert_file"));
 }
 
 // A server asked for NCCL transfers that cannot load the library does not start, and says

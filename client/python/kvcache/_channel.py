@@ -24,6 +24,11 @@ class Settings:
     credentials: Optional[grpc.ChannelCredentials]
     options: List[Tuple[str, object]]
     token: Optional[str] = None  # the bearer token, also presented on the local socket
+    # The TLS files (paths), also what a TLS transfer listener is verified with.
+    tls_ca: Optional[str] = None
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    tls_server_name: Optional[str] = None
 
 
 def _read(path: Optional[PathLike], what: str) -> Optional[bytes]:
@@ -70,7 +75,11 @@ def make_settings(target: str, *, timeout: float, max_attempts: int, initial_bac
             options.append(("grpc.ssl_target_name_override", tls_server_name))
     return Settings(target=target, timeout=timeout, max_attempts=max_attempts,
                     initial_backoff=initial_backoff, max_backoff=max_backoff, metadata=metadata,
-                    credentials=credentials, options=options, token=token)
+                    credentials=credentials, options=options, token=token,
+                    tls_ca=None if tls_ca is None else os.fspath(tls_ca),
+                    tls_cert=None if tls_cert is None else os.fspath(tls_cert),
+                    tls_key=None if tls_key is None else os.fspath(tls_key),
+                    tls_server_name=tls_server_name or None)
 
 
 def sequence_id(seq: object) -> str:

@@ -3,7 +3,10 @@ SendLease (transfer/wire.h, docs/ARCHITECTURE.md "Transfers"), as the C++ client
 TransferReader (client/src/transfer_reader.h) speaks it.
 
 A client that cannot map the server's pools (another node, another uid) opens a channel over
-gRPC, connects to the TCP port the reply names and presents the channel's token. A fetch then
+gRPC, connects to the TCP port the reply names (through TLS when the reply says so, verifying
+the listener's certificate as gRPC's is verified) and presents the channel's token. Every
+frame ends with HMAC-SHA256(frame_key, header || payload): a frame whose MAC differs is
+refused (DataLoss) and nothing of it is used. A fetch then
 leases the layers, asks SendLease to write the lease's blocks into the channel while this
 side reads them, ends the lease (the payload is this process's copy) and gathers each lane's
 records out of the payload with the same code as the same-node path (_local.gather): the
@@ -15,9 +18,12 @@ decoded as the server would (kvcache/_decode.py).
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
+import hmac
 import secrets
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -27,13 +33,15 @@ import grpc
 import numpy as np
 
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
-from kvcache.errors import (DeadlineExceeded, FailedPrecondition, Internal, KvCacheError,
-                            Unavailable, from_rpc_error)
+from kvcache.errors import (DataLoss, DeadlineExceeded, FailedPrecondition, Internal,
+                            KvCacheError, Unavailable, from_rpc_error)
 
 # "KVCXFER1", nonce (u64), payload bytes (u64), a gRPC status code (u32), 4 zero bytes.
 _HEADER = struct.Struct("<8sQQII")
 _MAGIC = b"KVCXFER1"
 _MAX_REPLY = 256
+_WIRE_VERSION = 2  # transfer/wire.h kWireVersion: frames end with their MAC
+_MAC_BYTES = 32
 # A payload buffer up to this size is kept for the next fetch (a fresh one costs its page
 # faults on every fetch); larger ones are dropped after use.
 _MAX_SPARE_BYTES = 1 << 30
@@ -64,6 +72,21 @@ def should_open(info: Any, transfers: bool, data_path: str) -> Tuple[bool, str]:
     if not transfers:
         return False, data_path[:-1] + "; transfers are off)"
     return True, data_path
+
+
+def tls_context(settings: Any, opened: Any) -> Tuple[Optional[ssl.SSLContext], str]:
+    """The TLS context and server name to reach the channel OpenTransfer `opened` answered:
+    (None, "") in the clear; FailedPrecondition when the listener speaks TLS and the client
+    has no CA to verify it with (the gRPC channel's settings)."""
+    if not opened.tls:
+        return None, ""
+    if not settings.tls_ca:
+        raise FailedPrecondition("the server's transfers speak TLS but this client has no CA "
+                                 "(tls_ca)")
+    context = ssl.create_default_context(cafile=settings.tls_ca)
+    if settings.tls_cert:
+        context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    return context, settings.tls_server_name or ""
 
 
 def refused(data_path: str, error: KvCacheError) -> str:
@@ -100,11 +123,16 @@ class TransferReader:
     """One connected transfer channel. Fetches on it run one at a time (call order).
     Thread-safe."""
 
-    def __init__(self, host: str, port: int, transfer_id: str, token: str):
-        """Connects and presents the token. Unavailable when the port cannot be reached;
-        FailedPrecondition when the server refuses the greeting."""
+    def __init__(self, host: str, port: int, transfer_id: str, token: str,
+                 frame_key: bytes = b"", tls: Optional[ssl.SSLContext] = None,
+                 server_name: str = ""):
+        """Connects (through `tls` when given, the listener's certificate checked for
+        `server_name` or else `host`) and presents the token. Unavailable when the port
+        cannot be reached or the handshake fails; FailedPrecondition when the server refuses
+        the greeting."""
         self.id = transfer_id
         self.where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._frame_key = frame_key
         self._lock = threading.Lock()  # one fetch at a time
         self._broken = False
         self._nonce = secrets.randbits(63)
@@ -114,9 +142,18 @@ class TransferReader:
         except OSError as e:
             raise Unavailable(f"cannot connect to transfer {self.where}: "
                               f"{e.strerror or e}") from None
+        if tls is not None:
+            try:
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._sock = tls.wrap_socket(self._sock, server_hostname=server_name or host)
+            except OSError as e:  # ssl.SSLError included
+                self._sock.close()
+                raise Unavailable(f"transfer {self.where}: TLS handshake failed: {e}") from None
+            self.where += ", TLS"
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock.sendall(f"KVC-TRANSFER 1 {transfer_id} {token}\n".encode())
+            self._sock.sendall(
+                f"KVC-TRANSFER {_WIRE_VERSION} {transfer_id} {token}\n".encode())
             reply = b""
             while not reply.endswith(b"\n") and len(reply) < _MAX_REPLY:
                 got = self._sock.recv(1)
@@ -176,6 +213,11 @@ class TransferReader:
                 if give_up():
                     raise _GaveUp() from None
                 continue
+            except ssl.SSLError as e:
+                if e.reason in ("DECRYPTION_FAILED_OR_BAD_RECORD_MAC", "BAD_RECORD_MAC"):
+                    raise DataLoss(f"transfer {self.where}: a TLS record failed its integrity "
+                                   f"check (changed on the way): {e}") from None
+                raise Unavailable(f"transfer {self.where}: {e}") from None
             except OSError as e:
                 raise Unavailable(f"transfer {self.where}: {e.strerror or e}") from None
             if n == 0:
@@ -219,6 +261,16 @@ class TransferReader:
                             payload = np.empty(max(total, 1), dtype=np.uint8)
                         self._spare = payload if payload.size <= _MAX_SPARE_BYTES else None
                         self._read_exactly(memoryview(payload)[:total], deadline, failed)
+                    # The frame's MAC: what came is used only if it is what the server sent.
+                    tag = bytearray(_MAC_BYTES)
+                    self._read_exactly(memoryview(tag), deadline, failed)
+                    mac = hmac.new(self._frame_key, bytes(header), hashlib.sha256)
+                    if code == 0:
+                        mac.update(memoryview(payload)[:total])
+                    if not hmac.compare_digest(mac.digest(), bytes(tag)):
+                        raise DataLoss(f"transfer {self.where}: a frame's MAC does not match "
+                                       "its bytes (changed on the way, or not this "
+                                       "channel's); nothing of it is used")
                 except (_GaveUp, _Deadline, KvCacheError) as e:
                     self._break()
                     future.cancel()

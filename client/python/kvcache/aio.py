@@ -38,6 +38,7 @@ from kvcache._local import (LocalReader, StagingSpace, connect_local, gather, re
 from kvcache._paths import (ConnectLocal, GetServerInfo, OpenStaging, OpenTransfer, PathState,
                             drive_async, grpc_result)
 from kvcache._transfer import TransferReader, target_host
+from kvcache._transfer import tls_context as transfer_tls
 from kvcache.client import _SERVER_MAY_STILL_READ
 from kvcache.errors import (Aborted, Cancelled, DeadlineExceeded, FailedPrecondition,
                             KvCacheError, from_rpc_error)
@@ -149,8 +150,10 @@ class AsyncClient:
             if not host:
                 raise FailedPrecondition("the target names no host to connect to (a unix "
                                          "socket?)")
+            tls, server_name = transfer_tls(self._s, opened)
             return await asyncio.get_running_loop().run_in_executor(
-                None, TransferReader, host, opened.port, opened.transfer_id, opened.token)
+                None, TransferReader, host, opened.port, opened.transfer_id, opened.token,
+                opened.frame_key, tls, server_name)
         except KvCacheError:
             try:  # best effort: the server drops an unconnected channel after a while
                 await self._call(self._kv.CloseTransfer,
@@ -192,7 +195,7 @@ class AsyncClient:
             except KvCacheError as e:
                 if transfer.alive():
                     raise  # refused by the server (NotFound, ...): the channel is fine
-                return f"the transfer channel broke: {e.message}"
+                return f"the transfer channel broke: {e.code.name}: {e.message}"
         finally:
             try:  # best effort: the TTL ends it otherwise
                 await self.release_lease(lease, timeout=timeout)

@@ -37,6 +37,7 @@ from kvcache._local import (LocalReader, StagingSpace, connect_local, gather, re
 from kvcache._paths import (ConnectLocal, GetServerInfo, OpenStaging, OpenTransfer, PathState,
                             drive, grpc_result)
 from kvcache._transfer import TransferReader, target_host
+from kvcache._transfer import tls_context as transfer_tls
 from kvcache.errors import (Aborted, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition,
                             Internal, KvCacheError, Unavailable, Unknown, from_rpc_error)
 from kvcache.types import (AppendResult, AppendStreamResult, AttendResult, CompressionSpec, DType,
@@ -165,7 +166,9 @@ class Client:
             if not host:
                 raise FailedPrecondition("the target names no host to connect to (a unix "
                                          "socket?)")
-            return TransferReader(host, opened.port, opened.transfer_id, opened.token)
+            tls, server_name = transfer_tls(self._s, opened)
+            return TransferReader(host, opened.port, opened.transfer_id, opened.token,
+                                  opened.frame_key, tls, server_name)
         except KvCacheError:
             try:  # best effort: the server drops an unconnected channel after a while
                 self._call(self._kv.CloseTransfer,
@@ -208,7 +211,7 @@ class Client:
             except KvCacheError as e:
                 if transfer.alive():
                     raise  # refused by the server (NotFound, ...): the channel is fine
-                return f"the transfer channel broke: {e.message}"
+                return f"the transfer channel broke: {e.code.name}: {e.message}"
         finally:
             try:  # best effort: the TTL ends it otherwise
                 self.release_lease(lease, timeout=timeout)
