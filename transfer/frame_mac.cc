@@ -4,7 +4,6 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
-
 namespace kvc::transfer {
 
 struct FrameMac::State {
@@ -21,9 +20,9 @@ struct FrameMac::State {
 
 FrameMac::FrameMac(const std::string& key) : state_(new State) {
   state_->ctx = HMAC_CTX_new();
-  state_->ok = state_->ctx != nullptr &&
-               HMAC_Init_ex(state_->ctx, key.data(), static_cast<int>(key.size()), EVP_sha256(),
-                            nullptr) == 1;
+  state_->ok =
+      state_->ctx != nullptr && HMAC_Init_ex(state_->ctx, key.data(), static_cast<int>(key.size()),
+                                             EVP_sha256(), nullptr) == 1;
 }
 
 FrameMac::~FrameMac() { HMAC_CTX_free(state_->ctx); }

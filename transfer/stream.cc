@@ -44,8 +44,8 @@ bool IsRecordMacFailure(unsigned long e) {
 // or an engine) instead of failing the write.
 int BioWrite(BIO* bio, const char* data, int bytes) {
   BIO_clear_retry_flags(bio);
-  const ssize_t n = ::send(BIO_get_fd(bio, nullptr), data, static_cast<size_t>(bytes),
-                           MSG_NOSIGNAL);
+  const ssize_t n =
+      ::send(BIO_get_fd(bio, nullptr), data, static_cast<size_t>(bytes), MSG_NOSIGNAL);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
     BIO_set_retry_write(bio);
   }
@@ -71,8 +71,7 @@ int BioDestroy(BIO* bio) { return BIO_meth_get_destroy(BIO_s_socket())(bio); }
 
 const BIO_METHOD* NoSigpipeSocket() {
   static BIO_METHOD* const method = [] {
-    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK |
-                                     BIO_TYPE_DESCRIPTOR,
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR,
                                  "kvc socket (no SIGPIPE)");
     BIO_meth_set_write(m, BioWrite);
     BIO_meth_set_read(m, BioRead);
@@ -130,8 +129,8 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsContext::Client(const std::string
   if (!cert_file.empty() &&
       (SSL_CTX_use_certificate_chain_file(ctx, cert_file.c_str()) != 1 ||
        SSL_CTX_use_PrivateKey_file(ctx, key_file.c_str(), SSL_FILETYPE_PEM) != 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("transfers: cannot use client certificate '",
-                                                   cert_file, "': ", SslError()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfers: cannot use client certificate '", cert_file, "': ", SslError()));
   }
   return made;
 }
@@ -170,9 +169,9 @@ absl::StatusOr<std::unique_ptr<Stream>> Stream::ConnectTls(
     const int e = SSL_get_error(ssl, rc);
     if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
       const long verify = SSL_get_verify_result(ssl);
-      return absl::UnavailableError(absl::StrCat(
-          "TLS handshake with the transfer listener failed: ",
-          verify != X509_V_OK ? X509_verify_cert_error_string(verify) : SslError()));
+      return absl::UnavailableError(
+          absl::StrCat("TLS handshake with the transfer listener failed: ",
+                       verify != X509_V_OK ? X509_verify_cert_error_string(verify) : SslError()));
     }
     if (absl::Status ready = stream->Wait(e == SSL_ERROR_WANT_READ ? Want::kRead : Want::kWrite,
                                           deadline, {}, "the TLS handshake");
@@ -277,8 +276,10 @@ absl::Status Stream::WriteAll(const void* data, size_t bytes, absl::Time deadlin
                                                  bytes - left, " of ", bytes,
                                                  " bytes: ", SslError()));
     }
-    if (absl::Status ready = Wait(e == SSL_ERROR_WANT_WRITE ? Want::kWrite : Want::kRead,
-                                      deadline, {}, "the reader taking the bytes"); !ready.ok()) return ready;
+    if (absl::Status ready = Wait(e == SSL_ERROR_WANT_WRITE ? Want::kWrite : Want::kRead, deadline,
+                                  {}, "the reader taking the bytes");
+        !ready.ok())
+      return ready;
   }
   return absl::OkStatus();
 }
@@ -304,16 +305,17 @@ absl::Status Stream::ReadAll(void* data, size_t bytes, absl::Time deadline,
     if (e == SSL_ERROR_SSL && IsRecordMacFailure(ERR_peek_error())) {
       const std::string why = SslError();
       return absl::DataLossError(absl::StrCat(
-          "a TLS record of the transfer failed its integrity check (changed on the way): ",
-          why));
+          "a TLS record of the transfer failed its integrity check (changed on the way): ", why));
     }
     if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
       return absl::UnavailableError(absl::StrCat("the transfer connection broke after ",
                                                  bytes - left, " of ", bytes,
                                                  " bytes: ", SslError()));
     }
-    if (absl::Status ready = Wait(e == SSL_ERROR_WANT_WRITE ? Want::kWrite : Want::kRead,
-                                      deadline, give_up, "the transfer's bytes arriving"); !ready.ok()) return ready;
+    if (absl::Status ready = Wait(e == SSL_ERROR_WANT_WRITE ? Want::kWrite : Want::kRead, deadline,
+                                  give_up, "the transfer's bytes arriving");
+        !ready.ok())
+      return ready;
   }
   return absl::OkStatus();
 }

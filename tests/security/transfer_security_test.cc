@@ -177,8 +177,8 @@ TEST(TransferSecurityTest, ATlsChannelCarriesFetchAndFetchIntoByteExact) {
   const std::string id = Filled(*via);
   KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult got, via->Fetch(id, {}));
   ExpectTheSequencesKv(got);
-  EXPECT_EQ(got.path, absl::StrCat("transfer (127.0.0.1:", (*server)->endpoints().transfer_port,
-                                   ", TLS)"));
+  EXPECT_EQ(got.path,
+            absl::StrCat("transfer (127.0.0.1:", (*server)->endpoints().transfer_port, ", TLS)"));
   std::vector<uint16_t> keys(kHeads * kTokens * kDim), values(keys.size());
   std::vector<uint16_t> want_keys(keys.size()), want_values(keys.size());
   client::FetchIntoOptions into;
