@@ -1,9 +1,13 @@
 // FrameMac: the message authentication code every frame of a TCP transfer channel carries
-// (wire.h): HMAC-SHA256, keyed by the channel's frame key (32 random bytes the server makes
-// per channel and hands out only in the authenticated OpenTransfer reply), over the frame's
-// header and payload, sent as a 32-byte trailer after them. A reader that finds another tag
-// serves nothing of the frame (DATA_LOSS): bytes changed on the way, or a frame that is not
-// this channel's, are refused whether or not the channel runs under TLS.
+// (wire.h), so that a frame changed on the way, or one that is not this channel's, is
+// refused (DATA_LOSS) whether or not the channel runs under TLS. The tag is the 16-byte
+// Poly1305 tag of ChaCha20-Poly1305 (RFC 8439) under the channel's frame key (32 random
+// bytes the server makes per channel and hands out only in the authenticated OpenTransfer
+// reply), with nonce = the frame's number on the channel (0, 1, ... for every frame either
+// end has written or read, as 4 zero bytes then the number as 8 little-endian bytes),
+// associated data = the frame's payload and plaintext = its 32-byte header (only the tag is
+// sent, after the payload). Poly1305 over the payload runs at memory-like speed, where an
+// HMAC-SHA256 halved the channel's throughput.
 #pragma once
 
 #include <array>
@@ -15,20 +19,21 @@
 namespace kvc::transfer {
 
 inline constexpr size_t kFrameKeyBytes = 32;
-inline constexpr size_t kMacBytes = 32;
+inline constexpr size_t kMacBytes = 16;
 using Mac = std::array<uint8_t, kMacBytes>;
 
 class FrameMac {
  public:
-  // `key`: the channel's frame key (kFrameKeyBytes bytes).
-  explicit FrameMac(const std::string& key);
+  // `key`: the channel's frame key (kFrameKeyBytes bytes); `frame`: the frame's number.
+  FrameMac(const std::string& key, uint64_t frame);
   FrameMac(const FrameMac&) = delete;
   FrameMac& operator=(const FrameMac&) = delete;
   ~FrameMac();
 
+  // The payload, in order, in any number of pieces.
   void Update(const void* data, size_t bytes);
-  // The tag of everything Update saw; the object is then spent.
-  Mac Finish();
+  // The tag over everything Update saw and the frame's header; the object is then spent.
+  Mac Finish(const void* header, size_t header_bytes);
 
  private:
   struct State;

@@ -70,7 +70,7 @@ int BioCreate(BIO* bio) { return BIO_meth_get_create(BIO_s_socket())(bio); }
 int BioDestroy(BIO* bio) { return BIO_meth_get_destroy(BIO_s_socket())(bio); }
 
 const BIO_METHOD* NoSigpipeSocket() {
-  static BIO_METHOD* const method = [] {
+  static BIO_METHOD* const kMethod = [] {
     BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR,
                                  "kvc socket (no SIGPIPE)");
     BIO_meth_set_write(m, BioWrite);
@@ -80,7 +80,7 @@ const BIO_METHOD* NoSigpipeSocket() {
     BIO_meth_set_destroy(m, BioDestroy);
     return m;
   }();
-  return method;
+  return kMethod;
 }
 
 // Attaches `fd` to `ssl` through the BIO above (the session then owns no fd: Stream does).
@@ -138,7 +138,7 @@ absl::StatusOr<std::shared_ptr<TlsContext>> TlsContext::Client(const std::string
 TlsContext::~TlsContext() { SSL_CTX_free(ctx_); }
 
 std::unique_ptr<Stream> Stream::Plain(int fd) {
-  return std::unique_ptr<Stream>(new Stream(fd, nullptr, nullptr));
+  return std::unique_ptr<Stream>(new Stream(fd, /*ssl=*/nullptr, /*context=*/nullptr));
 }
 
 absl::StatusOr<std::unique_ptr<Stream>> Stream::ConnectTls(

@@ -70,22 +70,21 @@ std::string FileStamp(const std::string& path) {
 // the frame's MAC; Finish writes the MAC's tag after them (transfer/frame_mac.h).
 class ConnectionSink final : public BlockSink {
  public:
-  ConnectionSink(transfer::Stream* stream, const std::string& key, uint64_t nonce,
+  // `frame`: the frame's number on the channel (its MAC's nonce).
+  ConnectionSink(transfer::Stream* stream, const std::string& key, uint64_t frame, uint64_t nonce,
                  absl::Time deadline)
-      : stream_(stream), mac_(key), nonce_(nonce), deadline_(deadline) {}
+      : stream_(stream), mac_(key, frame), nonce_(nonce), deadline_(deadline) {}
   absl::Status Begin(int64_t /*blocks*/, int64_t bytes) override {
-    char header[transfer::kHeaderBytes];
-    transfer::EncodeHeader({nonce_, static_cast<uint64_t>(bytes), 0}, header);
+    transfer::EncodeHeader({nonce_, static_cast<uint64_t>(bytes), 0}, header_);
     begun_ = true;
-    mac_.Update(header, sizeof(header));
-    return stream_->WriteAll(header, sizeof(header), deadline_);
+    return stream_->WriteAll(header_, sizeof(header_), deadline_);
   }
   absl::Status Write(const char* data, size_t bytes) override {
     mac_.Update(data, bytes);
     return stream_->WriteAll(data, bytes, deadline_);
   }
   absl::Status Finish() {
-    const transfer::Mac tag = mac_.Finish();
+    const transfer::Mac tag = mac_.Finish(header_, sizeof(header_));
     return stream_->WriteAll(tag.data(), tag.size(), deadline_);
   }
   bool begun() const { return begun_; }
@@ -95,6 +94,7 @@ class ConnectionSink final : public BlockSink {
   transfer::FrameMac mac_;
   const uint64_t nonce_;
   const absl::Time deadline_;
+  char header_[transfer::kHeaderBytes] = {};
   bool begun_ = false;
 };
 
@@ -234,7 +234,8 @@ absl::StatusOr<SentBlocks> TcpChannels::Send(const std::string& scope, const std
         "transfer ", Quoted(id), " is not connected yet: connect and greet before SendLease"));
   }
   const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
-  ConnectionSink sink(c->stream.get(), c->frame_key, nonce, until);
+  const uint64_t frame = c->frames++;  // every frame written counts, refusals too
+  ConnectionSink sink(c->stream.get(), c->frame_key, frame, nonce, until);
   absl::StatusOr<SentBlocks> sent = SendLeasedBlocks(*store_, scope, lease_id, &sink);
   if (sent.ok()) {
     const absl::Status tagged = sink.Finish();
@@ -250,9 +251,8 @@ absl::StatusOr<SentBlocks> TcpChannels::Send(const std::string& scope, const std
     // in step.
     char header[transfer::kHeaderBytes];
     transfer::EncodeHeader({nonce, 0, static_cast<uint32_t>(sent.status().code())}, header);
-    transfer::FrameMac mac(c->frame_key);
-    mac.Update(header, sizeof(header));
-    const transfer::Mac tag = mac.Finish();
+    transfer::FrameMac mac(c->frame_key, frame);
+    const transfer::Mac tag = mac.Finish(header, sizeof(header));
     if (c->stream->WriteAll(header, sizeof(header), until).ok() &&
         c->stream->WriteAll(tag.data(), tag.size(), until).ok()) {
       return sent.status();

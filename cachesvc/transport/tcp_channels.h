@@ -88,6 +88,7 @@ class TcpChannels final : public TransferChannels {
     absl::Time opened;
     kvc::Mutex send_mu;     // one send at a time, in call order
     std::string frame_key;  // transfer::kFrameKeyBytes; keys every frame's MAC
+    uint64_t frames ABSL_GUARDED_BY(send_mu) = 0;  // written so far: the next frame's number
     std::unique_ptr<transfer::Stream> stream ABSL_GUARDED_BY(send_mu);  // null until greeted
     bool broken ABSL_GUARDED_BY(send_mu) = false;
     Channel() = default;

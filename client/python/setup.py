@@ -60,7 +60,9 @@ def _requirements():
 
     tools = importlib.metadata.version("grpcio-tools")
     pb = google.protobuf.__version__.split(".")
-    return [f"grpcio>={tools}", f"protobuf>={pb[0]}.{pb[1]},<{int(pb[0]) + 1}", "numpy>=1.21"]
+    # cryptography: the transfer frames' MAC (ChaCha20-Poly1305, kvcache/_transfer.py).
+    return [f"grpcio>={tools}", f"protobuf>={pb[0]}.{pb[1]},<{int(pb[0]) + 1}", "numpy>=1.21",
+            "cryptography>=42"]
 
 
 generate()

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <random>
 #include <system_error>
@@ -164,12 +165,11 @@ absl::StatusOr<ReceivedBlocks> TransferReader::Fetch(
   const auto give_up = [&] { return sent_failed.load(std::memory_order_acquire); };
   char raw[transfer::kHeaderBytes];
   transfer::FrameHeader header;
-  transfer::FrameMac mac(frame_key_);
+  transfer::FrameMac mac(frame_key_, frames_++);  // every frame read counts
   absl::Status read = stream_->ReadAll(raw, sizeof(raw), deadline, give_up);
   if (read.ok() && (!transfer::DecodeHeader(raw, &header) || header.nonce != nonce)) {
     read = absl::InternalError(absl::StrCat("transfer ", where_, " is out of step"));
   }
-  if (read.ok()) mac.Update(raw, sizeof(raw));
   if (read.ok() && header.code == 0) {
     if (header.payload_bytes != static_cast<uint64_t>(r.bytes)) {
       read = absl::InternalError(absl::StrCat("transfer ", where_, " sends ", header.payload_bytes,
@@ -183,15 +183,24 @@ absl::StatusOr<ReceivedBlocks> TransferReader::Fetch(
         r.capacity = std::max<int64_t>(r.bytes, 1);
         r.payload.reset(new uint8_t[static_cast<size_t>(r.capacity)]);
       }
-      read = stream_->ReadAll(r.payload.get(), static_cast<size_t>(r.bytes), deadline);
-      if (read.ok()) mac.Update(r.payload.get(), static_cast<size_t>(r.bytes));
+      // In pieces that stay in cache between the read and the MAC's pass over them: one
+      // pass over the whole payload after it came would read it from memory again.
+      constexpr size_t kMacPiece = 256 << 10;
+      uint8_t* at = r.payload.get();
+      for (size_t left = static_cast<size_t>(r.bytes); read.ok() && left > 0;) {
+        const size_t n = std::min(left, kMacPiece);
+        read = stream_->ReadAll(at, n, deadline);
+        if (read.ok()) mac.Update(at, n);
+        at += n;
+        left -= n;
+      }
     }
   }
   if (read.ok()) {
     // The frame's MAC: whatever came is served only if it is what the server sent.
     transfer::Mac tag{};
     read = stream_->ReadAll(tag.data(), tag.size(), deadline);
-    if (read.ok() && !transfer::SameMac(tag, mac.Finish())) {
+    if (read.ok() && !transfer::SameMac(tag, mac.Finish(raw, sizeof(raw)))) {
       read = absl::DataLossError(
           absl::StrCat("transfer ", where_,
                        ": a frame's MAC does not match its bytes (changed on the way, "

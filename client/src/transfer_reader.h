@@ -97,6 +97,7 @@ class TransferReader {
   const std::string id_;
   const std::string where_;
   const std::string frame_key_;
+  uint64_t frames_ ABSL_GUARDED_BY(mu_) = 0;  // read so far: the next frame's MAC nonce
   uint64_t nonce_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<uint8_t[]> spare_ ABSL_GUARDED_BY(mu_);  // a recycled payload buffer
   int64_t spare_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -230,29 +230,29 @@ TEST_F(TransferTest, TheChannelRefusesStrangersAndUnconnectedSends) {
   EXPECT_EQ(header.code, static_cast<uint32_t>(absl::StatusCode::kNotFound));
   // Every frame ends with its MAC, keyed by the channel's frame key (a refusal's too).
   ASSERT_EQ(opened.frame_key().size(), transfer::kFrameKeyBytes);
-  const auto expect_mac = [&](const std::string& framed) {
+  // Frames are numbered on the channel from 0: the MAC's nonce.
+  uint64_t frame = 0;
+  const auto expect_mac = [&](const std::string& head, const std::string& body) {
     transfer::Mac tag{};
     ASSERT_TRUE(
         transfer::ReadAll(fd, tag.data(), tag.size(), absl::Now() + absl::Seconds(10)).ok());
-    transfer::FrameMac mac(opened.frame_key());
-    mac.Update(framed.data(), framed.size());
-    EXPECT_TRUE(transfer::SameMac(tag, mac.Finish())) << "the frame's MAC";
+    transfer::FrameMac mac(opened.frame_key(), frame++);
+    mac.Update(body.data(), body.size());
+    EXPECT_TRUE(transfer::SameMac(tag, mac.Finish(head.data(), head.size()))) << "the frame's MAC";
   };
-  expect_mac(std::string(raw, sizeof(raw)));
+  expect_mac(std::string(raw, sizeof(raw)), "");
 
   std::string payload;
-  std::string framed;  // header and payload, as the MAC covers them
   std::thread reader([&] {
     if (!transfer::ReadAll(fd, raw, sizeof(raw), absl::Now() + absl::Seconds(30)).ok()) return;
     if (!transfer::DecodeHeader(raw, &header)) return;
     payload.resize(header.payload_bytes);
     (void)transfer::ReadAll(fd, payload.data(), payload.size(), absl::Now() + absl::Seconds(30));
-    framed = std::string(raw, sizeof(raw)) + payload;
   });
   const grpc::Status ok = SendLease(opened.transfer_id(), lease.lease_id, 8, &sent);
   reader.join();
   ASSERT_TRUE(ok.ok()) << ok.error_message();
-  expect_mac(framed);
+  expect_mac(std::string(raw, sizeof(raw)), payload);
   EXPECT_EQ(header.nonce, 8u);
   EXPECT_EQ(sent.bytes(), lease.leased_bytes);
   EXPECT_EQ(static_cast<int64_t>(payload.size()), lease.leased_bytes);

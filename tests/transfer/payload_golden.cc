@@ -60,8 +60,8 @@ int main() {
     }
   }
   for (const kvc::transfer::Piece& p : layout->Pieces()) {
-    std::cout << "piece " << p.format << " " << p.first_block << " " << p.blocks << " "
-              << p.offset << " " << p.bytes << "\n";
+    std::cout << "piece " << p.format << " " << p.first_block << " " << p.blocks << " " << p.offset
+              << " " << p.bytes << "\n";
   }
   std::cout << "total " << layout->total_bytes() << "\n";
   return 0;

@@ -5,8 +5,10 @@ TransferReader (client/src/transfer_reader.h) speaks it.
 A client that cannot map the server's pools (another node, another uid) opens a channel over
 gRPC, connects to the TCP port the reply names (through TLS when the reply says so, verifying
 the listener's certificate as gRPC's is verified) and presents the channel's token. Every
-frame ends with HMAC-SHA256(frame_key, header || payload): a frame whose MAC differs is
-refused (DataLoss) and nothing of it is used. A fetch then
+frame ends with a 16-byte tag, the Poly1305 tag of ChaCha20-Poly1305 under the channel's
+frame_key (nonce: the frame's number on the channel; associated data: the payload;
+plaintext: the header; transfer/frame_mac.h): a frame whose tag differs is refused
+(DataLoss) and nothing of it is used. A fetch then
 leases the layers, asks SendLease to write the lease's blocks into the channel while this
 side reads them, ends the lease (the payload is this process's copy) and gathers each lane's
 records out of the payload with the same code as the same-node path (_local.gather): the
@@ -18,7 +20,6 @@ decoded as the server would (kvcache/_decode.py).
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import hmac
 import secrets
 import select
@@ -31,6 +32,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
 import grpc
 import numpy as np
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
 from kvcache.errors import (DataLoss, DeadlineExceeded, FailedPrecondition, Internal,
@@ -41,7 +43,7 @@ _HEADER = struct.Struct("<8sQQII")
 _MAGIC = b"KVCXFER1"
 _MAX_REPLY = 256
 _WIRE_VERSION = 2  # transfer/wire.h kWireVersion: frames end with their MAC
-_MAC_BYTES = 32
+_MAC_BYTES = 16  # transfer/frame_mac.h kMacBytes
 # A payload buffer up to this size is kept for the next fetch (a fresh one costs its page
 # faults on every fetch); larger ones are dropped after use.
 _MAX_SPARE_BYTES = 1 << 30
@@ -132,10 +134,11 @@ class TransferReader:
         the greeting."""
         self.id = transfer_id
         self.where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self._frame_key = frame_key
         self._lock = threading.Lock()  # one fetch at a time
         self._broken = False
         self._nonce = secrets.randbits(63)
+        self._frames = 0  # frames read on this channel: each frame's number for its tag
+        self._aead = ChaCha20Poly1305(frame_key) if len(frame_key) == 32 else None
         self._spare: Optional[np.ndarray] = None
         try:
             self._sock = socket.create_connection((host, port), timeout=5)
@@ -187,6 +190,16 @@ class TransferReader:
         self._break()
         with self._lock:
             self._sock.close()
+
+    def _tag(self, frame: int, header: bytearray, payload: Optional[np.ndarray],
+             total: int) -> bytes:
+        """The tag frame number `frame` must carry (transfer/frame_mac.h); when the channel
+        has no usable key, a value of another length, which matches no tag."""
+        if self._aead is None:
+            return bytes(_MAC_BYTES + 1)  # compare_digest of different lengths: never equal
+        nonce = bytes(4) + frame.to_bytes(8, "little")
+        aad = memoryview(payload)[:total] if payload is not None else b""
+        return self._aead.encrypt(nonce, bytes(header), aad)[-_MAC_BYTES:]
 
     def _break(self) -> None:
         self._broken = True
@@ -245,6 +258,8 @@ class TransferReader:
             failed = lambda: future.done() and future.exception() is not None  # noqa: E731
             header = bytearray(_HEADER.size)
             code = 0
+            frame = self._frames
+            self._frames += 1  # every frame read counts, refusals too
             try:
                 try:
                     self._read_exactly(memoryview(header), deadline, failed)
@@ -264,10 +279,8 @@ class TransferReader:
                     # The frame's MAC: what came is used only if it is what the server sent.
                     tag = bytearray(_MAC_BYTES)
                     self._read_exactly(memoryview(tag), deadline, failed)
-                    mac = hmac.new(self._frame_key, bytes(header), hashlib.sha256)
-                    if code == 0:
-                        mac.update(memoryview(payload)[:total])
-                    if not hmac.compare_digest(mac.digest(), bytes(tag)):
+                    if not hmac.compare_digest(self._tag(frame, header, payload if code == 0
+                                                         else None, total), bytes(tag)):
                         raise DataLoss(f"transfer {self.where}: a frame's MAC does not match "
                                        "its bytes (changed on the way, or not this "
                                        "channel's); nothing of it is used")
