@@ -48,6 +48,7 @@ absl::StatusOr<SentBlocks> SendLeasedBlocks(const KvStore& store, const std::str
           absl::StrCat("lease ", Quoted(lease_id), " is of pool ", Quoted(pool->options().name),
                        ", in host memory: this transfer sends device pools' blocks only"));
     }
+    KVC_RETURN_IF_ERROR(sink->Reserve(layout.largest_piece()));
     KVC_ASSIGN_OR_RETURN(
         pool_piece,
         BackendBuffer::Allocate(pool->backend(), static_cast<size_t>(layout.largest_piece())));

@@ -28,6 +28,10 @@ class BlockSink {
   // a device pool (FAILED_PRECONDITION before Begin otherwise), with the calling thread
   // bound to the pool's device (KernelBackend::BindThread) before Begin.
   virtual const BlockPool* SendsFromPool() const { return nullptr; }
+  // Called before a SendsFromPool sender takes the piece buffer it copies each piece into
+  // (device memory outside the pool's capacity): `bytes` held until the send ends. An error
+  // refuses the send before Begin (RESOURCE_EXHAUSTED naming a budget).
+  virtual absl::Status Reserve(int64_t bytes) { return absl::OkStatus(); }
 };
 
 struct SentBlocks {

@@ -53,17 +53,18 @@ class NcclChannels::Budget {
   };
 
   // `bytes` more for `scope`, or RESOURCE_EXHAUSTED naming the budget it would pass.
+  // `what` names the buffer ("an Append over NCCL needs a receive buffer").
   static absl::StatusOr<Charge> Take(const std::shared_ptr<Budget>& self, const std::string& scope,
-                                     int64_t bytes) {
+                                     int64_t bytes, const char* what) {
     Budget& b = *self;
     kvc::MutexLock lock(&b.mu_);
     int64_t& mine = b.by_scope_[scope];
     const auto refuse = [&](const std::string& who, int64_t held, const char* budget,
                             int64_t limit) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "an Append over NCCL needs a receive buffer of ", bytes, " bytes; ", who, " holds ", held,
-          " bytes of them, its budget (", budget, ") is ", limit,
-          ": send smaller appends or close idle NCCL transfers; this transfer is closed"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, " of ", bytes, " bytes; ", who, " holds ", held,
+                       " bytes of NCCL buffers, its budget (", budget, ") is ", limit,
+                       ": close idle NCCL transfers or raise the budget"));
     };
     if (mine + bytes > b.per_tenant_) {
       const int64_t held = mine;
@@ -139,8 +140,19 @@ struct NcclChannels::Channel {
 // Sends a SendLease's frame on a joined channel: the header, then each piece as it comes.
 class NcclChannels::Sink final : public BlockSink {
  public:
-  Sink(Channel* c, uint64_t nonce, absl::Time until) : c_(c), nonce_(nonce), until_(until) {}
+  Sink(Channel* c, uint64_t nonce, absl::Time until, std::shared_ptr<Budget> budget,
+       std::string scope)
+      : c_(c), nonce_(nonce), until_(until), budget_(std::move(budget)), scope_(std::move(scope)) {}
   const BlockPool* SendsFromPool() const override { return c_->pool; }
+  // The piece buffer is device memory like the receive buffers: the same budgets, held for
+  // this send.
+  absl::Status Reserve(int64_t bytes) override {
+    absl::StatusOr<Budget::Charge> charge =
+        Budget::Take(budget_, scope_, bytes, "a send over NCCL needs a piece buffer");
+    if (!charge.ok()) return charge.status();
+    charge_ = *std::move(charge);
+    return absl::OkStatus();
+  }
   absl::Status Begin(int64_t /*blocks*/, int64_t bytes) override {
     begun_ = true;
     return SendHeader({nonce_, static_cast<uint64_t>(bytes), 0});
@@ -167,6 +179,9 @@ class NcclChannels::Sink final : public BlockSink {
   Channel* const c_;
   const uint64_t nonce_;
   const absl::Time until_;
+  const std::shared_ptr<Budget> budget_;
+  const std::string scope_;
+  Budget::Charge charge_;
   bool begun_ = false;
 };
 
@@ -357,9 +372,12 @@ absl::Status NcclChannels::Receive(const std::string& scope, const std::string& 
     c->incoming.reset();
     c->incoming_bytes = 0;
     c->incoming_charge.Reset();
-    absl::StatusOr<Budget::Charge> charge =
-        Budget::Take(budget_, scope, static_cast<int64_t>(need));
-    if (!charge.ok()) return fail(charge.status());
+    absl::StatusOr<Budget::Charge> charge = Budget::Take(
+        budget_, scope, static_cast<int64_t>(need), "an Append over NCCL needs a receive buffer");
+    if (!charge.ok()) {
+      return fail(absl::Status(charge.status().code(), absl::StrCat(charge.status().message(),
+                                                                    "; this transfer is closed")));
+    }
     absl::StatusOr<BackendBuffer> grown = BackendBuffer::Allocate(c->pool->backend(), need);
     if (!grown.ok()) return fail(grown.status());
     c->incoming = *std::move(grown);
@@ -404,7 +422,7 @@ absl::StatusOr<SentBlocks> NcclChannels::Send(const std::string& scope, const st
   kvc::MutexLock lock(&c->op_mu);
   KVC_RETURN_IF_ERROR(Ready(*c, id, deadline));
   const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
-  Sink sink(c.get(), nonce, until);
+  Sink sink(c.get(), nonce, until, budget_, scope);
   absl::StatusOr<SentBlocks> sent = SendLeasedBlocks(*store_, scope, lease_id, &sink);
   if (sent.ok()) {
     Event("sent");

@@ -13,8 +13,8 @@
 #include "absl/time/time.h"
 #include "client/channel/channel.h"
 #include "client/src/local_reader.h"
+#include "client/src/read_path.h"
 #include "client/src/staging_space.h"
-#include "client/src/transfer_reader.h"
 #include "common/mutex.h"
 #include "kvc/client/kv_cache_client.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
@@ -28,15 +28,18 @@ struct KvCacheClient::Impl {
   std::unique_ptr<::kvcache::v1::KvCacheService::Stub> kv;
   std::unique_ptr<::kvcache::v1::AdminService::Stub> admin;
 
-  // The same-node path, decided on the first Fetch (local_reader.h).
+  // The read path (read_path.h) and the selector's state (data_paths.cc): decided on the
+  // first Fetch, and again after the path broke. Shared: a call keeps the path it started
+  // with even if a later call drops it (the server restarted) and decides again.
   kvc::Mutex local_mu;
   bool local_decided ABSL_GUARDED_BY(local_mu) = false;
-  // Shared: a call keeps the reader it started with even if a later call drops it (the
-  // server restarted) and decides again.
+  std::shared_ptr<internal::ReadPath> reads ABSL_GUARDED_BY(local_mu);  // null: gRPC
+  // Set when `reads` is the same-node path: its connection also opens staging regions and
+  // shares device arenas.
   std::shared_ptr<internal::LocalReader> local ABSL_GUARDED_BY(local_mu);
   std::string data_path ABSL_GUARDED_BY(local_mu) = "grpc (no Fetch yet)";
-  // The transfer channel (transfer_reader.h), decided with `local` when it is null.
-  std::shared_ptr<internal::TransferReader> transfer ABSL_GUARDED_BY(local_mu);
+  // The gRPC path: always there, and where a call goes when the decided path cannot serve it.
+  std::shared_ptr<internal::ReadPath> grpc_reads;
   // Appends' staging region (staging_space.h), decided on the first Append.
   bool staging_decided ABSL_GUARDED_BY(local_mu) = false;
   std::shared_ptr<internal::StagingSpace> staging ABSL_GUARDED_BY(local_mu);

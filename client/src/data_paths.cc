@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/src/client_impl.h"
 #include "client/src/local_reader.h"
+#include "client/src/read_path.h"
 #include "client/src/staging_space.h"
 #include "client/src/transfer_reader.h"
 #include "common/mutex.h"
@@ -51,7 +52,7 @@ std::shared_ptr<internal::StagingSpace> KvCacheClient::LocalStaging(const CallOp
   if (local == nullptr) {
     // Undecided while the server is unreachable, as the read path is.
     impl_->staging_decided = impl_->local_decided;
-    impl_->append_path = impl_->transfer != nullptr
+    impl_->append_path = impl_->reads != nullptr
                              ? "grpc (no same-node path; transfer channels carry reads only)"
                              : impl_->data_path;
     return nullptr;
@@ -92,86 +93,21 @@ std::string TargetHost(std::string target) {
 
 }  // namespace
 
-std::shared_ptr<internal::LocalReader> KvCacheClient::LocalPath(const CallOptions& call) {
-  kvc::MutexLock lock(&impl_->local_mu);
-  if (impl_->local_decided) {
-    if (impl_->transfer != nullptr) {
-      if (impl_->transfer->Alive()) return nullptr;
-      // The channel broke (or the server hung up): decide again.
-      impl_->transfer.reset();
-      impl_->local_decided = false;
-    } else if (impl_->local == nullptr || impl_->local->Alive()) {
-      return impl_->local;
-    } else {
-      // The server's end closed (it exited or restarted) or a lease of another server came
-      // by: the mappings and the staging region are of memory that server no longer
-      // serves. Decide again; calls still holding the old reader finish with it (their
-      // leases are checked against its token).
-      impl_->local.reset();
-      impl_->local_decided = false;
-      impl_->staging.reset();
-      impl_->staging_decided = false;
-      impl_->append_path = "grpc (no Append since the local socket closed)";
-    }
-  }
-  if (!impl_->options.local_reads && !impl_->options.transfers) {
-    impl_->local_decided = true;
-    impl_->data_path = "grpc (local_reads and transfers are off)";
-    return nullptr;
-  }
-  absl::StatusOr<ServerInfo> info = GetServerInfo(call);
-  // Unreachable now: the next Fetch asks again (the server may be starting). Any other
-  // failure (an older server, a proxy without AdminService) decides for gRPC.
-  impl_->local_decided =
-      !absl::IsUnavailable(info.status()) && !absl::IsDeadlineExceeded(info.status());
-  if (!info.ok()) {
-    impl_->data_path = absl::StrCat("grpc (GetServerInfo failed: ", info.status().message(), ")");
-    return nullptr;
-  }
-  std::string why_not_local = "local_reads is off";
-  if (impl_->options.local_reads) {
-    why_not_local = "the server has no local_socket";
-    if (!info->local_socket.empty()) {
-      absl::StatusOr<std::unique_ptr<internal::LocalReader>> reader =
-          internal::LocalReader::Connect(info->local_socket, info->local_token,
-                                         impl_->options.bearer_token);
-      if (reader.ok()) {
-        impl_->local = *std::move(reader);
-        impl_->data_path = absl::StrCat("shared-memory (", info->local_socket, ")");
-        return impl_->local;
-      }
-      why_not_local = std::string(reader.status().message());
-    }
-  }
-  // No same-node path: a transfer channel, if the server offers one.
-  std::string why_not_transfer;
-  if (info->transfer_port > 0 && !impl_->options.transfers) {
-    why_not_transfer = "; transfers are off";
-  } else if (info->transfer_port > 0) {
-    absl::StatusOr<std::unique_ptr<internal::TransferReader>> transfer = OpenTransfer(call);
-    if (transfer.ok()) {
-      impl_->transfer = *std::move(transfer);
-      impl_->data_path = absl::StrCat("transfer (", impl_->transfer->where(), ")");
-      return nullptr;
-    }
-    why_not_transfer = absl::StrCat("; transfer: ", transfer.status().message());
-  }
-  impl_->data_path = absl::StrCat("grpc (", why_not_local, why_not_transfer, ")");
-  return nullptr;
-}
+namespace {
 
-absl::StatusOr<std::unique_ptr<internal::TransferReader>> KvCacheClient::OpenTransfer(
-    const CallOptions& call) {
+// OpenTransfer, then a connection to the channel (closed again if the connection fails).
+absl::StatusOr<std::unique_ptr<internal::TransferReader>> OpenTransfer(
+    const KvCacheClient::Impl& impl, const CallOptions& call) {
   pb::OpenTransferResponse response;
   {
     grpc::ClientContext context;
-    impl_->Prepare(&context, call);
+    impl.Prepare(&context, call);
     const absl::Status status =
-        FromGrpcStatus(impl_->kv->OpenTransfer(&context, pb::OpenTransferRequest(), &response));
+        FromGrpcStatus(impl.kv->OpenTransfer(&context, pb::OpenTransferRequest(), &response));
     if (!status.ok()) return status;
   }
   internal::TransferEndpoint at;
-  at.host = response.host().empty() ? TargetHost(impl_->options.target) : response.host();
+  at.host = response.host().empty() ? TargetHost(impl.options.target) : response.host();
   at.port = response.port();
   at.transfer_id = response.transfer_id();
   at.token = response.token();
@@ -180,7 +116,7 @@ absl::StatusOr<std::unique_ptr<internal::TransferReader>> KvCacheClient::OpenTra
       absl::FailedPreconditionError("the target names no host to connect to (a unix socket?)");
   if (response.tls()) {
     // The listener's certificate is the gRPC listener's: verified the same way.
-    const ClientTlsOptions& tls = impl_->options.tls;
+    const ClientTlsOptions& tls = impl.options.tls;
     at.server_name = tls.server_name.empty() ? at.host : tls.server_name;
     absl::StatusOr<std::shared_ptr<transfer::TlsContext>> context =
         tls.ca_file.empty()
@@ -199,46 +135,88 @@ absl::StatusOr<std::unique_ptr<internal::TransferReader>> KvCacheClient::OpenTra
   if (!reader.ok()) {
     // Best effort: an unconnected channel is dropped by the server after connect_within.
     grpc::ClientContext context;
-    impl_->Prepare(&context, call);
+    impl.Prepare(&context, call);
     pb::CloseTransferRequest close;
     close.set_transfer_id(response.transfer_id());
     pb::CloseTransferResponse closed;
-    (void)impl_->kv->CloseTransfer(&context, close, &closed);
+    (void)impl.kv->CloseTransfer(&context, close, &closed);
   }
   return reader;
 }
 
-std::shared_ptr<internal::TransferReader> KvCacheClient::TransferPath(const CallOptions& call) {
-  if (LocalPath(call) != nullptr) return nullptr;
+}  // namespace
+
+std::shared_ptr<internal::LocalReader> KvCacheClient::LocalPath(const CallOptions& call) {
+  (void)ReadPathFor(call);
   kvc::MutexLock lock(&impl_->local_mu);
-  return impl_->transfer;
+  return impl_->local;
 }
 
-absl::StatusOr<internal::ReceivedBlocks> KvCacheClient::ReceiveLeased(
-    internal::TransferReader& transfer, const std::string& sequence_id,
-    const std::vector<int32_t>& layers, const CallOptions& call, bool* channel_failed) {
-  *channel_failed = false;
-  absl::StatusOr<Lease> lease = LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
-  if (!lease.ok()) return lease.status();
-  const absl::Duration budget =
-      call.deadline > absl::ZeroDuration() ? call.deadline : impl_->options.default_deadline;
-  absl::StatusOr<internal::ReceivedBlocks> got = transfer.Fetch(
-      *lease,
-      [&](uint64_t nonce) {
-        pb::SendLeaseRequest request;
-        request.set_transfer_id(transfer.id());
-        request.set_lease_id(lease->lease_id);
-        request.set_nonce(nonce);
-        pb::SendLeaseResponse response;
-        grpc::ClientContext context;
-        impl_->Prepare(&context, call);
-        return FromGrpcStatus(impl_->kv->SendLease(&context, request, &response));
-      },
-      absl::Now() + budget);
-  // The blocks are this process's copy now: the lease can end before they are decoded.
-  (void)ReleaseLease(lease->lease_id, call);  // best effort: the TTL ends it otherwise
-  *channel_failed = !got.ok() && !transfer.Alive();
-  return got;
+// The selector. Its state (Impl): undecided, or decided on `reads` (null: gRPC), with `local`
+// set when that is the same-node path (staging and device arenas use its connection).
+std::shared_ptr<internal::ReadPath> KvCacheClient::ReadPathFor(const CallOptions& call) {
+  kvc::MutexLock lock(&impl_->local_mu);
+  if (impl_->local_decided) {
+    if (impl_->reads == nullptr) return impl_->grpc_reads;
+    if (impl_->reads->Alive()) return impl_->reads;
+    // The path broke: the server's end of the socket closed (it exited or restarted: the
+    // mappings and the staging region are of memory that server no longer serves), a lease
+    // of another server came by, or the channel failed. Decide again; calls still holding
+    // the old path finish with it (their leases are checked against its server's token).
+    impl_->reads.reset();
+    impl_->local_decided = false;
+    if (impl_->local != nullptr) {
+      impl_->local.reset();
+      impl_->staging.reset();
+      impl_->staging_decided = false;
+      impl_->append_path = "grpc (no Append since the local socket closed)";
+    }
+  }
+  if (!impl_->options.local_reads && !impl_->options.transfers) {
+    impl_->local_decided = true;
+    impl_->data_path = "grpc (local_reads and transfers are off)";
+    return impl_->grpc_reads;
+  }
+  absl::StatusOr<ServerInfo> info = GetServerInfo(call);
+  // Unreachable now: the next Fetch asks again (the server may be starting). Any other
+  // failure (an older server, a proxy without AdminService) decides for gRPC.
+  impl_->local_decided =
+      !absl::IsUnavailable(info.status()) && !absl::IsDeadlineExceeded(info.status());
+  if (!info.ok()) {
+    impl_->data_path = absl::StrCat("grpc (GetServerInfo failed: ", info.status().message(), ")");
+    return impl_->grpc_reads;
+  }
+  std::string why_not_local = "local_reads is off";
+  if (impl_->options.local_reads) {
+    why_not_local = "the server has no local_socket";
+    if (!info->local_socket.empty()) {
+      absl::StatusOr<std::unique_ptr<internal::LocalReader>> reader =
+          internal::LocalReader::Connect(info->local_socket, info->local_token,
+                                         impl_->options.bearer_token);
+      if (reader.ok()) {
+        impl_->local = *std::move(reader);
+        impl_->reads = internal::MakeLocalReadPath(*this, impl_->local);
+        impl_->data_path = impl_->reads->name();
+        return impl_->reads;
+      }
+      why_not_local = std::string(reader.status().message());
+    }
+  }
+  // No same-node path: a transfer channel, if the server offers one.
+  std::string why_not_transfer;
+  if (info->transfer_port > 0 && !impl_->options.transfers) {
+    why_not_transfer = "; transfers are off";
+  } else if (info->transfer_port > 0) {
+    absl::StatusOr<std::unique_ptr<internal::TransferReader>> transfer = OpenTransfer(*impl_, call);
+    if (transfer.ok()) {
+      impl_->reads = internal::MakeTransferReadPath(*this, *std::move(transfer));
+      impl_->data_path = impl_->reads->name();
+      return impl_->reads;
+    }
+    why_not_transfer = absl::StrCat("; transfer: ", transfer.status().message());
+  }
+  impl_->data_path = absl::StrCat("grpc (", why_not_local, why_not_transfer, ")");
+  return impl_->grpc_reads;
 }
 
 }  // namespace kvc::client

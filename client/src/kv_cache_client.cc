@@ -12,10 +12,9 @@
 #include "client/src/append_streams.h"
 #include "client/src/client_impl.h"
 #include "client/src/convert.h"
-#include "client/src/lease_decode.h"
 #include "client/src/local_reader.h"
+#include "client/src/read_path.h"
 #include "client/src/staging_space.h"
-#include "client/src/transfer_reader.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "proto/rpc_status.h"
@@ -46,7 +45,9 @@ absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(
   return std::unique_ptr<KvCacheClient>(new KvCacheClient(std::move(impl)));
 }
 
-KvCacheClient::KvCacheClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvCacheClient::KvCacheClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
+  impl_->grpc_reads = internal::MakeGrpcReadPath(*this, *impl_);
+}
 KvCacheClient::~KvCacheClient() = default;
 
 const ClientOptions& KvCacheClient::options() const { return impl_->options; }
@@ -181,84 +182,15 @@ absl::Status KvCacheClient::FetchChunksVia(
     const std::string& sequence_id, const FetchOptions& options,
     const std::function<absl::Status(FetchedChunk&)>& on_chunk, const CallOptions& call,
     std::string* path) {
-  if (const std::shared_ptr<internal::LocalReader> local = LocalPath(call); local != nullptr) {
-    const std::vector<int32_t> layers(options.layers.begin(), options.layers.end());
-    absl::StatusOr<Lease> lease = LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
-    if (!lease.ok()) return lease.status();
-    absl::Status read = lease->device == "cpu" ? local->ReadLeased(*lease, options, on_chunk)
-                                               : absl::UnimplementedError("device pool");
-    // Ending the lease is best effort: if this call fails, the TTL ends it.
-    (void)ReleaseLease(lease->lease_id, call);
-    if (!absl::IsUnimplemented(read)) {
-      *path = absl::StrCat("shared-memory (", local->path(), ")");
-      return read;
-    }
-    // A device pool's arenas cannot be mapped here, or the lease is of another server than
-    // the socket's (it restarted): the records come over gRPC.
-    *path = absl::StrCat("grpc (", read.message(), ")");
-    return FetchChunksOverGrpc(sequence_id, options, on_chunk, call);
-  } else if (const std::shared_ptr<internal::TransferReader> transfer = TransferPath(call);
-             transfer != nullptr) {
-    const std::vector<int32_t> layers(options.layers.begin(), options.layers.end());
-    bool channel_failed = false;
-    absl::StatusOr<internal::ReceivedBlocks> got =
-        ReceiveLeased(*transfer, sequence_id, layers, call, &channel_failed);
-    if (got.ok()) {
-      absl::Status read = internal::ReadLeased(got->lease, options, got->arenas(), on_chunk);
-      transfer->Recycle(*std::move(got));
-      *path = absl::StrCat("transfer (", transfer->where(), ")");
-      return read;
-    }
-    if (!channel_failed) return got.status();
-    // The channel broke: this call reads over gRPC; the next one decides the path again.
-    *path = absl::StrCat(
-        "grpc (the transfer channel broke: ", absl::StatusCodeToString(got.status().code()), ": ",
-        got.status().message(), ")");
-    return FetchChunksOverGrpc(sequence_id, options, on_chunk, call);
+  const std::shared_ptr<internal::ReadPath> reads = ReadPathFor(call);
+  std::string fall_back;
+  absl::Status status = reads->ReadChunks(sequence_id, options, on_chunk, call, &fall_back);
+  if (fall_back.empty()) {
+    *path = reads == impl_->grpc_reads ? DataPath() : reads->name();
+    return status;
   }
-  *path = DataPath();
-  return FetchChunksOverGrpc(sequence_id, options, on_chunk, call);
-}
-
-absl::Status KvCacheClient::FetchChunksOverGrpc(
-    const std::string& sequence_id, const FetchOptions& options,
-    const std::function<absl::Status(FetchedChunk&)>& on_chunk, const CallOptions& call) {
-  pb::FetchRequest request;
-  request.set_sequence_id(sequence_id);
-  for (int layer : options.layers) request.add_layers(layer);
-  request.set_format(options.stored_format ? pb::FETCH_FORMAT_STORED : pb::FETCH_FORMAT_DENSE);
-  request.set_dtype(ToProto(options.dtype));
-  request.set_max_chunk_bytes(options.max_chunk_bytes);
-  request.set_include_unfinished(options.include_unfinished);
-  // Retried only while no chunk has been delivered, so the caller never sees duplicates; a
-  // stream that broke after a chunk is the caller's error, never a truncated success.
-  bool delivered = false;
-  return impl_->Retry(
-      [&]() -> absl::Status {
-        grpc::ClientContext context;
-        impl_->Prepare(&context, call);
-        auto reader = impl_->kv->Fetch(&context, request);
-        pb::FetchChunk message;
-        absl::Status callback_status;
-        while (reader->Read(&message)) {
-          delivered = true;
-          FetchedChunk chunk = FromProto(message);
-          callback_status = on_chunk(chunk);
-          if (!callback_status.ok()) {
-            context.TryCancel();
-            break;
-          }
-        }
-        absl::Status status = FromGrpcStatus(reader->Finish());
-        if (!callback_status.ok()) return callback_status;
-        if (!status.ok() && delivered) {
-          // A stream that broke midway cannot be resumed transparently.
-          return absl::Status(status.code(),
-                              absl::StrCat("Fetch broke after some chunks: ", status.message()));
-        }
-        return status;
-      },
-      [&] { return !delivered; });
+  *path = std::move(fall_back);
+  return impl_->grpc_reads->ReadChunks(sequence_id, options, on_chunk, call, &fall_back);
 }
 
 absl::StatusOr<FetchResult> KvCacheClient::Fetch(const std::string& sequence_id,

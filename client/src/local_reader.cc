@@ -294,21 +294,9 @@ absl::StatusOr<ArenaLookup> LocalReader::MapLease(const Lease& lease) {
   });
 }
 
-absl::Status LocalReader::ReadLeased(const Lease& lease, const FetchOptions& options,
-                                     const std::function<absl::Status(FetchedChunk&)>& on_chunk) {
+absl::StatusOr<ArenaLookup> LocalReader::Map(const Lease& lease) {
   if (absl::Status same = CheckSameServer(lease); !same.ok()) return same;
-  absl::StatusOr<ArenaLookup> arenas = MapLease(lease);
-  if (!arenas.ok()) return arenas.status();
-  return internal::ReadLeased(lease, options, *arenas, on_chunk);
-}
-
-absl::Status LocalReader::ReadLeasedInto(const Lease& lease,
-                                         const std::vector<LayerBuffers>& buffers,
-                                         const FetchIntoOptions& options, FetchIntoResult* result) {
-  if (absl::Status same = CheckSameServer(lease); !same.ok()) return same;
-  absl::StatusOr<ArenaLookup> arenas = MapLease(lease);
-  if (!arenas.ok()) return arenas.status();
-  return internal::ReadLeasedInto(lease, buffers, options, *arenas, result);
+  return MapLease(lease);
 }
 
 }  // namespace kvc::client::internal

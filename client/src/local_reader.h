@@ -3,10 +3,9 @@
 // server gave over gRPC (the same server, not another one at that path), authenticates with
 // the client's bearer token, and reserves address space for each host arena it reads; then,
 // per lease, it maps the segments the lease names (read-only, at their place in the arena)
-// wherever it has not mapped them at the lease's epoch yet. ReadLeased then serves a lease's
-// records from the mapping in the shape Fetch gives them, decoding with the kernels' own
-// record codec. The server never writes a leased record, so reads need no lock; a lease that
-// could have ended while it was read is ABORTED, never returned. The same connection opens
+// wherever it has not mapped them at the lease's epoch yet (Map), for the leased read path
+// (read_path.h) to decode. The server never writes a leased record, so reads need no lock; a lease
+// that could have ended while it was read is ABORTED, never returned. The same connection opens
 // staging regions for Appends (OpenStaging, staging_space.h). Thread-safe.
 #pragma once
 
@@ -47,17 +46,10 @@ class LocalReader {
   // decides its same-node path again. Never blocks.
   bool Alive();
 
-  // The lease's records below each layer's limit (visible tokens, or every appended token
-  // with include_unfinished), one chunk per (lane, segment), lanes in lease order: the chunks
-  // a gRPC Fetch of the same layers would give, byte for byte.
-  absl::Status ReadLeased(const Lease& lease, const FetchOptions& options,
-                          const std::function<absl::Status(FetchedChunk&)>& on_chunk);
-  // The lease's records below each layer's limit as dense options.dtype rows straight into
-  // the buffers (one per leased layer, in lease order; shape checked against the lease, and
-  // every lane's count against capacity_tokens before anything is written). Appends to
-  // result->lane_tokens and result->positions.
-  absl::Status ReadLeasedInto(const Lease& lease, const std::vector<LayerBuffers>& buffers,
-                              const FetchIntoOptions& options, FetchIntoResult* result);
+  // The arenas of the lease's pool with every segment it names mapped (read-only) at its
+  // epoch, for lease_decode.h; valid while this reader lives. UNIMPLEMENTED (read it over
+  // gRPC; the reader turns stale) when the lease is of another server or cannot be mapped.
+  absl::StatusOr<ArenaLookup> Map(const Lease& lease);
   // A staging region of `bytes` made by the server and mapped writable here: it stays open
   // on the server while this reader's connection does. FAILED_PRECONDITION with the server's
   // reason when it refuses (size, too many regions, an older server).

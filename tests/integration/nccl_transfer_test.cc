@@ -369,6 +369,47 @@ TEST_F(NcclTransferTest, TheClientReaderFetchesWhatGrpcFetches) {
   KVC_ASSERT_OK(reader->FetchInto(raw, buffers, fo).status());
 }
 
+// A send's piece buffer (the pool's device memory each piece is copied into before its
+// ncclSend) is charged to the same budgets as Appends' receive buffers, for as long as the
+// send lasts. Below one piece, FetchInto over NCCL is refused naming the budget, before any
+// byte is sent: the transfer stays in step (the next refusal is the lease's own) and the
+// refused charge is not kept (the second refusal finds 0 bytes held).
+TEST_F(NcclTransferTest, ASendsPieceBufferIsChargedToTheBudgets) {
+  cachesvc::ServerOptions o = Options(/*nccl=*/true);
+  o.transfer_nccl_receive_bytes_per_tenant = 1024;
+  testing::TestServer t = testing::StartTestServer(o);
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string id, Filled(*t.client, 100));
+  client::NcclLink::Options ro;
+  ro.pool = "small";
+  ro.library = LoopbackPath();
+  KVC_ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::NcclLink> reader,
+                           client::NcclLink::Open(t.client.get(), ro));
+  client::FetchIntoOptions fo;
+  fo.dtype = client::DType::kF16;
+  fo.num_kv_heads = testing::kHeads;
+  fo.head_dim = testing::kDim;
+  std::vector<client::LayerBuffers> buffers;
+  buffers.reserve(testing::kLayers);
+  for (int l = 0; l < testing::kLayers; ++l) {
+    buffers.push_back({l, Device(size_t{1} << 16), Device(size_t{1} << 16), 128});
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const absl::Status refused = reader->FetchInto(id, buffers, fo).status();
+    EXPECT_THAT(refused, testing::StatusIs(absl::StatusCode::kResourceExhausted,
+                                           "a send over NCCL needs a piece buffer of "));
+    EXPECT_THAT(refused, testing::StatusIs(absl::StatusCode::kResourceExhausted,
+                                           " holds 0 bytes of NCCL buffers, its budget "
+                                           "(transfer_nccl_receive_bytes_per_tenant) is 1024"));
+  }
+  client::CreateSequenceOptions in_other;
+  in_other.pool = "other";
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string elsewhere, Filled(*t.client, 20, in_other));
+  EXPECT_THAT(reader->FetchInto(elsewhere, buffers, fo).status(),
+              testing::StatusIs(absl::StatusCode::kFailedPrecondition, "carries pool"));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, t.client->GetPoolStats("small"));
+  EXPECT_EQ(stats.leases.active, 0) << "every lease ended";
+}
+
 // One layer's keys and values of tokens [start, start + n), in host memory and on the device.
 struct Chunk {
   std::string keys, values;
@@ -647,7 +688,7 @@ TEST_F(NcclAppendTest, ReceiveBuffersAreChargedToTheTenantsAndTheServersBudgets)
   KVC_ASSERT_OK(append(*a2, seq_a.sequence_id, 1));
   EXPECT_THAT(append(*a3, seq_a.sequence_id, 2),
               testing::StatusIs(absl::StatusCode::kResourceExhausted,
-                                "tenant 'a' holds 5120 bytes of them, its budget "
+                                "tenant 'a' holds 5120 bytes of NCCL buffers, its budget "
                                 "(transfer_nccl_receive_bytes_per_tenant) is 5120"));
   // b has a budget of its own, but the server's is full after b's first buffer.
   std::unique_ptr<client::NcclLink> b1 = link(b.get()), b2 = link(b.get());
@@ -655,7 +696,7 @@ TEST_F(NcclAppendTest, ReceiveBuffersAreChargedToTheTenantsAndTheServersBudgets)
   KVC_ASSERT_OK(append(*b1, seq_b.sequence_id, 0));
   EXPECT_THAT(append(*b2, seq_b.sequence_id, 1),
               testing::StatusIs(absl::StatusCode::kResourceExhausted,
-                                "the server holds 7680 bytes of them, its budget "
+                                "the server holds 7680 bytes of NCCL buffers, its budget "
                                 "(transfer_nccl_receive_bytes) is 7680"));
   KVC_ASSERT_OK_AND_ASSIGN(const client::SequenceInfo info_a,
                            t.client->GetSequence(seq_a.sequence_id));

@@ -6,16 +6,26 @@
 // checked on the wire with raw stubs and sockets: a wrong token is refused, a send on an
 // unconnected channel is FAILED_PRECONDITION, a reader that goes away mid-payload breaks the
 // channel (UNAVAILABLE, then nothing more is sent on it) and pins nothing after its lease.
-// Connections that never greet are bounded per peer and in all, and dropped after 2 s.
+// Connections that never greet are bounded per peer (an IPv4 address, an IPv6 /64) and in all,
+// and dropped after 2 s.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <string>
+#include <system_error>
 #include <thread>
+#include <vector>
 
 #include "cachesvc/metrics/metrics.h"
 #include "gtest/gtest.h"
@@ -359,6 +369,95 @@ TEST_F(TransferTest, IdleConnectionsOfOtherPeersDoNotKeepAReaderOut) {
   // The reader's channel outlived them all.
   KVC_ASSERT_OK(via->Fetch(id, {}).status());
   EXPECT_EQ(via->DataPath(), where);
+}
+
+// Run in a child process (IPv6PeersAreCountedByTheirSlash64): a network namespace of its own
+// whose loopback carries fd00:1::1, fd00:1::2 (one /64) and fd00:2::1 (another), a server
+// with its transfer port on [::1], and the per-peer limit checked from those addresses.
+// Returns the exit code: 0, or 1 after printing what went wrong.
+int CheckIPv6PeerLimit() {
+  const auto fail = [](const std::string& what) {
+    std::fprintf(stderr, "%s\n", what.c_str());
+    return 1;
+  };
+  if (::unshare(CLONE_NEWNET) != 0 && ::unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0) {
+    return fail(std::string("unshare(CLONE_NEWNET): ") + std::generic_category().message(errno));
+  }
+  const int ctl = ::socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ifreq up{};
+  std::strcpy(up.ifr_name, "lo");
+  up.ifr_flags = IFF_UP | IFF_LOOPBACK | IFF_RUNNING;
+  if (::ioctl(ctl, SIOCSIFFLAGS, &up) != 0) return fail("cannot bring lo up");
+  struct {  // linux/ipv6.h's in6_ifreq, which clashes with netinet/in.h
+    in6_addr addr;
+    uint32_t prefixlen;
+    int ifindex;
+  } add{};
+  for (const char* a : {"fd00:1::1", "fd00:1::2", "fd00:2::1"}) {
+    ::inet_pton(AF_INET6, a, &add.addr);
+    add.prefixlen = 64;
+    add.ifindex = static_cast<int>(::if_nametoindex("lo"));
+    if (::ioctl(ctl, SIOCSIFADDR, &add) != 0) {
+      return fail(std::string("cannot add ") + a + ": " + std::generic_category().message(errno));
+    }
+  }
+  ::close(ctl);
+  cachesvc::ServerOptions o = testing::SmallServerOptions();
+  o.transfer_listen = "[::1]:0";
+  testing::TestServer t = testing::StartTestServer(o);
+  const int port = t.server->endpoints().transfer_port;
+  const auto connect_from = [port](const char* from) {
+    const int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in6 local{};
+    local.sin6_family = AF_INET6;
+    ::inet_pton(AF_INET6, from, &local.sin6_addr);
+    sockaddr_in6 addr{};
+    addr.sin6_family = AF_INET6;
+    addr.sin6_port = htons(static_cast<uint16_t>(port));
+    addr.sin6_addr = in6addr_loopback;
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&local), sizeof(local)) != 0 ||
+        ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    return fd;
+  };
+  std::vector<int> idle;
+  for (int i = 0; i < 8; ++i) {  // max_ungreeted_per_peer
+    idle.push_back(connect_from("fd00:1::1"));
+    if (idle.back() < 0)
+      return fail(std::string("connect from fd00:1::1: ") + std::generic_category().message(errno));
+  }
+  const absl::Time connected = absl::Now();
+  // Another address of the same /64: the same peer, no ninth slot.
+  const int same = connect_from("fd00:1::2");
+  const std::string refused = ReplyBy(same, connected + absl::Seconds(1));
+  if (refused != "ERR too many connections from fd00:1::/64 waiting to greet\n") {
+    return fail("fd00:1::2 (the /64 of eight idle connections) was answered '" + refused + "'");
+  }
+  // Another /64: a peer of its own, whose connection waits for its greeting.
+  const int other = connect_from("fd00:2::1");
+  const std::string waits = ReplyBy(other, absl::Now() + absl::Milliseconds(300));
+  if (other < 0 || !waits.empty()) {
+    return fail("fd00:2::1 (another /64) was refused: '" + waits + "'");
+  }
+  for (const int fd : idle) ::close(fd);
+  ::close(same);
+  ::close(other);
+  return 0;
+}
+
+// IPv6 peers of the transfer port are counted by their /64 (a host is commonly given a whole
+// /64, so counting single addresses would not limit it). Loopback has only ::1, so the check
+// runs in a child process with a network namespace of its own (CheckIPv6PeerLimit).
+TEST(TransferPeerTest, IPv6PeersAreCountedByTheirSlash64) {
+  const pid_t child = ::fork();  // before this process starts any thread (one test per process)
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(CheckIPv6PeerLimit());
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the check died: status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "see the child's message above";
 }
 
 // A server restart breaks the client's channel: the client notices the hang-up before its

@@ -72,9 +72,8 @@ class AppendStream;
 class AttendSession;
 namespace internal {
 class LocalReader;
+class ReadPath;
 class StagingSpace;
-class TransferReader;
-struct ReceivedBlocks;
 }  // namespace internal
 
 class KvCacheClient {
@@ -215,21 +214,11 @@ class KvCacheClient {
 
  private:
   explicit KvCacheClient(std::unique_ptr<Impl> impl);
-  // The same-node reader, when this client may use one; null: gRPC. Decided once, and again
-  // after the server's end of the local socket closed (a restart).
+  // The read path Fetch and FetchInto take (client/src/read_path.h), decided by the
+  // selector on first use and again after it broke; never null (gRPC when nothing else).
+  std::shared_ptr<internal::ReadPath> ReadPathFor(const CallOptions& call);
+  // The same-node reader when the read path is the same-node mapping; null otherwise.
   std::shared_ptr<internal::LocalReader> LocalPath(const CallOptions& call);
-  // The transfer channel, when there is no same-node path and the server offers transfers
-  // (decided with LocalPath); null: gRPC.
-  std::shared_ptr<internal::TransferReader> TransferPath(const CallOptions& call);
-  // OpenTransfer, then a connection to the channel (closed again if the connection fails).
-  absl::StatusOr<std::unique_ptr<internal::TransferReader>> OpenTransfer(const CallOptions& call);
-  // Leases `layers` and receives their blocks over `transfer`, then ends the lease. Sets
-  // *channel_failed when the channel (not the lease) failed: the caller reads over gRPC.
-  absl::StatusOr<internal::ReceivedBlocks> ReceiveLeased(internal::TransferReader& transfer,
-                                                         const std::string& sequence_id,
-                                                         const std::vector<int32_t>& layers,
-                                                         const CallOptions& call,
-                                                         bool* channel_failed);
   // The staging region Appends use, when this client may use one (decided with LocalPath);
   // null: gRPC.
   std::shared_ptr<internal::StagingSpace> LocalStaging(const CallOptions& call);
@@ -237,10 +226,6 @@ class KvCacheClient {
   absl::Status FetchChunksVia(const std::string& sequence_id, const FetchOptions& options,
                               const std::function<absl::Status(FetchedChunk&)>& on_chunk,
                               const CallOptions& call, std::string* path);
-  // FetchChunks' gRPC half: the chunks of a Fetch stream, retried before the first one.
-  absl::Status FetchChunksOverGrpc(const std::string& sequence_id, const FetchOptions& options,
-                                   const std::function<absl::Status(FetchedChunk&)>& on_chunk,
-                                   const CallOptions& call);
   std::unique_ptr<Impl> impl_;
 };
 
