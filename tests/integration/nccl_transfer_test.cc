@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_replace.h"
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/transport/lease_sender.h"
 #include "common/token_hash.h"
@@ -105,10 +106,15 @@ class NcclTransferTest : public ::testing::Test {
   grpc::Status Open(pb::TransferKind kind, const std::string& pool,
                     pb::OpenTransferResponse* opened) {
     grpc::ClientContext ctx;
+    Authorize(&ctx);
     pb::OpenTransferRequest r;
     r.set_kind(kind);
     r.set_pool(pool);
     return kv_->OpenTransfer(&ctx, r, opened);
+  }
+  // The calls below carry token_ as their bearer token (none while it is empty).
+  void Authorize(grpc::ClientContext* ctx) const {
+    if (!token_.empty()) ctx->AddMetadata("authorization", "Bearer " + token_);
   }
   // Opens an NCCL transfer of the device pool and joins it as rank 1.
   std::string OpenAndJoin() {
@@ -146,6 +152,7 @@ class NcclTransferTest : public ::testing::Test {
                                       uint64_t nonce, int deadline_s = 60) {
     return std::async(std::launch::async, [=] {
       grpc::ClientContext ctx;
+      Authorize(&ctx);
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(deadline_s));
       pb::SendLeaseRequest r;
       r.set_transfer_id(transfer);
@@ -181,6 +188,7 @@ class NcclTransferTest : public ::testing::Test {
   const nccl::Api& api_ = Loopback();
   nccl::Comm comm_ = nullptr;
   std::vector<void*> device_;
+  std::string token_;
 };
 
 TEST_F(NcclTransferTest, TheReaderReceivesWhatATcpChannelCarries) {
@@ -410,6 +418,103 @@ TEST_F(NcclTransferTest, ASendsPieceBufferIsChargedToTheBudgets) {
   EXPECT_EQ(stats.leases.active, 0) << "every lease ended";
 }
 
+// NCCL channels in the cross-tenant sweep (issue 38): a channel and a lease are their
+// tenant's. Tenant b, over its own joined channel, asking for a's lease gets the answer of a
+// lease nobody made (announced in the frame: the channel stays in step, and no byte of a's
+// is sent); b's calls on a's channel (SendLease, an Append over it, CloseTransfer) get the
+// answer of a channel nobody opened; without a credential, or with one the server does not
+// know (a revoked token, once the tokens file drops it), every call is UNAUTHENTICATED.
+// a's lease and channel are untouched afterwards.
+TEST_F(NcclTransferTest, ChannelsAndLeasesAreTheirTenantsOnly) {
+  char dir[] = "/tmp/kvc-nccl-tenants-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string tokens = std::string(dir) + "/tokens";
+  {
+    std::ofstream out(tokens);
+    for (const char* tenant : {"a", "b"}) {
+      const std::string salt = *RandomBytes(16);
+      out << tenant << " tenant " << ToHex(salt) << " "
+          << TokenHashHex(salt, std::string("token-of-") + tenant) << "\n";
+    }
+  }
+  cachesvc::ServerOptions o = Options(/*nccl=*/true);
+  o.auth.tokens_file = tokens;
+  client::ClientOptions as_a;
+  as_a.bearer_token = "token-of-a";
+  testing::TestServer t = testing::StartTestServer(o, as_a);
+  kv_ = pb::KvCacheService::NewStub(
+      grpc::CreateChannel(t.server->address(), grpc::InsecureChannelCredentials()));
+  KVC_ASSERT_OK_AND_ASSIGN(const std::string seq, Filled(*t.client, 40));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::Lease a_lease, t.client->LeaseSequence(seq));
+  token_ = "token-of-a";
+  pb::OpenTransferResponse a_opened;
+  ASSERT_TRUE(Open(pb::TRANSFER_KIND_NCCL, "small", &a_opened).ok());
+  const std::string a_channel = a_opened.transfer_id();
+  const auto same_answer = [](const grpc::Status& got, const grpc::Status& missing,
+                              const std::string& id, const std::string& missing_id) {
+    EXPECT_EQ(got.error_code(), grpc::StatusCode::NOT_FOUND) << got.error_message();
+    EXPECT_EQ(got.error_code(), missing.error_code());
+    EXPECT_EQ(absl::StrReplaceAll(got.error_message(), {{id, "ID"}}),
+              absl::StrReplaceAll(missing.error_message(), {{missing_id, "ID"}}));
+  };
+
+  // b's own channel, a's lease: refused in the frame, as a missing lease is.
+  token_ = "token-of-b";
+  const std::string b_channel = OpenAndJoin();
+  std::future<grpc::Status> theirs = SendLease(b_channel, a_lease.lease_id, 5);
+  transfer::FrameHeader h = ReceiveHeader();
+  EXPECT_EQ(h.code, static_cast<uint32_t>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_EQ(h.payload_bytes, 0u) << "nothing of a's lease is sent";
+  const grpc::Status on_theirs = theirs.get();
+  std::future<grpc::Status> nobodys = SendLease(b_channel, "l-nobody", 6);
+  EXPECT_EQ(ReceiveHeader().code, static_cast<uint32_t>(grpc::StatusCode::NOT_FOUND));
+  same_answer(on_theirs, nobodys.get(), a_lease.lease_id, "l-nobody");
+
+  // a's channel, as b: as if it did not exist.
+  same_answer(SendLease(a_channel, a_lease.lease_id, 7).get(),
+              SendLease("t-nobody", a_lease.lease_id, 7).get(), a_channel, "t-nobody");
+  const auto append_over = [&](const std::string& channel) {
+    grpc::ClientContext ctx;
+    Authorize(&ctx);
+    pb::AppendRequest r;
+    r.set_sequence_id("b-own");
+    r.set_num_tokens(1);
+    r.mutable_nccl()->set_transfer_id(channel);
+    r.mutable_nccl()->set_nonce(1);
+    r.mutable_nccl()->set_bytes(testing::kHeads * testing::kDim * 2);
+    pb::AppendResponse appended;
+    return kv_->Append(&ctx, r, &appended);
+  };
+  same_answer(append_over(a_channel), append_over("t-nobody"), a_channel, "t-nobody");
+  const auto close = [&](const std::string& channel) {
+    grpc::ClientContext ctx;
+    Authorize(&ctx);
+    pb::CloseTransferRequest r;
+    r.set_transfer_id(channel);
+    pb::CloseTransferResponse closed;
+    return kv_->CloseTransfer(&ctx, r, &closed);
+  };
+  same_answer(close(a_channel), close("t-nobody"), a_channel, "t-nobody");
+
+  // No credential, an unknown (revoked) one: UNAUTHENTICATED before anything is looked up.
+  for (const char* token : {"", "token-of-nobody"}) {
+    token_ = token;
+    pb::OpenTransferResponse opened;
+    EXPECT_EQ(Open(pb::TRANSFER_KIND_NCCL, "small", &opened).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(SendLease(a_channel, a_lease.lease_id, 8).get().error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(append_over(a_channel).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(close(a_channel).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+
+  // a's lease and channel are as they were.
+  token_ = "token-of-a";
+  EXPECT_TRUE(close(a_channel).ok());
+  KVC_EXPECT_OK(t.client->ReleaseLease(a_lease.lease_id).status()) << "a's lease was live";
+  std::filesystem::remove_all(dir);
+}
+
 // One layer's keys and values of tokens [start, start + n), in host memory and on the device.
 struct Chunk {
   std::string keys, values;
@@ -459,6 +564,7 @@ class NcclAppendTest : public NcclTransferTest {
                                        uint64_t nonce, int n, int deadline_s = 60) {
     return std::async(std::launch::async, [=] {
       grpc::ClientContext ctx;
+      Authorize(&ctx);
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(deadline_s));
       pb::AppendRequest r;
       r.set_sequence_id(id);
