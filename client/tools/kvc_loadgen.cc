@@ -31,6 +31,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/cli/security_flags.h"
+#include "client/tools/loadgen/dense_check.h"
 #include "client/tools/loadgen/mixed_mode.h"
 #include "common/mutex.h"
 #include "kvc/client/cluster_client.h"
@@ -213,17 +214,14 @@ int RunPrefill(Client& client, const kvc::client::PoolInfo* pool,
       if (!kv.ok()) return fail("Fetch", kv.status());
       const absl::Time t2 = absl::Now();
       // Fetch returns [tokens, head_dim] per head; the input was [tokens, heads, head_dim].
-      const size_t head_bytes = static_cast<size_t>(g.head_dim) * dtype_bytes;
-      for (const auto& h : kv->heads) {
-        const std::string& in = keys[static_cast<size_t>(h.layer)];
-        for (int t = 0; t < tokens; ++t) {
-          if (in.compare(t * token_layer_bytes + h.kv_head * head_bytes, head_bytes, h.keys,
-                         t * head_bytes, head_bytes) != 0) {
-            return fail("verify", absl::DataLossError(absl::StrFormat(
-                                      "sequence %s layer %d head %d token %d differs",
-                                      seq->sequence_id, h.layer, h.kv_head, t)));
-          }
-        }
+      kvc::loadgen::AppendedKv sent;
+      sent.keys = &keys;
+      sent.values = &values;
+      sent.num_heads = g.num_kv_heads;
+      sent.head_bytes = static_cast<size_t>(g.head_dim) * dtype_bytes;
+      sent.tokens = tokens;
+      if (absl::Status checked = kvc::loadgen::CheckDense(*kv, sent); !checked.ok()) {
+        return fail(absl::StrFormat("verify sequence %s", seq->sequence_id), checked);
       }
       const int64_t bytes =
           2 * int64_t{tokens} * g.num_layers * static_cast<int64_t>(token_layer_bytes);

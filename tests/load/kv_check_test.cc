@@ -1,5 +1,7 @@
-// kvc-loadgen's Fetch checker: a correct result passes; one flipped byte, one missing token,
-// shifted positions, a missing lane, or the wrong kept set each fail it.
+// kvc-loadgen's Fetch checkers. The mixed mode's (kv_check.h): a correct result passes; one
+// flipped byte, one missing token, shifted positions, a missing lane, or the wrong kept set
+// each fail it. The prefill mode's (dense_check.h): the same for what it appended, keys and
+// values alike.
 #include "client/tools/loadgen/kv_check.h"
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/tools/loadgen/dense_check.h"
 #include "client/tools/loadgen/kv_pattern.h"
 #include "gtest/gtest.h"
 
@@ -161,6 +164,83 @@ TEST(KvCheckTest, StoredFormatNeedsF16Records) {
 
 TEST(KvCheckTest, WrongVisibleLengthFails) {
   EXPECT_FALSE(CheckFetch(Correct(Range(0, 40), 40), All(41)).ok());
+}
+
+// The prefill mode: 2 layers x 3 heads x 4 tokens, 16-byte rows.
+struct Appended {
+  std::vector<std::string> keys, values;
+  AppendedKv view() const { return {&keys, &values, kHeads, 16, 4}; }
+  FetchResult Fetched() const {
+    FetchResult r;
+    for (int l = 0; l < kLayers; ++l) {
+      for (int h = 0; h < kHeads; ++h) {
+        FetchedHead lane;
+        lane.layer = l;
+        lane.kv_head = h;
+        for (int t = 0; t < 4; ++t) {
+          lane.positions.push_back(t);
+          lane.keys += keys[l].substr((t * kHeads + h) * 16, 16);
+          lane.values += values[l].substr((t * kHeads + h) * 16, 16);
+        }
+        r.heads.push_back(std::move(lane));
+      }
+    }
+    return r;
+  }
+};
+
+Appended MakeAppended() {
+  Appended a;
+  for (int l = 0; l < kLayers; ++l) {
+    std::string k(4 * kHeads * 16, '\0'), v(4 * kHeads * 16, '\0');
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = static_cast<char>(i * 7 + l);
+      v[i] = static_cast<char>(i * 13 + l + 1);
+    }
+    a.keys.push_back(k);
+    a.values.push_back(v);
+  }
+  return a;
+}
+
+TEST(DenseCheckTest, WhatWasAppendedPasses) {
+  const Appended a = MakeAppended();
+  EXPECT_TRUE(CheckDense(a.Fetched(), a.view()).ok());
+}
+
+// The bug this checker replaced: values were never compared.
+TEST(DenseCheckTest, OneFlippedValueByteFails) {
+  const Appended a = MakeAppended();
+  FetchResult r = a.Fetched();
+  r.heads[4].values[21] ^= 1;
+  const absl::Status s = CheckDense(r, a.view());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), "layer 1 head 1 token 1: the values differ");
+}
+
+TEST(DenseCheckTest, OneFlippedKeyByteFails) {
+  const Appended a = MakeAppended();
+  FetchResult r = a.Fetched();
+  r.heads[0].keys[63] ^= 0x80;
+  EXPECT_EQ(CheckDense(r, a.view()).message(), "layer 0 head 0 token 3: the keys differ");
+}
+
+TEST(DenseCheckTest, AMissingRepeatedOrShortLaneFails) {
+  const Appended a = MakeAppended();
+  FetchResult missing = a.Fetched();
+  missing.heads.pop_back();
+  EXPECT_EQ(CheckDense(missing, a.view()).message(), "5 of 6 (layer, head) lanes came back");
+  FetchResult repeated = a.Fetched();
+  repeated.heads[1] = repeated.heads[0];
+  EXPECT_EQ(CheckDense(repeated, a.view()).message(), "layer 0 head 0 came twice");
+  FetchResult short_lane = a.Fetched();
+  short_lane.heads[2].positions.pop_back();
+  short_lane.heads[2].keys.resize(48);
+  short_lane.heads[2].values.resize(48);
+  EXPECT_FALSE(CheckDense(short_lane, a.view()).ok());
+  FetchResult shifted = a.Fetched();
+  shifted.heads[3].positions[0] = 1;
+  EXPECT_EQ(CheckDense(shifted, a.view()).message(), "layer 1 head 0 token 0 has position 1");
 }
 
 }  // namespace
