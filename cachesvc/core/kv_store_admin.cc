@@ -1,7 +1,7 @@
 // KvStore's listings and statistics. Pool figures come from the pools' atomic counters and
 // the running totals the sequences keep (PoolUsage): no sequence lock is taken, so a metrics
-// scrape costs the same with 100 or 10,000 live sequences. Only ListSequences visits
-// sequences (it reports each one).
+// scrape costs the same with 100 or 10,000 live sequences. ListSequences visits only the
+// sequences of its page (the registry keeps them in creation order: sequence_order.h).
 #include <algorithm>
 #include <tuple>
 
@@ -122,9 +122,10 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::TenantPoolStats(const std::string& te
     if (only == nullptr) {
       stats.sequences = account->sequences();
     } else {
-      for (const auto& seq : registry_.All()) {
-        if (seq->pool() == only && seq->tenant() == tenant) ++stats.sequences;
-      }
+      SequenceOrder::Query query;
+      query.tenant = &tenant;
+      query.pool = PoolIndex(only);
+      stats.sequences = registry_.Count(query);
     }
   }
   return stats;
@@ -150,32 +151,32 @@ std::vector<TenantUsageSnapshot> KvStore::TenantUsage() const {
 }
 
 absl::StatusOr<SequenceList> KvStore::ListSequences(const ListSequencesParams& p) const {
-  const BlockPool* only = nullptr;
+  SequenceOrder::Query query;
   if (!p.pool.empty()) {
-    KVC_ASSIGN_OR_RETURN(only, FindPool(p.pool));
+    KVC_ASSIGN_OR_RETURN(const BlockPool* only, FindPool(p.pool));
+    query.pool = PoolIndex(only);
   }
   if (p.limit < 0 || p.limit > 10000) {
     return absl::InvalidArgumentError(
         absl::StrCat("limit is ", p.limit, "; expected 0..10000 (0 = 1000)"));
   }
-  const int64_t limit = p.limit == 0 ? 1000 : p.limit;
+  SequenceOrder::Key after;
+  if (!p.page_token.empty()) {
+    KVC_ASSIGN_OR_RETURN(after, SequenceOrder::ParseToken(p.page_token));
+    query.after = &after;
+  }
+  if (p.scope) query.scope = &*p.scope;
+  if (!p.tenant.empty()) query.tenant = &p.tenant;
+  query.limit = p.limit == 0 ? 1000 : p.limit;
+  const SequenceOrder::Page page = registry_.List(query);
   SequenceList list;
-  for (const auto& seq : registry_.All()) {
-    if (only != nullptr && seq->pool() != only) continue;
-    if (p.scope && seq->scope() != *p.scope) continue;
-    if (!p.tenant.empty() && seq->tenant() != p.tenant) continue;
+  list.total = page.total;
+  for (const auto& seq : page.sequences) {
     kvc::ReaderMutexLock lock(&seq->mu());
-    if (seq->released()) continue;
-    list.sequences.push_back(SnapshotLocked(*seq));
+    // Released after the page was collected: left out (the next page starts after it anyway).
+    if (!seq->released()) list.sequences.push_back(SnapshotLocked(*seq));
   }
-  std::sort(list.sequences.begin(), list.sequences.end(),
-            [](const SequenceSnapshot& a, const SequenceSnapshot& b) {
-              return std::tie(a.created_unix_ms, a.id) < std::tie(b.created_unix_ms, b.id);
-            });
-  list.total = static_cast<int64_t>(list.sequences.size());
-  if (static_cast<int64_t>(list.sequences.size()) > limit) {
-    list.sequences.resize(static_cast<size_t>(limit));
-  }
+  if (page.more) list.next_page_token = SequenceOrder::Token(page.last);
   return list;
 }
 

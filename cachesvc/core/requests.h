@@ -261,7 +261,8 @@ struct ListSequencesParams {
   std::optional<std::string> scope;  // unset = every scope
   std::string pool;
   std::string tenant;
-  int64_t limit = 0;  // 0 = 1000
+  int64_t limit = 0;       // 0 = 1000
+  std::string page_token;  // empty = from the first; else a SequenceList::next_page_token
 };
 
 // One tenant's holdings and limits (TenantUsage: every tenant that holds something).
@@ -274,8 +275,9 @@ struct TenantUsageSnapshot {
 };
 
 struct SequenceList {
-  std::vector<SequenceSnapshot> sequences;
-  int64_t total = 0;
+  std::vector<SequenceSnapshot> sequences;  // in creation order
+  int64_t total = 0;                        // matching sequences, also those on other pages
+  std::string next_page_token;              // empty = this is the last page
 };
 
 }  // namespace kvc::cachesvc

@@ -26,6 +26,7 @@ absl::Status SequenceRegistry::Insert(const std::shared_ptr<Sequence>& sequence,
                                                      " sequences; release some first"));
   }
   s.map.emplace(std::move(key), sequence);
+  order_.Add(sequence);
   return absl::OkStatus();
 }
 
@@ -46,7 +47,10 @@ bool SequenceRegistry::Erase(const std::string& scope, const std::string& id) {
   const Key key(scope, id);
   Shard& s = shard(key);
   kvc::MutexLock lock(&s.mu);
-  if (s.map.erase(key) == 0) return false;
+  auto it = s.map.find(key);
+  if (it == s.map.end()) return false;
+  order_.Remove(*it->second);
+  s.map.erase(it);
   size_.fetch_sub(1, std::memory_order_relaxed);
   return true;
 }

@@ -4,6 +4,9 @@
 // authenticated tenant (or "" without authentication): each tenant has its own id space, so
 // one tenant can neither reach nor detect another's sequences (not even by a taken id).
 //
+// Beside the map, the entries in creation order (SequenceOrder), for listings that cost
+// O(page).
+//
 // Entries are shared_ptr because an RPC may still hold a sequence while Release removes it
 // from the map; the last holder frees the metadata (its blocks were already returned by
 // Release). Ownership is one level deep: nothing else is shared.
@@ -20,6 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "cachesvc/core/sequence.h"
+#include "cachesvc/core/sequence_order.h"
 #include "common/mutex.h"
 
 namespace kvc::cachesvc {
@@ -35,8 +39,11 @@ class SequenceRegistry {
   // Removes the entry if present; returns whether it was.
   bool Erase(const std::string& scope, const std::string& id);
   int64_t size() const { return size_.load(std::memory_order_relaxed); }
-  // A snapshot of every entry, for listings.
+  // A snapshot of every entry.
   std::vector<std::shared_ptr<Sequence>> All() const;
+  // Listings in creation order, O(page) (sequence_order.h).
+  SequenceOrder::Page List(const SequenceOrder::Query& query) const { return order_.List(query); }
+  int64_t Count(const SequenceOrder::Query& query) const { return order_.Count(query); }
 
  private:
   static constexpr size_t kShards = 32;
@@ -49,6 +56,8 @@ class SequenceRegistry {
 
   mutable std::array<Shard, kShards> shards_;
   std::atomic<int64_t> size_{0};
+  // Changed under the entry's shard lock (shard, then order): an entry is in both or neither.
+  SequenceOrder order_;
 };
 
 }  // namespace kvc::cachesvc

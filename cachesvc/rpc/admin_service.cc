@@ -48,6 +48,7 @@ grpc::Status AdminServiceImpl::ListSequences(grpc::ServerContext* context,
   params.pool = request->pool();
   params.tenant = request->tenant();
   params.limit = request->limit();
+  params.page_token = request->page_token();
   if (caller.authenticated && caller.role != Role::kAdmin) {
     KVC_ASSIGN_OR_FINISH(params.scope,
                          access_->ScopeFor(caller, request->tenant(), "ListSequences"));
@@ -55,6 +56,7 @@ grpc::Status AdminServiceImpl::ListSequences(grpc::ServerContext* context,
   KVC_ASSIGN_OR_FINISH(const SequenceList list, store_->ListSequences(params));
   for (const SequenceSnapshot& s : list.sequences) ToProto(s, response->add_sequences());
   response->set_total(list.total);
+  response->set_next_page_token(list.next_page_token);
   return scope.Finish(grpc::Status::OK);
 }
 

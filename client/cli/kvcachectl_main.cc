@@ -61,6 +61,8 @@ ABSL_FLAG(std::string, tenant, "",
           "only this tenant (sequences, leases); the tenant whose sequence it is (sequence show, "
           "evict: an admin acting on another tenant's); the token's tenant (hash-token)");
 ABSL_FLAG(int32_t, limit, 0, "at most this many sequences (0 = server default, 1000)");
+ABSL_FLAG(std::string, page_token, "",
+          "sequences: the page after the one that printed this token (its next_page_token)");
 ABSL_FLAG(int32_t, timeout_ms, 5000, "deadline of the call");
 ABSL_FLAG(std::string, sort, "created",
           "sequences: order by created | tokens | bytes | id (largest first for tokens, bytes)");
@@ -170,6 +172,7 @@ int RunOne(const std::string& command, const std::vector<char*>& args, const std
     request.set_pool(absl::GetFlag(FLAGS_pool));
     request.set_tenant(absl::GetFlag(FLAGS_tenant));
     request.set_limit(absl::GetFlag(FLAGS_limit));
+    request.set_page_token(absl::GetFlag(FLAGS_page_token));
     pb::ListSequencesResponse response;
     const grpc::Status status = stub->ListSequences(&context, request, &response);
     if (!status.ok()) return Report(status, target);

@@ -106,9 +106,10 @@ void PrintSequences(const pb::ListSequencesResponse& response) {
                   formats.empty() ? "-" : formats});
   }
   std::cout << table.Render();
-  if (response.total() > response.sequences_size()) {
+  if (!response.next_page_token().empty()) {
     std::cout << "(" << response.sequences_size() << " of " << response.total()
-              << " sequences shown; raise --limit)\n";
+              << " sequences shown; the next page: --page_token=" << response.next_page_token()
+              << ")\n";
   }
 }
 

@@ -453,6 +453,7 @@ absl::StatusOr<SequenceList> KvCacheClient::ListSequences(const ListSequencesOpt
   request.set_pool(options.pool);
   request.set_tenant(options.tenant);
   request.set_limit(options.limit);
+  request.set_page_token(options.page_token);
   pb::ListSequencesResponse response;
   const absl::Status status = impl_->Retry([&] {
     grpc::ClientContext context;
@@ -463,6 +464,7 @@ absl::StatusOr<SequenceList> KvCacheClient::ListSequences(const ListSequencesOpt
   SequenceList list;
   for (const auto& s : response.sequences()) list.sequences.push_back(FromProto(s));
   list.total = response.total();
+  list.next_page_token = response.next_page_token();
   return list;
 }
 

@@ -1,5 +1,6 @@
-// Pool statistics and a metrics scrape read running totals, not the sequences: they cost
-// the same with 100 and with 10,000 live sequences, they never wait for a sequence's lock
+// Pool statistics and a metrics scrape read running totals, not the sequences, and a listing
+// page visits only its own sequences: they cost the same with 100 and with 10,000 live
+// sequences, they never wait for a sequence's lock
 // (one held by a long Compress), and the totals agree with the sequences themselves.
 #include <algorithm>
 #include <atomic>
@@ -92,6 +93,51 @@ TEST(StatsScalingTest, StatsAndScrapeCostTheSameAt100And10000Sequences) {
   EXPECT_EQ(stats.sequences, 10000);
   EXPECT_EQ(stats.visible_tokens, 10000 * 3);
   EXPECT_EQ(stats.stored_token_heads, 10000 * 3 * 2 * 2);
+}
+
+// A page of ListSequences (100 sequences, the first or a later one, every pool or one tenant's
+// in one pool) and a tenant's stats of one pool visit only what they report: at 10,000 live
+// sequences they cost about what they cost at 100 (issue 43 item 4: a page was O(pool), 24.5
+// ms at 10,000 against 0.6 ms at 100).
+TEST(StatsScalingTest, AListingPageCostsTheSameAt100And10000Sequences) {
+  auto small = MakeStore();
+  auto store = MakeStore();
+  AddSequences(*small, 100, 3);
+  AddSequences(*store, 10000, 3);
+  ListSequencesParams first;
+  first.limit = 100;
+  ListSequencesParams later = first;
+  KVC_ASSERT_OK_AND_ASSIGN(const SequenceList page_1, store->ListSequences(first));
+  ASSERT_EQ(page_1.total, 10000);
+  later.page_token = page_1.next_page_token;  // a page from the middle of the big store
+  for (int i = 0; i < 40; ++i) {
+    KVC_ASSERT_OK_AND_ASSIGN(const SequenceList page, store->ListSequences(later));
+    later.page_token = page.next_page_token;
+  }
+  ASSERT_FALSE(later.page_token.empty());
+  ListSequencesParams of_tenant = first;
+  of_tenant.pool = "default";  // its only pool: the same sequences, walked by pool
+  const auto [list_100, list_10k] =
+      BestSecondsInterleaved([&] { (void)small->ListSequences(first); },
+                             [&] { (void)store->ListSequences(later); }, 15, 5);
+  const auto [tenant_100, tenant_10k] =
+      BestSecondsInterleaved([&] { (void)small->ListSequences(of_tenant); },
+                             [&] { (void)store->ListSequences(of_tenant); }, 15, 5);
+  const auto [stats_100, stats_10k] =
+      BestSecondsInterleaved([&] { (void)small->TenantPoolStats("", "default"); },
+                             [&] { (void)store->TenantPoolStats("", "default"); });
+  RecordProperty("list_page_us_100", static_cast<int>(list_100 * 1e6));
+  RecordProperty("list_page_us_10000", static_cast<int>(list_10k * 1e6));
+  // Issue 43's bound is 2x; 3x here as above, for a 100x larger store's cache misses.
+  EXPECT_LT(list_10k, 3 * list_100 + 20e-6)
+      << "a page: " << list_100 * 1e6 << " us at 100, " << list_10k * 1e6 << " us at 10,000";
+  EXPECT_LT(tenant_10k, 3 * tenant_100 + 20e-6)
+      << "a pool's page: " << tenant_100 * 1e6 << " us at 100, " << tenant_10k * 1e6 << " us";
+  EXPECT_LT(stats_10k, 3 * stats_100 + 10e-6)
+      << "a tenant's stats of a pool: " << stats_100 * 1e6 << " us at 100, " << stats_10k * 1e6
+      << " us at 10,000";
+  KVC_ASSERT_OK_AND_ASSIGN(const PoolStatsSnapshot mine, store->TenantPoolStats("", "default"));
+  EXPECT_EQ(mine.sequences, 10000);
 }
 
 TEST(StatsScalingTest, StatsDoNotWaitForASequenceBusyCompressing) {

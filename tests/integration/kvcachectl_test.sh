@@ -32,6 +32,22 @@ PY
 [ "$("$CTL" --target="$KVC_TARGET" --json sequences --tenant=nobody | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["sequences"]))')" = 0 ] \
   || fail "tenant filter"
 
+# Pages: one sequence per page, the next through the token the first printed; together the two.
+out=$("$CTL" --target="$KVC_TARGET" sequences --limit=1)
+echo "$out"
+token=$(sed -n 's/.*(1 of 2 sequences shown; the next page: --page_token=\([A-Za-z0-9_=-]*\))$/\1/p' <<<"$out")
+[ -n "$token" ] || fail "sequences --limit=1: no next page token"
+p1=$("$CTL" --target="$KVC_TARGET" --json sequences --limit=1 | python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["sequences"][0]["sequence_id"])')
+p2=$("$CTL" --target="$KVC_TARGET" --json sequences --limit=1 --page_token="$token" \
+  | python3 -c 'import json,sys; d=json.load(sys.stdin); assert not d.get("next_page_token"), d; print(d["sequences"][0]["sequence_id"])')
+all=$("$CTL" --target="$KVC_TARGET" --json sequences | python3 -c 'import json,sys; print(" ".join(s["sequence_id"] for s in json.load(sys.stdin)["sequences"]))')
+[ "$p1 $p2" = "$all" ] || fail "sequences pages: '$p1 $p2' is not '$all'"
+if err=$("$CTL" --target="$KVC_TARGET" sequences --page_token=garbage! 2>&1); then
+  fail "sequences: a bad page token was accepted"
+fi
+grep -q "INVALID_ARGUMENT: page_token is not one this server gave" <<<"$err" \
+  || fail "sequences: a bad page token is not refused clearly: $err"
+
 out=$("$CTL" --target="$KVC_TARGET" stats)
 echo "$out"
 grep -Eq '^sequences +2$' <<<"$out" || fail "stats: sequences"

@@ -107,3 +107,24 @@ def test_client_side_argument_errors(client: kvcache.Client) -> None:
         kvcache.Client("127.0.0.1:1", max_attempts=0)
     with pytest.raises(kvcache.InvalidArgument, match="cannot read tls_ca"):
         kvcache.Client("127.0.0.1:1", tls_ca="/nonexistent/ca.pem")
+
+
+def test_list_sequences_pages_through_every_sequence(client: kvcache.Client) -> None:
+    """Pages of list_sequences, followed by next_page_token, list each sequence once, in
+    creation order, with the total on every page (the server is shared: compare the ones this
+    test made, in the pool only it uses here)."""
+    made = [client.create_sequence(pool="tiny", tenant="pages").sequence_id for _ in range(5)]
+    seen, token = [], ""
+    while True:
+        page = client.list_sequences(tenant="pages", limit=2, page_token=token)
+        assert page.total == 5
+        assert len(page.sequences) <= 2
+        seen += [s.sequence_id for s in page.sequences]
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == made
+    with pytest.raises(kvcache.InvalidArgument, match="page_token is not one"):
+        client.list_sequences(page_token="garbage!")
+    for seq in made:
+        client.release(seq)

@@ -429,10 +429,11 @@ class AsyncClient:
                                 admin_pb.GetPoolStatsRequest(pool=pool), timeout, retry=True)
 
     async def list_sequences(self, *, pool: str = "", tenant: str = "", limit: int = 0,
-                             timeout: Optional[float] = None
+                             page_token: str = "", timeout: Optional[float] = None
                              ) -> admin_pb.ListSequencesResponse:
         """See Client.list_sequences."""
-        request = admin_pb.ListSequencesRequest(pool=pool, tenant=tenant, limit=limit)
+        request = admin_pb.ListSequencesRequest(pool=pool, tenant=tenant, limit=limit,
+                                                page_token=page_token)
         return await self._call(self._admin.ListSequences, request, timeout, retry=True)
 
     async def list_tenants(self, *,

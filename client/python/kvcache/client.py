@@ -490,9 +490,12 @@ class Client:
                           timeout, retry=True)
 
     def list_sequences(self, *, pool: str = "", tenant: str = "", limit: int = 0,
+                       page_token: str = "",
                        timeout: Optional[float] = None) -> admin_pb.ListSequencesResponse:
-        """Sequences (.sequences, .total). Retried."""
-        request = admin_pb.ListSequencesRequest(pool=pool, tenant=tenant, limit=limit)
+        """One page of sequences in creation order (.sequences, .total, .next_page_token:
+        pass it as page_token for the next page; empty on the last). Retried."""
+        request = admin_pb.ListSequencesRequest(pool=pool, tenant=tenant, limit=limit,
+                                                page_token=page_token)
         return self._call(self._admin.ListSequences, request, timeout, retry=True)
 
     def list_tenants(self, *, timeout: Optional[float] = None) -> List[admin_pb.TenantUsage]:

@@ -16,8 +16,8 @@ absl::Status CheckDense(const client::FetchResult& got, const AppendedKv& append
   for (const client::FetchedHead& h : got.heads) {
     if (h.layer < 0 || static_cast<size_t>(h.layer) >= keys.size() || h.kv_head < 0 ||
         h.kv_head >= appended.num_heads) {
-      return absl::DataLossError(absl::StrFormat("layer %d head %d was never appended", h.layer,
-                                                 h.kv_head));
+      return absl::DataLossError(
+          absl::StrFormat("layer %d head %d was never appended", h.layer, h.kv_head));
     }
     if (!seen.emplace(h.layer, h.kv_head).second) {
       return absl::DataLossError(

@@ -470,12 +470,14 @@ struct ReleaseResult {
 struct ListSequencesOptions {
   std::string pool;
   std::string tenant;
-  int limit = 0;  // 0 = server default (1000)
+  int limit = 0;           // 0 = server default (1000)
+  std::string page_token;  // empty = the first page; else SequenceList::next_page_token
 };
 
 struct SequenceList {
-  std::vector<SequenceInfo> sequences;
-  int64_t total = 0;
+  std::vector<SequenceInfo> sequences;  // in creation order
+  int64_t total = 0;                    // matching sequences, also those on other pages
+  std::string next_page_token;          // empty = the last page
 };
 
 struct CompressResult {
