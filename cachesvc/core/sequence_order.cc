@@ -42,8 +42,7 @@ std::vector<std::string> SequenceOrder::GroupsOf(const Sequence& s) {
 
 void SequenceOrder::Add(const std::shared_ptr<Sequence>& sequence) {
   kvc::MutexLock lock(&mu_);
-  const Key key(sequence->created_unix_ms(), sequence->scope(),
-                next_ordinal_[sequence->scope()]++);
+  const Key key(sequence->created_unix_ms(), sequence->scope(), next_ordinal_[sequence->scope()]++);
   keys_.emplace(sequence.get(), key);
   for (const std::string& group : GroupsOf(*sequence)) groups_[group].emplace(key, sequence);
 }

@@ -65,8 +65,7 @@ class SequenceOrder {
   // The groups' names: "a"; "s", "t", "p" + one field; "sp", "tp" + two fields.
   static std::vector<std::string> GroupsOf(const Sequence& sequence);
   // The map to walk for `query` and whether every entry in it matches (else each is checked).
-  const Ordered* Narrowest(const Query& query, bool* exact) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  const Ordered* Narrowest(const Query& query, bool* exact) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   mutable kvc::Mutex mu_;
   absl::flat_hash_map<std::string, Ordered> groups_ ABSL_GUARDED_BY(mu_);

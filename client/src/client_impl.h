@@ -19,6 +19,7 @@
 #include "kvc/client/kv_cache_client.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
+#include "proto/rpc_status.h"
 
 namespace kvc::client {
 
@@ -44,6 +45,31 @@ struct KvCacheClient::Impl {
   bool staging_decided ABSL_GUARDED_BY(local_mu) = false;
   std::shared_ptr<internal::StagingSpace> staging ABSL_GUARDED_BY(local_mu);
   std::string append_path ABSL_GUARDED_BY(local_mu) = "grpc (no Append yet)";
+
+  // Whether a unary call may be sent again after UNAVAILABLE: only calls that change nothing
+  // or change it the same way twice (a lost reply of Create or Compress must not repeat).
+  enum class Retried { kNo, kYes };
+  // One unary call, `method` of the KvCacheService or AdminService stub, with a fresh context
+  // (deadline, credentials) per attempt: the shape every unary method of the client shares.
+  template <typename Stub, typename Request, typename Response>
+  absl::Status Call(grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+                    const Request& request, Response* response, const CallOptions& call,
+                    Retried retried) const {
+    Stub* stub = StubFor(static_cast<Stub*>(nullptr));
+    const auto attempt = [&] {
+      grpc::ClientContext context;
+      Prepare(&context, call);
+      return FromGrpcStatus((stub->*method)(&context, request, response));
+    };
+    if (retried == Retried::kNo) return attempt();
+    return Retry(attempt);
+  }
+  ::kvcache::v1::KvCacheService::Stub* StubFor(::kvcache::v1::KvCacheService::Stub*) const {
+    return kv.get();
+  }
+  ::kvcache::v1::AdminService::Stub* StubFor(::kvcache::v1::AdminService::Stub*) const {
+    return admin.get();
+  }
 
   void Prepare(grpc::ClientContext* context, const CallOptions& call) const {
     const absl::Duration deadline =
@@ -75,5 +101,9 @@ struct KvCacheClient::Impl {
     return Retry(std::forward<Fn>(attempt), [] { return true; });
   }
 };
+
+using StubKv = ::kvcache::v1::KvCacheService::Stub;
+using StubAdmin = ::kvcache::v1::AdminService::Stub;
+using Retried = KvCacheClient::Impl::Retried;
 
 }  // namespace kvc::client

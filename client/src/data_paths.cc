@@ -99,13 +99,9 @@ namespace {
 absl::StatusOr<std::unique_ptr<internal::TransferReader>> OpenTransfer(
     const KvCacheClient::Impl& impl, const CallOptions& call) {
   pb::OpenTransferResponse response;
-  {
-    grpc::ClientContext context;
-    impl.Prepare(&context, call);
-    const absl::Status status =
-        FromGrpcStatus(impl.kv->OpenTransfer(&context, pb::OpenTransferRequest(), &response));
-    if (!status.ok()) return status;
-  }
+  const absl::Status opened =
+      impl.Call(&StubKv::OpenTransfer, pb::OpenTransferRequest(), &response, call, Retried::kNo);
+  if (!opened.ok()) return opened;
   internal::TransferEndpoint at;
   at.host = response.host().empty() ? TargetHost(impl.options.target) : response.host();
   at.port = response.port();
@@ -134,12 +130,10 @@ absl::StatusOr<std::unique_ptr<internal::TransferReader>> OpenTransfer(
   }
   if (!reader.ok()) {
     // Best effort: an unconnected channel is dropped by the server after connect_within.
-    grpc::ClientContext context;
-    impl.Prepare(&context, call);
     pb::CloseTransferRequest close;
     close.set_transfer_id(response.transfer_id());
     pb::CloseTransferResponse closed;
-    (void)impl.kv->CloseTransfer(&context, close, &closed);
+    (void)impl.Call(&StubKv::CloseTransfer, close, &closed, call, Retried::kNo);
   }
   return reader;
 }

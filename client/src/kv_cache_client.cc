@@ -61,11 +61,9 @@ absl::StatusOr<SequenceInfo> KvCacheClient::CreateSequence(const CreateSequenceO
   ToProto(options.policy, request.mutable_policy());
   if (options.prefix) ToProto(*options.prefix, request.mutable_prefix());
   pb::SequenceInfo response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
   // Not retried: a lost reply would make a retry create a second sequence.
   const absl::Status status =
-      FromGrpcStatus(impl_->kv->CreateSequence(&context, request, &response));
+      impl_->Call(&StubKv::CreateSequence, request, &response, call, Retried::kNo);
   if (!status.ok()) return status;
   return FromProto(response);
 }
@@ -77,9 +75,8 @@ absl::StatusOr<SequenceInfo> KvCacheClient::ForkSequence(const std::string& sequ
   request.set_sequence_id(sequence_id);
   request.set_client_sequence_id(client_sequence_id);
   pb::SequenceInfo response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
-  const absl::Status status = FromGrpcStatus(impl_->kv->ForkSequence(&context, request, &response));
+  const absl::Status status =
+      impl_->Call(&StubKv::ForkSequence, request, &response, call, Retried::kNo);
   if (!status.ok()) return status;
   return FromProto(response);
 }
@@ -92,10 +89,8 @@ absl::StatusOr<Lease> KvCacheClient::LeaseSequence(const std::string& sequence_i
   request.mutable_layers()->Add(layers.begin(), layers.end());
   request.set_ttl_ms(absl::ToInt64Milliseconds(ttl));
   pb::Lease response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
   const absl::Status status =
-      FromGrpcStatus(impl_->kv->LeaseSequence(&context, request, &response));
+      impl_->Call(&StubKv::LeaseSequence, request, &response, call, Retried::kNo);
   if (!status.ok()) return status;
   return FromProto(response);
 }
@@ -106,11 +101,8 @@ absl::StatusOr<absl::Time> KvCacheClient::RenewLease(const std::string& lease_id
   request.set_lease_id(lease_id);
   request.set_ttl_ms(absl::ToInt64Milliseconds(ttl));
   pb::RenewLeaseResponse response;
-  const absl::Status status = impl_->Retry([&] {
-    grpc::ClientContext context;
-    impl_->Prepare(&context, call);
-    return FromGrpcStatus(impl_->kv->RenewLease(&context, request, &response));
-  });
+  const absl::Status status =
+      impl_->Call(&StubKv::RenewLease, request, &response, call, Retried::kYes);
   if (!status.ok()) return status;
   return absl::FromUnixMillis(response.expires_unix_ms());
 }
@@ -120,9 +112,8 @@ absl::StatusOr<int64_t> KvCacheClient::ReleaseLease(const std::string& lease_id,
   pb::ReleaseLeaseRequest request;
   request.set_lease_id(lease_id);
   pb::ReleaseLeaseResponse response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
-  const absl::Status status = FromGrpcStatus(impl_->kv->ReleaseLease(&context, request, &response));
+  const absl::Status status =
+      impl_->Call(&StubKv::ReleaseLease, request, &response, call, Retried::kNo);
   if (!status.ok()) return status;
   return response.freed_blocks();
 }
@@ -136,10 +127,8 @@ absl::StatusOr<AppendResult> KvCacheClient::Append(const AppendChunk& chunk,
       staging != nullptr ? internal::Stage(*staging, chunk, &request) : std::nullopt;
   if (!slot.has_value()) ToProto(chunk, &request);
   pb::AppendResponse response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
   // Not retried: a retry after a lost reply would be refused as out of order.
-  const absl::Status status = FromGrpcStatus(impl_->kv->Append(&context, request, &response));
+  const absl::Status status = impl_->Call(&StubKv::Append, request, &response, call, Retried::kNo);
   // Reusing those bytes while the server might still read them could mix two chunks into one
   // append: such a slot is never given out again.
   if (slot.has_value() && internal::ServerMayStillRead(status)) slot->Abandon();
@@ -248,11 +237,8 @@ absl::StatusOr<SequenceInfo> KvCacheClient::GetSequence(const std::string& seque
   pb::GetSequenceRequest request;
   request.set_sequence_id(sequence_id);
   pb::SequenceInfo response;
-  const absl::Status status = impl_->Retry([&] {
-    grpc::ClientContext context;
-    impl_->Prepare(&context, call);
-    return FromGrpcStatus(impl_->kv->GetSequence(&context, request, &response));
-  });
+  const absl::Status status =
+      impl_->Call(&StubKv::GetSequence, request, &response, call, Retried::kYes);
   if (!status.ok()) return status;
   return FromProto(response);
 }
@@ -265,11 +251,8 @@ absl::StatusOr<int64_t> KvCacheClient::LookupPrefix(const std::string& pool, con
   ToProto(prefix, request.mutable_prefix());
   request.set_storage(static_cast<pb::StorageFormat>(storage));  // same numbering
   pb::LookupPrefixResponse response;
-  const absl::Status status = impl_->Retry([&] {
-    grpc::ClientContext context;
-    impl_->Prepare(&context, call);
-    return FromGrpcStatus(impl_->kv->LookupPrefix(&context, request, &response));
-  });
+  const absl::Status status =
+      impl_->Call(&StubKv::LookupPrefix, request, &response, call, Retried::kYes);
   if (!status.ok()) return status;
   return response.cached_tokens();
 }
@@ -282,11 +265,8 @@ absl::StatusOr<PublishResult> KvCacheClient::PublishPrefix(const std::string& se
   ToProto(prefix, request.mutable_prefix());
   pb::PublishPrefixResponse response;
   // Retried: publishing what is already cached changes nothing.
-  const absl::Status status = impl_->Retry([&] {
-    grpc::ClientContext context;
-    impl_->Prepare(&context, call);
-    return FromGrpcStatus(impl_->kv->PublishPrefix(&context, request, &response));
-  });
+  const absl::Status status =
+      impl_->Call(&StubKv::PublishPrefix, request, &response, call, Retried::kYes);
   if (!status.ok()) return status;
   return PublishResult{response.published_tokens(), response.new_tokens()};
 }
@@ -296,9 +276,7 @@ absl::StatusOr<ReleaseResult> KvCacheClient::Release(const std::string& sequence
   pb::ReleaseRequest request;
   request.set_sequence_id(sequence_id);
   pb::ReleaseResponse response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
-  const absl::Status status = FromGrpcStatus(impl_->kv->Release(&context, request, &response));
+  const absl::Status status = impl_->Call(&StubKv::Release, request, &response, call, Retried::kNo);
   if (!status.ok()) return status;
   return ReleaseResult{response.freed_blocks(), response.freed_bytes()};
 }
@@ -309,10 +287,8 @@ absl::StatusOr<CompressResult> SendCompress(const KvCacheClient::Impl& impl,
                                             const pb::CompressRequest& request,
                                             const CallOptions& call) {
   pb::CompressResponse response;
-  grpc::ClientContext context;
-  impl.Prepare(&context, call);
   // Not retried: a second Compress after a lost reply would evict again.
-  const absl::Status status = FromGrpcStatus(impl.kv->Compress(&context, request, &response));
+  const absl::Status status = impl.Call(&StubKv::Compress, request, &response, call, Retried::kNo);
   if (!status.ok()) return status;
   return FromProto(response);
 }
@@ -357,10 +333,8 @@ absl::StatusOr<AttendResult> KvCacheClient::Attend(const AttendRequest& request,
   pb::AttendRequest message;
   ToProto(request, &message);
   pb::AttendResponse response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
   // Not retried: each Attend adds to the tokens' H2O scores.
-  const absl::Status status = FromGrpcStatus(impl_->kv->Attend(&context, message, &response));
+  const absl::Status status = impl_->Call(&StubKv::Attend, message, &response, call, Retried::kNo);
   if (!status.ok()) return status;
   return FromProto(response);
 }
@@ -422,11 +396,8 @@ std::unique_ptr<AttendSession> KvCacheClient::StartAttendSession(const CallOptio
 
 absl::StatusOr<std::vector<PoolInfo>> KvCacheClient::ListPools(const CallOptions& call) {
   pb::ListPoolsResponse response;
-  const absl::Status status = impl_->Retry([&] {
-    grpc::ClientContext context;
-    impl_->Prepare(&context, call);
-    return FromGrpcStatus(impl_->admin->ListPools(&context, pb::ListPoolsRequest(), &response));
-  });
+  const absl::Status status =
+      impl_->Call(&StubAdmin::ListPools, pb::ListPoolsRequest(), &response, call, Retried::kYes);
   if (!status.ok()) return status;
   std::vector<PoolInfo> pools;
   for (const auto& pool : response.pools()) pools.push_back(FromProto(pool));
@@ -438,11 +409,8 @@ absl::StatusOr<PoolStats> KvCacheClient::GetPoolStats(const std::string& pool,
   pb::GetPoolStatsRequest request;
   request.set_pool(pool);
   pb::PoolStats response;
-  const absl::Status status = impl_->Retry([&] {
-    grpc::ClientContext context;
-    impl_->Prepare(&context, call);
-    return FromGrpcStatus(impl_->admin->GetPoolStats(&context, request, &response));
-  });
+  const absl::Status status =
+      impl_->Call(&StubAdmin::GetPoolStats, request, &response, call, Retried::kYes);
   if (!status.ok()) return status;
   return FromProto(response);
 }
@@ -455,11 +423,8 @@ absl::StatusOr<SequenceList> KvCacheClient::ListSequences(const ListSequencesOpt
   request.set_limit(options.limit);
   request.set_page_token(options.page_token);
   pb::ListSequencesResponse response;
-  const absl::Status status = impl_->Retry([&] {
-    grpc::ClientContext context;
-    impl_->Prepare(&context, call);
-    return FromGrpcStatus(impl_->admin->ListSequences(&context, request, &response));
-  });
+  const absl::Status status =
+      impl_->Call(&StubAdmin::ListSequences, request, &response, call, Retried::kYes);
   if (!status.ok()) return status;
   SequenceList list;
   for (const auto& s : response.sequences()) list.sequences.push_back(FromProto(s));
@@ -470,11 +435,8 @@ absl::StatusOr<SequenceList> KvCacheClient::ListSequences(const ListSequencesOpt
 
 absl::StatusOr<std::vector<TenantUsage>> KvCacheClient::ListTenants(const CallOptions& call) {
   pb::ListTenantsResponse response;
-  const absl::Status status = impl_->Retry([&] {
-    grpc::ClientContext context;
-    impl_->Prepare(&context, call);
-    return FromGrpcStatus(impl_->admin->ListTenants(&context, pb::ListTenantsRequest(), &response));
-  });
+  const absl::Status status = impl_->Call(&StubAdmin::ListTenants, pb::ListTenantsRequest(),
+                                          &response, call, Retried::kYes);
   if (!status.ok()) return status;
   std::vector<TenantUsage> out;
   for (const auto& t : response.tenants()) {
@@ -499,23 +461,16 @@ absl::StatusOr<bool> KvCacheClient::Drain(bool resume, const CallOptions& call) 
   request.set_resume(resume);
   pb::DrainResponse response;
   // Idempotent (it sets a state), so retried like the reads.
-  const absl::Status status = impl_->Retry([&] {
-    grpc::ClientContext context;
-    impl_->Prepare(&context, call);
-    return FromGrpcStatus(impl_->admin->Drain(&context, request, &response));
-  });
+  const absl::Status status =
+      impl_->Call(&StubAdmin::Drain, request, &response, call, Retried::kYes);
   if (!status.ok()) return status;
   return response.draining();
 }
 
 absl::StatusOr<ServerInfo> KvCacheClient::GetServerInfo(const CallOptions& call) {
   pb::ServerInfo response;
-  const absl::Status status = impl_->Retry([&] {
-    grpc::ClientContext context;
-    impl_->Prepare(&context, call);
-    return FromGrpcStatus(
-        impl_->admin->GetServerInfo(&context, pb::GetServerInfoRequest(), &response));
-  });
+  const absl::Status status = impl_->Call(&StubAdmin::GetServerInfo, pb::GetServerInfoRequest(),
+                                          &response, call, Retried::kYes);
   if (!status.ok()) return status;
   return ServerInfo{response.shard(),       response.incarnation(),     response.weight(),
                     response.draining(),    response.started_unix_ms(), response.local_socket(),

@@ -21,9 +21,8 @@ absl::StatusOr<NcclTransfer> KvCacheClient::OpenNcclTransfer(const std::string& 
   request.set_kind(pb::TRANSFER_KIND_NCCL);
   request.set_pool(pool);
   pb::OpenTransferResponse response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
-  const absl::Status status = FromGrpcStatus(impl_->kv->OpenTransfer(&context, request, &response));
+  const absl::Status status =
+      impl_->Call(&StubKv::OpenTransfer, request, &response, call, Retried::kNo);
   if (!status.ok()) return status;
   if (response.kind() != pb::TRANSFER_KIND_NCCL) {
     return absl::FailedPreconditionError(
@@ -44,18 +43,14 @@ absl::Status KvCacheClient::SendLease(const std::string& transfer_id, const std:
   request.set_lease_id(lease_id);
   request.set_nonce(nonce);
   pb::SendLeaseResponse response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
-  return FromGrpcStatus(impl_->kv->SendLease(&context, request, &response));
+  return impl_->Call(&StubKv::SendLease, request, &response, call, Retried::kNo);
 }
 
 absl::Status KvCacheClient::CloseTransfer(const std::string& transfer_id, const CallOptions& call) {
   pb::CloseTransferRequest request;
   request.set_transfer_id(transfer_id);
   pb::CloseTransferResponse response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
-  return FromGrpcStatus(impl_->kv->CloseTransfer(&context, request, &response));
+  return impl_->Call(&StubKv::CloseTransfer, request, &response, call, Retried::kNo);
 }
 
 absl::StatusOr<AppendResult> KvCacheClient::AppendOverTransfer(const AppendChunk& chunk,
@@ -71,10 +66,8 @@ absl::StatusOr<AppendResult> KvCacheClient::AppendOverTransfer(const AppendChunk
   request.mutable_nccl()->set_nonce(nonce);
   request.mutable_nccl()->set_bytes(static_cast<int64_t>(chunk.bytes));
   pb::AppendResponse response;
-  grpc::ClientContext context;
-  impl_->Prepare(&context, call);
   // Not retried: the bytes went over the transfer once.
-  const absl::Status status = FromGrpcStatus(impl_->kv->Append(&context, request, &response));
+  const absl::Status status = impl_->Call(&StubKv::Append, request, &response, call, Retried::kNo);
   if (!status.ok()) return status;
   return AppendResult{response.layer_tokens(), response.visible_tokens()};
 }

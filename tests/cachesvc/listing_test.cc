@@ -107,9 +107,8 @@ TEST_F(ListingTest, PagesVisitEveryMatchingSequenceOnceInCreationOrder) {
     for (const std::string tenant : {"", "t1"}) {
       for (const std::string pool : {"", "p1"}) {
         for (const int64_t limit : {1, 3, 7, 40, 1000}) {
-          SCOPED_TRACE(::testing::Message() << "scope " << (scope ? *scope : "(all)")
-                                            << " tenant '" << tenant << "' pool '" << pool
-                                            << "' limit " << limit);
+          SCOPED_TRACE(::testing::Message() << "scope " << (scope ? *scope : "(all)") << " tenant '"
+                                            << tenant << "' pool '" << pool << "' limit " << limit);
           ListSequencesParams p;
           if (scope != nullptr) p.scope = *scope;
           p.tenant = tenant;
@@ -180,8 +179,7 @@ TEST_F(ListingTest, ATokenTheServerNeverMadeIsInvalidArgument) {
 
 TEST_F(ListingTest, ATenantsPoolStatsCountItsSequencesInThatPool) {
   for (const std::string tenant : {"t0", "t1", "t2"}) {
-    KVC_ASSERT_OK_AND_ASSIGN(const PoolStatsSnapshot stats,
-                             store_->TenantPoolStats(tenant, "p1"));
+    KVC_ASSERT_OK_AND_ASSIGN(const PoolStatsSnapshot stats, store_->TenantPoolStats(tenant, "p1"));
     EXPECT_EQ(stats.sequences, static_cast<int64_t>(Expected(nullptr, tenant, "p1").size()))
         << tenant;
   }
