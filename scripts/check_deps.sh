@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Enforces the one-way layering of DESIGN.md by forbidden includes (CMake target links
+# Enforces the one-way layering of docs/ARCHITECTURE.md "Layers" by forbidden includes (CMake target links
 # enforce the rest). Exit 1 with every violation listed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
