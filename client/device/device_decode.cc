@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -57,8 +58,14 @@ size_t ElementBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 absl::StatusOr<kernels::BlockLayout> CheckedLayout(const Lease& lease, StorageFormat format) {
   const LeaseArena* a = lease.arena(format);
   if (a == nullptr) return absl::InternalError("the lease names no arena for a segment");
+  const std::optional<kernels::StorageFormat> known = internal::KernelFormat(format);
+  if (!known) {
+    return absl::UnimplementedError(
+        absl::StrCat("the lease holds storage format ", static_cast<int>(format),
+                     ", which this client cannot decode (a newer server?)"));
+  }
   const kernels::BlockLayout l =
-      kernels::MakeBlockLayout(internal::KernelFormat(format), lease.head_dim, lease.block_tokens);
+      kernels::MakeBlockLayout(*known, lease.head_dim, lease.block_tokens);
   if (static_cast<int64_t>(l.block_bytes) != a->block_bytes ||
       static_cast<int64_t>(l.record_bytes) != a->record_bytes ||
       static_cast<int64_t>(l.key_offset) != a->key_offset ||
@@ -197,7 +204,7 @@ absl::StatusOr<FetchIntoResult> DecodeOnDevice(
     a.arena.layout = layouts[p.format];
     a.arena.num_blocks = static_cast<int32_t>(std::min<int64_t>(arena.num_blocks, INT32_MAX));
     a.num_rows = static_cast<int32_t>(p.rows);
-    a.dtype = internal::KernelDType(options.dtype);
+    a.dtype = *internal::KernelDType(options.dtype);  // F16, BF16 or F32: CheckDeviceBuffers
     a.keys = static_cast<char*>(buffer.keys) + lane_offset + p.out_row * row;
     a.values = static_cast<char*>(buffer.values) + lane_offset + p.out_row * row;
     a.src_blocks = dev_blocks + p.first;

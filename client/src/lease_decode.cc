@@ -83,7 +83,8 @@ void WriteDense(StorageFormat format, DType dtype, int d, size_t rb, const uint8
     CopyBytes(out, records, count * rb);
     return;
   }
-  DecodeRecords(KernelFormat(format), KernelDType(dtype), d, rb, records, count, out);
+  // CheckDecodable (first thing in every read) made sure both are known.
+  DecodeRecords(*KernelFormat(format), *KernelDType(dtype), d, rb, records, count, out);
 }
 
 // The lease must have been live for the whole read: a block of an expired lease may have been
@@ -97,8 +98,29 @@ absl::Status CheckStillLeased(const Lease& lease) {
 
 }  // namespace
 
+absl::Status CheckDecodable(const Lease& lease) {
+  const auto unknown = [](const char* what, int value) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the lease holds ", what, " ", value,
+        ", which this client cannot decode (a newer server?); the server decodes it over gRPC"));
+  };
+  if (!KernelDType(lease.dtype)) return unknown("dtype", static_cast<int>(lease.dtype));
+  for (const LeaseArena& a : lease.arenas) {
+    if (!KernelFormat(a.format)) return unknown("storage format", static_cast<int>(a.format));
+  }
+  for (const LeaseLane& lane : lease.lanes) {
+    for (const LeaseSegment& seg : lane.segments) {
+      if (!KernelFormat(seg.format)) {
+        return unknown("storage format", static_cast<int>(seg.format));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ReadLeased(const Lease& lease, const FetchOptions& options, const ArenaLookup& arenas,
                         const std::function<absl::Status(FetchedChunk&)>& on_chunk) {
+  if (absl::Status known = CheckDecodable(lease); !known.ok()) return known;
   const int d = lease.head_dim;
   const DType dtype = options.dtype == DType::kPoolDefault ? lease.dtype : options.dtype;
   const auto bt = static_cast<size_t>(lease.block_tokens);
@@ -159,6 +181,7 @@ absl::Status ReadLeased(const Lease& lease, const FetchOptions& options, const A
 absl::Status ReadLeasedInto(const Lease& lease, const std::vector<LayerBuffers>& buffers,
                             const FetchIntoOptions& options, const ArenaLookup& arenas,
                             FetchIntoResult* result) {
+  if (absl::Status known = CheckDecodable(lease); !known.ok()) return known;
   const int d = lease.head_dim;
   const size_t heads = static_cast<size_t>(options.num_kv_heads);
   if (d != options.head_dim || lease.layers.size() != buffers.size() ||

@@ -21,6 +21,12 @@ struct ArenaView {
 };
 using ArenaLookup = std::function<absl::StatusOr<ArenaView>(StorageFormat)>;
 
+// OK when this client can decode every record the lease names (each storage format and the
+// dtype known here); UNIMPLEMENTED naming the first it cannot (a newer server's format): read
+// that sequence over gRPC, where the server decodes. ReadLeased and ReadLeasedInto check it
+// first, and the leased read path before it brings any block here.
+absl::Status CheckDecodable(const Lease& lease);
+
 // The lease's records below each layer's limit (visible tokens, or every appended token
 // with include_unfinished), one chunk per (lane, segment), lanes in lease order: the chunks
 // a gRPC Fetch of the same layers would give, byte for byte. ABORTED when the lease could

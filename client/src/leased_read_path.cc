@@ -22,6 +22,11 @@ absl::Status LeasedReadPath::Read(const std::string& sequence_id,
   absl::StatusOr<Lease> lease =
       client_.LeaseSequence(sequence_id, layers, absl::ZeroDuration(), call);
   if (!lease.ok()) return lease.status();
+  if (absl::Status known = CheckDecodable(*lease); !known.ok()) {
+    (void)client_.ReleaseLease(lease->lease_id, call);
+    *fall_back = absl::StrCat("grpc (", known.message(), ")");
+    return known;
+  }
   const absl::Duration budget =
       call.deadline > absl::ZeroDuration() ? call.deadline : client_.options().default_deadline;
   absl::StatusOr<std::unique_ptr<LeasedBlocks>> blocks = OpenLeased(*lease, absl::Now() + budget);
