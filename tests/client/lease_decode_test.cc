@@ -29,19 +29,19 @@ Lease OneLaneLease(StorageFormat format, DType dtype) {
 }
 
 TEST(LeaseDecodeTest, KnownFormatsAndDtypesAreDecodable) {
-  for (const StorageFormat f : {StorageFormat::kF32, StorageFormat::kF16, StorageFormat::kBF16,
-                                StorageFormat::kFp8E4M3, StorageFormat::kInt8,
-                                StorageFormat::kInt4G32, StorageFormat::kInt4G64,
-                                StorageFormat::kNvfp4}) {
+  for (const StorageFormat f :
+       {StorageFormat::kF32, StorageFormat::kF16, StorageFormat::kBF16, StorageFormat::kFp8E4M3,
+        StorageFormat::kInt8, StorageFormat::kInt4G32, StorageFormat::kInt4G64,
+        StorageFormat::kNvfp4}) {
     EXPECT_TRUE(CheckDecodable(OneLaneLease(f, DType::kF16)).ok()) << static_cast<int>(f);
   }
 }
 
 TEST(LeaseDecodeTest, AnUnknownFormatOrDtypeIsNeverDecodedAsAnother) {
   const auto newer = static_cast<StorageFormat>(9);
-  for (const Lease& lease : {OneLaneLease(newer, DType::kF16),
-                             OneLaneLease(StorageFormat::kPoolDefault, DType::kF16),
-                             OneLaneLease(StorageFormat::kF16, static_cast<DType>(7))}) {
+  for (const Lease& lease :
+       {OneLaneLease(newer, DType::kF16), OneLaneLease(StorageFormat::kPoolDefault, DType::kF16),
+        OneLaneLease(StorageFormat::kF16, static_cast<DType>(7))}) {
     const absl::Status checked = CheckDecodable(lease);
     EXPECT_EQ(checked.code(), absl::StatusCode::kUnimplemented) << checked;
     EXPECT_NE(checked.message().find("which this client cannot decode"), std::string::npos);
@@ -66,9 +66,9 @@ TEST(LeaseDecodeTest, AnUnknownFormatOrDtypeIsNeverDecodedAsAnother) {
     into.num_kv_heads = 1;
     into.head_dim = 8;
     FetchIntoResult result;
-    EXPECT_EQ(ReadLeasedInto(lease, {{0, keys.data(), values.data(), 16}}, into, arenas, &result)
-                  .code(),
-              absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(
+        ReadLeasedInto(lease, {{0, keys.data(), values.data(), 16}}, into, arenas, &result).code(),
+        absl::StatusCode::kUnimplemented);
     EXPECT_FALSE(looked) << "a block was looked up";
     EXPECT_EQ(chunks, 0);
     EXPECT_EQ(keys, std::string(16 * 8 * 2, 'k')) << "the buffers were written";
