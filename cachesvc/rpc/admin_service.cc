@@ -155,7 +155,7 @@ grpc::Status AdminServiceImpl::ListTenants(grpc::ServerContext* context,
     if (q.tenant == "*") continue;
     bool listed = false;
     for (const auto& t : tenants) listed = listed || t.tenant == q.tenant;
-    if (!listed) tenants.push_back({q.tenant, 0, {}, q});
+    if (!listed) tenants.push_back({q.tenant, 0, {}, q, {}});
   }
   std::sort(tenants.begin(), tenants.end(),
             [](const auto& a, const auto& b) { return a.tenant < b.tenant; });
