@@ -59,12 +59,21 @@ class ABSL_LOCKABLE Mutex {
   }
 
   // Releases the lock (held exclusively or shared) until `cond` holds, then holds it again
-  // the same way. `cond` is evaluated with the lock held, by any thread.
+  // the same way. `cond` is evaluated with the lock held, by any thread: absl runs a waiter's
+  // condition inside the Unlock of whichever thread releases the lock, after that thread's
+  // release annotation, so each condition calls ConditionRead() after its reads (below).
   void Await(const absl::Condition& cond) ABSL_SHARED_LOCKS_REQUIRED(this) {
     KVC_TSAN_RELEASE(this);
     mu_.Await(cond);
     KVC_TSAN_ACQUIRE(this);
   }
+
+  // For ThreadSanitizer: publishes what an Await condition just read (the guarded state and
+  // the condition object, which lives on the waiter's stack) as read under this lock, so the
+  // next holder's writes (and the waiter's reuse of its stack) are ordered after those reads.
+  // Without it TSan reports those reads as racing (they happen after the releasing thread's
+  // annotation, inside absl::Mutex::Unlock). No effect outside TSan builds.
+  void ConditionRead() const { KVC_TSAN_RELEASE(const_cast<Mutex*>(this)); }
 
   // Require that this thread holds the lock (exclusively / at least shared); absl aborts
   // when it can tell it does not. They also tell the analysis that the lock is held where it

@@ -53,7 +53,11 @@ void Sequence::AwaitNoWrites() const {
   // The conditions run with the lock held, by whichever thread releases it.
   struct NoWrites {
     const Sequence* seq;
-    bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return seq->writes_in_flight_ == 0; }
+    bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      const bool none = seq->writes_in_flight_ == 0;
+      seq->mu_.ConditionRead();
+      return none;
+    }
   };
   const NoWrites cond{this};
   mutations_waiting_.fetch_add(1, std::memory_order_relaxed);
@@ -66,8 +70,10 @@ void Sequence::AwaitLayerIdle(int layer) const {
     const Sequence* seq;
     size_t layer;
     bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return seq->layer_writing_[layer] == 0 &&
-             seq->mutations_waiting_.load(std::memory_order_relaxed) == 0;
+      const bool idle = seq->layer_writing_[layer] == 0 &&
+                        seq->mutations_waiting_.load(std::memory_order_relaxed) == 0;
+      seq->mu_.ConditionRead();
+      return idle;
     }
   };
   const LayerIdle cond{this, static_cast<size_t>(layer)};
