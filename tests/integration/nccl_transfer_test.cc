@@ -89,6 +89,27 @@ std::vector<size_t> Pieces(const client::Lease& lease) {
   return pieces;
 }
 
+// A tokens file of tenants a and b (bearer tokens "token-of-a", "token-of-b") in a fresh
+// directory, removed with this object.
+struct TenantTokens {
+  TenantTokens() {
+    char made[] = "/tmp/kvc-nccl-tokens-XXXXXX";
+    EXPECT_NE(mkdtemp(made), nullptr);
+    dir = made;
+    file = dir + "/tokens";
+    std::ofstream out(file);
+    for (const char* tenant : {"a", "b"}) {
+      const std::string salt = *RandomBytes(16);
+      out << tenant << " tenant " << ToHex(salt) << " "
+          << TokenHashHex(salt, std::string("token-of-") + tenant) << "\n";
+    }
+  }
+  TenantTokens(const TenantTokens&) = delete;
+  TenantTokens& operator=(const TenantTokens&) = delete;
+  ~TenantTokens() { std::filesystem::remove_all(dir); }
+  std::string dir, file;
+};
+
 class NcclTransferTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -426,19 +447,9 @@ TEST_F(NcclTransferTest, ASendsPieceBufferIsChargedToTheBudgets) {
 // know (a revoked token, once the tokens file drops it), every call is UNAUTHENTICATED.
 // a's lease and channel are untouched afterwards.
 TEST_F(NcclTransferTest, ChannelsAndLeasesAreTheirTenantsOnly) {
-  char dir[] = "/tmp/kvc-nccl-tenants-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string tokens = std::string(dir) + "/tokens";
-  {
-    std::ofstream out(tokens);
-    for (const char* tenant : {"a", "b"}) {
-      const std::string salt = *RandomBytes(16);
-      out << tenant << " tenant " << ToHex(salt) << " "
-          << TokenHashHex(salt, std::string("token-of-") + tenant) << "\n";
-    }
-  }
+  const TenantTokens tokens;
   cachesvc::ServerOptions o = Options(/*nccl=*/true);
-  o.auth.tokens_file = tokens;
+  o.auth.tokens_file = tokens.file;
   client::ClientOptions as_a;
   as_a.bearer_token = "token-of-a";
   testing::TestServer t = testing::StartTestServer(o, as_a);
@@ -512,7 +523,6 @@ TEST_F(NcclTransferTest, ChannelsAndLeasesAreTheirTenantsOnly) {
   token_ = "token-of-a";
   EXPECT_TRUE(close(a_channel).ok());
   KVC_EXPECT_OK(t.client->ReleaseLease(a_lease.lease_id).status()) << "a's lease was live";
-  std::filesystem::remove_all(dir);
 }
 
 // One layer's keys and values of tokens [start, start + n), in host memory and on the device.
@@ -749,19 +759,9 @@ TEST_F(NcclAppendTest, AHeaderOfAnotherCallIsRefused) {
 TEST_F(NcclAppendTest, ReceiveBuffersAreChargedToTheTenantsAndTheServersBudgets) {
   constexpr int kTokens = 10;
   constexpr int64_t kBuffer = 2 * kTokens * testing::kHeads * testing::kDim * 2;  // keys, values
-  char dir[] = "/tmp/kvc-nccl-budget-XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const std::string tokens = std::string(dir) + "/tokens";
-  {
-    std::ofstream out(tokens);
-    for (const char* tenant : {"a", "b"}) {
-      const std::string salt = *RandomBytes(16);
-      out << tenant << " tenant " << ToHex(salt) << " "
-          << TokenHashHex(salt, std::string("token-of-") + tenant) << "\n";
-    }
-  }
+  const TenantTokens tokens;
   cachesvc::ServerOptions o = Options(/*nccl=*/true);
-  o.auth.tokens_file = tokens;
+  o.auth.tokens_file = tokens.file;
   o.transfer_nccl_receive_bytes_per_tenant = 2 * kBuffer;
   o.transfer_nccl_receive_bytes = 3 * kBuffer;
   client::ClientOptions as_a;
@@ -814,7 +814,6 @@ TEST_F(NcclAppendTest, ReceiveBuffersAreChargedToTheTenantsAndTheServersBudgets)
   std::unique_ptr<client::NcclLink> b3 = link(b.get());
   ASSERT_TRUE(b3 != nullptr);
   KVC_EXPECT_OK(append(*b3, seq_b.sequence_id, 1));
-  std::filesystem::remove_all(dir);
 }
 
 #ifndef KVC_NCCL_TEST_ON_SIMULATOR
