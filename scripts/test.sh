@@ -22,7 +22,7 @@
 #               (scripts/run_fuzzers.sh; fails on any finding)
 #
 # A failing stage does not stop the later ones (one CI run reports everything); the exit
-# status is 1 if any stage failed. Timings from a fresh clone are in README.md.
+# status is 1 if any stage failed. Timings from a fresh clone are in CONTRIBUTING.md.
 #
 #   scripts/test.sh                  all of the above (CI)
 #   scripts/test.sh --quick          checks + default + python, for local iterations

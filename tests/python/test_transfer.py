@@ -51,7 +51,7 @@ def test_fetch_over_the_channel_equals_fetch_over_grpc(transfer_server: Server) 
             for kwargs in ({}, {"layers": [2, 0]}, {"include_unfinished": True}):
                 _same(c.fetch(seq, **kwargs), g.fetch(seq, **kwargs))
                 sent += 1
-        port = c._paths.transfer.where.rsplit(":", 1)[1]  # type: ignore[union-attr]
+        port = c._core.paths.transfer.where.rsplit(":", 1)[1]  # type: ignore[union-attr]
         assert c.data_path == f"transfer (127.0.0.1:{port})", c.data_path
         assert c.append_path == "grpc (no same-node path; transfer channels carry reads only)"
         assert g.data_path == "grpc (local_reads and transfers are off)"
@@ -122,16 +122,16 @@ def test_a_closed_channel_is_replaced_on_the_next_fetch(transfer_server: Server)
     with kvcache.Client(transfer_server.target) as c, _grpc_only(transfer_server) as g:
         seq = _filled(c, "bf16", 64)
         _same(c.fetch(seq), g.fetch(seq))
-        first = c._paths.transfer
+        first = c._core.paths.transfer
         assert first is not None
         opened = transfer_server.rpc_count("OpenTransfer")
         # Closed by the server (as an operator's restart of the listener would): the client
         # sees the hang-up before its next fetch and opens another channel.
-        g._call(g._kv.CloseTransfer, svc.CloseTransferRequest(transfer_id=first.id), None,
-                retry=False)
+        g._drive(g._core.unary("CloseTransfer", svc.CloseTransferRequest(transfer_id=first.id),
+                               None, retry=False))
         assert wait_until(lambda: not first.alive())
         _same(c.fetch(seq), g.fetch(seq))
-        assert c._paths.transfer is not None and c._paths.transfer is not first
+        assert c._core.paths.transfer is not None and c._core.paths.transfer is not first
         assert transfer_server.rpc_count("OpenTransfer") - opened == 1
         assert c.data_path.startswith("transfer (")
 
@@ -208,7 +208,7 @@ def test_a_refused_send_leaves_the_channel_usable(transfer_server: Server) -> No
     with kvcache.Client(transfer_server.target) as c, _grpc_only(transfer_server) as g:
         seq = _filled(c, "f16", 30)
         _same(c.fetch(seq), g.fetch(seq))
-        reader = c._paths.transfer
+        reader = c._core.paths.transfer
         assert reader is not None
         lease = c.lease_sequence(seq)
         c.release_lease(lease)
@@ -216,10 +216,10 @@ def test_a_refused_send_leaves_the_channel_usable(transfer_server: Server) -> No
         def send(nonce: int):
             request = svc.SendLeaseRequest(transfer_id=reader.id, lease_id=lease.lease_id,
                                            nonce=nonce)
-            return c._kv.SendLease.future(request, timeout=10)
+            return c._methods["SendLease"].future(request, timeout=10)
 
         with pytest.raises(kvcache.NotFound):
             reader.fetch(lease, send, 10, lambda renumbered, arenas: None)
         assert reader.alive()
         _same(c.fetch(seq), g.fetch(seq))
-        assert c._paths.transfer is reader  # the same channel served it
+        assert c._core.paths.transfer is reader  # the same channel served it

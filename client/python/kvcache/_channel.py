@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import grpc
 
+from kvcache import _codec
+from kvcache._proto.kvcache.v1 import admin_service_pb2_grpc as admin_grpc
+from kvcache._proto.kvcache.v1 import kvcache_service_pb2 as svc
+from kvcache._proto.kvcache.v1 import kvcache_service_pb2_grpc as svc_grpc
 from kvcache.errors import InvalidArgument
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -100,3 +104,18 @@ def lease_id(lease: object) -> str:
     if isinstance(lid, str):
         return lid
     raise TypeError(f"expected a lease id or a Lease, not {type(lease).__name__}")
+
+
+def methods(channel: Any) -> Dict[str, Any]:
+    """Every KvCacheService and AdminService method of `channel` (a grpc or grpc.aio one) by
+    name, the method names being unique across the two services; "Append" and
+    "AppendStream" take requests already serialized by _codec.encode_append (one copy of the
+    tensors)."""
+    found = {**vars(svc_grpc.KvCacheServiceStub(channel)),
+             **vars(admin_grpc.AdminServiceStub(channel))}
+    found["Append"] = channel.unary_unary(_codec.KV_SERVICE + "Append", request_serializer=None,
+                                          response_deserializer=svc.AppendResponse.FromString)
+    found["AppendStream"] = channel.stream_unary(
+        _codec.KV_SERVICE + "AppendStream", request_serializer=None,
+        response_deserializer=svc.AppendStreamResponse.FromString)
+    return found

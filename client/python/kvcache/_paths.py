@@ -2,60 +2,44 @@
 
 PathState holds the decision: the same-node reader (kvcache/_local.py) or else the transfer
 channel (kvcache/_transfer.py) for reads, the staging region for appends, and the strings
-``data_path`` / ``append_path`` report. Its methods are generators that yield the I/O they
-need as an operation (GetServerInfo, ConnectLocal, OpenTransfer, OpenStaging) and receive
-its result, or have the operation's KvCacheError thrown in. Client runs them with plain
-calls (drive), AsyncClient with awaits (drive_async), so the rules (when to decide again
-after a restart or a broken channel, what each path string says) exist once.
+``data_path`` / ``append_path`` report. Its methods are generators of the shared core's I/O
+operations (kvcache/_ops.py): the I/O they need comes from `io` (PathIo, implemented by
+kvcache/_calls.py), so the rules (when to decide again after a restart or a broken channel,
+what each path string says) exist once.
 
-The caller serializes the generators (a threading.Lock in Client, an asyncio.Lock in
-AsyncClient): the state is not locked here.
+The caller serializes the generators (_ops.Serialized): the state is not locked here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Awaitable, Callable, Generator, Optional, TypeVar
+from typing import Any, Optional, Protocol
 
 from kvcache._local import LocalReader, StagingSpace, server_info_failed
+from kvcache._ops import Step
 from kvcache._transfer import TransferReader
 from kvcache._transfer import refused as transfer_refused
 from kvcache._transfer import should_open as transfer_should_open
 from kvcache.errors import KvCacheError
 from kvcache.types import FetchResult
 
-T = TypeVar("T")
 
+class PathIo(Protocol):
+    def server_info(self, timeout: Optional[float]) -> Step[Any]:
+        """AdminService.GetServerInfo, retried as reads are."""
 
-@dataclasses.dataclass
-class GetServerInfo:
-    """AdminService.GetServerInfo, retried as reads are; the reply."""
+    def connect_local(self, info: Any) -> Step[Any]:
+        """_local.connect_local(info, ...): (LocalReader or None, data_path)."""
 
+    def open_transfer(self, timeout: Optional[float]) -> Step[TransferReader]:
+        """A transfer channel (OpenTransfer, then connect)."""
 
-@dataclasses.dataclass
-class ConnectLocal:
-    """_local.connect_local(info, ...): (LocalReader or None, data_path)."""
-    info: Any
-
-
-@dataclasses.dataclass
-class OpenTransfer:
-    """A transfer channel (OpenTransfer, then connect): a TransferReader."""
-
-
-@dataclasses.dataclass
-class OpenStaging:
-    """local.open_staging(nbytes): a StagingSpace."""
-    local: LocalReader
-    nbytes: int
-
-
-Op = Any  # one of the four above
-Step = Generator[Op, Any, T]
+    def open_staging(self, local: LocalReader, nbytes: int) -> Step[StagingSpace]:
+        """local.open_staging(nbytes)."""
 
 
 class PathState:
-    def __init__(self, local_reads: bool, transfers: bool, staging_bytes: int):
+    def __init__(self, io: PathIo, local_reads: bool, transfers: bool, staging_bytes: int):
+        self.io = io
         self.local_reads = local_reads
         self.transfers = transfers
         self.staging_bytes = staging_bytes
@@ -68,7 +52,7 @@ class PathState:
         self.staging_decided = False
         self.append_path = "grpc (no append yet)"
 
-    def read(self) -> Step[Optional[LocalReader]]:
+    def read(self, timeout: Optional[float]) -> Step[Optional[LocalReader]]:
         """The same-node reader to read through, or None (then `transfer`, if set, else
         gRPC). Decides on the first call and again once the socket or the channel broke
         (a server restart: its mappings and staging region are of memory it no longer
@@ -87,33 +71,33 @@ class PathState:
             self.staging, self.staging_decided = None, False
             self.append_path = "grpc (no append since the local socket closed)"
         try:
-            info = yield GetServerInfo()
+            info = yield from self.io.server_info(timeout)
         except KvCacheError as e:
             # Unreachable: the next fetch asks again.
             self.decided, self.data_path = server_info_failed(e)
             return None
         self.decided = True
-        self.local, self.data_path = yield ConnectLocal(info)
+        self.local, self.data_path = yield from self.io.connect_local(info)
         if self.local is not None:
             return self.local
         # No same-node path: a transfer channel, if the server offers one.
         open_one, self.data_path = transfer_should_open(info, self.transfers, self.data_path)
         if open_one:
             try:
-                self.transfer = yield OpenTransfer()
+                self.transfer = yield from self.io.open_transfer(timeout)
                 self.data_path = f"transfer ({self.transfer.where})"
             except KvCacheError as e:
                 self.data_path = transfer_refused(self.data_path, e)
         return None
 
-    def staged(self) -> Step[Optional[StagingSpace]]:
+    def staged(self, timeout: Optional[float]) -> Step[Optional[StagingSpace]]:
         """The staging region appends copy into, or None (gRPC). Decided on the first
         append, and again after the read path was decided again."""
         if self.staging_bytes <= 0:
             self.staging_decided = True
             self.append_path = "grpc (staging_bytes is 0)"
             return None
-        local = yield from self.read()  # every time: a restart drops the old region too
+        local = yield from self.read(timeout)  # every time: a restart drops the old region too
         if self.staging_decided:
             return self.staging
         if local is None:
@@ -124,7 +108,7 @@ class PathState:
             return None
         self.staging_decided = True
         try:
-            self.staging = yield OpenStaging(local, self.staging_bytes)
+            self.staging = yield from self.io.open_staging(local, self.staging_bytes)
         except KvCacheError as e:
             self.append_path = f"grpc ({e.message})"
             return None
@@ -143,34 +127,3 @@ def grpc_result(result: FetchResult, why: str, data_path: str) -> FetchResult:
     decided path, or the decision's own reason when gRPC is what was decided."""
     result.path = f"grpc ({why})" if why else data_path
     return result
-
-
-def drive(step: Step[T], run: Callable[[Op], Any]) -> T:
-    """Runs `step`, performing each operation it yields with `run` (its KvCacheError goes
-    back into the step)."""
-    try:
-        op = next(step)
-        while True:
-            try:
-                result = run(op)
-            except KvCacheError as e:
-                op = step.throw(e)
-                continue
-            op = step.send(result)
-    except StopIteration as stop:
-        return stop.value
-
-
-async def drive_async(step: Step[T], run: Callable[[Op], Awaitable[Any]]) -> T:
-    """drive() with an asynchronous `run`."""
-    try:
-        op = next(step)
-        while True:
-            try:
-                result = await run(op)
-            except KvCacheError as e:
-                op = step.throw(e)
-                continue
-            op = step.send(result)
-    except StopIteration as stop:
-        return stop.value
