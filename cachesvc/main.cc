@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
 
   auto server = KvCacheServer::Start(options);
   if (!server.ok()) return Fail(std::string(server.status().message()));
-  for (const auto& pool : (*server)->store()->ListPools()) {
+  for (const auto& pool : (*server)->store()->stats().ListPools()) {
     const auto& g = pool.options.geometry;
     KVC_LOG(INFO) << "pool '" << pool.options.name << "' on " << pool.options.device << ": "
                   << g.num_layers << " layers x " << g.num_kv_heads << " kv heads ("
@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
                   << pool.total_blocks << " blocks of " << pool.block_bytes
                   << " bytes = " << pool.options.capacity_bytes << " bytes capacity";
   }
-  const kvc::cachesvc::ShardIdentity& shard = (*server)->store()->shard();
+  const kvc::cachesvc::ShardIdentity& shard = (*server)->store()->stats().shard();
   if (shard.clustered()) {
     KVC_LOG(INFO) << "cluster shard '" << shard.name() << "', incarnation " << shard.incarnation()
                   << ", placement weight " << shard.weight();

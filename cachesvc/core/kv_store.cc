@@ -2,15 +2,11 @@
 
 #include <chrono>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "cachesvc/core/append.h"
 #include "cachesvc/core/attend.h"
 #include "cachesvc/core/compress.h"
-#include "cachesvc/core/device_block_pool.h"
 #include "cachesvc/core/fetch.h"
-#include "cachesvc/core/host_block_pool.h"
 #include "cachesvc/core/pool_options.h"
 #include "cachesvc/core/prefix_attach.h"
 #include "cachesvc/core/quote.h"
@@ -29,103 +25,17 @@ absl::Status Released(const std::string& id) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvStore>> KvStore::Create(const KvStoreOptions& options) {
-  if (options.pools.empty()) {
-    return absl::InvalidArgumentError("at least one pool must be configured");
-  }
-  if (options.max_sequences < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_sequences is ", options.max_sequences, "; expected >= 1"));
-  }
-  if (options.verify_shared_reads_every < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("verify_shared_reads_every is ",
-                                                   options.verify_shared_reads_every,
-                                                   "; expected >= 1 (1 = verify every read)"));
-  }
-  std::unique_ptr<KvStore> store(new KvStore(options));
-  KVC_ASSIGN_OR_RETURN(store->shard_,
-                       ShardIdentity::Create(options.shard_name, options.shard_weight));
-  const kernels::KernelStatus ks = kernels::CreateBackend(
-      kernels::BackendKind::kCpu, kernels::BackendOptions(), &store->backend_);
-  KVC_RETURN_IF_ERROR(FromKernelStatus(ks, "creating the CPU kernel backend"));
-  if (options.hooks.wrap_backend) {
-    store->backend_ = options.hooks.wrap_backend(std::move(store->backend_));
-  }
-  absl::flat_hash_set<std::string> names;
-  for (const PoolOptions& pool_options : options.pools) {
-    if (!names.insert(pool_options.name).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pool name '", pool_options.name, "' is configured twice"));
-    }
-    KVC_RETURN_IF_ERROR(ValidatePoolOptions(pool_options));
-    KVC_ASSIGN_OR_RETURN(const int ordinal, ParsePoolDevice(pool_options.device));
-    std::unique_ptr<BlockPool> pool;
-    if (ordinal < 0) {
-      KVC_ASSIGN_OR_RETURN(pool, HostBlockPool::Create(pool_options, store->backend_.get()));
-    } else {
-      KVC_ASSIGN_OR_RETURN(kernels::KernelBackend * device,
-                           store->DeviceBackend(ordinal, pool_options.name));
-      KVC_ASSIGN_OR_RETURN(pool,
-                           DeviceBlockPool::Create(pool_options, device, store->backend_.get()));
-    }
-    if (options.hooks.wrap_pool) pool = options.hooks.wrap_pool(std::move(pool));
-    store->pools_.push_back(std::move(pool));
-    store->usage_.push_back(std::make_unique<PoolUsage>());
-    store->prefixes_.push_back(std::make_unique<PrefixIndex>(store->pools_.back().get()));
-    PrefixIndex* index = store->prefixes_.back().get();
-    store->pools_.back()->set_reclaimer([index](int64_t bytes) { return index->Reclaim(bytes); });
-  }
-  store->leases_ =
-      std::make_unique<LeaseTable>(options.leases, static_cast<int>(store->pools_.size()));
-  return store;
+  KVC_ASSIGN_OR_RETURN(std::unique_ptr<StoreParts> parts, StoreParts::Create(options));
+  return std::unique_ptr<KvStore>(new KvStore(std::move(parts)));
 }
-
-absl::StatusOr<kernels::KernelBackend*> KvStore::DeviceBackend(int ordinal,
-                                                               const std::string& pool) {
-  for (const auto& [have, backend] : device_backends_) {
-    if (have == ordinal) return backend.get();
-  }
-  std::unique_ptr<kernels::KernelBackend> backend;
-  kernels::BackendOptions backend_options;
-  backend_options.device = ordinal;
-  const kernels::KernelStatus ks =
-      kernels::CreateBackend(kernels::BackendKind::kCuda, backend_options, &backend);
-  if (!ks.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "pool '", pool, "': device 'cuda:", ordinal, "' cannot be used: ", ks.detail,
-        kernels::CudaBackendCompiled()
-            ? " (this kvcached has the CUDA backend; the node needs an NVIDIA driver and a GPU "
-              "of compute capability 8.0 or newer visible to the process)"
-            : " (this kvcached was built without CUDA; build it with nvcc on PATH, or serve the "
-              "pool on device 'cpu')"));
-  }
-  if (options_.hooks.wrap_backend) backend = options_.hooks.wrap_backend(std::move(backend));
-  device_backends_.emplace_back(ordinal, std::move(backend));
-  return device_backends_.back().second.get();
-}
-
-// Members go in reverse order: sequences, then pools, then the backend they point to.
-KvStore::~KvStore() = default;
-
-absl::StatusOr<BlockPool*> KvStore::FindPool(const std::string& name) const {
-  if (name.empty()) return pools_.front().get();
-  std::vector<std::string> names;
-  for (const auto& pool : pools_) {
-    if (pool->options().name == name) return pool.get();
-    names.push_back(pool->options().name);
-  }
-  return absl::NotFoundError(absl::StrCat(
-      "pool ", Quoted(name), " not found; this server has: ", absl::StrJoin(names, ", ")));
-}
-
-std::string KvStore::NewSequenceId() { return shard_.Qualify(RandomId("s-")); }
 
 absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequenceParams& params) {
-  if (draining()) {
+  if (parts_->draining.load()) {
     return absl::UnavailableError(
         "kvcached is draining (shutting down) and takes no new sequences; create it on "
         "another instance");
   }
-  KVC_ASSIGN_OR_RETURN(BlockPool * pool, FindPool(params.pool));
+  KVC_ASSIGN_OR_RETURN(BlockPool * pool, parts_->FindPool(params.pool));
   if (!pool->options().tenant.empty() && params.scope != pool->options().tenant) {
     return absl::PermissionDeniedError(absl::StrCat("pool ", Quoted(pool->options().name),
                                                     " holds one other tenant's sequences only"));
@@ -138,16 +48,16 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
   KVC_RETURN_IF_ERROR(ValidateSpec(params.policy, pool->options().geometry, /*automatic=*/true));
   if (params.prefix) KVC_RETURN_IF_ERROR(ValidatePrefix(*params.prefix, params.policy));
   std::string id = SequenceIdFor(params.client_sequence_id);
-  const int pool_index = PoolIndex(pool);
-  PoolUsage* usage = usage_[static_cast<size_t>(pool_index)].get();
-  std::shared_ptr<TenantAccount> account = accounts_.Get(params.tenant);
+  const int pool_index = parts_->PoolIndex(pool);
+  PoolUsage* usage = parts_->usage[static_cast<size_t>(pool_index)].get();
+  std::shared_ptr<TenantAccount> account = parts_->accounts.Get(params.tenant);
   KVC_RETURN_IF_ERROR(account->AddSequence());
   auto sequence =
       std::make_shared<Sequence>(std::move(id), params.scope, params.tenant, pool, pool_index,
                                  usage, std::move(account), params.policy, NowUnixMs());
   if (params.prefix) {
     // Before the sequence is registered: nobody else can see it half-attached.
-    if (absl::Status attached = AttachPrefix(*sequence, pool_index, *params.prefix);
+    if (absl::Status attached = prefixes_.Attach(*sequence, pool_index, *params.prefix);
         !attached.ok()) {
       sequence->account()->RemoveSequence();
       return attached;
@@ -157,7 +67,8 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
 }
 
 absl::StatusOr<SequenceSnapshot> KvStore::Register(const std::shared_ptr<Sequence>& sequence) {
-  if (absl::Status inserted = registry_.Insert(sequence, options_.max_sequences); !inserted.ok()) {
+  if (absl::Status inserted = parts_->registry.Insert(sequence, parts_->options.max_sequences);
+      !inserted.ok()) {
     kvc::WriterMutexLock lock(&sequence->mu());
     DropAttachedLocked(*sequence);
     sequence->account()->RemoveSequence();
@@ -174,25 +85,18 @@ absl::Status KvStore::CheckClientId(const std::string& client_sequence_id) const
         absl::StrCat("client_sequence_id ", Quoted(client_sequence_id),
                      " is invalid: use 1-128 characters from [A-Za-z0-9._:-]"));
   }
-  return shard_.CheckClientId(client_sequence_id);
+  return parts_->shard.CheckClientId(client_sequence_id);
 }
 
 std::string KvStore::SequenceIdFor(const std::string& client_sequence_id) {
-  return client_sequence_id.empty() ? NewSequenceId() : shard_.Qualify(client_sequence_id);
-}
-
-absl::StatusOr<std::shared_ptr<Sequence>> KvStore::FindLive(const std::string& scope,
-                                                            const std::string& id) const {
-  if (id.empty()) return absl::InvalidArgumentError("sequence_id is empty");
-  KVC_ASSIGN_OR_RETURN(const std::string key, shard_.Resolve(id));
-  return registry_.Find(scope, key);
+  return parts_->shard.Qualify(client_sequence_id.empty() ? RandomId("s-") : client_sequence_id);
 }
 
 absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, parts_->FindLive(p.scope, p.sequence_id));
   // Everything about the request itself is checked before any lock or allocation.
-  KVC_ASSIGN_OR_RETURN(const DType dtype,
-                       ValidateAppend(p, seq->pool()->options(), options_.max_tokens_per_append));
+  KVC_ASSIGN_OR_RETURN(const DType dtype, ValidateAppend(p, seq->pool()->options(),
+                                                         parts_->options.max_tokens_per_append));
   // Two phases where the plan allows (append.h): planned under the lock, the rows written
   // with it released (other layers' appends of the sequence, and its readers, go on
   // meanwhile), published under it again.
@@ -217,50 +121,50 @@ absl::StatusOr<AppendResult> KvStore::Append(const AppendParams& p) {
 }
 
 AppendResult KvStore::Appended(const AppendParams& p, AppendResult result) {
-  appended_bytes_.fetch_add(static_cast<int64_t>(p.keys.size() + p.values.size()),
-                            std::memory_order_relaxed);
+  parts_->appended_bytes.fetch_add(static_cast<int64_t>(p.keys.size() + p.values.size()),
+                                   std::memory_order_relaxed);
   return result;
 }
 
 absl::Status KvStore::Fetch(const FetchParams& p, const FetchSink& sink) {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
-  const SharedReadCheck check{prefixes_[static_cast<size_t>(seq->pool_index())].get(),
-                              read_sampler_.Next()};
-  return FetchSequence(seq, p, sink, check, &fetched_bytes_);
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, parts_->FindLive(p.scope, p.sequence_id));
+  const SharedReadCheck check{parts_->prefixes[static_cast<size_t>(seq->pool_index())].get(),
+                              parts_->read_sampler.Next()};
+  return FetchSequence(seq, p, sink, check, &parts_->fetched_bytes);
 }
 
 absl::StatusOr<CompressResult> KvStore::Compress(const CompressParams& p) {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, parts_->FindLive(p.scope, p.sequence_id));
   KVC_ASSIGN_OR_RETURN(const CompressInputs inputs, ValidateCompress(p, seq->geometry()));
   kvc::WriterMutexLock lock(&seq->mu());
   seq->AwaitNoWrites();
   if (seq->released()) return Released(p.sequence_id);
   // Compress reads the shared blocks (scores) and copies their survivors into blocks of the
   // sequence's own, which carry no checksum: a corrupt block must be caught before that.
-  const SharedReadCheck check{prefixes_[static_cast<size_t>(seq->pool_index())].get(),
-                              read_sampler_.Next()};
+  const SharedReadCheck check{parts_->prefixes[static_cast<size_t>(seq->pool_index())].get(),
+                              parts_->read_sampler.Next()};
   KVC_RETURN_IF_ERROR(CheckSharedReads(*seq, {}, check));
   return CompressLocked(*seq, p, inputs);
 }
 
 absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, parts_->FindLive(p.scope, p.sequence_id));
   KVC_ASSIGN_OR_RETURN(const DType dtype, ValidateAttend(p, seq->pool()->options()));
   // A writer lock: the step's weights are added to the stored tokens' scores (which an
   // append in flight may carry into its commit: it finishes first).
   kvc::WriterMutexLock lock(&seq->mu());
   seq->AwaitNoWrites();
   if (seq->released()) return Released(p.sequence_id);
-  const SharedReadCheck check{prefixes_[static_cast<size_t>(seq->pool_index())].get(),
-                              read_sampler_.Next()};
+  const SharedReadCheck check{parts_->prefixes[static_cast<size_t>(seq->pool_index())].get(),
+                              parts_->read_sampler.Next()};
   const int layer = static_cast<int>(p.layer);
   KVC_RETURN_IF_ERROR(CheckSharedReads(*seq, absl::MakeConstSpan(&layer, 1), check));
-  return AttendLocked(*seq, p, dtype, options_.max_response_bytes);
+  return AttendLocked(*seq, p, dtype, parts_->options.max_response_bytes);
 }
 
 absl::StatusOr<SequenceSnapshot> KvStore::GetSequence(const std::string& sequence_id,
                                                       const std::string& scope) const {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(scope, sequence_id));
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, parts_->FindLive(scope, sequence_id));
   kvc::ReaderMutexLock lock(&seq->mu());
   if (seq->released()) return Released(sequence_id);
   return SnapshotLocked(*seq);
@@ -279,7 +183,7 @@ absl::StatusOr<ReleaseResult> KvStore::Evict(const std::string& sequence_id,
 absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& scope,
                                                        const std::string& sequence_id,
                                                        bool evicted) {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(scope, sequence_id));
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, parts_->FindLive(scope, sequence_id));
   ReleaseResult result;
   {
     kvc::WriterMutexLock lock(&seq->mu());
@@ -302,7 +206,7 @@ absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& scope,
     seq->account()->Add(seq->pool_index(), -result.freed_bytes);
     seq->account()->RemoveSequence();
   }
-  registry_.Erase(scope, seq->id());  // the registry key: the id as qualified by this shard
+  parts_->registry.Erase(scope, seq->id());  // the registry key: the id as qualified by this shard
   return result;
 }
 

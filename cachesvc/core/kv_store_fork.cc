@@ -8,14 +8,14 @@
 namespace kvc::cachesvc {
 
 absl::StatusOr<SequenceSnapshot> KvStore::ForkSequence(const ForkSequenceParams& p) {
-  if (draining()) {
+  if (parts_->draining.load()) {
     return absl::UnavailableError(
         "kvcached is draining (shutting down) and takes no new sequences; fork on another "
         "instance");
   }
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> source, FindLive(p.scope, p.sequence_id));
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> source, parts_->FindLive(p.scope, p.sequence_id));
   KVC_RETURN_IF_ERROR(CheckClientId(p.client_sequence_id));
-  std::shared_ptr<TenantAccount> account = accounts_.Get(source->tenant());
+  std::shared_ptr<TenantAccount> account = parts_->accounts.Get(source->tenant());
   KVC_RETURN_IF_ERROR(account->AddSequence());
   auto child = std::make_shared<Sequence>(
       SequenceIdFor(p.client_sequence_id), source->scope(), source->tenant(), source->pool(),

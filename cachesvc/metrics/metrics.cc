@@ -197,8 +197,8 @@ class Metrics::PoolCollector : public prometheus::Collectable {
     evicted.name = "kvc_evicted_tokens_total";
     evicted.help = "Token-heads evicted, by what evicted them.";
     evicted.type = prometheus::MetricType::Counter;
-    for (const PoolSnapshot& pool : store_->ListPools()) {
-      auto stats = store_->GetPoolStats(pool.options.name);
+    for (const PoolSnapshot& pool : store_->stats().ListPools()) {
+      auto stats = store_->stats().GetPoolStats(pool.options.name);
       if (!stats.ok()) continue;
       const std::string& name = pool.options.name;
       AddSample(&capacity, {{"pool", name}}, static_cast<double>(stats->capacity_bytes));
@@ -248,7 +248,7 @@ class Metrics::PoolCollector : public prometheus::Collectable {
  private:
   std::string TenantLabel(const std::string& tenant) const {
     if (name_all_tenants_) return tenant;
-    for (const TenantQuota& q : store_->quotas()) {
+    for (const TenantQuota& q : store_->stats().quotas()) {
       if (q.tenant == tenant) return tenant;
     }
     return "_other";
@@ -265,12 +265,12 @@ class Metrics::PoolCollector : public prometheus::Collectable {
         GaugeFamily("kvc_tenant_quota_bytes", "A tenant's max_bytes_per_pool (0 = unlimited).");
     auto quota_sequences =
         GaugeFamily("kvc_tenant_quota_sequences", "A tenant's max_sequences (0 = unlimited).");
-    const std::vector<PoolSnapshot> pools = store_->ListPools();
+    const std::vector<PoolSnapshot> pools = store_->stats().ListPools();
     // Summed by label: several unnamed tenants share "_other".
     std::map<std::string, std::pair<int64_t, std::vector<int64_t>>> by_label;
     std::map<std::string, TenantQuota> quotas;
     std::map<std::string, std::vector<int64_t>> leased_by_label;
-    for (const TenantUsageSnapshot& t : store_->TenantUsage()) {
+    for (const TenantUsageSnapshot& t : store_->stats().TenantUsage()) {
       const std::string label = TenantLabel(t.tenant);
       auto& [seqs, pool_bytes] = by_label[label];
       pool_bytes.resize(pools.size());
@@ -286,7 +286,7 @@ class Metrics::PoolCollector : public prometheus::Collectable {
       if (label != "_other") quotas[label] = t.quota;
     }
     // Tenants with a quota entry are shown even while they hold nothing.
-    for (const TenantQuota& q : store_->quotas()) {
+    for (const TenantQuota& q : store_->stats().quotas()) {
       if (q.tenant == "*") continue;
       by_label[q.tenant].second.resize(pools.size());
       quotas[q.tenant] = q;
@@ -352,7 +352,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& list
       .Name("kvc_shard_info")
       .Help("1; shard: cluster name (empty = not a shard); incarnation: drawn at each start.")
       .Register(*m->registry_)
-      .Add({{"shard", store->shard().name()}, {"incarnation", store->shard().incarnation()}})
+      .Add({{"shard", store->stats().shard().name()},
+            {"incarnation", store->stats().shard().incarnation()}})
       .Set(1);
   m->auth_failures_ = &prometheus::BuildCounter()
                            .Name("kvc_auth_failures_total")

@@ -19,7 +19,7 @@ grpc::Status AdminServiceImpl::ListPools(grpc::ServerContext* context, const pb:
   RpcScope scope(metrics_, kService, "ListPools");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   // Pool shapes and sizes are configuration, not any tenant's data; every tenant needs them.
-  for (PoolSnapshot& pool : store_->ListPools()) {
+  for (PoolSnapshot& pool : store_->stats().ListPools()) {
     if (!caller.admin()) pool.used_bytes = pool.sequences = pool.free_blocks = 0;
     ToProto(pool, response->add_pools());
   }
@@ -33,8 +33,9 @@ grpc::Status AdminServiceImpl::GetPoolStats(grpc::ServerContext* context,
   KVC_AUTHENTICATE_OR_FINISH(caller);
   // A tenant sees its own use and limits, not the pool's: other tenants' activity is theirs.
   KVC_ASSIGN_OR_FINISH(const PoolStatsSnapshot stats,
-                       caller.admin() ? store_->GetPoolStats(request->pool())
-                                      : store_->TenantPoolStats(caller.tenant, request->pool()));
+                       caller.admin()
+                           ? store_->stats().GetPoolStats(request->pool())
+                           : store_->stats().TenantPoolStats(caller.tenant, request->pool()));
   ToProto(stats, response);
   return scope.Finish(grpc::Status::OK);
 }
@@ -53,7 +54,7 @@ grpc::Status AdminServiceImpl::ListSequences(grpc::ServerContext* context,
     KVC_ASSIGN_OR_FINISH(params.scope,
                          access_->ScopeFor(caller, request->tenant(), "ListSequences"));
   }
-  KVC_ASSIGN_OR_FINISH(const SequenceList list, store_->ListSequences(params));
+  KVC_ASSIGN_OR_FINISH(const SequenceList list, store_->stats().ListSequences(params));
   for (const SequenceSnapshot& s : list.sequences) ToProto(s, response->add_sequences());
   response->set_total(list.total);
   response->set_next_page_token(list.next_page_token);
@@ -90,7 +91,7 @@ grpc::Status AdminServiceImpl::ListLeases(grpc::ServerContext* context,
   } else {
     params.tenant = request->tenant();
   }
-  KVC_ASSIGN_OR_FINISH(const std::vector<LeaseInfo> leases, store_->ListLeases(params));
+  KVC_ASSIGN_OR_FINISH(const std::vector<LeaseInfo> leases, store_->leases().ListLeases(params));
   for (const LeaseInfo& l : leases) ToProto(l, response->add_leases());
   return scope.Finish(grpc::Status::OK);
 }
@@ -106,7 +107,7 @@ grpc::Status AdminServiceImpl::EndLease(grpc::ServerContext* context,
       absl::StrCat(Quoted(request->lease_id()), " of tenant ", Quoted(tenant))));
   const std::string tenant_scope = caller.authenticated ? tenant : "";
   KVC_ASSIGN_OR_FINISH(const int64_t freed,
-                       store_->ReleaseLease(tenant_scope, request->lease_id()));
+                       store_->leases().ReleaseLease(tenant_scope, request->lease_id()));
   response->set_freed_blocks(freed);
   return scope.Finish(grpc::Status::OK);
 }
@@ -118,8 +119,8 @@ grpc::Status AdminServiceImpl::Drain(grpc::ServerContext* context, const pb::Dra
   KVC_FINISH_IF_ERROR(
       access_->RequireAdmin(caller, request->resume() ? "Drain (resume)" : "Drain", ""));
   set_draining_(!request->resume());
-  response->set_draining(store_->draining());
-  auto stats = store_->GetPoolStats("");
+  response->set_draining(store_->stats().draining());
+  auto stats = store_->stats().GetPoolStats("");
   if (stats.ok()) response->set_sequences(stats->sequences);
   return scope.Finish(grpc::Status::OK);
 }
@@ -131,11 +132,11 @@ grpc::Status AdminServiceImpl::GetServerInfo(grpc::ServerContext* context,
   KVC_AUTHENTICATE_OR_FINISH(caller);
   // Identity, not data: every tenant's cluster client needs it to route its own sequences.
   (void)caller;
-  const ShardIdentity& shard = store_->shard();
+  const ShardIdentity& shard = store_->stats().shard();
   response->set_shard(shard.name());
   response->set_incarnation(shard.incarnation());
   response->set_weight(shard.weight());
-  response->set_draining(store_->draining());
+  response->set_draining(store_->stats().draining());
   response->set_started_unix_ms(shard.started_unix_ms());
   response->set_local_socket(endpoints_->local_socket);
   response->set_local_token(endpoints_->local_token);
@@ -149,9 +150,9 @@ grpc::Status AdminServiceImpl::ListTenants(grpc::ServerContext* context,
                                            pb::ListTenantsResponse* response) {
   RpcScope scope(metrics_, kService, "ListTenants");
   KVC_AUTHENTICATE_OR_FINISH(caller);
-  std::vector<TenantUsageSnapshot> tenants = store_->TenantUsage();
+  std::vector<TenantUsageSnapshot> tenants = store_->stats().TenantUsage();
   // Tenants with a quota entry of their own are listed while they hold nothing, too.
-  for (const TenantQuota& q : store_->quotas()) {
+  for (const TenantQuota& q : store_->stats().quotas()) {
     if (q.tenant == "*") continue;
     bool listed = false;
     for (const auto& t : tenants) listed = listed || t.tenant == q.tenant;
@@ -159,7 +160,7 @@ grpc::Status AdminServiceImpl::ListTenants(grpc::ServerContext* context,
   }
   std::sort(tenants.begin(), tenants.end(),
             [](const auto& a, const auto& b) { return a.tenant < b.tenant; });
-  const std::vector<PoolSnapshot> pools = store_->ListPools();
+  const std::vector<PoolSnapshot> pools = store_->stats().ListPools();
   for (const TenantUsageSnapshot& t : tenants) {
     if (!caller.admin() && t.tenant != caller.tenant) continue;
     pb::TenantUsage* out = response->add_tenants();
@@ -183,7 +184,7 @@ grpc::Status AdminServiceImpl::ListTenants(grpc::ServerContext* context,
   }
   if (!caller.admin() && response->tenants_size() == 0) {
     // A tenant that holds nothing still learns its limits.
-    const TenantQuota q = QuotaFor(store_->quotas(), caller.tenant);
+    const TenantQuota q = QuotaFor(store_->stats().quotas(), caller.tenant);
     pb::TenantUsage* out = response->add_tenants();
     out->set_tenant(caller.tenant);
     out->set_quota_bytes_per_pool(q.max_bytes_per_pool);

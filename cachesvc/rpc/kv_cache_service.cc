@@ -61,7 +61,7 @@ grpc::Status KvCacheServiceImpl::LeaseSequence(grpc::ServerContext* context,
   KVC_AUTHENTICATE_OR_FINISH(caller);
   LeaseParams params = FromProto(*request);
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "LeaseSequence"));
-  KVC_ASSIGN_OR_FINISH(const LeaseSnapshot lease, store_->LeaseSequence(params));
+  KVC_ASSIGN_OR_FINISH(const LeaseSnapshot lease, store_->leases().LeaseSequence(params));
   ToProto(lease, response);
   response->set_local_token(endpoints_->local_token);
   return scope.Finish(grpc::Status::OK);
@@ -73,8 +73,9 @@ grpc::Status KvCacheServiceImpl::RenewLease(grpc::ServerContext* context,
   RpcScope scope(metrics_, kService, "RenewLease");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string lease_scope, access_->ScopeFor(caller, "", "RenewLease"));
-  KVC_ASSIGN_OR_FINISH(const int64_t expires,
-                       store_->RenewLease(lease_scope, request->lease_id(), request->ttl_ms()));
+  KVC_ASSIGN_OR_FINISH(
+      const int64_t expires,
+      store_->leases().RenewLease(lease_scope, request->lease_id(), request->ttl_ms()));
   response->set_expires_unix_ms(expires);
   return scope.Finish(grpc::Status::OK);
 }
@@ -86,7 +87,8 @@ grpc::Status KvCacheServiceImpl::ReleaseLease(grpc::ServerContext* context,
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string lease_scope,
                        access_->ScopeFor(caller, "", "ReleaseLease"));
-  KVC_ASSIGN_OR_FINISH(const int64_t freed, store_->ReleaseLease(lease_scope, request->lease_id()));
+  KVC_ASSIGN_OR_FINISH(const int64_t freed,
+                       store_->leases().ReleaseLease(lease_scope, request->lease_id()));
   response->set_freed_blocks(freed);
   return scope.Finish(grpc::Status::OK);
 }
@@ -419,7 +421,7 @@ grpc::Status KvCacheServiceImpl::LookupPrefix(grpc::ServerContext* context,
   if (request->storage() != pb::STORAGE_FORMAT_UNSPECIFIED) {
     KVC_ASSIGN_OR_FINISH(params.format, FromProto(request->storage(), "storage"));
   }
-  KVC_ASSIGN_OR_FINISH(const LookupPrefixResult result, store_->LookupPrefix(params));
+  KVC_ASSIGN_OR_FINISH(const LookupPrefixResult result, store_->prefixes().LookupPrefix(params));
   response->set_cached_tokens(result.cached_tokens);
   response->set_block_tokens(static_cast<int32_t>(result.block_tokens));
   return scope.Finish(grpc::Status::OK);
@@ -434,7 +436,7 @@ grpc::Status KvCacheServiceImpl::PublishPrefix(grpc::ServerContext* context,
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "PublishPrefix"));
   params.sequence_id = request->sequence_id();
   params.prefix = FromProto(request->prefix());
-  KVC_ASSIGN_OR_FINISH(const PublishPrefixResult result, store_->PublishPrefix(params));
+  KVC_ASSIGN_OR_FINISH(const PublishPrefixResult result, store_->prefixes().PublishPrefix(params));
   response->set_published_tokens(result.published_tokens);
   response->set_new_tokens(result.new_tokens);
   return scope.Finish(grpc::Status::OK);

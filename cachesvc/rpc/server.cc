@@ -89,8 +89,8 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
     }
     server->staging_ = std::make_unique<StagingRegions>(options.local_staging_bytes_per_tenant,
                                                         options.local_staging_bytes_total);
-    KVC_ASSIGN_OR_RETURN(server->local_socket_,
-                         LocalSocket::Start(local, server->store_.get(), server->staging_.get()));
+    KVC_ASSIGN_OR_RETURN(server->local_socket_, LocalSocket::Start(local, &server->store_->leases(),
+                                                                   server->staging_.get()));
     server->endpoints_.local_socket = options.local_socket;
     server->endpoints_.local_token = token;
     KVC_LOG(INFO)
@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
     transfer.on_event = [metrics = server->metrics_.get()](const char* event) {
       metrics->RecordTransferEvent(event);
     };
-    KVC_ASSIGN_OR_RETURN(server->tcp_, TcpChannels::Start(transfer, server->store_.get()));
+    KVC_ASSIGN_OR_RETURN(server->tcp_, TcpChannels::Start(transfer, &server->store_->leases()));
     server->endpoints_.transfer_port = server->tcp_->port();
     server->transfers_.Offer(Transfers::kTcp, TcpChannels::kIdPrefix, server->tcp_.get());
     KVC_LOG(INFO) << "transfers: readers connect to port " << server->tcp_->port()
@@ -131,7 +131,7 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
       metrics->RecordTransferEvent(event);
     };
     absl::StatusOr<std::unique_ptr<NcclChannels>> started =
-        NcclChannels::Start(nccl, server->store_.get());
+        NcclChannels::Start(nccl, &server->store_->leases());
     if (!started.ok()) {
       return absl::Status(started.status().code(),
                           absl::StrCat("transfer_nccl_library: ", started.status().message()));

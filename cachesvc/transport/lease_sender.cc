@@ -20,9 +20,9 @@ int PayloadFormat(size_t f) { return static_cast<int>(f) + 1; }
 
 }  // namespace
 
-absl::StatusOr<SentBlocks> SendLeasedBlocks(const KvStore& store, const std::string& scope,
+absl::StatusOr<SentBlocks> SendLeasedBlocks(const LeaseService& leases, const std::string& scope,
                                             const std::string& lease_id, BlockSink* sink) {
-  KVC_ASSIGN_OR_RETURN(const LeaseTable::Pinned pinned, store.PinnedLease(scope, lease_id));
+  KVC_ASSIGN_OR_RETURN(const LeaseTable::Pinned pinned, leases.PinnedLease(scope, lease_id));
   BlockPool* const pool = pinned.pool;
   std::array<int64_t, transfer::kMaxFormats> blocks{};
   std::array<int64_t, transfer::kMaxFormats> block_bytes{};
@@ -75,7 +75,7 @@ absl::StatusOr<SentBlocks> SendLeasedBlocks(const KvStore& store, const std::str
         absl::Span<const int32_t>(pinned.slots[f]).subspan(at, count), data,
         to_pool_memory ? BlockPool::CopyTo::kPoolMemory : BlockPool::CopyTo::kHost));
     // Checked after the copy: live now means live (and pinned) throughout it.
-    if (!store.LeaseLive(scope, lease_id)) {
+    if (!leases.LeaseLive(scope, lease_id)) {
       return absl::AbortedError(absl::StrCat("lease ", Quoted(lease_id),
                                              " ended while its blocks were sent; lease again"));
     }

@@ -2,7 +2,7 @@
 // nccl_channels.h): a live lease's blocks copied out of the pool into a BlockSink, in the
 // payload's order and pieces (transfer/payload.h), each piece copied (the lease checked
 // live after it) before it is written. The payload layout is the transfer library's; which
-// blocks a lease pins, the store's (KvStore::PinnedLease).
+// blocks a lease pins, the store's (LeaseService::PinnedLease).
 #pragma once
 
 #include <cstddef>
@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "cachesvc/core/block_pool.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/lease_service.h"
 
 namespace kvc::cachesvc {
 
@@ -46,7 +46,7 @@ struct SentBlocks {
 // recycled: nothing sent counts); FAILED_PRECONDITION, before Begin, for a sink that sends
 // from a pool's memory and a lease of another pool or of a host pool; the sink's errors as
 // they come.
-absl::StatusOr<SentBlocks> SendLeasedBlocks(const KvStore& store, const std::string& scope,
+absl::StatusOr<SentBlocks> SendLeasedBlocks(const LeaseService& leases, const std::string& scope,
                                             const std::string& lease_id, BlockSink* sink);
 
 }  // namespace kvc::cachesvc

@@ -49,7 +49,7 @@ std::string Errno() { return std::generic_category().message(errno); }
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(const LocalSocketOptions& options,
-                                                                KvStore* store,
+                                                                LeaseService* leases,
                                                                 StagingRegions* regions) {
   if (options.uids.empty() && !options.allow_same_uid) {
     return absl::InvalidArgumentError(
@@ -57,7 +57,7 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(const LocalSocke
         "own uid is admitted only with local_socket_allow_same_uid)");
   }
   if (!options.authenticate) return absl::InvalidArgumentError("local_socket: no authenticator");
-  std::unique_ptr<LocalSocket> s(new LocalSocket(options, store, regions));
+  std::unique_ptr<LocalSocket> s(new LocalSocket(options, leases, regions));
   sockaddr_un addr{};
   if (options.path.empty() || options.path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -190,7 +190,7 @@ absl::StatusOr<StorageFormat> ParseFormat(const std::string& word) {
 bool LocalSocket::Arena(Conn& conn, const std::vector<std::string>& words) {
   const absl::StatusOr<StorageFormat> format = ParseFormat(words[2]);
   const absl::StatusOr<SharedArena> arena =
-      format.ok() ? store_->ShareArena(words[1], *format, conn.scope) : format.status();
+      format.ok() ? leases_->ShareArena(words[1], *format, conn.scope) : format.status();
   if (!arena.ok()) {
     return SendAll(conn.fd, absl::StrCat("ERR ", arena.status().message().substr(0, 200), "\n"));
   }
@@ -213,7 +213,7 @@ bool LocalSocket::Segment(Conn& conn, const std::vector<std::string>& words) {
   absl::StatusOr<UniqueFd> fd = absl::InvalidArgumentError("SEGMENT takes an index and an epoch");
   if (absl::SimpleAtoi(words[3], &index) && absl::SimpleAtoi(words[4], &epoch)) {
     absl::StatusOr<StorageFormat> format = ParseFormat(words[2]);
-    fd = format.ok() ? store_->ShareSegment(words[1], *format, conn.scope, index, epoch)
+    fd = format.ok() ? leases_->ShareSegment(words[1], *format, conn.scope, index, epoch)
                      : format.status();
   }
   if (!fd.ok()) {

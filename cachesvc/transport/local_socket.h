@@ -59,7 +59,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/lease_service.h"
 #include "cachesvc/transport/staging_regions.h"
 
 namespace kvc::cachesvc {
@@ -90,7 +90,7 @@ class LocalSocket {
   // when no uid could ever connect. `regions` (outliving the socket) holds the staging
   // regions it opens.
   static absl::StatusOr<std::unique_ptr<LocalSocket>> Start(const LocalSocketOptions& options,
-                                                            KvStore* store,
+                                                            LeaseService* leases,
                                                             StagingRegions* regions);
   LocalSocket(const LocalSocket&) = delete;
   LocalSocket& operator=(const LocalSocket&) = delete;
@@ -109,8 +109,8 @@ class LocalSocket {
     std::string scope;                 // the tenant it acts for
     std::vector<std::string> regions;  // staging regions it opened: closed with it
   };
-  LocalSocket(const LocalSocketOptions& options, KvStore* store, StagingRegions* regions)
-      : options_(options), store_(store), regions_(regions) {}
+  LocalSocket(const LocalSocketOptions& options, LeaseService* leases, StagingRegions* regions)
+      : options_(options), leases_(leases), regions_(regions) {}
   void Close(Conn& conn);
   // "OK <id> <bytes>" with the fd attached, or "ERR ..."; false: the connection failed.
   bool Stage(Conn& conn, const std::string& bytes);
@@ -129,7 +129,7 @@ class LocalSocket {
   }
 
   const LocalSocketOptions options_;
-  KvStore* const store_;
+  LeaseService* const leases_;
   StagingRegions* const regions_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: the destructor wakes the poll loop

@@ -230,9 +230,9 @@ absl::StatusOr<transfer::FrameHeader> NcclChannels::Channel::ReceivedHeader() {
 }
 
 absl::StatusOr<std::unique_ptr<NcclChannels>> NcclChannels::Start(const NcclChannelOptions& options,
-                                                                  KvStore* store) {
+                                                                  LeaseService* leases) {
   KVC_ASSIGN_OR_RETURN(const nccl::Api* api, nccl::Load(options.library));
-  std::unique_ptr<NcclChannels> n(new NcclChannels(options, store, api));
+  std::unique_ptr<NcclChannels> n(new NcclChannels(options, leases, api));
   n->watchdog_ = std::thread([p = n.get()] { p->Watch(); });
   return n;
 }
@@ -246,15 +246,16 @@ NcclChannels::~NcclChannels() {
   channels_.Clear();  // each aborts its comm
 }
 
-NcclChannels::NcclChannels(const NcclChannelOptions& options, KvStore* store, const nccl::Api* api)
+NcclChannels::NcclChannels(const NcclChannelOptions& options, LeaseService* leases,
+                           const nccl::Api* api)
     : options_(options),
-      store_(store),
+      leases_(leases),
       api_(api),
       budget_(std::make_shared<Budget>(options.receive_bytes_per_tenant, options.receive_bytes)) {}
 
 absl::StatusOr<OpenedTransfer> NcclChannels::Open(const std::string& scope,
                                                   const std::string& pool_name) {
-  KVC_ASSIGN_OR_RETURN(BlockPool * pool, store_->FindPool(pool_name));
+  KVC_ASSIGN_OR_RETURN(BlockPool * pool, leases_->FindPool(pool_name));
   if (pool->options().device == "cpu") {
     return absl::FailedPreconditionError(
         absl::StrCat("pool ", Quoted(pool->options().name),
@@ -423,7 +424,7 @@ absl::StatusOr<SentBlocks> NcclChannels::Send(const std::string& scope, const st
   KVC_RETURN_IF_ERROR(Ready(*c, id, deadline));
   const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
   Sink sink(c.get(), nonce, until, budget_, scope);
-  absl::StatusOr<SentBlocks> sent = SendLeasedBlocks(*store_, scope, lease_id, &sink);
+  absl::StatusOr<SentBlocks> sent = SendLeasedBlocks(*leases_, scope, lease_id, &sink);
   if (sent.ok()) {
     Event("sent");
     return sent;

@@ -29,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cachesvc/core/backend_buffer.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/lease_service.h"
 #include "cachesvc/transport/lease_sender.h"
 #include "cachesvc/transport/scoped_channels.h"
 #include "cachesvc/transport/transfer_channels.h"
@@ -58,7 +58,7 @@ class NcclChannels final : public TransferChannels {
 
   // Loads the library: FAILED_PRECONDITION naming it and why when it cannot.
   static absl::StatusOr<std::unique_ptr<NcclChannels>> Start(const NcclChannelOptions& options,
-                                                             KvStore* store);
+                                                             LeaseService* leases);
   NcclChannels(const NcclChannels&) = delete;
   NcclChannels& operator=(const NcclChannels&) = delete;
   // Aborts every channel; no send may be running.
@@ -95,7 +95,7 @@ class NcclChannels final : public TransferChannels {
   struct Channel;
   class Sink;
   class Budget;
-  NcclChannels(const NcclChannelOptions& options, KvStore* store, const nccl::Api* api);
+  NcclChannels(const NcclChannelOptions& options, LeaseService* leases, const nccl::Api* api);
   // Whether a channel is finished with: broken, or not joined within connect_within
   // (counted closed; its comm is aborted when it is dropped). Never waits for a send.
   bool Done(Channel& c, absl::Time now);
@@ -109,7 +109,7 @@ class NcclChannels final : public TransferChannels {
   }
 
   const NcclChannelOptions options_;
-  KvStore* const store_;
+  LeaseService* const leases_;
   const nccl::Api* const api_;
   // Shared with each channel's charge, which may be given back after this is gone.
   const std::shared_ptr<Budget> budget_;

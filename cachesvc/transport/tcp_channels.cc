@@ -106,8 +106,8 @@ TcpChannels::Channel::~Channel() {
 }
 
 absl::StatusOr<std::unique_ptr<TcpChannels>> TcpChannels::Start(const TcpChannelOptions& options,
-                                                                KvStore* store) {
-  std::unique_ptr<TcpChannels> t(new TcpChannels(options, store));
+                                                                LeaseService* leases) {
+  std::unique_ptr<TcpChannels> t(new TcpChannels(options, leases));
   if (!options.tls_cert_file.empty()) {
     t->tls_stamp_ =
         absl::StrCat(FileStamp(options.tls_cert_file), "|", FileStamp(options.tls_key_file));
@@ -236,7 +236,7 @@ absl::StatusOr<SentBlocks> TcpChannels::Send(const std::string& scope, const std
   const absl::Time until = std::min(deadline, absl::Now() + options_.write_stall);
   const uint64_t frame = c->frames++;  // every frame written counts, refusals too
   ConnectionSink sink(c->stream.get(), c->frame_key, frame, nonce, until);
-  absl::StatusOr<SentBlocks> sent = SendLeasedBlocks(*store_, scope, lease_id, &sink);
+  absl::StatusOr<SentBlocks> sent = SendLeasedBlocks(*leases_, scope, lease_id, &sink);
   if (sent.ok()) {
     const absl::Status tagged = sink.Finish();
     if (tagged.ok()) {

@@ -26,7 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/lease_service.h"
 #include "cachesvc/transport/lease_sender.h"
 #include "cachesvc/transport/scoped_channels.h"
 #include "cachesvc/transport/transfer_channels.h"
@@ -64,7 +64,7 @@ class TcpChannels final : public TransferChannels {
 
   // Binds the listener. UNAVAILABLE when it cannot; INVALID_ARGUMENT for a malformed address.
   static absl::StatusOr<std::unique_ptr<TcpChannels>> Start(const TcpChannelOptions& options,
-                                                            KvStore* store);
+                                                            LeaseService* leases);
   TcpChannels(const TcpChannels&) = delete;
   TcpChannels& operator=(const TcpChannels&) = delete;
   // Stops listening and closes every channel; no send may be running.
@@ -103,8 +103,8 @@ class TcpChannels final : public TransferChannels {
     std::string peer;  // its remote address (IPv6: the /64), what the per-peer limit counts
     std::string line;
   };
-  TcpChannels(const TcpChannelOptions& options, KvStore* store)
-      : options_(options), store_(store) {}
+  TcpChannels(const TcpChannelOptions& options, LeaseService* leases)
+      : options_(options), leases_(leases) {}
   void Serve();
   // Reads what arrived; true when the connection is done with (attached or refused).
   bool Greet(Pending& p);
@@ -121,7 +121,7 @@ class TcpChannels final : public TransferChannels {
   std::shared_ptr<transfer::TlsContext> TlsForNewConnection();
 
   const TcpChannelOptions options_;
-  KvStore* const store_;
+  LeaseService* const leases_;
   std::shared_ptr<transfer::TlsContext> tls_;  // the listener thread's only
   std::string tls_stamp_;                      // of the files tls_ was made from
   int listen_fd_ = -1;

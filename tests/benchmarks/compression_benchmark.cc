@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
     auto seq = store->CreateSequence(cp);
     constexpr int64_t kSample = 1024;
     Fill(*store, seq->id, layers, kSample);
-    auto stats = store->GetPoolStats("");
+    auto stats = store->stats().GetPoolStats("");
     const double per_token = static_cast<double>(stats->used_bytes) / kSample;
     const double host_per_token = HostMetadataBytes(*stats) / kSample;
     if (format == StorageFormat::kF16) f16_bytes = per_token;
@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
   const auto t_fill = Clock::now();
   Fill(*store, seq->id, layers, tokens);
   const double fill_s = Since(t_fill);
-  const int64_t raw_bytes = store->GetPoolStats("")->used_bytes;
+  const int64_t raw_bytes = store->stats().GetPoolStats("")->used_bytes;
   const int64_t dense_bytes = 2 * tokens * layers * kHeads * kDim * 2;
   constexpr int kWindow = 32;
   std::vector<std::string> q(static_cast<size_t>(layers));
@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
   const auto t_compress = Clock::now();
   auto compressed = store->Compress(cp);
   const double compress_s = Since(t_compress);
-  const double host_after = HostMetadataBytes(*store->GetPoolStats(""));
+  const double host_after = HostMetadataBytes(*store->stats().GetPoolStats(""));
   if (!compressed.ok()) {
     std::fprintf(stderr, "compress: %s\n", compressed.status().ToString().c_str());
     return 1;
@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
         best = std::min(best, Since(t0));
         if (!r.ok()) return 1;
       }
-      const int64_t bytes = s2->GetPoolStats("")->used_bytes;
+      const int64_t bytes = s2->stats().GetPoolStats("")->used_bytes;
       const double copy = MemcpySeconds(static_cast<size_t>(bytes));
       std::printf("%-9lld %-9s %12.0f %14.0f %11.2fx\n", static_cast<long long>(stored),
                   kvc::kernels::StorageFormatName(format), best * 1e6, copy * 1e6, best / copy);

@@ -50,7 +50,7 @@ TEST(CompressionTest, AutomaticStreamingLlmRunsAMillionTokensInConstantMemory) {
   int64_t peak = 0, after_first = 0;
   for (int64_t start = 0; start < kTotal; start += kChunk) {
     KVC_ASSERT_OK(f.AppendAll(start, kChunk, &keys));
-    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->GetPoolStats("c"));
+    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->stats().GetPoolStats("c"));
     if (start == 0) after_first = stats.used_bytes;
     peak = std::max(peak, stats.used_bytes);
   }
@@ -61,7 +61,7 @@ TEST(CompressionTest, AutomaticStreamingLlmRunsAMillionTokensInConstantMemory) {
   const auto positions = f.Positions().at({0, 0});
   for (int32_t p = 0; p < 4; ++p) EXPECT_TRUE(positions.count(p)) << p;
   for (int32_t p = kTotal - 252; p < kTotal; ++p) ASSERT_TRUE(positions.count(p)) << p;
-  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->GetPoolStats("c"));
+  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->stats().GetPoolStats("c"));
   ASSERT_GE(stats.evicted_token_heads.size(), 2u);
   EXPECT_EQ(stats.evicted_token_heads[1].first, "streaming_llm");
   EXPECT_EQ(stats.evicted_token_heads[1].second, kTotal - s.stored_token_heads);
@@ -294,19 +294,19 @@ TEST(CompressionTest, CyclesOfAppendCompressReleaseLeaveNoBlocksBehind) {
       a.values = Bytes(k);
       KVC_ASSERT_OK((*store)->Append(a));
     }
-    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot before, (*store)->GetPoolStats(""));
+    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot before, (*store)->stats().GetPoolStats(""));
     CompressParams p;
     p.sequence_id = seq.id;
     p.spec = Streaming(1, 10);
     p.spec.storage = cycle % 2 ? StorageFormat::kFp8E4M3 : StorageFormat::kNvfp4;
     p.spec.storage_set = true;
     KVC_ASSERT_OK_AND_ASSIGN(CompressResult r, (*store)->Compress(p));
-    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot after, (*store)->GetPoolStats(""));
+    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot after, (*store)->stats().GetPoolStats(""));
     // What Compress reports freed is gone from the pool at once.
     EXPECT_EQ(before.used_bytes - after.used_bytes, r.bytes_before - r.bytes_after);
     KVC_ASSERT_OK((*store)->Release(seq.id));
   }
-  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, (*store)->GetPoolStats(""));
+  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, (*store)->stats().GetPoolStats(""));
   EXPECT_EQ(stats.used_bytes, 0);
   EXPECT_EQ(stats.used_blocks, 0);
 }

@@ -284,7 +284,7 @@ TEST(DeviceStoreTest, AHostPoolAndADevicePoolServeTheSameBytes) {
 
   // In-process appends straight from device memory (AppendParams::on_device): only on a
   // device pool, and they store what the same bytes from the host store.
-  BlockPool* gpu = *(*store)->FindPool("gpu");
+  BlockPool* gpu = *(*store)->leases().FindPool("gpu");
   const std::string k = MakeKv(9, 0, 0, 20, kHeads, kDim, DType::kF16, /*is_value=*/false);
   const std::string v = MakeKv(9, 0, 0, 20, kHeads, kDim, DType::kF16, /*is_value=*/true);
   void* dev = nullptr;
@@ -330,7 +330,7 @@ TEST(DeviceStoreTest, AHostPoolAndADevicePoolServeTheSameBytes) {
   EXPECT_EQ(got_v, MakeHeadKv(9, 0, 0, 0, 20, kDim, DType::kF16, /*is_value=*/true) +
                        MakeHeadKv(9, 0, 1, 0, 20, kDim, DType::kF16, /*is_value=*/true));
   gpu->backend()->Free(dev);
-  auto pools = (*store)->ListPools();
+  auto pools = (*store)->stats().ListPools();
   ASSERT_EQ(pools.size(), 2u);
   EXPECT_EQ(pools[1].options.device, "cuda:0");
 }

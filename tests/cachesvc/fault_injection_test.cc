@@ -146,7 +146,7 @@ std::string Observe(Store& s) {
   for (int64_t n : info->stored_tokens) out += absl::StrCat("/", n);
   out += absl::StrCat("#", s.pool->used_bytes(), "#", kernels::StorageFormatName(info->storage));
   // The tenant is charged exactly the pool bytes, before and after every failure.
-  const std::vector<TenantUsageSnapshot> tenants = s.store->TenantUsage();
+  const std::vector<TenantUsageSnapshot> tenants = s.store->stats().TenantUsage();
   EXPECT_EQ(tenants.size(), 1u);
   if (!tenants.empty()) {
     EXPECT_EQ(tenants[0].pool_bytes.at(0), s.pool->used_bytes()) << "tenant account drifted";

@@ -38,7 +38,7 @@ class ForkTest : public ::testing::Test {
     KVC_ASSERT_OK(a_->AppendAll(0, kTokens));
   }
   KvStore& store() { return *a_->store; }
-  int64_t Used() { return store().ListPools()[0].used_bytes; }
+  int64_t Used() { return store().stats().ListPools()[0].used_bytes; }
   absl::StatusOr<SequenceSnapshot> Fork(const std::string& id, const std::string& name = "") {
     return store().ForkSequence(ForkSequenceParams{"", id, name});
   }
@@ -89,7 +89,7 @@ TEST_F(ForkTest, ForkedBlocksCanBePublishedAndAttached) {
   for (int i = 0; i < kTokens; ++i) ids[static_cast<size_t>(i)] = 1000 + i;
   const PrefixSpec prefix{"smollm2-135m", "", ids};
   KVC_ASSERT_OK_AND_ASSIGN(const PublishPrefixResult published,
-                           store().PublishPrefix(PublishPrefixParams{"", b.id, prefix}));
+                           store().prefixes().PublishPrefix(PublishPrefixParams{"", b.id, prefix}));
   EXPECT_EQ(published.published_tokens, 96);
   EXPECT_EQ(published.new_tokens, 96);
   const int64_t used = Used();
@@ -100,8 +100,9 @@ TEST_F(ForkTest, ForkedBlocksCanBePublishedAndAttached) {
   EXPECT_EQ(Used(), used) << "attaching copies nothing";
   EXPECT_EQ(Read(store(), c.id), Read(store(), a_->id, 96));
   // The source publishing the same blocks adds nothing: they are cached already.
-  KVC_ASSERT_OK_AND_ASSIGN(const PublishPrefixResult again,
-                           store().PublishPrefix(PublishPrefixParams{"", a_->id, prefix}));
+  KVC_ASSERT_OK_AND_ASSIGN(
+      const PublishPrefixResult again,
+      store().prefixes().PublishPrefix(PublishPrefixParams{"", a_->id, prefix}));
   EXPECT_EQ(again.new_tokens, 0);
   for (const std::string& id : {a_->id, b.id, c.id}) KVC_ASSERT_OK(store().Release(id, ""));
   EXPECT_EQ(Used(), 6 * kLanes * kBlock) << "only the cache's 6 entries stay";
@@ -174,7 +175,7 @@ TEST_F(ForkTest, AForkOfACompressedSequenceKeepsItsTiersPositionsAndScores) {
 
 TEST_F(ForkTest, RefusedForksChangeNothing) {
   const int64_t used = Used();
-  const int64_t sequences = store().ListPools()[0].sequences;
+  const int64_t sequences = store().stats().ListPools()[0].sequences;
   EXPECT_THAT(Fork("s-0000000000000000"), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(Fork(""), StatusIs(absl::StatusCode::kInvalidArgument, "sequence_id"));
   EXPECT_THAT(Fork(a_->id, "bad name!"),
@@ -190,7 +191,7 @@ TEST_F(ForkTest, RefusedForksChangeNothing) {
   store().SetDraining(false);
   KVC_ASSERT_OK(store().Release(a_->id));
   EXPECT_THAT(Fork(a_->id), StatusIs(absl::StatusCode::kNotFound));
-  EXPECT_EQ(store().ListPools()[0].sequences, sequences - 1);
+  EXPECT_EQ(store().stats().ListPools()[0].sequences, sequences - 1);
   EXPECT_EQ(Used(), 0);
 }
 
@@ -198,16 +199,16 @@ TEST(ForkCapacityTest, AFullPoolRefusesTheForkAndChangesNothing) {
   // 30 blocks: A takes 28 (7 per lane); a fork needs 4 more for its last blocks.
   Fixture a(Geometry{}, CompressionSpec{}, 30 * kBlock);
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
-  const int64_t used = a.store->ListPools()[0].used_bytes;
+  const int64_t used = a.store->stats().ListPools()[0].used_bytes;
   const Dump before = Read(*a.store, a.id);
   EXPECT_THAT(a.store->ForkSequence(ForkSequenceParams{"", a.id, ""}),
               StatusIs(absl::StatusCode::kResourceExhausted));
-  EXPECT_EQ(a.store->ListPools()[0].used_bytes, used);
-  EXPECT_EQ(a.store->ListPools()[0].sequences, 1);
-  EXPECT_EQ(a.store->GetPoolStats("")->prefix_cache.entries, 0);
+  EXPECT_EQ(a.store->stats().ListPools()[0].used_bytes, used);
+  EXPECT_EQ(a.store->stats().ListPools()[0].sequences, 1);
+  EXPECT_EQ(a.store->stats().GetPoolStats("")->prefix_cache.entries, 0);
   // Nothing was frozen by the refused fork: A still compacts in place.
   KVC_ASSERT_OK(Mutate(*a.store, a.id, Streaming(4, 20)));
-  EXPECT_LT(a.store->ListPools()[0].used_bytes, used);
+  EXPECT_LT(a.store->stats().ListPools()[0].used_bytes, used);
   EXPECT_NE(Read(*a.store, a.id), before);
 }
 
@@ -225,13 +226,13 @@ TEST(ForkQuotaTest, AForkIsChargedToTheTenantAndRefusedOverQuota) {
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot s, a.store->CreateSequence(p));
   a.id = s.id;
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
-  const int64_t used = a.store->ListPools()[0].used_bytes;
-  EXPECT_EQ(a.store->TenantPoolStats("small", "")->used_bytes, 7 * kLanes * kBlock);
+  const int64_t used = a.store->stats().ListPools()[0].used_bytes;
+  EXPECT_EQ(a.store->stats().TenantPoolStats("small", "")->used_bytes, 7 * kLanes * kBlock);
   EXPECT_THAT(a.store->ForkSequence(ForkSequenceParams{"", a.id, ""}),
               StatusIs(absl::StatusCode::kResourceExhausted, "quota"));
-  EXPECT_EQ(a.store->ListPools()[0].used_bytes, used);
-  EXPECT_EQ(a.store->TenantPoolStats("small", "")->used_bytes, 7 * kLanes * kBlock);
-  EXPECT_EQ(a.store->TenantPoolStats("small", "")->sequences, 1);
+  EXPECT_EQ(a.store->stats().ListPools()[0].used_bytes, used);
+  EXPECT_EQ(a.store->stats().TenantPoolStats("small", "")->used_bytes, 7 * kLanes * kBlock);
+  EXPECT_EQ(a.store->stats().TenantPoolStats("small", "")->sequences, 1);
 }
 
 // Random forks, mutations and releases: whatever the order, the survivors serve what they
@@ -279,8 +280,8 @@ TEST(ForkModelTest, HoldersReturnToZeroAfterRandomForks) {
     }
   }
   for (const auto& [id, dump] : live) KVC_ASSERT_OK(a.store->Release(id));
-  EXPECT_EQ(a.store->ListPools()[0].used_bytes, 0);
-  KVC_ASSERT_OK_AND_ASSIGN(BlockPool * pool, a.store->FindPool(""));
+  EXPECT_EQ(a.store->stats().ListPools()[0].used_bytes, 0);
+  KVC_ASSERT_OK_AND_ASSIGN(BlockPool * pool, a.store->leases().FindPool(""));
   EXPECT_EQ(pool->shares().frozen_blocks(), 0);
 }
 

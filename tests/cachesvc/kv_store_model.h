@@ -420,7 +420,7 @@ class ModelRunner {
   }
 
   absl::Status CheckPool() const {
-    auto stats = store_->GetPoolStats(kPool);
+    auto stats = store_->stats().GetPoolStats(kPool);
     if (!stats.ok()) return Diverged("pool stats", stats.status(), "OK");
     if (absl::Status e =
             ExpectEq("pool stats", "used_blocks", stats->used_blocks, model_.used_blocks());

@@ -189,7 +189,7 @@ TEST(KvStoreFullTest, PoolFullFailsWholeAppendAndKeepsBlocks) {
   const Payload big = MakePayload(1, 0, 48);
   EXPECT_THAT(store->Append(Params(seq.id, 1, 0, 48, big)),
               StatusIs(Code::kResourceExhausted, "needs 6 f16 blocks"));
-  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, store->GetPoolStats("p"));
+  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, store->stats().GetPoolStats("p"));
   EXPECT_EQ(stats.used_blocks, 2);
   KVC_ASSERT_OK_AND_ASSIGN(SequenceSnapshot after, store->GetSequence(seq.id));
   EXPECT_EQ(after.layer_tokens[1], 0);
@@ -213,11 +213,11 @@ TEST(KvStoreTenantPoolTest, APoolDedicatedToATenantHoldsOnlyItsSequences) {
 
 TEST_F(KvStoreTest, ReleaseReturnsEveryBlock) {
   AppendAllLayers(0, 40);  // 3 blocks x 2 heads x 3 layers
-  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot before, store_->GetPoolStats(""));
+  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot before, store_->stats().GetPoolStats(""));
   EXPECT_EQ(before.used_blocks, 18);
   KVC_ASSERT_OK_AND_ASSIGN(ReleaseResult r, store_->Release(id_));
   EXPECT_EQ(r.freed_blocks, 18);
-  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot after, store_->GetPoolStats(""));
+  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot after, store_->stats().GetPoolStats(""));
   EXPECT_EQ(after.used_blocks, 0);
   EXPECT_EQ(after.sequences, 0);
   EXPECT_THAT(store_->Release(id_), StatusIs(Code::kNotFound));

@@ -97,7 +97,7 @@ class LeaseQuotaTest : public ::testing::Test {
   }
   absl::StatusOr<LeaseSnapshot> Lease(const std::string& tenant, const std::string& id,
                                       int64_t ttl_ms = 0) {
-    return store_->LeaseSequence(LeaseParams{tenant, id, {}, ttl_ms});
+    return store_->leases().LeaseSequence(LeaseParams{tenant, id, {}, ttl_ms});
   }
   absl::Status Compress(const std::string& tenant, const std::string& id,
                         const CompressionSpec& spec) {
@@ -110,13 +110,13 @@ class LeaseQuotaTest : public ::testing::Test {
 
   // The tenant's account in the pool, and the part of it only its leases pin.
   int64_t Account(const std::string& tenant) {
-    return store_->TenantPoolStats(tenant, kPool)->used_bytes;
+    return store_->stats().TenantPoolStats(tenant, kPool)->used_bytes;
   }
   int64_t LeaseOnly(const std::string& tenant) {
-    return store_->TenantPoolStats(tenant, kPool)->leases.lease_only_bytes;
+    return store_->stats().TenantPoolStats(tenant, kPool)->leases.lease_only_bytes;
   }
-  int64_t Used() { return store_->ListPools()[0].used_bytes; }
-  BlockPool* Pool() { return *store_->FindPool(kPool); }
+  int64_t Used() { return store_->stats().ListPools()[0].used_bytes; }
+  BlockPool* Pool() { return *store_->leases().FindPool(kPool); }
   int64_t BlockBytes(StorageFormat f) {
     return static_cast<int64_t>(Pool()->layout(f).block_bytes);
   }
@@ -140,14 +140,14 @@ class LeaseQuotaTest : public ::testing::Test {
     auto lease = Lease(tenant, id);
     EXPECT_TRUE(lease.ok()) << lease.status();
     if (!lease.ok()) return {};
-    EXPECT_TRUE(store_->ReleaseLease(tenant, lease->lease_id).ok());
+    EXPECT_TRUE(store_->leases().ReleaseLease(tenant, lease->lease_id).ok());
     return BlocksOf(*lease);
   }
   // Waits until the reaper has ended `lease_id` (its expiry must have passed or be near).
   void AwaitEnded(const std::string& lease_id) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     auto live = [&] {
-      const std::vector<LeaseInfo> listed = *store_->ListLeases({});
+      const std::vector<LeaseInfo> listed = *store_->leases().ListLeases({});
       for (const LeaseInfo& l : listed) {
         if (l.lease_id == lease_id) return true;
       }
@@ -157,8 +157,8 @@ class LeaseQuotaTest : public ::testing::Test {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     // Expired leases are hidden before the reaper ends them: wait for the reaper too.
-    while (store_->LeaseStatsFor("")->active >
-               static_cast<int64_t>(store_->ListLeases({})->size()) &&
+    while (store_->stats().LeaseStatsFor("")->active >
+               static_cast<int64_t>(store_->leases().ListLeases({})->size()) &&
            std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -190,13 +190,13 @@ TEST_F(LeaseQuotaTest, FillLeaseReleaseCannotPinMoreThanTheQuota) {
     EXPECT_EQ(Used(), kQuota);
   }
   // Every view shows the pinned bytes.
-  KVC_ASSERT_OK_AND_ASSIGN(const PoolStatsSnapshot pool, store_->GetPoolStats(kPool));
+  KVC_ASSERT_OK_AND_ASSIGN(const PoolStatsSnapshot pool, store_->stats().GetPoolStats(kPool));
   EXPECT_EQ(pool.leases.lease_only_bytes, kQuota);
-  const std::vector<TenantUsageSnapshot> usage = store_->TenantUsage();
+  const std::vector<TenantUsageSnapshot> usage = store_->stats().TenantUsage();
   ASSERT_EQ(usage.size(), 1u) << "the lease keeps the tenant's account";
   EXPECT_EQ(usage[0].pool_bytes[0], kQuota);
   EXPECT_EQ(usage[0].lease_only_bytes[0], kQuota);
-  KVC_ASSERT_OK_AND_ASSIGN(const std::vector<LeaseInfo> listed, store_->ListLeases({}));
+  KVC_ASSERT_OK_AND_ASSIGN(const std::vector<LeaseInfo> listed, store_->leases().ListLeases({}));
   ASSERT_EQ(listed.size(), 1u);
   EXPECT_EQ(listed[0].lease_only_bytes, kQuota);
   EXPECT_EQ(listed[0].tenant, "a");
@@ -208,11 +208,11 @@ TEST_F(LeaseQuotaTest, FillLeaseReleaseCannotPinMoreThanTheQuota) {
   EXPECT_EQ(Account("b"), kQuota);
   KVC_ASSERT_OK(store_->Release(theirs, "b"));
 
-  KVC_ASSERT_OK_AND_ASSIGN(const int64_t freed, store_->ReleaseLease("a", lease.lease_id));
+  KVC_ASSERT_OK_AND_ASSIGN(const int64_t freed, store_->leases().ReleaseLease("a", lease.lease_id));
   EXPECT_EQ(freed * BlockBytes(StorageFormat::kF32), kQuota);
   EXPECT_EQ(Account("a"), 0);
   EXPECT_EQ(Used(), 0);
-  EXPECT_EQ(store_->GetPoolStats(kPool)->leases.lease_only_bytes, 0);
+  EXPECT_EQ(store_->stats().GetPoolStats(kPool)->leases.lease_only_bytes, 0);
   KVC_ASSERT_OK_AND_ASSIGN(const std::string last, Create("a"));
   KVC_ASSERT_OK(Append("a", last, 128)) << "the quota is free again";
 }
@@ -245,7 +245,7 @@ TEST_F(LeaseQuotaTest, MutationsOfALeasedSequenceReserveWhatTheLeaseKeeps) {
   const SequenceSnapshot after = *store_->GetSequence(id, "a");
   EXPECT_EQ(after.storage, StorageFormat::kF32);
   EXPECT_EQ(after.stored_token_heads, before.stored_token_heads);
-  KVC_ASSERT_OK(store_->ReleaseLease("a", lease.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease("a", lease.lease_id));
   KVC_ASSERT_OK(store_->Release(id, "a"));
 
   // Half the quota leased: the conversion fits, and the tenant pays for both copies.
@@ -258,7 +258,7 @@ TEST_F(LeaseQuotaTest, MutationsOfALeasedSequenceReserveWhatTheLeaseKeeps) {
   EXPECT_EQ(LeaseOnly("a"), pinned.leased_bytes);
   KVC_ASSERT_OK(Compress("a", half, Streaming(4, 20)));  // INT4 blocks not leased: in place
   EXPECT_EQ(Account("a"), pinned.leased_bytes + store_->GetSequence(half, "a")->bytes);
-  KVC_ASSERT_OK(store_->ReleaseLease("a", pinned.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease("a", pinned.lease_id));
   EXPECT_EQ(Account("a"), store_->GetSequence(half, "a")->bytes);
   EXPECT_EQ(LeaseOnly("a"), 0);
 }
@@ -271,7 +271,7 @@ TEST_F(LeaseQuotaTest, ALeaseEndingDuringAMutationSettlesExactly) {
   KVC_ASSERT_OK(Append("a", id, 64));  // half the quota: its INT4 copy fits beside the lease
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease("a", id));
   bool ended = false;
-  hook_->on_convert = [&] { ended = store_->ReleaseLease("a", lease.lease_id).ok(); };
+  hook_->on_convert = [&] { ended = store_->leases().ReleaseLease("a", lease.lease_id).ok(); };
   KVC_ASSERT_OK(Compress("a", id, Int4()));
   ASSERT_TRUE(ended) << "the hook ran inside the Compress";
   EXPECT_EQ(Account("a"), store_->GetSequence(id, "a")->bytes);
@@ -285,7 +285,7 @@ TEST_F(LeaseQuotaTest, ALeaseEndingDuringAMutationSettlesExactly) {
   KVC_ASSERT_OK(Compress("a", id2, Int4()));
   EXPECT_EQ(Account("a"), store_->GetSequence(id, "a")->bytes +
                               store_->GetSequence(id2, "a")->bytes + kept.leased_bytes);
-  KVC_ASSERT_OK(store_->ReleaseLease("a", kept.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease("a", kept.lease_id));
   KVC_ASSERT_OK(store_->Release(id, "a"));
   KVC_ASSERT_OK(store_->Release(id2, "a"));
   EXPECT_EQ(Account("a"), 0);
@@ -301,7 +301,7 @@ TEST_F(LeaseQuotaTest, APublishedPrefixOnlyALeasePinsIsCharged) {
   for (int i = 0; i < 64; ++i) prefix.token_ids.push_back(i);
   KVC_ASSERT_OK_AND_ASSIGN(const std::string id, Create("a"));
   KVC_ASSERT_OK(Append("a", id, 64));
-  KVC_ASSERT_OK(store_->PublishPrefix(PublishPrefixParams{"a", id, prefix}).status());
+  KVC_ASSERT_OK(store_->prefixes().PublishPrefix(PublishPrefixParams{"a", id, prefix}).status());
   const int64_t bytes = store_->GetSequence(id, "a")->bytes;
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease("a", id));
   KVC_ASSERT_OK(store_->Release(id, "a"));
@@ -315,7 +315,7 @@ TEST_F(LeaseQuotaTest, APublishedPrefixOnlyALeasePinsIsCharged) {
   KVC_ASSERT_OK(store_->Release(attached, "a"));
   EXPECT_EQ(Account("a"), bytes);
   EXPECT_EQ(LeaseOnly("a"), bytes);
-  KVC_ASSERT_OK(store_->ReleaseLease("a", lease.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease("a", lease.lease_id));
   EXPECT_EQ(Account("a"), 0) << "the cached prefix is the pool's again";
   EXPECT_EQ(Used(), bytes);
 }
@@ -330,7 +330,7 @@ TEST_F(LeaseQuotaTest, ABlockTwoAccountsLeasePaysOnceAndMovesToTheOther) {
   };
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot a, create("a", std::nullopt));
   KVC_ASSERT_OK(Append("", a.id, 32));
-  KVC_ASSERT_OK(store_->PublishPrefix(PublishPrefixParams{"", a.id, prefix}).status());
+  KVC_ASSERT_OK(store_->prefixes().PublishPrefix(PublishPrefixParams{"", a.id, prefix}).status());
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot b, create("b", prefix));
   ASSERT_EQ(b.attached_tokens, 32);
   const int64_t bytes = store_->GetSequence(a.id)->bytes;
@@ -339,13 +339,13 @@ TEST_F(LeaseQuotaTest, ABlockTwoAccountsLeasePaysOnceAndMovesToTheOther) {
   KVC_ASSERT_OK(store_->Release(a.id));
   KVC_ASSERT_OK(store_->Release(b.id));
   EXPECT_EQ(Account("a") + Account("b"), bytes) << "one block, paid once";
-  EXPECT_EQ(store_->GetPoolStats(kPool)->leases.lease_only_bytes, bytes);
-  KVC_ASSERT_OK(store_->ReleaseLease("", la.lease_id));
+  EXPECT_EQ(store_->stats().GetPoolStats(kPool)->leases.lease_only_bytes, bytes);
+  KVC_ASSERT_OK(store_->leases().ReleaseLease("", la.lease_id));
   EXPECT_EQ(Account("a"), 0);
   EXPECT_EQ(Account("b"), bytes) << "the remaining lessee pays";
-  KVC_ASSERT_OK(store_->ReleaseLease("", lb.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease("", lb.lease_id));
   EXPECT_EQ(Account("b"), 0);
-  EXPECT_EQ(store_->GetPoolStats(kPool)->leases.lease_only_bytes, 0);
+  EXPECT_EQ(store_->stats().GetPoolStats(kPool)->leases.lease_only_bytes, 0);
 }
 
 // The model: two tenants with quotas, a random schedule of Create, Append, Lease, Release,
@@ -453,15 +453,15 @@ TEST_F(LeaseQuotaTest, RandomScheduleKeepsEveryAccountEqualToItsHoldings) {
       } else if (!leases.empty() && op == 7) {
         what = "release lease";
         auto it = std::next(leases.begin(), static_cast<std::ptrdiff_t>(pick(leases.size())));
-        KVC_ASSERT_OK(store_->ReleaseLease(it->second.tenant, it->first));
+        KVC_ASSERT_OK(store_->leases().ReleaseLease(it->second.tenant, it->first));
         leases.erase(it);
       } else if (!leases.empty()) {
         what = "expire";
         auto it = std::next(leases.begin(), static_cast<std::ptrdiff_t>(pick(leases.size())));
-        KVC_ASSERT_OK(store_->RenewLease(it->second.tenant, it->first, 1).status());
-        const int64_t expired = store_->LeaseStatsFor("")->expired;
+        KVC_ASSERT_OK(store_->leases().RenewLease(it->second.tenant, it->first, 1).status());
+        const int64_t expired = store_->stats().LeaseStatsFor("")->expired;
         AwaitEnded(it->first);
-        EXPECT_EQ(store_->LeaseStatsFor("")->expired, expired + 1);
+        EXPECT_EQ(store_->stats().LeaseStatsFor("")->expired, expired + 1);
         leases.erase(it);
       } else {
         continue;
@@ -469,7 +469,8 @@ TEST_F(LeaseQuotaTest, RandomScheduleKeepsEveryAccountEqualToItsHoldings) {
       check(absl::StrCat("step ", step, ": ", tenant, " ", what));
       if (::testing::Test::HasFailure()) return;
     }
-    for (const auto& [id, held] : leases) KVC_ASSERT_OK(store_->ReleaseLease(held.tenant, id));
+    for (const auto& [id, held] : leases)
+      KVC_ASSERT_OK(store_->leases().ReleaseLease(held.tenant, id));
     for (const auto& [tenant, ids] : sequences) {
       for (const std::string& id : ids) KVC_ASSERT_OK(store_->Release(id, tenant));
     }
@@ -477,7 +478,7 @@ TEST_F(LeaseQuotaTest, RandomScheduleKeepsEveryAccountEqualToItsHoldings) {
     EXPECT_EQ(Used(), 0);
     EXPECT_EQ(Pool()->shares().frozen_blocks(), 0);
     EXPECT_EQ(Pool()->shares().lease_only_bytes(), 0);
-    EXPECT_TRUE(store_->TenantUsage().empty()) << "no account outlives its last holder";
+    EXPECT_TRUE(store_->stats().TenantUsage().empty()) << "no account outlives its last holder";
   }
   EXPECT_GT(refused, 20) << "the schedules reached the quotas";
   EXPECT_GT(lease_only_seen, 40) << "the schedules left blocks to leases";

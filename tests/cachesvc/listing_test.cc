@@ -43,7 +43,7 @@ std::vector<std::string> AllPages(const KvStore& store, ListSequencesParams para
                                   int64_t want_total) {
   std::vector<std::string> ids;
   for (int page = 0; page < 1000; ++page) {
-    absl::StatusOr<SequenceList> list = store.ListSequences(params);
+    absl::StatusOr<SequenceList> list = store.stats().ListSequences(params);
     EXPECT_TRUE(list.ok()) << list.status();
     if (!list.ok()) break;
     EXPECT_EQ(list->total, want_total);
@@ -126,7 +126,7 @@ TEST_F(ListingTest, PagesVisitEveryMatchingSequenceOnceInCreationOrder) {
 TEST_F(ListingTest, ReleasesAndCreatesBetweenPagesNeverRepeatOrSkipALiveOne) {
   ListSequencesParams p;
   p.limit = 10;
-  KVC_ASSERT_OK_AND_ASSIGN(const SequenceList first, store_->ListSequences(p));
+  KVC_ASSERT_OK_AND_ASSIGN(const SequenceList first, store_->stats().ListSequences(p));
   ASSERT_EQ(first.sequences.size(), 10u);
   for (size_t i = 0; i < 10; ++i) EXPECT_EQ(first.sequences[i].id, made_[i].id) << i;
   // The page's last sequence and one on the next page go; a new one comes (it is newest).
@@ -139,7 +139,7 @@ TEST_F(ListingTest, ReleasesAndCreatesBetweenPagesNeverRepeatOrSkipALiveOne) {
   std::vector<std::string> rest;
   p.page_token = first.next_page_token;
   for (;;) {
-    KVC_ASSERT_OK_AND_ASSIGN(const SequenceList page, store_->ListSequences(p));
+    KVC_ASSERT_OK_AND_ASSIGN(const SequenceList page, store_->stats().ListSequences(p));
     EXPECT_EQ(page.total, 39);
     for (const SequenceSnapshot& s : page.sequences) rest.push_back(s.id);
     if (page.next_page_token.empty()) break;
@@ -158,17 +158,17 @@ TEST_F(ListingTest, ATokenTheServerNeverMadeIsInvalidArgument) {
   for (const std::string& token :
        std::vector<std::string>{"garbage!", "bm90IGEgdG9rZW4", std::string(2000, 'A')}) {
     p.page_token = token;
-    EXPECT_THAT(store_->ListSequences(p).status(),
+    EXPECT_THAT(store_->stats().ListSequences(p).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument, "page_token is not one"));
   }
   // A tenant's page never reaches another scope, whatever its token says.
   p.page_token.clear();
   p.scope = "y";
   p.limit = 1;
-  KVC_ASSERT_OK_AND_ASSIGN(const SequenceList y, store_->ListSequences(p));
+  KVC_ASSERT_OK_AND_ASSIGN(const SequenceList y, store_->stats().ListSequences(p));
   p.scope = "x";
   p.page_token = y.next_page_token;
-  KVC_ASSERT_OK_AND_ASSIGN(const SequenceList x, store_->ListSequences(p));
+  KVC_ASSERT_OK_AND_ASSIGN(const SequenceList x, store_->stats().ListSequences(p));
   for (const SequenceSnapshot& s : x.sequences) EXPECT_NE(s.tenant, "") << s.id;
   std::set<std::string> of_x;
   for (const Made& m : made_) {
@@ -179,7 +179,8 @@ TEST_F(ListingTest, ATokenTheServerNeverMadeIsInvalidArgument) {
 
 TEST_F(ListingTest, ATenantsPoolStatsCountItsSequencesInThatPool) {
   for (const std::string tenant : {"t0", "t1", "t2"}) {
-    KVC_ASSERT_OK_AND_ASSIGN(const PoolStatsSnapshot stats, store_->TenantPoolStats(tenant, "p1"));
+    KVC_ASSERT_OK_AND_ASSIGN(const PoolStatsSnapshot stats,
+                             store_->stats().TenantPoolStats(tenant, "p1"));
     EXPECT_EQ(stats.sequences, static_cast<int64_t>(Expected(nullptr, tenant, "p1").size()))
         << tenant;
   }

@@ -150,7 +150,7 @@ class ParallelAppendTest : public ::testing::TestWithParam<Case> {
   }
 
   int64_t UsedBlocks() {
-    absl::StatusOr<PoolStatsSnapshot> stats = store_->GetPoolStats("");
+    absl::StatusOr<PoolStatsSnapshot> stats = store_->stats().GetPoolStats("");
     EXPECT_TRUE(stats.ok()) << stats.status();
     return stats.ok() ? stats->used_blocks : -1;
   }

@@ -42,13 +42,14 @@ class PrefixCacheTest : public ::testing::Test {
   void SetUp() override {
     a_.emplace(Geometry{}, CompressionSpec{});
     KVC_ASSERT_OK(a_->AppendAll(0, kTokens));
-    auto published = store().PublishPrefix(PublishPrefixParams{"", a_->id, Prefix(ids_)});
+    auto published =
+        store().prefixes().PublishPrefix(PublishPrefixParams{"", a_->id, Prefix(ids_)});
     KVC_ASSERT_OK(published);
     EXPECT_EQ(published->published_tokens, 96);
     EXPECT_EQ(published->new_tokens, 96);
   }
   KvStore& store() { return *a_->store; }
-  int64_t Used() { return store().ListPools()[0].used_bytes; }
+  int64_t Used() { return store().stats().ListPools()[0].used_bytes; }
   absl::StatusOr<SequenceSnapshot> CreateWith(const PrefixSpec& prefix,
                                               CompressionSpec policy = {}) {
     CreateSequenceParams p;
@@ -81,7 +82,7 @@ TEST_F(PrefixCacheTest, AttachSharesTheBlocksAndServesTheSameBytes) {
   AppendLikeA(b->id, 96, 20);
   EXPECT_EQ(Read(store(), b->id, 96), Read(store(), a_->id, 96));
   EXPECT_EQ(Used(), used + 2 * 4 * 8192) << "B's own 20 tokens: 2 blocks per lane";
-  const PrefixStats s = *store().PrefixCacheStats("");
+  const PrefixStats s = *store().stats().PrefixCacheStats("");
   EXPECT_EQ(s.attached_tokens, 96);
   EXPECT_EQ(s.hits, 1);
   EXPECT_EQ(s.entries, 6);
@@ -90,26 +91,26 @@ TEST_F(PrefixCacheTest, AttachSharesTheBlocksAndServesTheSameBytes) {
 TEST_F(PrefixCacheTest, LookupCountsWholeCachedBlocksOnly) {
   LookupPrefixParams p;
   p.prefix = Prefix(ids_);
-  EXPECT_EQ(store().LookupPrefix(p)->cached_tokens, 96);
+  EXPECT_EQ(store().prefixes().LookupPrefix(p)->cached_tokens, 96);
   p.prefix.token_ids.resize(40);
-  EXPECT_EQ(store().LookupPrefix(p)->cached_tokens, 32);
+  EXPECT_EQ(store().prefixes().LookupPrefix(p)->cached_tokens, 32);
   p.prefix.token_ids = ids_;
   p.prefix.token_ids[50] += 1;  // block 3 differs: blocks 0-2 still match, nothing after
-  EXPECT_EQ(store().LookupPrefix(p)->cached_tokens, 48);
+  EXPECT_EQ(store().prefixes().LookupPrefix(p)->cached_tokens, 48);
 }
 
 TEST_F(PrefixCacheTest, OtherSaltModelTenantOrFormatNeverHits) {
   LookupPrefixParams p;
   p.prefix = Prefix(ids_, "other-salt");
-  EXPECT_EQ(store().LookupPrefix(p)->cached_tokens, 0);
+  EXPECT_EQ(store().prefixes().LookupPrefix(p)->cached_tokens, 0);
   p.prefix = Prefix(ids_, "", "llama-3-8b");
-  EXPECT_EQ(store().LookupPrefix(p)->cached_tokens, 0);
+  EXPECT_EQ(store().prefixes().LookupPrefix(p)->cached_tokens, 0);
   p.prefix = Prefix(ids_);
   p.scope = "tenant-b";
-  EXPECT_EQ(store().LookupPrefix(p)->cached_tokens, 0);
+  EXPECT_EQ(store().prefixes().LookupPrefix(p)->cached_tokens, 0);
   p.scope = "";
   p.format = StorageFormat::kInt8;
-  EXPECT_EQ(store().LookupPrefix(p)->cached_tokens, 0);
+  EXPECT_EQ(store().prefixes().LookupPrefix(p)->cached_tokens, 0);
   // A sequence storing INT8 attaches nothing of A's f32 blocks.
   CompressionSpec int8;
   int8.storage = StorageFormat::kInt8;
@@ -131,17 +132,18 @@ TEST(PrefixCacheFormatTest, AnInt4DocumentIsPublishedAndAttached) {
   Fixture a(Geometry{}, int4);
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
   const std::vector<int32_t> ids = TokenIds(kTokens);
-  KVC_ASSERT_OK_AND_ASSIGN(const PublishPrefixResult published,
-                           a.store->PublishPrefix(PublishPrefixParams{"", a.id, Prefix(ids)}));
+  KVC_ASSERT_OK_AND_ASSIGN(
+      const PublishPrefixResult published,
+      a.store->prefixes().PublishPrefix(PublishPrefixParams{"", a.id, Prefix(ids)}));
   EXPECT_EQ(published.new_tokens, 96);
-  const int64_t used = a.store->ListPools()[0].used_bytes;
+  const int64_t used = a.store->stats().ListPools()[0].used_bytes;
   CreateSequenceParams p;
   p.policy = int4;
   p.prefix = Prefix(ids);
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot b, a.store->CreateSequence(p));
   EXPECT_EQ(b.attached_tokens, 96);
   EXPECT_EQ(b.storage, StorageFormat::kInt4G32);
-  EXPECT_EQ(a.store->ListPools()[0].used_bytes, used) << "attaching copies nothing";
+  EXPECT_EQ(a.store->stats().ListPools()[0].used_bytes, used) << "attaching copies nothing";
   EXPECT_EQ(Read(*a.store, b.id), Read(*a.store, a.id, 96));
 }
 
@@ -212,7 +214,7 @@ TEST_F(PrefixCacheTest, EveryMutationCopiesOnWrite) {
 TEST_F(PrefixCacheTest, ReleasedPrefixStaysCachedUntilAllocationNeedsTheRoom) {
   const int64_t used = Used();
   KVC_ASSERT_OK(store().Release(a_->id));
-  PrefixStats s = *store().PrefixCacheStats("c");
+  PrefixStats s = *store().stats().PrefixCacheStats("c");
   EXPECT_EQ(s.entries, 6);
   EXPECT_EQ(s.unreferenced_bytes, s.cached_bytes);
   EXPECT_GT(Used(), 0);
@@ -220,7 +222,7 @@ TEST_F(PrefixCacheTest, ReleasedPrefixStaysCachedUntilAllocationNeedsTheRoom) {
   auto b = CreateWith(Prefix(ids_));
   KVC_ASSERT_OK(b);
   EXPECT_EQ(b->attached_tokens, 96) << "a released prefix is still a hit";
-  s = *store().PrefixCacheStats("c");
+  s = *store().stats().PrefixCacheStats("c");
   EXPECT_EQ(s.unreferenced_bytes, 0);
   KVC_ASSERT_OK(store().Release(b->id));
 }
@@ -231,7 +233,8 @@ TEST(PrefixCacheCapacityTest, CachedBlocksGiveWayToLiveAllocations) {
   const int64_t per_seq = int64_t{7} * g.layers * g.heads * 2 * 16 * 64 * 4;
   Fixture a(g, {}, per_seq * 5 / 2);
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
-  KVC_ASSERT_OK(a.store->PublishPrefix(PublishPrefixParams{"", a.id, Prefix(TokenIds(kTokens))}));
+  KVC_ASSERT_OK(
+      a.store->prefixes().PublishPrefix(PublishPrefixParams{"", a.id, Prefix(TokenIds(kTokens))}));
   KVC_ASSERT_OK(a.store->Release(a.id));
   for (int i = 0; i < 2; ++i) {
     auto s = a.store->CreateSequence({});
@@ -239,7 +242,7 @@ TEST(PrefixCacheCapacityTest, CachedBlocksGiveWayToLiveAllocations) {
     a.id = s->id;
     KVC_ASSERT_OK(a.AppendAll(0, kTokens)) << "sequence " << i;
   }
-  const PrefixStats s = *a.store->PrefixCacheStats("");
+  const PrefixStats s = *a.store->stats().PrefixCacheStats("");
   EXPECT_GT(s.evicted_entries, 0);
   EXPECT_LT(s.entries, 6);
 }
@@ -253,20 +256,20 @@ TEST(PrefixCacheCapacityTest, ALookupOfAnEvictedPrefixSaysSo) {
   Fixture a(g, {}, per_seq);
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
   const std::vector<int32_t> ids = TokenIds(kTokens);
-  KVC_ASSERT_OK(a.store->PublishPrefix(PublishPrefixParams{"", a.id, Prefix(ids)}));
+  KVC_ASSERT_OK(a.store->prefixes().PublishPrefix(PublishPrefixParams{"", a.id, Prefix(ids)}));
   KVC_ASSERT_OK(a.store->Release(a.id));
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot b, a.store->CreateSequence({}));
   a.id = b.id;
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
-  PrefixStats s = *a.store->PrefixCacheStats("");
+  PrefixStats s = *a.store->stats().PrefixCacheStats("");
   ASSERT_EQ(s.evicted_entries, 6);
   EXPECT_EQ(s.evicted_misses, 0);
   LookupPrefixParams p;
   p.prefix = Prefix(ids);
-  EXPECT_EQ(a.store->LookupPrefix(p)->cached_tokens, 0);
+  EXPECT_EQ(a.store->prefixes().LookupPrefix(p)->cached_tokens, 0);
   p.prefix = Prefix(TokenIds(kTokens, /*seed=*/2));
-  EXPECT_EQ(a.store->LookupPrefix(p)->cached_tokens, 0);
-  s = *a.store->PrefixCacheStats("");
+  EXPECT_EQ(a.store->prefixes().LookupPrefix(p)->cached_tokens, 0);
+  s = *a.store->stats().PrefixCacheStats("");
   EXPECT_EQ(s.lookups - s.hits, 2);
   EXPECT_EQ(s.evicted_misses, 1) << "only the first was cached once";
 }
@@ -274,7 +277,7 @@ TEST(PrefixCacheCapacityTest, ALookupOfAnEvictedPrefixSaysSo) {
 TEST_F(PrefixCacheTest, CorruptBlockIsAMissNeverServed) {
   // Flip one byte of the first block A wrote (lane 0, tokens 0-15: entry 0), through the
   // pool's backend so a device pool works the same.
-  BlockPool* pool = *store().FindPool("");
+  BlockPool* pool = *store().leases().FindPool("");
   const kernels::PagedArena arena = pool->arena(StorageFormat::kF32);
   ASSERT_TRUE(pool->backend()
                   ->Memset(static_cast<char*>(arena.base) + 100, 0x5a, 1, kernels::StreamHandle{})
@@ -283,12 +286,12 @@ TEST_F(PrefixCacheTest, CorruptBlockIsAMissNeverServed) {
   auto b = CreateWith(Prefix(ids_));
   KVC_ASSERT_OK(b);
   EXPECT_EQ(b->attached_tokens, 0);
-  const PrefixStats s = *store().PrefixCacheStats("");
+  const PrefixStats s = *store().stats().PrefixCacheStats("");
   EXPECT_EQ(s.checksum_misses, 1);
   EXPECT_EQ(s.entries, 5) << "the corrupt entry left the index";
   LookupPrefixParams p;
   p.prefix = Prefix(ids_);
-  EXPECT_EQ(store().LookupPrefix(p)->cached_tokens, 0);
+  EXPECT_EQ(store().prefixes().LookupPrefix(p)->cached_tokens, 0);
 }
 
 TEST(PrefixCacheQuotaTest, AttachIsChargedToTheTenantAndRefusedOverQuota) {
@@ -305,8 +308,8 @@ TEST(PrefixCacheQuotaTest, AttachIsChargedToTheTenantAndRefusedOverQuota) {
   a.id = s->id;
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
   const std::vector<int32_t> ids = TokenIds(kTokens);
-  KVC_ASSERT_OK(a.store->PublishPrefix(PublishPrefixParams{"", a.id, Prefix(ids)}));
-  const int64_t used = a.store->ListPools()[0].used_bytes;
+  KVC_ASSERT_OK(a.store->prefixes().PublishPrefix(PublishPrefixParams{"", a.id, Prefix(ids)}));
+  const int64_t used = a.store->stats().ListPools()[0].used_bytes;
   CreateSequenceParams p;
   p.prefix = Prefix(ids);
   p.tenant = "big";
@@ -314,14 +317,14 @@ TEST(PrefixCacheQuotaTest, AttachIsChargedToTheTenantAndRefusedOverQuota) {
   KVC_ASSERT_OK(big);
   EXPECT_EQ(big->attached_tokens, 96);
   EXPECT_EQ(big->bytes, 196608) << "a sharer holds (and pays for) what it attached";
-  EXPECT_EQ(a.store->TenantPoolStats("big", "")->used_bytes, 196608);
+  EXPECT_EQ(a.store->stats().TenantPoolStats("big", "")->used_bytes, 196608);
   p.tenant = "small";
   EXPECT_THAT(a.store->CreateSequence(p), StatusIs(absl::StatusCode::kResourceExhausted, "quota"));
-  EXPECT_EQ(a.store->ListPools()[0].used_bytes, used);
-  EXPECT_EQ(a.store->TenantPoolStats("small", "")->used_bytes, 0);
+  EXPECT_EQ(a.store->stats().ListPools()[0].used_bytes, used);
+  EXPECT_EQ(a.store->stats().TenantPoolStats("small", "")->used_bytes, 0);
   KVC_ASSERT_OK(a.store->Release(big->id));
   KVC_ASSERT_OK(a.store->Release(a.id));
-  const PrefixStats st = *a.store->PrefixCacheStats("");
+  const PrefixStats st = *a.store->stats().PrefixCacheStats("");
   EXPECT_EQ(st.unreferenced_bytes, st.cached_bytes) << "the refused attach let go of its holds";
 }
 
@@ -340,7 +343,7 @@ TEST_F(PrefixCacheTest, BadPrefixRequestsNameTheField) {
   residual.residual_tokens = 32;
   EXPECT_THAT(CreateWith(Prefix(ids_), residual),
               StatusIs(absl::StatusCode::kFailedPrecondition, "residual"));
-  EXPECT_THAT(store().PublishPrefix(PublishPrefixParams{"", "s-nope", Prefix(ids_)}),
+  EXPECT_THAT(store().prefixes().PublishPrefix(PublishPrefixParams{"", "s-nope", Prefix(ids_)}),
               StatusIs(absl::StatusCode::kNotFound));
 }
 
@@ -352,8 +355,8 @@ TEST_F(PrefixCacheTest, AnEvictedPrefixPublishesOnlyItsCleanBlocks) {
   p.sequence_id = b->id;
   p.spec = Streaming(4, 60);  // drops tokens 4..39: block 0 keeps 0-3 then 40..
   KVC_ASSERT_OK(store().Compress(p));
-  auto published =
-      store().PublishPrefix(PublishPrefixParams{"", b->id, Prefix(TokenIds(kTokens, 2))});
+  auto published = store().prefixes().PublishPrefix(
+      PublishPrefixParams{"", b->id, Prefix(TokenIds(kTokens, 2))});
   KVC_ASSERT_OK(published);
   EXPECT_EQ(published->published_tokens, 0);
 }
@@ -391,7 +394,8 @@ TEST(PrefixCacheModelTest, HoldersReturnToZeroAfterRandomSharing) {
       KVC_ASSERT_OK(f.AppendAll(tokens, 16));
       tokens += 16;
     } else if (op == 2) {
-      KVC_ASSERT_OK(store.PublishPrefix(PublishPrefixParams{"", id, Prefix(docs[l.doc])}));
+      KVC_ASSERT_OK(
+          store.prefixes().PublishPrefix(PublishPrefixParams{"", id, Prefix(docs[l.doc])}));
     } else if (op == 3) {
       CompressParams p;
       p.sequence_id = id;
@@ -403,8 +407,8 @@ TEST(PrefixCacheModelTest, HoldersReturnToZeroAfterRandomSharing) {
     }
   }
   for (const Live& l : live) KVC_ASSERT_OK(store.Release(l.id));
-  BlockPool* pool = *store.FindPool("");
-  const PrefixStats st = *store.PrefixCacheStats("");
+  BlockPool* pool = *store.leases().FindPool("");
+  const PrefixStats st = *store.stats().PrefixCacheStats("");
   EXPECT_GT(st.hits, 0);
   EXPECT_EQ(st.unreferenced_bytes, st.cached_bytes) << "no sequence holds anything";
   EXPECT_EQ(pool->used_bytes(), st.cached_bytes) << "only the cache holds blocks";
@@ -414,7 +418,7 @@ TEST(PrefixCacheModelTest, HoldersReturnToZeroAfterRandomSharing) {
               StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_EQ(pool->used_bytes(), 0);
   EXPECT_EQ(pool->shares().frozen_blocks(), 0);
-  EXPECT_EQ(store.PrefixCacheStats("")->entries, 0);
+  EXPECT_EQ(store.stats().PrefixCacheStats("")->entries, 0);
 }
 
 // Four threads attach, append, compress, publish and release on one pool at once (TSan runs
@@ -425,7 +429,7 @@ TEST(PrefixCacheThreadTest, ConcurrentSharersSeeThePublishedBytesAndLeakNothing)
   KvStore& store = *f.store;
   const std::vector<int32_t> doc = TokenIds(64, 3);
   KVC_ASSERT_OK(f.AppendAll(0, 64));
-  KVC_ASSERT_OK(store.PublishPrefix(PublishPrefixParams{"", f.id, Prefix(doc)}));
+  KVC_ASSERT_OK(store.prefixes().PublishPrefix(PublishPrefixParams{"", f.id, Prefix(doc)}));
   const Dump want = Read(store, f.id, 64);
   std::vector<std::thread> threads;
   std::atomic<int> wrong{0}, failed{0};
@@ -455,7 +459,7 @@ TEST(PrefixCacheThreadTest, ConcurrentSharersSeeThePublishedBytesAndLeakNothing)
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_EQ(Read(store, f.id, 64), want) << "the publisher's bytes never changed";
   KVC_ASSERT_OK(store.Release(f.id));
-  BlockPool* pool = *store.FindPool("");
+  BlockPool* pool = *store.leases().FindPool("");
   std::vector<BlockId> out;
   EXPECT_THAT(pool->AllocateOrReclaim(StorageFormat::kF32, int64_t{1} << 30, "", &out),
               StatusIs(absl::StatusCode::kResourceExhausted));

@@ -273,7 +273,7 @@ TEST(ResidualTest, StreamingLlmWithAResidualRunsInConstantMemoryAndReturnsEveryB
     sizes.push_back(13);
     KVC_ASSERT_OK(f.AppendAll(at, 13));
     at += 13;
-    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->GetPoolStats("c"));
+    KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->stats().GetPoolStats("c"));
     if (i >= 10) (i < 45 ? early : late) = std::max(i < 45 ? early : late, stats.used_bytes);
   }
   EXPECT_LE(late, early);
@@ -286,7 +286,7 @@ TEST(ResidualTest, StreamingLlmWithAResidualRunsInConstantMemoryAndReturnsEveryB
     EXPECT_EQ(raw, p >= at - 16) << "position " << p;
   }
   KVC_ASSERT_OK(f.store->Release(f.id));
-  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->GetPoolStats("c"));
+  KVC_ASSERT_OK_AND_ASSIGN(PoolStatsSnapshot stats, f.store->stats().GetPoolStats("c"));
   EXPECT_EQ(stats.used_bytes, 0);
 }
 

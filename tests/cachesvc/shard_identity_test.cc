@@ -96,7 +96,7 @@ KvStoreOptions ShardStore(const std::string& name) {
 
 TEST(ShardStoreTest, IdsNameTheShardAndIncarnationAndBareIdsStillWork) {
   KVC_ASSERT_OK_AND_ASSIGN(auto store, KvStore::Create(ShardStore("kvcached-0")));
-  const std::string prefix = absl::StrCat("kvcached-0:", store->shard().incarnation(), ":");
+  const std::string prefix = absl::StrCat("kvcached-0:", store->stats().shard().incarnation(), ":");
 
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot minted, store->CreateSequence({}));
   EXPECT_TRUE(absl::StartsWith(minted.id, prefix)) << minted.id;

@@ -34,7 +34,7 @@ class SharedReadCheckTest : public ::testing::Test {
     KVC_ASSERT_OK(a_.AppendAll(0, kTokens));
     std::mt19937 rng(7);
     for (int i = 0; i < kTokens; ++i) ids_.push_back(static_cast<int32_t>(rng() % 49152));
-    KVC_ASSERT_OK(store_().PublishPrefix(PublishPrefixParams{"", a_.id, Prefix()}));
+    KVC_ASSERT_OK(store_().prefixes().PublishPrefix(PublishPrefixParams{"", a_.id, Prefix()}));
     CreateSequenceParams p;
     p.prefix = Prefix();
     auto b = store_().CreateSequence(p);
@@ -48,7 +48,7 @@ class SharedReadCheckTest : public ::testing::Test {
   // Flips one byte of the first block A wrote (layer 0, kv head 0, tokens 0-15), shared by
   // B and the cache, through the pool's backend as a memory fault would.
   void FlipSharedByte() {
-    BlockPool* pool = *store_().FindPool("");
+    BlockPool* pool = *store_().leases().FindPool("");
     const kernels::PagedArena arena = pool->arena(StorageFormat::kF32);
     ASSERT_TRUE(pool->backend()
                     ->Memset(static_cast<char*>(arena.base) + 100, 0x5a, 1, kernels::StreamHandle{})
@@ -107,19 +107,20 @@ TEST_F(SharedReadCheckTest, CorruptSharedBlockIsNeverServedOnceFound) {
   cp.spec.storage_set = true;
   EXPECT_THAT(store_().Compress(cp).status(), StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_EQ(store_().GetSequence(b_, "")->storage, StorageFormat::kF32) << "nothing changed";
-  const PrefixStats s = *store_().PrefixCacheStats("");
+  const PrefixStats s = *store_().stats().PrefixCacheStats("");
   EXPECT_EQ(s.corrupt_reads, 4);
   EXPECT_EQ(s.checksum_misses, 1) << "the entry holding the block";
   EXPECT_EQ(s.entries, 5);
   LookupPrefixParams p;
   p.prefix = Prefix();
-  EXPECT_EQ(store_().LookupPrefix(p)->cached_tokens, 0) << "the prefix is a miss from block 0";
+  EXPECT_EQ(store_().prefixes().LookupPrefix(p)->cached_tokens, 0)
+      << "the prefix is a miss from block 0";
 
   // Once every holder let go, the block goes back to the pool unmarked: a new sequence that
   // reuses it reads its own bytes.
   KVC_ASSERT_OK(store_().Release(a_.id, ""));
   KVC_ASSERT_OK(store_().Release(b_, ""));
-  BlockPool* pool = *store_().FindPool("");
+  BlockPool* pool = *store_().leases().FindPool("");
   EXPECT_EQ(pool->shares().corrupt_blocks(), 0);
   auto c = store_().CreateSequence({});
   KVC_ASSERT_OK(c);
@@ -140,7 +141,7 @@ TEST_F(SharedReadCheckTest, OneReadInNIsVerified) {
   EXPECT_THAT(FetchStatus(b_), StatusIs(absl::StatusCode::kDataLoss))
       << "read 4 is not sampled, but the block is known corrupt";
   EXPECT_FALSE(served.chunks.empty());
-  EXPECT_EQ(store_().PrefixCacheStats("")->corrupt_reads, 2);
+  EXPECT_EQ(store_().stats().PrefixCacheStats("")->corrupt_reads, 2);
 }
 
 TEST_F(SharedReadCheckTest, UnsharedBlocksAreNotChecked) {
@@ -152,7 +153,7 @@ TEST_F(SharedReadCheckTest, UnsharedBlocksAreNotChecked) {
   KVC_ASSERT_OK(a_.AppendAll(96, 20));
   a_.id = saved;
   KVC_EXPECT_OK(FetchStatus(b_));
-  EXPECT_EQ(store_().PrefixCacheStats("")->corrupt_reads, 0);
+  EXPECT_EQ(store_().stats().PrefixCacheStats("")->corrupt_reads, 0);
 }
 
 TEST(SharedReadCheckOptionsTest, EveryMustBePositive) {

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "cachesvc/core/eviction_rule.h"
 #include "cachesvc/core/kv_store.h"
 #include "gtest/gtest.h"
 #include "kvc/kernels/record_codec.h"
@@ -735,23 +736,23 @@ void World::CheckAccounting() {
       want += CeilDiv(n - res, kBlock) + CeilDiv(res, kBlock);
     }
   }
-  auto stats = store_->GetPoolStats("t");
+  auto stats = store_->stats().GetPoolStats("t");
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->used_blocks, want) << "blocks in use differ from the model's count";
   EXPECT_EQ(stats->sequences, kSlots);
   // Tenant accounts (quotas) are charged exactly what the sequences hold.
   int64_t tenant_bytes = 0;
   int64_t tenant_sequences = 0;
-  for (const TenantUsageSnapshot& t : store_->TenantUsage()) {
+  for (const TenantUsageSnapshot& t : store_->stats().TenantUsage()) {
     tenant_bytes += t.pool_bytes.at(0);
     tenant_sequences += t.sequences;
   }
   EXPECT_EQ(tenant_bytes, stats->used_bytes) << "tenant accounts differ from the pool";
   EXPECT_EQ(tenant_sequences, kSlots);
   for (const auto& s : slots_) KVC_EXPECT_OK(store_->Release(s->id).status());
-  stats = store_->GetPoolStats("t");
+  stats = store_->stats().GetPoolStats("t");
   EXPECT_EQ(stats->used_blocks, 0) << "blocks leaked";
-  for (const TenantUsageSnapshot& t : store_->TenantUsage()) {
+  for (const TenantUsageSnapshot& t : store_->stats().TenantUsage()) {
     EXPECT_EQ(t.pool_bytes.at(0), 0) << t.tenant << " is still charged";
     EXPECT_EQ(t.sequences, 0) << t.tenant;
   }

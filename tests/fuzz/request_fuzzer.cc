@@ -129,14 +129,14 @@ void Cleanup(Harness& h) {
   KvCacheServer& server = *h.server;
   server.SetDraining(false);
   kvc::cachesvc::KvStore& store = *server.store();
-  auto list = store.ListSequences(kvc::cachesvc::ListSequencesParams{});
+  auto list = store.stats().ListSequences(kvc::cachesvc::ListSequencesParams{});
   if (!list.ok()) std::abort();
   // No authentication here, so every sequence and lease is in scope "".
   for (const auto& s : list->sequences) (void)store.Release(s.id);
-  for (const std::string& lease : h.leases) (void)store.ReleaseLease("", lease);
+  for (const std::string& lease : h.leases) (void)store.leases().ReleaseLease("", lease);
   h.leases.clear();
   for (const char* pool : {"f", "b"}) {
-    auto stats = store.GetPoolStats(pool);
+    auto stats = store.stats().GetPoolStats(pool);
     // A published prefix stays cached (held by the index alone, "unreferenced") after its
     // sequences are gone; anything else still held is a leak.
     const int64_t held =

@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
       static_cast<double>(pool_options.capacity_bytes) / (1 << 30), f16_bytes / (1 << 30));
   auto store = KvStore::Create(options);
   if (!store.ok()) return Fail(store.status().ToString());
-  BlockPool* pool = *(*store)->FindPool("llama3-70b");
+  BlockPool* pool = *(*store)->leases().FindPool("llama3-70b");
   kvc::cachesvc::CreateSequenceParams create;
   create.policy.storage = StorageFormat::kInt4G32;
   create.policy.storage_set = true;
@@ -238,7 +238,7 @@ int main(int argc, char** argv) {
     }
   }
   const double fill_s = Seconds(fill_start);
-  auto stats = (*store)->GetPoolStats("llama3-70b");
+  auto stats = (*store)->stats().GetPoolStats("llama3-70b");
   if (!stats.ok()) return Fail(stats.status().ToString());
   std::printf(
       "  filled    %.1f s (%.2f GB/s of f16 KV appended); pool holds %.2f GiB = f16 / %.2f\n",

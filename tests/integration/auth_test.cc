@@ -517,7 +517,7 @@ TEST_F(AuthTest, AdminReadsAndEvictsAnyTenantsSequencesAndTenantsSeeOnlyTheirOwn
   pb::DrainResponse drained;
   EXPECT_EQ(admin_->Drain(Ctx(kTokenA).get(), drain, &drained).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_FALSE(server_->store()->draining());
+  EXPECT_FALSE(server_->store()->stats().draining());
   ASSERT_TRUE(admin_->Drain(Ctx(kTokenAdmin).get(), drain, &drained).ok());
   EXPECT_TRUE(drained.draining());
 
@@ -832,7 +832,7 @@ TEST_F(QuotaTest, BytesPerPoolStopAtTheQuotaWithNothingHalfWrittenAndReleaseGive
   // The refused layer-0 append left everything as it was.
   std::string before;
   ASSERT_TRUE(Fetch(kTokenA, "doc", &before).ok());
-  const int64_t used = server_->store()->GetPoolStats("").value().used_bytes;
+  const int64_t used = server_->store()->stats().GetPoolStats("").value().used_bytes;
   const grpc::Status refused = Append(kTokenA, "doc", 0, tokens, 16);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(refused.error_message(), HasSubstr("quota"));
@@ -840,7 +840,7 @@ TEST_F(QuotaTest, BytesPerPoolStopAtTheQuotaWithNothingHalfWrittenAndReleaseGive
   std::string after;
   ASSERT_TRUE(Fetch(kTokenA, "doc", &after).ok());
   EXPECT_EQ(before, after);
-  EXPECT_EQ(server_->store()->GetPoolStats("").value().used_bytes, used);
+  EXPECT_EQ(server_->store()->stats().GetPoolStats("").value().used_bytes, used);
   pb::GetSequenceRequest get;
   get.set_sequence_id("doc");
   pb::SequenceInfo info;

@@ -242,7 +242,7 @@ TEST(OperabilityTest, EvictFreesAndCountsEvictedTokens) {
   grpc::ClientContext ctx2;
   EXPECT_EQ(admin->EvictSequence(&ctx2, request, &response).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  KVC_ASSERT_OK_AND_ASSIGN(auto stats, t.server->store()->GetPoolStats(""));
+  KVC_ASSERT_OK_AND_ASSIGN(auto stats, t.server->store()->stats().GetPoolStats(""));
   ASSERT_FALSE(stats.evicted_token_heads.empty());
   EXPECT_EQ(stats.evicted_token_heads[0].first, "operator");
   EXPECT_EQ(stats.evicted_token_heads[0].second, 10 * kLayers * kHeads);

@@ -204,7 +204,7 @@ TEST(PrefixServiceTest, ACorruptSharedBlockIsRefusedWithDataLoss) {
   ASSERT_EQ(second.attached_tokens, 64);
   KVC_ASSERT_OK(c.Fetch(second.sequence_id, {}).status());
 
-  cachesvc::BlockPool* pool = *t.server->store()->FindPool("small");
+  cachesvc::BlockPool* pool = *t.server->store()->leases().FindPool("small");
   const kernels::PagedArena arena = pool->arena(kernels::StorageFormat::kF16);
   ASSERT_TRUE(pool->backend()
                   ->Memset(static_cast<char*>(arena.base) + 10, 0x5a, 1, kernels::StreamHandle{})

@@ -1,12 +1,10 @@
-// KvStore's listings and statistics. Pool figures come from the pools' atomic counters and
-// the running totals the sequences keep (PoolUsage): no sequence lock is taken, so a metrics
-// scrape costs the same with 100 or 10,000 live sequences. ListSequences visits only the
-// sequences of its page (the registry keeps them in creation order: sequence_order.h).
+#include "cachesvc/core/store_stats.h"
+
 #include <algorithm>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/quote.h"
 #include "cachesvc/core/snapshot.h"
 #include "common/status_macros.h"
 
@@ -22,10 +20,10 @@ int64_t RawBlockBytes(const BlockPool& pool) {
 
 }  // namespace
 
-std::vector<PoolSnapshot> KvStore::ListPools() const {
+std::vector<PoolSnapshot> StoreStats::ListPools() const {
   std::vector<PoolSnapshot> out;
-  for (size_t i = 0; i < pools_.size(); ++i) {
-    const BlockPool& pool = *pools_[i];
+  for (size_t i = 0; i < parts_.pools.size(); ++i) {
+    const BlockPool& pool = *parts_.pools[i];
     PoolSnapshot s;
     s.options = pool.options();
     // Counted in the pool's raw format: what a new uncompressed sequence gets.
@@ -33,16 +31,16 @@ std::vector<PoolSnapshot> KvStore::ListPools() const {
     s.total_blocks = pool.capacity_bytes() / s.block_bytes;
     s.used_bytes = pool.used_bytes();
     s.free_blocks = (pool.capacity_bytes() - s.used_bytes) / s.block_bytes;
-    s.sequences = usage_[i]->sequences.load(std::memory_order_relaxed);
+    s.sequences = parts_.usage[i]->sequences.load(std::memory_order_relaxed);
     out.push_back(std::move(s));
   }
   return out;
 }
 
-absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_name) const {
+absl::StatusOr<PoolStatsSnapshot> StoreStats::GetPoolStats(const std::string& pool_name) const {
   const BlockPool* only = nullptr;
   if (!pool_name.empty()) {
-    KVC_ASSIGN_OR_RETURN(only, FindPool(pool_name));
+    KVC_ASSIGN_OR_RETURN(only, parts_.FindPool(pool_name));
   }
   PoolStatsSnapshot stats;
   stats.pool = pool_name;
@@ -51,10 +49,10 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
     by_format[static_cast<size_t>(f)].format = static_cast<StorageFormat>(f);
   }
   std::array<int64_t, PoolUsage::kEvictionCauses> evicted{};
-  for (size_t i = 0; i < pools_.size(); ++i) {
-    const BlockPool& pool = *pools_[i];
+  for (size_t i = 0; i < parts_.pools.size(); ++i) {
+    const BlockPool& pool = *parts_.pools[i];
     if (only != nullptr && &pool != only) continue;
-    const PoolUsage& usage = *usage_[i];
+    const PoolUsage& usage = *parts_.usage[i];
     for (int c = 0; c < PoolUsage::kEvictionCauses; ++c) {
       evicted[static_cast<size_t>(c)] +=
           usage.evicted_token_heads[static_cast<size_t>(c)].load(std::memory_order_relaxed);
@@ -82,8 +80,8 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
   for (const FormatBytes& fb : by_format) {
     if (fb.blocks > 0) stats.bytes_by_format.push_back(fb);
   }
-  stats.appended_bytes_total = appended_bytes_.load(std::memory_order_relaxed);
-  stats.fetched_bytes_total = fetched_bytes_.load(std::memory_order_relaxed);
+  stats.appended_bytes_total = parts_.appended_bytes.load(std::memory_order_relaxed);
+  stats.fetched_bytes_total = parts_.fetched_bytes.load(std::memory_order_relaxed);
   stats.evicted_token_heads.emplace_back("operator", evicted[0]);
   for (auto why :
        {Eviction::kStreamingLlm, Eviction::kSnapKv, Eviction::kH2o, Eviction::kExpectedAttention}) {
@@ -94,22 +92,22 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::GetPoolStats(const std::string& pool_
   return stats;
 }
 
-absl::StatusOr<PoolStatsSnapshot> KvStore::TenantPoolStats(const std::string& tenant,
-                                                           const std::string& pool_name) const {
+absl::StatusOr<PoolStatsSnapshot> StoreStats::TenantPoolStats(const std::string& tenant,
+                                                              const std::string& pool_name) const {
   const BlockPool* only = nullptr;
   if (!pool_name.empty()) {
-    KVC_ASSIGN_OR_RETURN(only, FindPool(pool_name));
+    KVC_ASSIGN_OR_RETURN(only, parts_.FindPool(pool_name));
   }
-  const std::shared_ptr<TenantAccount> account = accounts_.Find(tenant);
-  const TenantQuota quota = QuotaFor(options_.quotas, tenant);
+  const std::shared_ptr<TenantAccount> account = parts_.accounts.Find(tenant);
+  const TenantQuota quota = QuotaFor(parts_.options.quotas, tenant);
   PoolStatsSnapshot stats;
   stats.pool = pool_name;
   stats.tenant = tenant;
   stats.quota_bytes = quota.max_bytes_per_pool;
   stats.quota_sequences = quota.max_sequences;
-  for (size_t i = 0; i < pools_.size(); ++i) {
-    if (only != nullptr && pools_[i].get() != only) continue;
-    stats.capacity_bytes += pools_[i]->capacity_bytes();
+  for (size_t i = 0; i < parts_.pools.size(); ++i) {
+    if (only != nullptr && parts_.pools[i].get() != only) continue;
+    stats.capacity_bytes += parts_.pools[i]->capacity_bytes();
     if (account != nullptr) {
       stats.used_bytes += account->bytes(static_cast<int>(i));
       // The tenant's own lease-only bytes (part of used_bytes); the rest of the pool's lease
@@ -124,21 +122,21 @@ absl::StatusOr<PoolStatsSnapshot> KvStore::TenantPoolStats(const std::string& te
     } else {
       SequenceOrder::Query query;
       query.tenant = &tenant;
-      query.pool = PoolIndex(only);
-      stats.sequences = registry_.Count(query);
+      query.pool = parts_.PoolIndex(only);
+      stats.sequences = parts_.registry.Count(query);
     }
   }
   return stats;
 }
 
-std::vector<TenantUsageSnapshot> KvStore::TenantUsage() const {
+std::vector<TenantUsageSnapshot> StoreStats::TenantUsage() const {
   std::vector<TenantUsageSnapshot> out;
-  for (const auto& account : accounts_.All()) {
+  for (const auto& account : parts_.accounts.All()) {
     TenantUsageSnapshot t;
     t.tenant = account->tenant();
     t.quota = account->quota();
     t.sequences = account->sequences();
-    for (size_t i = 0; i < pools_.size(); ++i) {
+    for (size_t i = 0; i < parts_.pools.size(); ++i) {
       t.pool_bytes.push_back(account->bytes(static_cast<int>(i)));
       t.lease_only_bytes.push_back(account->lease_only_bytes(static_cast<int>(i)));
     }
@@ -150,11 +148,11 @@ std::vector<TenantUsageSnapshot> KvStore::TenantUsage() const {
   return out;
 }
 
-absl::StatusOr<SequenceList> KvStore::ListSequences(const ListSequencesParams& p) const {
+absl::StatusOr<SequenceList> StoreStats::ListSequences(const ListSequencesParams& p) const {
   SequenceOrder::Query query;
   if (!p.pool.empty()) {
-    KVC_ASSIGN_OR_RETURN(const BlockPool* only, FindPool(p.pool));
-    query.pool = PoolIndex(only);
+    KVC_ASSIGN_OR_RETURN(const BlockPool* only, parts_.FindPool(p.pool));
+    query.pool = parts_.PoolIndex(only);
   }
   if (p.limit < 0 || p.limit > 10000) {
     return absl::InvalidArgumentError(
@@ -168,7 +166,7 @@ absl::StatusOr<SequenceList> KvStore::ListSequences(const ListSequencesParams& p
   if (p.scope) query.scope = &*p.scope;
   if (!p.tenant.empty()) query.tenant = &p.tenant;
   query.limit = p.limit == 0 ? 1000 : p.limit;
-  const SequenceOrder::Page page = registry_.List(query);
+  const SequenceOrder::Page page = parts_.registry.List(query);
   SequenceList list;
   list.total = page.total;
   for (const auto& seq : page.sequences) {
@@ -178,6 +176,50 @@ absl::StatusOr<SequenceList> KvStore::ListSequences(const ListSequencesParams& p
   }
   if (page.more) list.next_page_token = SequenceOrder::Token(page.last);
   return list;
+}
+
+absl::StatusOr<PrefixStats> StoreStats::PrefixCacheStats(const std::string& pool) const {
+  PrefixStats sum;
+  bool found = pool.empty();
+  for (size_t i = 0; i < parts_.pools.size(); ++i) {
+    if (!pool.empty() && parts_.pools[i]->options().name != pool) continue;
+    found = true;
+    const PrefixStats s = parts_.prefixes[i]->stats();
+    sum.lookups += s.lookups;
+    sum.hits += s.hits;
+    sum.lookup_tokens += s.lookup_tokens;
+    sum.hit_tokens += s.hit_tokens;
+    sum.attached_tokens += s.attached_tokens;
+    sum.checksum_misses += s.checksum_misses;
+    sum.corrupt_reads += s.corrupt_reads;
+    sum.evicted_misses += s.evicted_misses;
+    sum.published_entries += s.published_entries;
+    sum.evicted_entries += s.evicted_entries;
+    sum.entries += s.entries;
+    sum.cached_bytes += s.cached_bytes;
+    sum.unreferenced_bytes += s.unreferenced_bytes;
+  }
+  if (!found) return parts_.FindPool(pool).status();
+  return sum;
+}
+
+absl::StatusOr<LeaseStats> StoreStats::LeaseStatsFor(const std::string& pool) const {
+  LeaseStats sum;
+  bool found = pool.empty();
+  for (size_t i = 0; i < parts_.pools.size(); ++i) {
+    if (!pool.empty() && parts_.pools[i]->options().name != pool) continue;
+    found = true;
+    const LeaseStats s = parts_.leases->Stats(static_cast<int>(i));
+    sum.active += s.active;
+    sum.leased_bytes += s.leased_bytes;
+    sum.granted += s.granted;
+    sum.renewed += s.renewed;
+    sum.released += s.released;
+    sum.expired += s.expired;
+    sum.lease_only_bytes += parts_.pools[i]->shares().lease_only_bytes();
+  }
+  if (!found) return absl::NotFoundError(absl::StrCat("pool ", Quoted(pool), " does not exist"));
+  return sum;
 }
 
 }  // namespace kvc::cachesvc

@@ -1,12 +1,13 @@
-// KvStore's leases (lease_table.h): LeaseSequence pins and describes what a sequence stores
-// now; RenewLease and ReleaseLease act on the table.
+// LeaseService (lease_service.h): LeaseSequence pins and describes what a sequence stores now;
+// the rest act on the lease table or hand a pool's memory to a lease's reader.
+#include "cachesvc/core/lease_service.h"
+
 #include <algorithm>
 #include <array>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/kv_store.h"
 #include "cachesvc/core/quote.h"
 #include "common/status_macros.h"
 
@@ -39,9 +40,9 @@ absl::StatusOr<std::vector<int32_t>> LeasedLayers(const std::vector<int32_t>& re
 
 }  // namespace
 
-absl::StatusOr<LeaseSnapshot> KvStore::LeaseSequence(const LeaseParams& p) {
-  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, FindLive(p.scope, p.sequence_id));
-  KVC_ASSIGN_OR_RETURN(const int64_t ttl, leases_->CheckNew(p.scope, p.ttl_ms));
+absl::StatusOr<LeaseSnapshot> LeaseService::LeaseSequence(const LeaseParams& p) {
+  KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, parts_.FindLive(p.scope, p.sequence_id));
+  KVC_ASSIGN_OR_RETURN(const int64_t ttl, parts_.leases->CheckNew(p.scope, p.ttl_ms));
   const PoolGeometry& g = seq->geometry();
   KVC_ASSIGN_OR_RETURN(const std::vector<int32_t> layers, LeasedLayers(p.layers, g.num_layers));
   BlockPool* pool = seq->pool();
@@ -96,28 +97,28 @@ absl::StatusOr<LeaseSnapshot> KvStore::LeaseSequence(const LeaseParams& p) {
     pool->shares().Pin(format, held[f],
                        LeaseTable::ChargeFor(seq->account(), pool, seq->pool_index(), format));
   }
-  leases_->Add(LeaseTable::Lessee{p.scope, seq->id(), seq->shared_account()}, pool,
-               seq->pool_index(), std::move(held), std::move(slots), &lease);
+  parts_.leases->Add(LeaseTable::Lessee{p.scope, seq->id(), seq->shared_account()}, pool,
+                     seq->pool_index(), std::move(held), std::move(slots), &lease);
   return lease;
 }
 
-absl::StatusOr<int64_t> KvStore::RenewLease(const std::string& scope, const std::string& lease_id,
-                                            int64_t ttl_ms) {
-  return leases_->Renew(scope, lease_id, ttl_ms);
+absl::StatusOr<int64_t> LeaseService::RenewLease(const std::string& scope,
+                                                 const std::string& lease_id, int64_t ttl_ms) {
+  return parts_.leases->Renew(scope, lease_id, ttl_ms);
 }
 
-absl::StatusOr<int64_t> KvStore::ReleaseLease(const std::string& scope,
-                                              const std::string& lease_id) {
-  return leases_->Release(scope, lease_id);
+absl::StatusOr<int64_t> LeaseService::ReleaseLease(const std::string& scope,
+                                                   const std::string& lease_id) {
+  return parts_.leases->Release(scope, lease_id);
 }
 
-absl::StatusOr<std::vector<LeaseInfo>> KvStore::ListLeases(const ListLeasesParams& p) const {
+absl::StatusOr<std::vector<LeaseInfo>> LeaseService::ListLeases(const ListLeasesParams& p) const {
   int pool_index = -1;
   if (!p.pool.empty()) {
-    KVC_ASSIGN_OR_RETURN(const BlockPool* pool, FindPool(p.pool));
-    pool_index = PoolIndex(pool);
+    KVC_ASSIGN_OR_RETURN(const BlockPool* pool, parts_.FindPool(p.pool));
+    pool_index = parts_.PoolIndex(pool);
   }
-  std::vector<LeaseInfo> leases = leases_->List(p.scope, pool_index);
+  std::vector<LeaseInfo> leases = parts_.leases->List(p.scope, pool_index);
   if (!p.tenant.empty()) {
     leases.erase(std::remove_if(leases.begin(), leases.end(),
                                 [&](const LeaseInfo& l) { return l.tenant != p.tenant; }),
@@ -126,45 +127,26 @@ absl::StatusOr<std::vector<LeaseInfo>> KvStore::ListLeases(const ListLeasesParam
   return leases;
 }
 
-absl::StatusOr<LeaseTable::Pinned> KvStore::PinnedLease(const std::string& scope,
-                                                        const std::string& lease_id) const {
-  return leases_->Find(scope, lease_id);
+absl::StatusOr<LeaseTable::Pinned> LeaseService::PinnedLease(const std::string& scope,
+                                                             const std::string& lease_id) const {
+  return parts_.leases->Find(scope, lease_id);
 }
 
-bool KvStore::LeaseLive(const std::string& scope, const std::string& lease_id) const {
-  return leases_->Live(scope, lease_id);
+bool LeaseService::LeaseLive(const std::string& scope, const std::string& lease_id) const {
+  return parts_.leases->Live(scope, lease_id);
 }
 
-absl::StatusOr<SharedArena> KvStore::ShareArena(const std::string& pool, StorageFormat format,
-                                                const std::string& scope) {
-  KVC_ASSIGN_OR_RETURN(BlockPool * p, FindPool(pool));
+absl::StatusOr<SharedArena> LeaseService::ShareArena(const std::string& pool, StorageFormat format,
+                                                     const std::string& scope) {
+  KVC_ASSIGN_OR_RETURN(BlockPool * p, parts_.FindPool(pool));
   return p->ShareArena(format, scope);
 }
 
-absl::StatusOr<UniqueFd> KvStore::ShareSegment(const std::string& pool, StorageFormat format,
-                                               const std::string& scope, int64_t index,
-                                               uint64_t epoch) {
-  KVC_ASSIGN_OR_RETURN(BlockPool * p, FindPool(pool));
+absl::StatusOr<UniqueFd> LeaseService::ShareSegment(const std::string& pool, StorageFormat format,
+                                                    const std::string& scope, int64_t index,
+                                                    uint64_t epoch) {
+  KVC_ASSIGN_OR_RETURN(BlockPool * p, parts_.FindPool(pool));
   return p->ShareSegment(format, scope, index, epoch);
-}
-
-absl::StatusOr<LeaseStats> KvStore::LeaseStatsFor(const std::string& pool) const {
-  LeaseStats sum;
-  bool found = pool.empty();
-  for (size_t i = 0; i < pools_.size(); ++i) {
-    if (!pool.empty() && pools_[i]->options().name != pool) continue;
-    found = true;
-    const LeaseStats s = leases_->Stats(static_cast<int>(i));
-    sum.active += s.active;
-    sum.leased_bytes += s.leased_bytes;
-    sum.granted += s.granted;
-    sum.renewed += s.renewed;
-    sum.released += s.released;
-    sum.expired += s.expired;
-    sum.lease_only_bytes += pools_[i]->shares().lease_only_bytes();
-  }
-  if (!found) return absl::NotFoundError(absl::StrCat("pool ", Quoted(pool), " does not exist"));
-  return sum;
 }
 
 }  // namespace kvc::cachesvc
