@@ -10,77 +10,61 @@ namespace kvc::cachesvc {
 
 namespace pb = ::kvcache::v1;
 
+// The proto's DType and StorageFormat values are the rows of kvc/kernels/dtype.h's tables:
+// each row's wire number is checked here, and a proto value without a row fails to compile.
+#define KVC_CHECK_WIRE(Enum, e, k, w, p, n) \
+  static_assert(pb::Enum##_##p == w, #Enum "_" #p " is not the number dtype.h says");
+#define KVC_CHECK_DTYPE(e, k, w, p, n) KVC_CHECK_WIRE(DTYPE, e, k, w, p, n)
+#define KVC_CHECK_FORMAT(e, k, w, p, n) KVC_CHECK_WIRE(STORAGE_FORMAT, e, k, w, p, n)
+KVC_DTYPES(KVC_CHECK_DTYPE)
+KVC_STORAGE_FORMATS(KVC_CHECK_FORMAT)
+static_assert(pb::DType_ARRAYSIZE == kernels::kNumDTypes + 1,
+              "kvcache.v1.DType has a value without a row in KVC_DTYPES");
+static_assert(pb::StorageFormat_ARRAYSIZE == kernels::kNumStorageFormats + 1,
+              "kvcache.v1.StorageFormat has a value without a row in KVC_STORAGE_FORMATS");
+#undef KVC_CHECK_FORMAT
+#undef KVC_CHECK_DTYPE
+#undef KVC_CHECK_WIRE
+
+#define KVC_FROM_WIRE(Type, e, w) \
+  case w:                         \
+    return Type::e;
+#define KVC_TO_WIRE(Type, Wire, e, w) \
+  case Type::e:                       \
+    return static_cast<Wire>(w);
+#define KVC_DTYPE_FROM_WIRE(e, k, w, p, n) KVC_FROM_WIRE(DType, e, w)
+#define KVC_DTYPE_TO_WIRE(e, k, w, p, n) KVC_TO_WIRE(DType, pb::DType, e, w)
+#define KVC_FORMAT_FROM_WIRE(e, k, w, p, n) KVC_FROM_WIRE(StorageFormat, e, w)
+#define KVC_FORMAT_TO_WIRE(e, k, w, p, n) KVC_TO_WIRE(StorageFormat, pb::StorageFormat, e, w)
+
 absl::StatusOr<DType> FromProto(pb::DType dtype, const char* field) {
-  switch (dtype) {
-    case pb::DTYPE_F32:
-      return DType::kF32;
-    case pb::DTYPE_F16:
-      return DType::kF16;
-    case pb::DTYPE_BF16:
-      return DType::kBF16;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, " is ", static_cast<int>(dtype), "; expected DTYPE_F32, DTYPE_F16 or DTYPE_BF16"));
-  }
+  switch (static_cast<int>(dtype)) { KVC_DTYPES(KVC_DTYPE_FROM_WIRE) }
+  return absl::InvalidArgumentError(absl::StrCat(field, " is ", static_cast<int>(dtype),
+                                                 "; expected DTYPE_F32, DTYPE_F16 or DTYPE_BF16"));
 }
 
 pb::DType ToProto(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return pb::DTYPE_F32;
-    case DType::kF16:
-      return pb::DTYPE_F16;
-    case DType::kBF16:
-      return pb::DTYPE_BF16;
-  }
+  switch (dtype) { KVC_DTYPES(KVC_DTYPE_TO_WIRE) }
   return pb::DTYPE_UNSPECIFIED;
 }
 
 absl::StatusOr<StorageFormat> FromProto(pb::StorageFormat format, const char* field) {
-  switch (format) {
-    case pb::STORAGE_FORMAT_F32:
-      return StorageFormat::kF32;
-    case pb::STORAGE_FORMAT_F16:
-      return StorageFormat::kF16;
-    case pb::STORAGE_FORMAT_BF16:
-      return StorageFormat::kBF16;
-    case pb::STORAGE_FORMAT_FP8_E4M3:
-      return StorageFormat::kFp8E4M3;
-    case pb::STORAGE_FORMAT_INT8:
-      return StorageFormat::kInt8;
-    case pb::STORAGE_FORMAT_INT4_G32:
-      return StorageFormat::kInt4G32;
-    case pb::STORAGE_FORMAT_INT4_G64:
-      return StorageFormat::kInt4G64;
-    case pb::STORAGE_FORMAT_NVFP4:
-      return StorageFormat::kNvfp4;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, " is ", static_cast<int>(format), "; not a known StorageFormat"));
-  }
+  switch (static_cast<int>(format)) { KVC_STORAGE_FORMATS(KVC_FORMAT_FROM_WIRE) }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", static_cast<int>(format), "; not a known StorageFormat"));
 }
 
 pb::StorageFormat ToProto(StorageFormat format) {
-  switch (format) {
-    case StorageFormat::kF32:
-      return pb::STORAGE_FORMAT_F32;
-    case StorageFormat::kF16:
-      return pb::STORAGE_FORMAT_F16;
-    case StorageFormat::kBF16:
-      return pb::STORAGE_FORMAT_BF16;
-    case StorageFormat::kFp8E4M3:
-      return pb::STORAGE_FORMAT_FP8_E4M3;
-    case StorageFormat::kInt8:
-      return pb::STORAGE_FORMAT_INT8;
-    case StorageFormat::kInt4G32:
-      return pb::STORAGE_FORMAT_INT4_G32;
-    case StorageFormat::kInt4G64:
-      return pb::STORAGE_FORMAT_INT4_G64;
-    case StorageFormat::kNvfp4:
-      return pb::STORAGE_FORMAT_NVFP4;
-  }
+  switch (format) { KVC_STORAGE_FORMATS(KVC_FORMAT_TO_WIRE) }
   return pb::STORAGE_FORMAT_UNSPECIFIED;
 }
+
+#undef KVC_FORMAT_TO_WIRE
+#undef KVC_FORMAT_FROM_WIRE
+#undef KVC_DTYPE_TO_WIRE
+#undef KVC_DTYPE_FROM_WIRE
+#undef KVC_TO_WIRE
+#undef KVC_FROM_WIRE
 
 namespace {
 

@@ -3,18 +3,37 @@
 #include <limits>
 #include <utility>
 
+#include "kvc/kernels/dtype.h"
+
 namespace kvc::client {
+
+// The public enums are kvc/kernels/dtype.h's rows with their wire numbers (kPoolDefault = the
+// proto's 0): checked here, so the client, the proto and the kernels cannot drift apart.
+namespace pb = ::kvcache::v1;
+#define KVC_CHECK(Type, Wire, e, w, p)                                                     \
+  static_assert(static_cast<int>(Type::e) == w, #Type "::" #e " is not dtype.h's number"); \
+  static_assert(pb::Wire##_##p == w, #Wire "_" #p " is not dtype.h's number");
+#define KVC_CHECK_DTYPE(e, k, w, p, n) KVC_CHECK(DType, DTYPE, e, w, p)
+#define KVC_CHECK_FORMAT(e, k, w, p, n) KVC_CHECK(StorageFormat, STORAGE_FORMAT, e, w, p)
+KVC_DTYPES(KVC_CHECK_DTYPE)
+KVC_STORAGE_FORMATS(KVC_CHECK_FORMAT)
+static_assert(pb::DType_ARRAYSIZE == kernels::kNumDTypes + 1);
+static_assert(pb::StorageFormat_ARRAYSIZE == kernels::kNumStorageFormats + 1);
+#undef KVC_CHECK_FORMAT
+#undef KVC_CHECK_DTYPE
+#undef KVC_CHECK
+
+#define KVC_NAME_CASE(Type, e, n) \
+  case Type::e:                   \
+    return n;
+#define KVC_DTYPE_NAME(e, k, w, p, n) KVC_NAME_CASE(DType, e, n)
+#define KVC_FORMAT_NAME(e, k, w, p, n) KVC_NAME_CASE(StorageFormat, e, n)
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kPoolDefault:
       return "pool-default";
-    case DType::kF32:
-      return "f32";
-    case DType::kF16:
-      return "f16";
-    case DType::kBF16:
-      return "bf16";
+      KVC_DTYPES(KVC_DTYPE_NAME)
   }
   return "?";
 }
@@ -23,29 +42,16 @@ const char* StorageFormatName(StorageFormat format) {
   switch (format) {
     case StorageFormat::kPoolDefault:
       return "pool-default";
-    case StorageFormat::kF32:
-      return "f32";
-    case StorageFormat::kF16:
-      return "f16";
-    case StorageFormat::kBF16:
-      return "bf16";
-    case StorageFormat::kFp8E4M3:
-      return "fp8_e4m3";
-    case StorageFormat::kInt8:
-      return "int8";
-    case StorageFormat::kInt4G32:
-      return "int4_g32";
-    case StorageFormat::kInt4G64:
-      return "int4_g64";
-    case StorageFormat::kNvfp4:
-      return "nvfp4";
+      KVC_STORAGE_FORMATS(KVC_FORMAT_NAME)
   }
   return "?";
 }
 
-namespace internal {
+#undef KVC_FORMAT_NAME
+#undef KVC_DTYPE_NAME
+#undef KVC_NAME_CASE
 
-namespace pb = ::kvcache::v1;
+namespace internal {
 
 // The public enums use the proto's numbers, so conversion is a checked cast.
 pb::DType ToProto(DType dtype) { return static_cast<pb::DType>(dtype); }

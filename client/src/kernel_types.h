@@ -11,24 +11,16 @@
 
 namespace kvc::client::internal {
 
+// The client's enumerators are the kernels' (checked in convert.cc), with other numbers.
+#define KVC_KERNEL_CASE(Type, e) \
+  case Type::e:                  \
+    return kernels::Type::e;
+#define KVC_KERNEL_FORMAT(e, k, w, p, n) KVC_KERNEL_CASE(StorageFormat, e)
+#define KVC_KERNEL_DTYPE(e, k, w, p, n) KVC_KERNEL_CASE(DType, e)
+
 inline std::optional<kernels::StorageFormat> KernelFormat(StorageFormat f) {
   switch (f) {
-    case StorageFormat::kF32:
-      return kernels::StorageFormat::kF32;
-    case StorageFormat::kBF16:
-      return kernels::StorageFormat::kBF16;
-    case StorageFormat::kFp8E4M3:
-      return kernels::StorageFormat::kFp8E4M3;
-    case StorageFormat::kInt8:
-      return kernels::StorageFormat::kInt8;
-    case StorageFormat::kInt4G32:
-      return kernels::StorageFormat::kInt4G32;
-    case StorageFormat::kInt4G64:
-      return kernels::StorageFormat::kInt4G64;
-    case StorageFormat::kNvfp4:
-      return kernels::StorageFormat::kNvfp4;
-    case StorageFormat::kF16:
-      return kernels::StorageFormat::kF16;
+    KVC_STORAGE_FORMATS(KVC_KERNEL_FORMAT)
     default:
       return std::nullopt;
   }
@@ -36,15 +28,14 @@ inline std::optional<kernels::StorageFormat> KernelFormat(StorageFormat f) {
 
 inline std::optional<kernels::DType> KernelDType(DType d) {
   switch (d) {
-    case DType::kF32:
-      return kernels::DType::kF32;
-    case DType::kBF16:
-      return kernels::DType::kBF16;
-    case DType::kF16:
-      return kernels::DType::kF16;
+    KVC_DTYPES(KVC_KERNEL_DTYPE)
     default:
       return std::nullopt;
   }
 }
+
+#undef KVC_KERNEL_DTYPE
+#undef KVC_KERNEL_FORMAT
+#undef KVC_KERNEL_CASE
 
 }  // namespace kvc::client::internal

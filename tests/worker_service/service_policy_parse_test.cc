@@ -126,5 +126,20 @@ TEST(ServicePolicyParseTest, BadFlagsSayWhatIsExpected) {
               StatusIs(absl::StatusCode::kInvalidArgument, "bad number 'x'"));
 }
 
+// --storage takes every format by the name the client prints (the kernels' table), so a new
+// format is usable from the worker without touching the parser.
+TEST(ServicePolicyParseTest, EveryFormatByItsName) {
+  int formats = 0;
+  for (int v = 1; std::string(client::StorageFormatName(static_cast<StorageFormat>(v))) != "?";
+       ++v, ++formats) {
+    const auto format = static_cast<StorageFormat>(v);
+    const std::string name = client::StorageFormatName(format);
+    KVC_ASSERT_OK_AND_ASSIGN(const ServicePolicy p, ParseServicePolicy("snapkv=256", name));
+    EXPECT_EQ(p.at_prompt_end.storage, format) << name;
+  }
+  EXPECT_EQ(formats, 8);
+  EXPECT_FALSE(ParseServicePolicy("snapkv=256", "int3").ok());
+}
+
 }  // namespace
 }  // namespace kvc::worker

@@ -1,5 +1,6 @@
 #include "worker/service/service_policy_parse.h"
 
+#include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -47,29 +48,29 @@ absl::StatusOr<Storage> ParseStorage(const std::string& text) {
     }
     s = s.substr(0, plus);
   }
-  if (s.empty()) {
-    out.format = StorageFormat::kPoolDefault;
-  } else if (s == "f16") {
-    out.format = StorageFormat::kF16;
-  } else if (s == "bf16") {
-    out.format = StorageFormat::kBF16;
-  } else if (s == "f32") {
-    out.format = StorageFormat::kF32;
-  } else if (s == "fp8") {
+  // Every format by its name (client::StorageFormatName: the kernels' table, "?" past the
+  // last), and the short forms the worker has always taken.
+  out.format = StorageFormat::kPoolDefault;
+  if (s.empty()) return out;
+  for (int v = 1; std::string(client::StorageFormatName(static_cast<StorageFormat>(v))) != "?";
+       ++v) {
+    if (s == client::StorageFormatName(static_cast<StorageFormat>(v))) {
+      out.format = static_cast<StorageFormat>(v);
+      return out;
+    }
+  }
+  if (s == "fp8") {
     out.format = StorageFormat::kFp8E4M3;
-  } else if (s == "int8") {
-    out.format = StorageFormat::kInt8;
   } else if (s == "int4" || s == "int4g32") {
     out.format = StorageFormat::kInt4G32;
   } else if (s == "int4g64") {
     out.format = StorageFormat::kInt4G64;
-  } else if (s == "nvfp4") {
-    out.format = StorageFormat::kNvfp4;
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown --storage '", text,
-                     "'; use f16, bf16, f32, fp8, int8, int4, int4g64 or nvfp4, optionally with "
-                     "+rawN (e.g. int4+raw32: the newest 32 tokens stay raw)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown --storage '", text,
+        "'; use a format's name (f16, bf16, f32, fp8_e4m3 or fp8, int8, int4_g32 or int4, "
+        "int4_g64, nvfp4), optionally with "
+        "+rawN (e.g. int4+raw32: the newest 32 tokens stay raw)"));
   }
   return out;
 }

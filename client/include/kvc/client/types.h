@@ -13,7 +13,8 @@
 
 namespace kvc::client {
 
-// Element type of dense keys/values.
+// Element type of dense keys/values. The numbers are kvcache.v1's, the rows those of the
+// kernels' table (kvc/kernels/dtype.h KVC_DTYPES; checked at compile time in convert.cc).
 enum class DType { kPoolDefault = 0, kF32 = 1, kF16 = 2, kBF16 = 3 };
 
 // Bytes per element; 0 for kPoolDefault.
@@ -22,7 +23,8 @@ constexpr int DTypeBytes(DType dtype) {
 }
 const char* DTypeName(DType dtype);
 
-// Storage formats, as in kvcache.v1.StorageFormat.
+// Storage formats, as in kvcache.v1.StorageFormat: the rows of kvc/kernels/dtype.h's
+// KVC_STORAGE_FORMATS (checked at compile time in client/src/convert.cc).
 enum class StorageFormat {
   kPoolDefault = 0,
   kF32 = 1,

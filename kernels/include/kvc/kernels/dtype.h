@@ -10,64 +10,81 @@
 
 namespace kvc::kernels {
 
-// Element type of dense keys/values as engines send and receive them.
-enum class DType : uint8_t {
-  kF32 = 0,
-  kF16 = 1,
-  kBF16 = 2,
-};
-
-// Bytes of one element of `dtype`.
-constexpr size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
-
-constexpr const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF16:
-      return "f16";
-    case DType::kBF16:
-      return "bf16";
-  }
-  return "?";
-}
+// The vocabulary of element types and storage formats, defined once. Each row:
+//   X(enumerator, value here, value on the wire (kvcache.v1), wire suffix, name)
+// The wire numbers are kvcache.v1.DType's / StorageFormat's (0 there is "unspecified"); the
+// C++ client's enums use them. Everything else is derived from these rows or checked against
+// them at compile time: this header's enums and names, the service's proto conversion
+// (cachesvc/rpc/proto_convert.cc: every proto value must have a row), the client's
+// (client/src/convert.cc, kernel_types.h: its enums' numbers must match). Adding a format is
+// one row here plus its line in types.proto and the client's enum (refused at compile time
+// until they agree), its kernel code (record_codec.h, block_layout.h) and its tests:
+// CONTRIBUTING.md "A storage format".
+#define KVC_DTYPES(X)       \
+  X(kF32, 0, 1, F32, "f32") \
+  X(kF16, 1, 2, F16, "f16") \
+  X(kBF16, 2, 3, BF16, "bf16")
 
 // How one token of one (layer, kv head) is stored in a block. Raw formats keep the
 // elements as they are; low-bit formats quantize along head_dim inside the token, so a
 // token stays self-contained when others are evicted or moved (see docs/KERNELS.md).
-enum class StorageFormat : uint8_t {
-  kF32 = 0,
-  kF16 = 1,
-  kBF16 = 2,
-  kFp8E4M3 = 3,  // FP8 E4M3 values, one f32 scale per token-head
-  kInt8 = 4,     // symmetric INT8, one f32 scale per token-head
-  kInt4G32 = 5,  // asymmetric INT4, groups of 32 along head_dim (f16 scale + f16 zero)
-  kInt4G64 = 6,  // asymmetric INT4, groups of 64 along head_dim (f16 scale + f16 zero)
-  kNvfp4 = 7,    // E2M1 values, E4M3 scale per 16 elements, f32 tensor scale per token-head
-};
-constexpr int kNumStorageFormats = 8;
+//   fp8_e4m3: FP8 E4M3 values, one f32 scale per token-head
+//   int8:     symmetric INT8, one f32 scale per token-head
+//   int4_g32: asymmetric INT4, groups of 32 along head_dim (f16 scale + f16 zero)
+//   int4_g64: asymmetric INT4, groups of 64 along head_dim (f16 scale + f16 zero)
+//   nvfp4:    E2M1 values, E4M3 scale per 16 elements, f32 tensor scale per token-head
+#define KVC_STORAGE_FORMATS(X)            \
+  X(kF32, 0, 1, F32, "f32")               \
+  X(kF16, 1, 2, F16, "f16")               \
+  X(kBF16, 2, 3, BF16, "bf16")            \
+  X(kFp8E4M3, 3, 4, FP8_E4M3, "fp8_e4m3") \
+  X(kInt8, 4, 5, INT8, "int8")            \
+  X(kInt4G32, 5, 6, INT4_G32, "int4_g32") \
+  X(kInt4G64, 6, 7, INT4_G64, "int4_g64") \
+  X(kNvfp4, 7, 8, NVFP4, "nvfp4")
 
-constexpr const char* StorageFormatName(StorageFormat format) {
-  switch (format) {
-    case StorageFormat::kF32:
-      return "f32";
-    case StorageFormat::kF16:
-      return "f16";
-    case StorageFormat::kBF16:
-      return "bf16";
-    case StorageFormat::kFp8E4M3:
-      return "fp8_e4m3";
-    case StorageFormat::kInt8:
-      return "int8";
-    case StorageFormat::kInt4G32:
-      return "int4_g32";
-    case StorageFormat::kInt4G64:
-      return "int4_g64";
-    case StorageFormat::kNvfp4:
-      return "nvfp4";
-  }
+#define KVC_VOCAB_ENUMERATOR(e, k, w, p, n) e = k,
+#define KVC_VOCAB_COUNT(e, k, w, p, n) +1
+#define KVC_VOCAB_NAME_CASE(e, k, w, p, n) \
+  case decltype(value)::e:                 \
+    return n;
+
+// Element type of dense keys/values as engines send and receive them.
+enum class DType : uint8_t { KVC_DTYPES(KVC_VOCAB_ENUMERATOR) };
+constexpr int kNumDTypes = 0 KVC_DTYPES(KVC_VOCAB_COUNT);
+
+// Bytes of one element of `dtype`.
+constexpr size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+
+constexpr const char* DTypeName(DType value) {
+  switch (value) { KVC_DTYPES(KVC_VOCAB_NAME_CASE) }
   return "?";
 }
+
+enum class StorageFormat : uint8_t { KVC_STORAGE_FORMATS(KVC_VOCAB_ENUMERATOR) };
+constexpr int kNumStorageFormats = 0 KVC_STORAGE_FORMATS(KVC_VOCAB_COUNT);
+
+constexpr const char* StorageFormatName(StorageFormat value) {
+  switch (value) { KVC_STORAGE_FORMATS(KVC_VOCAB_NAME_CASE) }
+  return "?";
+}
+
+// Arrays are indexed by these values: they must be 0..N-1 in the rows' order.
+namespace vocab_check {
+#define KVC_VOCAB_INDEX(e, k, w, p, n) k,
+constexpr int kDTypeValues[] = {KVC_DTYPES(KVC_VOCAB_INDEX)};
+constexpr int kFormatValues[] = {KVC_STORAGE_FORMATS(KVC_VOCAB_INDEX)};
+#undef KVC_VOCAB_INDEX
+constexpr bool Dense(const int* values, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (values[i] != i) return false;
+  }
+  return true;
+}
+static_assert(Dense(kDTypeValues, kNumDTypes), "KVC_DTYPES: values must be 0..N-1 in order");
+static_assert(Dense(kFormatValues, kNumStorageFormats),
+              "KVC_STORAGE_FORMATS: values must be 0..N-1 in order");
+}  // namespace vocab_check
 
 // True for formats that store elements without arithmetic (bytes copy exactly when the
 // input dtype matches).
