@@ -3,7 +3,8 @@
 # installs what is missing, fetches the reference model, then runs these stages in order and
 # prints each one's wall time:
 #
-#   checks      layering (check_deps.sh) and formatting (format.sh --check)
+#   checks      layering (check_deps.sh), formatting (format.sh --check), file sizes
+#               (check_sizes.sh)
 #   tidy        clang-tidy on the C++ files changed by the last commit (scripts/tidy.sh)
 #   default     Release build (CUDA kernels too where nvcc exists) + every test with ctest
 #   python      the Python client (client/python[hf]: with torch and transformers, ~5.6 GB)
@@ -79,7 +80,7 @@ fetch_assets() {
       echo "WARNING: corpus extraction failed; the tests that read the novels will skip"
   fi
 }
-checks() { scripts/check_deps.sh && scripts/format.sh --check; }
+checks() { scripts/check_deps.sh && scripts/format.sh --check && scripts/check_sizes.sh; }
 build() { cmake --preset "$1" >/dev/null && cmake --build --preset "$1" -j "$JOBS"; }
 run_tests() { ctest --preset "$1" -j "$JOBS"; }
 # build + ctest of one preset as two stages; the tests are skipped when the build failed.
@@ -108,7 +109,7 @@ python_client() {
 
 stage "dependencies" scripts/install_deps.sh || exit 1
 if [ -x scripts/fetch_model.sh ]; then stage "model and text" fetch_assets || true; fi
-stage "layering + format" checks || true
+stage "layering + format + sizes" checks || true
 if want tidy; then stage "clang-tidy (changed)" scripts/tidy.sh || true; fi
 build_and_test default
 stage "python" python_client || true
