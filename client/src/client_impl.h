@@ -106,4 +106,19 @@ using StubKv = ::kvcache::v1::KvCacheService::Stub;
 using StubAdmin = ::kvcache::v1::AdminService::Stub;
 using Retried = KvCacheClient::Impl::Retried;
 
+namespace internal {
+
+// The data-path selector (data_paths.cc). ReadPathFor: the read path Fetch and FetchInto take
+// (read_path.h), decided on first use and again after it broke; never null (gRPC when nothing
+// else). LocalPath: the same-node reader when that is the read path; null otherwise.
+// LocalStaging: the staging region Appends use, when this client may use one (decided with
+// LocalPath); null: gRPC.
+std::shared_ptr<ReadPath> ReadPathFor(KvCacheClient& client, KvCacheClient::Impl& impl,
+                                      const CallOptions& call);
+std::shared_ptr<LocalReader> LocalPath(KvCacheClient& client, KvCacheClient::Impl& impl,
+                                       const CallOptions& call);
+std::shared_ptr<StagingSpace> LocalStaging(KvCacheClient& client, KvCacheClient::Impl& impl,
+                                           const CallOptions& call);
+
+}  // namespace internal
 }  // namespace kvc::client

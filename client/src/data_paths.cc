@@ -36,38 +36,41 @@ std::string KvCacheClient::AppendPath() const {
   return impl_->append_path;
 }
 
-std::shared_ptr<internal::StagingSpace> KvCacheClient::LocalStaging(const CallOptions& call) {
+namespace internal {
+
+std::shared_ptr<StagingSpace> LocalStaging(KvCacheClient& client, KvCacheClient::Impl& impl,
+                                           const CallOptions& call) {
   {
-    kvc::MutexLock lock(&impl_->local_mu);
-    if (impl_->options.staging_bytes <= 0) {
-      impl_->staging_decided = true;
-      impl_->append_path = "grpc (staging_bytes is 0)";
+    kvc::MutexLock lock(&impl.local_mu);
+    if (impl.options.staging_bytes <= 0) {
+      impl.staging_decided = true;
+      impl.append_path = "grpc (staging_bytes is 0)";
       return nullptr;
     }
   }
   // Every time, not only the first: after a restart it drops the old server's region too.
-  const std::shared_ptr<internal::LocalReader> local = LocalPath(call);
-  kvc::MutexLock lock(&impl_->local_mu);
-  if (impl_->staging_decided) return impl_->staging;  // another thread was first
+  const std::shared_ptr<LocalReader> local = LocalPath(client, impl, call);
+  kvc::MutexLock lock(&impl.local_mu);
+  if (impl.staging_decided) return impl.staging;  // another thread was first
   if (local == nullptr) {
     // Undecided while the server is unreachable, as the read path is.
-    impl_->staging_decided = impl_->local_decided;
-    impl_->append_path = impl_->reads != nullptr
-                             ? "grpc (no same-node path; transfer channels carry reads only)"
-                             : impl_->data_path;
+    impl.staging_decided = impl.local_decided;
+    impl.append_path = impl.reads != nullptr
+                           ? "grpc (no same-node path; transfer channels carry reads only)"
+                           : impl.data_path;
     return nullptr;
   }
-  if (local != impl_->local) return nullptr;  // dropped meanwhile: the next Append decides
-  absl::StatusOr<std::unique_ptr<internal::StagingSpace>> space =
-      local->OpenStaging(impl_->options.staging_bytes);
-  impl_->staging_decided = true;
+  if (local != impl.local) return nullptr;  // dropped meanwhile: the next Append decides
+  absl::StatusOr<std::unique_ptr<StagingSpace>> space =
+      local->OpenStaging(impl.options.staging_bytes);
+  impl.staging_decided = true;
   if (!space.ok()) {
-    impl_->append_path = absl::StrCat("grpc (", space.status().message(), ")");
+    impl.append_path = absl::StrCat("grpc (", space.status().message(), ")");
     return nullptr;
   }
-  impl_->staging = *std::move(space);
-  impl_->append_path = absl::StrCat("staged (", impl_->staging->bytes(), "-byte region)");
-  return impl_->staging;
+  impl.staging = *std::move(space);
+  impl.append_path = absl::StrCat("staged (", impl.staging->bytes(), "-byte region)");
+  return impl.staging;
 }
 
 namespace {
@@ -96,19 +99,19 @@ std::string TargetHost(std::string target) {
 namespace {
 
 // OpenTransfer, then a connection to the channel (closed again if the connection fails).
-absl::StatusOr<std::unique_ptr<internal::TransferReader>> OpenTransfer(
-    const KvCacheClient::Impl& impl, const CallOptions& call) {
+absl::StatusOr<std::unique_ptr<TransferReader>> OpenTransfer(const KvCacheClient::Impl& impl,
+                                                             const CallOptions& call) {
   pb::OpenTransferResponse response;
   const absl::Status opened =
       impl.Call(&StubKv::OpenTransfer, pb::OpenTransferRequest(), &response, call, Retried::kNo);
   if (!opened.ok()) return opened;
-  internal::TransferEndpoint at;
+  TransferEndpoint at;
   at.host = response.host().empty() ? TargetHost(impl.options.target) : response.host();
   at.port = response.port();
   at.transfer_id = response.transfer_id();
   at.token = response.token();
   at.frame_key = response.frame_key();
-  absl::StatusOr<std::unique_ptr<internal::TransferReader>> reader =
+  absl::StatusOr<std::unique_ptr<TransferReader>> reader =
       absl::FailedPreconditionError("the target names no host to connect to (a unix socket?)");
   if (response.tls()) {
     // The listener's certificate is the gRPC listener's: verified the same way.
@@ -126,7 +129,7 @@ absl::StatusOr<std::unique_ptr<internal::TransferReader>> OpenTransfer(
     }
   }
   if (!at.host.empty() && (!response.tls() || at.tls != nullptr)) {
-    reader = internal::TransferReader::Connect(at);
+    reader = TransferReader::Connect(at);
   }
   if (!reader.ok()) {
     // Best effort: an unconnected channel is dropped by the server after connect_within.
@@ -140,77 +143,79 @@ absl::StatusOr<std::unique_ptr<internal::TransferReader>> OpenTransfer(
 
 }  // namespace
 
-std::shared_ptr<internal::LocalReader> KvCacheClient::LocalPath(const CallOptions& call) {
-  (void)ReadPathFor(call);
-  kvc::MutexLock lock(&impl_->local_mu);
-  return impl_->local;
+std::shared_ptr<LocalReader> LocalPath(KvCacheClient& client, KvCacheClient::Impl& impl,
+                                       const CallOptions& call) {
+  (void)ReadPathFor(client, impl, call);
+  kvc::MutexLock lock(&impl.local_mu);
+  return impl.local;
 }
 
 // The selector. Its state (Impl): undecided, or decided on `reads` (null: gRPC), with `local`
 // set when that is the same-node path (staging and device arenas use its connection).
-std::shared_ptr<internal::ReadPath> KvCacheClient::ReadPathFor(const CallOptions& call) {
-  kvc::MutexLock lock(&impl_->local_mu);
-  if (impl_->local_decided) {
-    if (impl_->reads == nullptr) return impl_->grpc_reads;
-    if (impl_->reads->Alive()) return impl_->reads;
+std::shared_ptr<ReadPath> ReadPathFor(KvCacheClient& client, KvCacheClient::Impl& impl,
+                                      const CallOptions& call) {
+  kvc::MutexLock lock(&impl.local_mu);
+  if (impl.local_decided) {
+    if (impl.reads == nullptr) return impl.grpc_reads;
+    if (impl.reads->Alive()) return impl.reads;
     // The path broke: the server's end of the socket closed (it exited or restarted: the
     // mappings and the staging region are of memory that server no longer serves), a lease
     // of another server came by, or the channel failed. Decide again; calls still holding
     // the old path finish with it (their leases are checked against its server's token).
-    impl_->reads.reset();
-    impl_->local_decided = false;
-    if (impl_->local != nullptr) {
-      impl_->local.reset();
-      impl_->staging.reset();
-      impl_->staging_decided = false;
-      impl_->append_path = "grpc (no Append since the local socket closed)";
+    impl.reads.reset();
+    impl.local_decided = false;
+    if (impl.local != nullptr) {
+      impl.local.reset();
+      impl.staging.reset();
+      impl.staging_decided = false;
+      impl.append_path = "grpc (no Append since the local socket closed)";
     }
   }
-  if (!impl_->options.local_reads && !impl_->options.transfers) {
-    impl_->local_decided = true;
-    impl_->data_path = "grpc (local_reads and transfers are off)";
-    return impl_->grpc_reads;
+  if (!impl.options.local_reads && !impl.options.transfers) {
+    impl.local_decided = true;
+    impl.data_path = "grpc (local_reads and transfers are off)";
+    return impl.grpc_reads;
   }
-  absl::StatusOr<ServerInfo> info = GetServerInfo(call);
+  absl::StatusOr<ServerInfo> info = client.GetServerInfo(call);
   // Unreachable now: the next Fetch asks again (the server may be starting). Any other
   // failure (an older server, a proxy without AdminService) decides for gRPC.
-  impl_->local_decided =
+  impl.local_decided =
       !absl::IsUnavailable(info.status()) && !absl::IsDeadlineExceeded(info.status());
   if (!info.ok()) {
-    impl_->data_path = absl::StrCat("grpc (GetServerInfo failed: ", info.status().message(), ")");
-    return impl_->grpc_reads;
+    impl.data_path = absl::StrCat("grpc (GetServerInfo failed: ", info.status().message(), ")");
+    return impl.grpc_reads;
   }
   std::string why_not_local = "local_reads is off";
-  if (impl_->options.local_reads) {
+  if (impl.options.local_reads) {
     why_not_local = "the server has no local_socket";
     if (!info->local_socket.empty()) {
-      absl::StatusOr<std::unique_ptr<internal::LocalReader>> reader =
-          internal::LocalReader::Connect(info->local_socket, info->local_token,
-                                         impl_->options.bearer_token);
+      absl::StatusOr<std::unique_ptr<LocalReader>> reader =
+          LocalReader::Connect(info->local_socket, info->local_token, impl.options.bearer_token);
       if (reader.ok()) {
-        impl_->local = *std::move(reader);
-        impl_->reads = internal::MakeLocalReadPath(*this, impl_->local);
-        impl_->data_path = impl_->reads->name();
-        return impl_->reads;
+        impl.local = *std::move(reader);
+        impl.reads = MakeLocalReadPath(client, impl.local);
+        impl.data_path = impl.reads->name();
+        return impl.reads;
       }
       why_not_local = std::string(reader.status().message());
     }
   }
   // No same-node path: a transfer channel, if the server offers one.
   std::string why_not_transfer;
-  if (info->transfer_port > 0 && !impl_->options.transfers) {
+  if (info->transfer_port > 0 && !impl.options.transfers) {
     why_not_transfer = "; transfers are off";
   } else if (info->transfer_port > 0) {
-    absl::StatusOr<std::unique_ptr<internal::TransferReader>> transfer = OpenTransfer(*impl_, call);
+    absl::StatusOr<std::unique_ptr<TransferReader>> transfer = OpenTransfer(impl, call);
     if (transfer.ok()) {
-      impl_->reads = internal::MakeTransferReadPath(*this, *std::move(transfer));
-      impl_->data_path = impl_->reads->name();
-      return impl_->reads;
+      impl.reads = MakeTransferReadPath(client, *std::move(transfer));
+      impl.data_path = impl.reads->name();
+      return impl.reads;
     }
     why_not_transfer = absl::StrCat("; transfer: ", transfer.status().message());
   }
-  impl_->data_path = absl::StrCat("grpc (", why_not_local, why_not_transfer, ")");
-  return impl_->grpc_reads;
+  impl.data_path = absl::StrCat("grpc (", why_not_local, why_not_transfer, ")");
+  return impl.grpc_reads;
 }
 
+}  // namespace internal
 }  // namespace kvc::client

@@ -50,7 +50,7 @@ absl::StatusOr<FetchIntoResult> KvCacheClient::FetchInto(const std::string& sequ
   absl::StatusOr<std::vector<int32_t>> checked = CheckBuffers(buffers, options);
   if (!checked.ok()) return checked.status();
   const std::vector<int32_t>& layers = *checked;
-  const std::shared_ptr<internal::ReadPath> reads = ReadPathFor(call);
+  const std::shared_ptr<internal::ReadPath> reads = internal::ReadPathFor(*this, *impl_, call);
   FetchIntoResult result;
   std::string fall_back;
   absl::Status status =

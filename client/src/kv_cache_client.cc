@@ -122,7 +122,7 @@ absl::StatusOr<AppendResult> KvCacheClient::Append(const AppendChunk& chunk,
                                                    const CallOptions& call) {
   pb::AppendRequest request;
   const std::shared_ptr<internal::StagingSpace> staging =
-      chunk.bytes > 0 ? LocalStaging(call) : nullptr;
+      chunk.bytes > 0 ? internal::LocalStaging(*this, *impl_, call) : nullptr;
   std::optional<internal::StagingSpace::Slot> slot =
       staging != nullptr ? internal::Stage(*staging, chunk, &request) : std::nullopt;
   if (!slot.has_value()) ToProto(chunk, &request);
@@ -137,7 +137,8 @@ absl::StatusOr<AppendResult> KvCacheClient::Append(const AppendChunk& chunk,
 }
 
 std::unique_ptr<AppendStream> KvCacheClient::StartAppendStream(const CallOptions& call) {
-  if (std::shared_ptr<internal::StagingSpace> staging = LocalStaging(call); staging != nullptr) {
+  if (std::shared_ptr<internal::StagingSpace> staging = internal::LocalStaging(*this, *impl_, call);
+      staging != nullptr) {
     return internal::MakeStagedAppendStream(
         *impl_, std::move(staging),
         call.deadline > absl::ZeroDuration() ? call.deadline : impl_->options.default_deadline);
@@ -148,7 +149,7 @@ std::unique_ptr<AppendStream> KvCacheClient::StartAppendStream(const CallOptions
 absl::StatusOr<DeviceArenaHandle> KvCacheClient::ShareDeviceArena(const std::string& pool,
                                                                   StorageFormat format,
                                                                   const CallOptions& call) {
-  const std::shared_ptr<internal::LocalReader> local = LocalPath(call);
+  const std::shared_ptr<internal::LocalReader> local = internal::LocalPath(*this, *impl_, call);
   if (local == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("no same-node path to the server: ", DataPath()));
@@ -171,7 +172,7 @@ absl::Status KvCacheClient::FetchChunksVia(
     const std::string& sequence_id, const FetchOptions& options,
     const std::function<absl::Status(FetchedChunk&)>& on_chunk, const CallOptions& call,
     std::string* path) {
-  const std::shared_ptr<internal::ReadPath> reads = ReadPathFor(call);
+  const std::shared_ptr<internal::ReadPath> reads = internal::ReadPathFor(*this, *impl_, call);
   std::string fall_back;
   absl::Status status = reads->ReadChunks(sequence_id, options, on_chunk, call, &fall_back);
   if (fall_back.empty()) {

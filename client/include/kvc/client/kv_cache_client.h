@@ -26,11 +26,6 @@ namespace kvc::client {
 
 class AppendStream;
 class AttendSession;
-namespace internal {
-class LocalReader;
-class ReadPath;
-class StagingSpace;
-}  // namespace internal
 
 class KvCacheClient {
  public:
@@ -170,14 +165,6 @@ class KvCacheClient {
 
  private:
   explicit KvCacheClient(std::unique_ptr<Impl> impl);
-  // The read path Fetch and FetchInto take (client/src/read_path.h), decided by the
-  // selector on first use and again after it broke; never null (gRPC when nothing else).
-  std::shared_ptr<internal::ReadPath> ReadPathFor(const CallOptions& call);
-  // The same-node reader when the read path is the same-node mapping; null otherwise.
-  std::shared_ptr<internal::LocalReader> LocalPath(const CallOptions& call);
-  // The staging region Appends use, when this client may use one (decided with LocalPath);
-  // null: gRPC.
-  std::shared_ptr<internal::StagingSpace> LocalStaging(const CallOptions& call);
   // FetchChunks, and the path it took into *path (FetchResult::path).
   absl::Status FetchChunksVia(const std::string& sequence_id, const FetchOptions& options,
                               const std::function<absl::Status(FetchedChunk&)>& on_chunk,
