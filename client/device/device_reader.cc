@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "client/device/device_decode.h"
 #include "client/src/kernel_types.h"
+#include "client/src/transfer_rpcs.h"
 #include "common/mutex.h"
 #include "kvc/kernels/backend.h"
 #include "kvc/kernels/block_layout.h"
@@ -53,7 +54,8 @@ struct DeviceReader::Impl {
           ", not on a CUDA device (KvCacheClient::FetchInto reads host pools)"));
     }
     const StorageFormat any = lease.arenas.empty() ? StorageFormat::kF16 : lease.arenas[0].format;
-    absl::StatusOr<DeviceArenaHandle> handle = client->ShareDeviceArena(lease.pool, any, call);
+    absl::StatusOr<DeviceArenaHandle> handle =
+        internal::ShareDeviceArena(*client, lease.pool, any, call);
     if (!handle.ok()) return handle.status();
     if (handle->server_token != lease.local_token) {
       return absl::AbortedError(

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "client/device/device_decode.h"
 #include "client/src/lease_payload.h"
+#include "client/src/transfer_rpcs.h"
 #include "common/mutex.h"
 #include "kvc/kernels/backend.h"
 #include "transfer/nccl_api.h"
@@ -139,7 +140,7 @@ struct NcclLink::Impl {
     }
     if (watchdog.joinable()) watchdog.join();
     Abort();
-    if (!transfer.transfer_id.empty()) (void)client->CloseTransfer(transfer.transfer_id);
+    if (!transfer.transfer_id.empty()) (void)internal::CloseTransfer(*client, transfer.transfer_id);
     header.reset();
     {
       kvc::MutexLock lock(&op_mu);
@@ -181,7 +182,7 @@ absl::StatusOr<std::unique_ptr<NcclLink>> NcclLink::Open(KvCacheClient* client,
   impl->header = std::make_unique<internal::Scratch>(impl->backend.get());
   KVC_RETURN_IF_KERNEL_ERROR(impl->header->Allocate(transfer::kHeaderBytes),
                              "NcclLink: header buffer");
-  absl::StatusOr<NcclTransfer> transfer = client->OpenNcclTransfer(options.pool, call);
+  absl::StatusOr<NcclTransfer> transfer = internal::OpenNcclTransfer(*client, options.pool, call);
   if (!transfer.ok()) return transfer.status();
   impl->transfer = *std::move(transfer);
   if (impl->transfer.unique_id.size() != nccl::kUniqueIdBytes) {
@@ -240,7 +241,7 @@ absl::StatusOr<FetchIntoResult> NcclLink::FetchInto(const std::string& sequence_
   const absl::Time deadline = absl::Now() + budget;
   const uint64_t nonce = ++m.nonce;
   std::future<absl::Status> sending = std::async(std::launch::async, [&] {
-    return m.client->SendLease(m.transfer.transfer_id, lease->lease_id, nonce, call);
+    return internal::SendLease(*m.client, m.transfer.transfer_id, lease->lease_id, nonce, call);
   });
   absl::Status got = m.Receive(m.header->get(), transfer::kHeaderBytes, deadline);
   if (!got.ok()) return m.Break(sending, got);
@@ -304,7 +305,7 @@ absl::StatusOr<AppendResult> NcclLink::Append(const AppendChunk& chunk, const Ca
   const uint64_t nonce = ++m.nonce;
   std::future<absl::StatusOr<AppendResult>> appending = std::async(std::launch::async, [&] {
     absl::StatusOr<AppendResult> r =
-        m.client->AppendOverTransfer(chunk, m.transfer.transfer_id, nonce, call);
+        internal::AppendOverTransfer(*m.client, chunk, m.transfer.transfer_id, nonce, call);
     if (!r.ok()) {
       // Refused after the server received everything, the sends finish at once; refused
       // before, nobody receives them.

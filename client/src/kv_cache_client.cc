@@ -146,21 +146,6 @@ std::unique_ptr<AppendStream> KvCacheClient::StartAppendStream(const CallOptions
   return internal::MakeGrpcAppendStream(*impl_, call);
 }
 
-absl::StatusOr<DeviceArenaHandle> KvCacheClient::ShareDeviceArena(const std::string& pool,
-                                                                  StorageFormat format,
-                                                                  const CallOptions& call) {
-  const std::shared_ptr<internal::LocalReader> local = internal::LocalPath(*this, *impl_, call);
-  if (local == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no same-node path to the server: ", DataPath()));
-  }
-  absl::StatusOr<DeviceArenaHandle> handle = local->DeviceArena(pool, format);
-  if (!handle.ok() && absl::StrContains(handle.status().message(), " not found; this server has")) {
-    return absl::NotFoundError(handle.status().message());
-  }
-  return handle;
-}
-
 absl::Status KvCacheClient::FetchChunks(const std::string& sequence_id, const FetchOptions& options,
                                         const std::function<absl::Status(FetchedChunk&)>& on_chunk,
                                         const CallOptions& call) {

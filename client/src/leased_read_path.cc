@@ -12,6 +12,7 @@
 #include "client/src/local_reader.h"
 #include "client/src/read_path.h"
 #include "client/src/transfer_reader.h"
+#include "client/src/transfer_rpcs.h"
 
 namespace kvc::client::internal {
 
@@ -145,7 +146,7 @@ class TransferReadPath final : public LeasedReadPath {
         [&](uint64_t nonce) {
           CallOptions call;
           call.deadline = std::max(deadline - absl::Now(), absl::Milliseconds(1));
-          return client_.SendLease(reader_->id(), lease.lease_id, nonce, call);
+          return SendLease(client_, reader_->id(), lease.lease_id, nonce, call);
         },
         deadline);
     if (!got.ok()) return got.status();

@@ -28,7 +28,6 @@
 #include "tests/testing/kv_data.h"
 #include "tests/testing/test_server.h"
 
-
 namespace kvc::cachesvc::auth_testing {
 
 namespace pb = ::kvcache::v1;
@@ -39,7 +38,7 @@ inline constexpr char kTokenB[] = "token-of-tenant-b-0123456789abcdef";
 inline constexpr char kTokenAdmin[] = "token-of-the-admin-0123456789abcd";
 
 inline std::string TokenLine(const std::string& tenant, const std::string& role,
-                      const std::string& token) {
+                             const std::string& token) {
   const std::string salt = *RandomBytes(16);
   return absl::StrCat(tenant, " ", role, " ", ToHex(salt), " ", TokenHashHex(salt, token), "\n");
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/src/transfer_rpcs.h"
 #include "gtest/gtest.h"
 #include "kvc/client/device_reader.h"
 #include "kvc/client/kv_cache_client.h"
@@ -286,16 +287,16 @@ TEST_F(DeviceReadTest, RefusalsWriteNothing) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
   EXPECT_TRUE(ToHost(k, bytes) == untouched && ToHost(v, bytes) == untouched);
 
-  auto share = client_->ShareDeviceArena("host", StorageFormat::kF16);
+  auto share = client::internal::ShareDeviceArena(*client_, "host", StorageFormat::kF16);
   EXPECT_EQ(share.status().code(), absl::StatusCode::kFailedPrecondition) << share.status();
-  share = client_->ShareDeviceArena("nope", StorageFormat::kF16);
+  share = client::internal::ShareDeviceArena(*client_, "nope", StorageFormat::kF16);
   EXPECT_EQ(share.status().code(), absl::StatusCode::kNotFound) << share.status();
   client::ClientOptions remote;
   remote.target = server_->target();
   remote.local_reads = false;
   auto c = client::KvCacheClient::Connect(remote);
   ASSERT_TRUE(c.ok());
-  share = (*c)->ShareDeviceArena("gpu", StorageFormat::kF16);
+  share = client::internal::ShareDeviceArena(**c, "gpu", StorageFormat::kF16);
   EXPECT_EQ(share.status().code(), absl::StatusCode::kFailedPrecondition) << share.status();
   EXPECT_NE(share.status().message().find("local_reads is off"), std::string::npos);
   auto stats = client_->GetPoolStats("gpu");

@@ -2,6 +2,7 @@
 // refusals that leave the link usable, a transfer the server closed, bytes that never come,
 // receive buffers charged to a per-tenant and a server budget; and, on two real GPUs (the GPU
 // bundle), appends and fetches between them.
+#include "client/src/transfer_rpcs.h"
 #include "tests/integration/nccl_fixture.h"
 
 namespace kvc {
@@ -169,7 +170,7 @@ TEST_F(NcclAppendTest, AnAppendOnATransferTheServerClosedFailsAndBreaksTheLink) 
   const std::string described = link_->Describe();
   const size_t at = described.find("transfer ");
   ASSERT_NE(at, std::string::npos) << described;
-  KVC_ASSERT_OK(t_.client->CloseTransfer(described.substr(at + 9)));
+  KVC_ASSERT_OK(client::internal::CloseTransfer(*t_.client, described.substr(at + 9)));
   const Chunk c = Make(0, 0, 10);
   const auto started = std::chrono::steady_clock::now();
   EXPECT_THAT(link_

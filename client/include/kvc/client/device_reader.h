@@ -1,8 +1,8 @@
 // DeviceReader: same-node reads of a DEVICE pool straight into an engine's GPU buffers (issue
 // #13 item 3). The server shares each device pool's memory as one CUDA IPC handle over its
-// local socket (KvCacheClient::ShareDeviceArena); this reader opens it once per pool, and a
-// lease (KvCacheClient::LeaseSequence) then says where every lane's records are. Two ways to
-// use it:
+// local socket (the client library's internal ShareDeviceArena, client/src/transfer_rpcs.h); this
+// reader opens it once per pool, and a lease (KvCacheClient::LeaseSequence) then says where every
+// lane's records are. Two ways to use it:
 //   - FetchInto: leases the layers, gathers and decodes every lane's records on the device
 //     (the kernels' ReadTokens, the same code the service decodes with) into the caller's
 //     device buffers, waits for it, checks the lease was live throughout, releases it.

@@ -129,30 +129,6 @@ class KvCacheClient {
   // The server's cluster identity (shard name, incarnation, weight) and draining state.
   absl::StatusOr<ServerInfo> GetServerInfo(const CallOptions& call = {});
 
-  // The CUDA IPC handle of a device pool's memory, from the server's local socket (the
-  // same-node path: local_reads, and a server on this node that lets this uid in).
-  // FAILED_PRECONDITION when this client has no same-node path (the message says why, as
-  // DataPath()) or `pool` is a host pool or cannot be shared; NOT_FOUND for an unknown pool.
-  // Whoever holds the handle can open the pool read-write: never write through it.
-  absl::StatusOr<DeviceArenaHandle> ShareDeviceArena(const std::string& pool, StorageFormat format,
-                                                     const CallOptions& call = {});
-
-  // NCCL transfers (the server's ServerInfo::nccl_transfers): opens one of device pool
-  // `pool` for a reader that joins it as rank 1 (kvc::client::NcclLink does); then
-  // SendLease sends a lease's frame on it and CloseTransfer ends it. FAILED_PRECONDITION when
-  // the server offers none or `pool` is a host pool.
-  absl::StatusOr<NcclTransfer> OpenNcclTransfer(const std::string& pool,
-                                                const CallOptions& call = {});
-  absl::Status SendLease(const std::string& transfer_id, const std::string& lease_id,
-                         uint64_t nonce, const CallOptions& call = {});
-  absl::Status CloseTransfer(const std::string& transfer_id, const CallOptions& call = {});
-  // An Append whose keys and values the caller sends over NCCL transfer `transfer_id` beside
-  // this call, as AppendRequest.nccl says (a frame header with `nonce`, then chunk.bytes of
-  // keys and of values); chunk.keys and chunk.values are not read. NcclLink::Append does both.
-  absl::StatusOr<AppendResult> AppendOverTransfer(const AppendChunk& chunk,
-                                                  const std::string& transfer_id, uint64_t nonce,
-                                                  const CallOptions& call = {});
-
   const ClientOptions& options() const;
   // How Fetch moves bytes: "shared-memory (PATH)", "transfer (HOST:PORT)", or "grpc (why
   // neither)". Decided on the first Fetch, and again after the path broke.
@@ -161,7 +137,11 @@ class KvCacheClient {
   // the first Append.
   std::string AppendPath() const;
 
+  // The library's own state (client/src/client_impl.h), opaque here: the transports beside
+  // the client (client/src/transfer_rpcs.h, kvc::client::NcclLink, DeviceReader) reach the
+  // server through it.
   struct Impl;
+  Impl& state() const { return *impl_; }
 
  private:
   explicit KvCacheClient(std::unique_ptr<Impl> impl);

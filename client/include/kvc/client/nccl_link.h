@@ -1,7 +1,7 @@
 // NcclLink: an engine's NCCL link to a DEVICE pool of a kvcached on another GPU (another
 // node, or one that cannot share its memory with this process): reads the pool into the
 // engine's GPU buffers and appends from them, never through host memory (issue #13 item 4;
-// docs/ARCHITECTURE.md "Transfers"). It opens the transfer (KvCacheClient::OpenNcclTransfer)
+// docs/ARCHITECTURE.md "Transfers"). It opens the transfer (OpenTransfer of kind NCCL)
 // and joins its two-rank communicator as rank 1 on this process's device. FetchInto leases
 // the layers, asks the server to send the lease (SendLease) while it receives the frame
 // header and the blocks' pieces with ncclRecv into device memory, ends the lease (the blocks

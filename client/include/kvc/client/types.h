@@ -240,10 +240,11 @@ struct CreateSequenceOptions {
 
 // A lease (KvCacheService.LeaseSequence): where a sequence's records are in the pool's
 // arenas, pinned until released or expired. Field meanings: proto/kvcache/v1.
-// A device pool's memory as the server shares it on its node (KvCacheClient::ShareDeviceArena):
-// the CUDA IPC handle of the pool's one allocation, on device ordinal `device`, `bytes` long.
-// Every storage format's arena starts at the allocation's start (LeaseArena.block_bytes
-// places a block). kvc/client/device_reader.h opens it and reads leases through it.
+// A device pool's memory as the server shares it on its node (the client library's internal
+// ShareDeviceArena, client/src/transfer_rpcs.h): the CUDA IPC handle of the pool's one allocation,
+// on device ordinal `device`, `bytes` long. Every storage format's arena starts at the allocation's
+// start (LeaseArena.block_bytes places a block). kvc/client/device_reader.h opens it and reads
+// leases through it.
 struct DeviceArenaHandle {
   std::string server_token;  // the local socket's greeting token: its leases carry the same
   int32_t device = -1;
@@ -251,8 +252,8 @@ struct DeviceArenaHandle {
   std::array<uint8_t, 64> cuda_ipc{};
 };
 
-// An NCCL transfer opened for a reader (KvCacheClient::OpenNcclTransfer; kvc::client::NcclLink
-// joins and reads it).
+// An NCCL transfer opened for a reader (client/src/transfer_rpcs.h OpenNcclTransfer;
+// kvc::client::NcclLink joins and reads it).
 struct NcclTransfer {
   std::string transfer_id;
   std::string unique_id;  // ncclUniqueId, 128 bytes
