@@ -8,7 +8,8 @@
 #   tidy        clang-tidy on the C++ files changed by the last commit (scripts/tidy.sh)
 #   default     Release build (CUDA kernels too where nvcc exists) + every test with ctest
 #   python      the Python client (client/python[hf]: with torch and transformers, ~5.6 GB)
-#               pip-installed into a fresh venv under build/python-venv, and pytest tests/python
+#               pip-installed into a fresh venv under build/python-venv (in the background from
+#               the start: the stage waits for it), and pytest tests/python
 #               against build/cachesvc/kvcached (and build/worker/kvc-worker, for the
 #               transformers tests' token ids and answers)
 #   cudasim     the core and service suites on a device pool: the cudasim preset builds the
@@ -93,21 +94,42 @@ build_and_test() {
 }
 
 # The Python client against the default build's kvcached, from a fresh venv each run (a stale
-# one could hide a packaging bug; pip's cache keeps it quick). No kvcached is a failure.
+# one could hide a packaging bug; pip's cache keeps it quick). The venv is made in the
+# background while the default build compiles (installing torch and transformers is
+# minutes of download and unpacking, little CPU); the python stage waits for it and reports
+# its time. No kvcached is a failure.
+venv=build/python-venv
+make_venv() {
+  rm -rf "$venv" && mkdir -p build && python3 -m venv "$venv" &&
+    "$venv/bin/pip" install --quiet "./client/python[hf]" pytest
+}
+start_venv() {
+  mkdir -p build
+  local start=$SECONDS
+  (
+    rc=0
+    make_venv >build/python-venv.log 2>&1 || rc=$?
+    echo "$rc $((SECONDS - start))" >build/python-venv.rc
+  ) &
+  venv_pid=$!
+}
 python_client() {
-  local venv=build/python-venv
+  wait "$venv_pid" || true
+  local rc took
+  read -r rc took <build/python-venv.rc || { rc=1; took=0; }
+  cat build/python-venv.log
+  echo "python: venv with client/python[hf] made in the background in ${took}s (exit $rc)"
+  [ "$rc" = 0 ] || return "$rc"
   if [ ! -x build/cachesvc/kvcached ]; then
     echo "python: no build/cachesvc/kvcached to test against (did the default build fail?)" >&2
     return 1
   fi
-  rm -rf "$venv"
-  python3 -m venv "$venv" &&
-    "$venv/bin/pip" install --quiet "./client/python[hf]" pytest &&
-    KVCACHED=build/cachesvc/kvcached "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-      tests/python
+  KVCACHED=build/cachesvc/kvcached "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+    tests/python
 }
 
 stage "dependencies" scripts/install_deps.sh || exit 1
+start_venv
 if [ -x scripts/fetch_model.sh ]; then stage "model and text" fetch_assets || true; fi
 stage "layering + format + sizes" checks || true
 if want tidy; then stage "clang-tidy (changed)" scripts/tidy.sh || true; fi

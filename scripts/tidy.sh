@@ -149,10 +149,20 @@ fi
 echo "tidy: $TIDY on ${#targets[@]} files${base:+ changed since $base} (-j $JOBS)"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-export TIDY BUILD out
+# The database without g++'s precompiled header (tests/CMakeLists.txt, KVC_TEST_PCH): clang
+# cannot read a .gch, and without it each file is checked on the includes it names.
+mkdir -p "$out/db"
+python3 - "$BUILD/compile_commands.json" "$out/db/compile_commands.json" <<'PY'
+import json, re, sys
+db = json.load(open(sys.argv[1]))
+for e in db:
+    e["command"] = re.sub(r" -Winvalid-pch -include \S*/cmake_pch\.hxx", "", e["command"])
+json.dump(db, open(sys.argv[2], "w"))
+PY
+export TIDY out
 printf '%s\0' "${targets[@]}" | xargs -0 -n 1 -P "$JOBS" bash -c '
   log="$out/$(echo "$1" | tr / _).log"
-  "$TIDY" -p "$BUILD" --quiet "$1" >"$log" 2>&1 || touch "$log.failed"' _
+  "$TIDY" -p "$out/db" --quiet "$1" >"$log" 2>&1 || touch "$log.failed"' _
 
 # One line per finding (a header included by many files reports once). Unless --all, only
 # findings in the files being checked count -- a changed file must not fail on what an
