@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cachesvc/core/block_reservation.h"
 #include "cachesvc/core/op_stage.h"
-#include "cachesvc/core/page_lease.h"
 #include "cachesvc/core/transaction.h"
 #include "common/check.h"
 #include "common/status_macros.h"
@@ -21,7 +21,7 @@ struct Tail {
   int tier = 0;
   BlockId block = 0;
   int32_t rows = 0;
-  int64_t fresh = 0;  // index into its format's lease
+  int64_t fresh = 0;  // index into its format's reservation
 };
 
 }  // namespace
@@ -57,21 +57,21 @@ absl::Status ForkLocked(const Sequence& source, Sequence& child) {
   }
 
   // 1. Fresh blocks for the tails, and their records copied (nothing visible changes yet).
-  std::vector<PageLease> leases;
-  leases.reserve(kFormats);
+  std::vector<BlockReservation> reservations;
+  reservations.reserve(kFormats);
   {
     OpStage stage(pool);
     for (size_t f = 0; f < kFormats; ++f) {
       const auto format = static_cast<StorageFormat>(f);
-      leases.emplace_back(pool, format, child.scope());
+      reservations.emplace_back(pool, format, child.scope());
       if (tails[f].empty()) continue;
-      KVC_RETURN_IF_ERROR(leases.back().Allocate(static_cast<int64_t>(tails[f].size())));
+      KVC_RETURN_IF_ERROR(reservations.back().Allocate(static_cast<int64_t>(tails[f].size())));
       std::vector<BlockId> src_blocks, dst_blocks;
       std::vector<int32_t> slots;
       for (const Tail& t : tails[f]) {
         for (int32_t r = 0; r < t.rows; ++r) {
           src_blocks.push_back(t.block);
-          dst_blocks.push_back(leases.back().block(t.fresh));
+          dst_blocks.push_back(reservations.back().block(t.fresh));
           slots.push_back(r);
         }
       }
@@ -100,10 +100,10 @@ absl::Status ForkLocked(const Sequence& source, Sequence& child) {
   for (size_t f = 0; f < kFormats; ++f) {
     for (const Tail& t : tails[f]) {
       Segment s = st.lane(t.lane)[static_cast<size_t>(t.tier)];
-      s.blocks.back() = leases[f].block(t.fresh);
+      s.blocks.back() = reservations[f].block(t.fresh);
       mine.Replace(t.lane, t.tier, std::move(s));
     }
-    leases[f].Commit();
+    reservations[f].Commit();
   }
   for (int l = 0; l < st.num_layers(); ++l) child.set_layer_tokens(l, source.layer_tokens(l));
   if (source.has_scores()) child.set_has_scores();

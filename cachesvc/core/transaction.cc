@@ -32,21 +32,21 @@ void Transaction::AddLane(int lane, LanePlan plan, int64_t lane_offset) {
   lanes_.push_back(Lane{lane, std::move(plan), lane_offset, {}});
 }
 
-PageLease& Transaction::LeaseFor(StorageFormat format) {
-  for (PageLease& lease : leases_) {
-    if (lease.format() == format) return lease;
+BlockReservation& Transaction::ReservationFor(StorageFormat format) {
+  for (BlockReservation& reservation : reservations_) {
+    if (reservation.format() == format) return reservation;
   }
-  leases_.emplace_back(pool_, format, charge_.owner != nullptr ? *charge_.owner : "");
-  return leases_.back();
+  reservations_.emplace_back(pool_, format, charge_.owner != nullptr ? *charge_.owner : "");
+  return reservations_.back();
 }
 
 BlockId Transaction::Resolve(const Lane& lane, size_t segment, const BlockRef& ref) const {
   if (!ref.fresh) return ref.id;
   const StorageFormat format = lane.plan.segments[segment].tier.format;
-  for (const PageLease& lease : leases_) {
-    if (lease.format() == format) return lease.block(lane.fresh_base[segment] + ref.id);
+  for (const BlockReservation& reservation : reservations_) {
+    if (reservation.format() == format) return reservation.block(lane.fresh_base[segment] + ref.id);
   }
-  KVC_CHECK(false) << "no lease for a fresh block";
+  KVC_CHECK(false) << "no reservation for a fresh block";
   return 0;
 }
 
@@ -113,13 +113,14 @@ absl::Status Transaction::Execute() {
       reserved_ = need;
     }
   }
-  leases_.reserve(kFormats);
+  reservations_.reserve(kFormats);
   for (size_t f = 0; f < kFormats; ++f) {
-    if (need[f] > 0) KVC_RETURN_IF_ERROR(LeaseFor(static_cast<StorageFormat>(f)).Allocate(need[f]));
+    if (need[f] > 0)
+      KVC_RETURN_IF_ERROR(ReservationFor(static_cast<StorageFormat>(f)).Allocate(need[f]));
   }
   {
     // Every op of the mutation on one stage: a device pool synchronizes once, here, before
-    // anything is published (and, on an error, before the leases return the fresh blocks).
+    // anything is published (and, on an error, before the reservations return the fresh blocks).
     OpStage stage(pool_);
     KVC_RETURN_IF_ERROR(RunOps(stage));
     KVC_RETURN_IF_ERROR(stage.Finish());
@@ -339,7 +340,7 @@ void Transaction::Commit() {
       }
     }
   }
-  for (PageLease& lease : leases_) lease.Commit();
+  for (BlockReservation& reservation : reservations_) reservation.Commit();
   if (charge_.account != nullptr) {
     // Settled exactly: the sequence's own change here, and the freed blocks that leases keep
     // by the Drop below, whatever the leases did since Execute estimated them.

@@ -1,5 +1,5 @@
 // Transaction: runs the lane plans of one mutation of one sequence (lane_plan.h) and
-// publishes them together. Execute() allocates every fresh block through PageLeases and runs
+// publishes them together. Execute() allocates every fresh block through BlockReservations and runs
 // the kernel phases; it writes only memory no stored token occupies, except the single
 // in-place move op at the end, so on any error (a full pool, a failed kernel op) the
 // sequence and the pool are exactly as before. Commit() cannot fail: it swaps in the new
@@ -14,8 +14,8 @@
 
 #include "absl/status/status.h"
 #include "cachesvc/core/block_pool.h"
+#include "cachesvc/core/block_reservation.h"
 #include "cachesvc/core/lane_plan.h"
-#include "cachesvc/core/page_lease.h"
 #include "cachesvc/core/sequence_storage.h"
 #include "cachesvc/core/tenant_account.h"
 
@@ -41,7 +41,8 @@ class Transaction {
       : pool_(pool), storage_(storage), charge_(charge) {}
   Transaction(const Transaction&) = delete;
   Transaction& operator=(const Transaction&) = delete;
-  // Returns an unused quota reservation (the blocks themselves go back through the leases).
+  // Returns an unused quota reservation (the blocks go back when their BlockReservations are
+  // destroyed).
   ~Transaction();
 
   void SetIncoming(const IncomingRows& rows) { incoming_ = rows; }
@@ -70,9 +71,9 @@ class Transaction {
     int lane = 0;
     LanePlan plan;
     int64_t lane_offset = 0;
-    std::vector<int64_t> fresh_base;  // per segment: its first block in its format's lease
+    std::vector<int64_t> fresh_base;  // per segment: its first block in its format's reservation
   };
-  PageLease& LeaseFor(StorageFormat format);
+  BlockReservation& ReservationFor(StorageFormat format);
   BlockId Resolve(const Lane& lane, size_t segment, const BlockRef& ref) const;
   absl::Status RunOps(OpStage& stage);
   absl::Status RunConverts(OpStage& stage);
@@ -95,7 +96,7 @@ class Transaction {
   IncomingRows incoming_;
   std::vector<Lane> lanes_;
   std::optional<std::vector<Tier>> tiers_;
-  std::vector<PageLease> leases_;
+  std::vector<BlockReservation> reservations_;
   bool executed_ = false;
 };
 

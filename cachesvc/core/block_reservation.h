@@ -1,6 +1,7 @@
-// PageLease: blocks of one format taken from a pool for one mutation. Until Commit(), the
-// destructor returns every block to the pool, so an error anywhere before the commit leaks
-// nothing; after Commit() the blocks belong to the metadata the mutation published.
+// BlockReservation: blocks of one format taken from a pool for one mutation. Until Commit(),
+// the destructor returns every block to the pool, so an error anywhere before the commit leaks
+// nothing; after Commit() the blocks belong to the metadata the mutation published. (Not a
+// lease: a lease, lease_table.h, pins published blocks for a reader.)
 #pragma once
 
 #include <cstdint>
@@ -13,16 +14,16 @@
 
 namespace kvc::cachesvc {
 
-class PageLease {
+class BlockReservation {
  public:
   // Blocks for `owner` (the sequence's scope: BlockPool::AllocateFor).
-  PageLease(BlockPool* pool, StorageFormat format, std::string owner)
+  BlockReservation(BlockPool* pool, StorageFormat format, std::string owner)
       : pool_(pool), format_(format), owner_(std::move(owner)) {}
-  PageLease(PageLease&& other) noexcept;
-  PageLease& operator=(PageLease&& other) noexcept;
-  PageLease(const PageLease&) = delete;
-  PageLease& operator=(const PageLease&) = delete;
-  ~PageLease();
+  BlockReservation(BlockReservation&& other) noexcept;
+  BlockReservation& operator=(BlockReservation&& other) noexcept;
+  BlockReservation(const BlockReservation&) = delete;
+  BlockReservation& operator=(const BlockReservation&) = delete;
+  ~BlockReservation();
 
   // Takes `n` more blocks, all or none (the pool's RESOURCE_EXHAUSTED otherwise).
   absl::Status Allocate(int64_t n);

@@ -1,16 +1,16 @@
-#include "cachesvc/core/page_lease.h"
+#include "cachesvc/core/block_reservation.h"
 
 #include <utility>
 
 namespace kvc::cachesvc {
 
-PageLease::PageLease(PageLease&& other) noexcept
+BlockReservation::BlockReservation(BlockReservation&& other) noexcept
     : pool_(other.pool_),
       format_(other.format_),
       owner_(std::move(other.owner_)),
       blocks_(std::exchange(other.blocks_, {})) {}
 
-PageLease& PageLease::operator=(PageLease&& other) noexcept {
+BlockReservation& BlockReservation::operator=(BlockReservation&& other) noexcept {
   if (this != &other) {
     if (!blocks_.empty()) pool_->Free(format_, blocks_);
     pool_ = other.pool_;
@@ -21,11 +21,11 @@ PageLease& PageLease::operator=(PageLease&& other) noexcept {
   return *this;
 }
 
-PageLease::~PageLease() {
+BlockReservation::~BlockReservation() {
   if (!blocks_.empty()) pool_->Free(format_, blocks_);
 }
 
-absl::Status PageLease::Allocate(int64_t n) {
+absl::Status BlockReservation::Allocate(int64_t n) {
   return pool_->AllocateOrReclaim(format_, n, owner_, &blocks_);
 }
 
