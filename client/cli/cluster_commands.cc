@@ -1,7 +1,5 @@
 #include "client/cli/cluster_commands.h"
 
-#include <grpcpp/grpcpp.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -18,52 +16,27 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/cli/admin_json.h"
 #include "client/cli/conn.h"
 #include "client/cli/flags.h"
+#include "client/cli/json.h"
 #include "client/cli/print.h"
 #include "client/cli/security_flags.h"
 #include "client/cli/table.h"
+#include "kvc/client/admin_client.h"
 #include "kvc/client/cluster_client.h"
-#include "kvcache/v1/admin_service.grpc.pb.h"
 
 namespace kvc::cli {
 
-namespace pb = ::kvcache::v1;
-
 namespace {
 
+using kvc::client::AdminClient;
 using kvc::client::ClusterClient;
+using kvc::client::PoolInfo;
+using kvc::client::PoolStats;
+using kvc::client::SequenceList;
 using kvc::client::ShardState;
 using kvc::client::ShardStatus;
-
-// `s` as a JSON string. The cluster JSON ({shards, total}) is no kvcache.v1 message, so it is
-// written by hand around each shard's protobuf JSON.
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += absl::StrFormat("\\u%04x", static_cast<int>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
 
 // `json` with `pad` after each newline and no trailing whitespace, to nest it in the cluster
 // JSON at that depth.
@@ -80,12 +53,11 @@ std::string Indent(std::string json, const std::string& pad) {
 // What one shard answered.
 struct ShardAnswer {
   ShardStatus status;
-  grpc::Status rpc;  // ok, or why it did not answer
+  absl::Status rpc;  // ok, or why it did not answer
   std::string json;  // its response as JSON, when ok
   std::string Label() const { return status.shard.empty() ? "?" : status.shard; }
   std::string Error() const {
-    return absl::StrCat(absl::StatusCodeToString(static_cast<absl::StatusCode>(rpc.error_code())),
-                        ": ", rpc.error_message());
+    return absl::StrCat(absl::StatusCodeToString(rpc.code()), ": ", rpc.message());
   }
 };
 
@@ -116,8 +88,7 @@ int ReportShards(const std::vector<ShardAnswer>& answers, bool json) {
   for (const ShardAnswer& a : answers) {
     if (a.rpc.ok()) continue;
     ++failed;
-    const bool unreachable = a.rpc.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                             a.rpc.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    const bool unreachable = absl::IsUnavailable(a.rpc) || absl::IsDeadlineExceeded(a.rpc);
     rc = std::max(rc, unreachable ? 2 : 3);
     if (!json) {
       std::cout << "shard " << a.Label() << " at " << a.status.address
@@ -149,7 +120,8 @@ std::vector<ShardStatus> Discover(const ClusterClient& cluster, bool dns) {
   }
 }
 
-// Calls `call` on every shard (in order) and collects the answers.
+// Calls `call` (an AdminClient, the call options -> StatusOr<Response>) on every shard (in
+// order) and collects the answers; a shard that did not answer has a default Response.
 template <typename Response, typename Call>
 std::vector<ShardAnswer> AskEveryShard(const std::vector<ShardStatus>& shards,
                                        std::vector<Response>* responses, Call call) {
@@ -158,17 +130,17 @@ std::vector<ShardAnswer> AskEveryShard(const std::vector<ShardStatus>& shards,
   for (const ShardStatus& s : shards) {
     ShardAnswer a;
     a.status = s;
-    Response response;
-    auto conn = Dial(s.address);
-    if (!conn.ok()) {
-      a.rpc =
-          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, std::string(conn.status().message()));
+    Response response{};
+    auto admin = Dial(s.address);
+    if (!admin.ok()) {
+      a.rpc = absl::InvalidArgumentError(admin.status().message());
     } else {
-      auto stub = pb::AdminService::NewStub(conn->channel);
-      grpc::ClientContext context;
-      PrepareContext(*conn, absl::GetFlag(FLAGS_timeout_ms), &context);
-      a.rpc = call(stub.get(), &context, &response);
-      if (a.rpc.ok()) a.json = Json(response);
+      absl::StatusOr<Response> answer = call(**admin, kvc::cli::Call());
+      a.rpc = answer.status();
+      if (answer.ok()) {
+        response = *std::move(answer);
+        a.json = JsonOf(response).Render();
+      }
     }
     answers.push_back(std::move(a));
     responses->push_back(std::move(response));
@@ -176,167 +148,163 @@ std::vector<ShardAnswer> AskEveryShard(const std::vector<ShardStatus>& shards,
   return answers;
 }
 
-void AddFormats(google::protobuf::RepeatedPtrField<pb::FormatBytes>* into,
-                const google::protobuf::RepeatedPtrField<pb::FormatBytes>& from) {
-  for (const auto& fb : from) {
-    pb::FormatBytes* slot = nullptr;
-    for (auto& have : *into) {
-      if (have.format() == fb.format()) slot = &have;
+void AddFormats(std::vector<client::FormatBytes>* into,
+                const std::vector<client::FormatBytes>& from) {
+  for (const client::FormatBytes& fb : from) {
+    client::FormatBytes* slot = nullptr;
+    for (client::FormatBytes& have : *into) {
+      if (have.format == fb.format) slot = &have;
     }
     if (slot == nullptr) {
-      slot = into->Add();
-      slot->set_format(fb.format());
+      slot = &into->emplace_back();
+      slot->format = fb.format;
     }
-    slot->set_blocks(slot->blocks() + fb.blocks());
-    slot->set_bytes(slot->bytes() + fb.bytes());
+    slot->blocks += fb.blocks;
+    slot->bytes += fb.bytes;
   }
 }
 
 int ClusterPools(const std::vector<ShardStatus>& shards, bool json) {
-  std::vector<pb::ListPoolsResponse> responses;
+  std::vector<std::vector<PoolInfo>> responses;
   auto answers = AskEveryShard(shards, &responses,
-                               [](pb::AdminService::Stub* stub, grpc::ClientContext* context,
-                                  pb::ListPoolsResponse* response) {
-                                 return stub->ListPools(context, pb::ListPoolsRequest(), response);
+                               [](const AdminClient& admin, const client::CallOptions& call) {
+                                 return admin.ListPools(call);
                                });
   // Total: the pools summed by name (geometry of the first shard that has the pool).
-  pb::ListPoolsResponse total;
+  std::vector<PoolInfo> total;
   for (size_t i = 0; i < answers.size(); ++i) {
     if (!answers[i].rpc.ok()) continue;
-    for (const auto& p : responses[i].pools()) {
-      pb::PoolInfo* slot = nullptr;
-      for (auto& have : *total.mutable_pools()) {
-        if (have.name() == p.name()) slot = &have;
+    for (const PoolInfo& p : responses[i]) {
+      PoolInfo* slot = nullptr;
+      for (PoolInfo& have : total) {
+        if (have.name == p.name) slot = &have;
       }
       if (slot == nullptr) {
-        slot = total.add_pools();
-        *slot = p;
+        total.push_back(p);
         continue;
       }
-      slot->set_capacity_bytes(slot->capacity_bytes() + p.capacity_bytes());
-      slot->set_total_blocks(slot->total_blocks() + p.total_blocks());
-      slot->set_free_blocks(slot->free_blocks() + p.free_blocks());
-      slot->set_used_bytes(slot->used_bytes() + p.used_bytes());
-      slot->set_sequences(slot->sequences() + p.sequences());
-      if (slot->device() != p.device()) slot->set_device("mixed");
+      slot->capacity_bytes += p.capacity_bytes;
+      slot->total_blocks += p.total_blocks;
+      slot->free_blocks += p.free_blocks;
+      slot->used_bytes += p.used_bytes;
+      slot->sequences += p.sequences;
+      if (slot->device != p.device) slot->device = "mixed";
     }
   }
   if (json) {
-    std::cout << ClusterJson(answers, Json(total));
+    std::cout << ClusterJson(answers, JsonOf(total).Render());
     return ReportShards(answers, json);
   }
   Table table({"SHARD", "POOL", "DEVICE", "LAYERS", "KV_HEADS", "Q_HEADS", "HEAD_DIM", "DTYPE",
                "BLOCK", "CAPACITY", "USED", "FREE_BLOCKS", "SEQUENCES"});
-  auto add = [&](const std::string& shard, const pb::PoolInfo& p) {
-    const auto& g = p.geometry();
-    table.AddRow(
-        {shard, p.name(), p.device(), absl::StrCat(g.num_layers()), absl::StrCat(g.num_kv_heads()),
-         absl::StrCat(g.num_query_heads()), absl::StrCat(g.head_dim()), DTypeName(g.dtype()),
-         absl::StrCat(g.block_tokens(), " tok/", FormatBytes(p.block_bytes())),
-         FormatBytes(p.capacity_bytes()), FormatBytes(p.used_bytes()),
-         absl::StrCat(p.free_blocks(), "/", p.total_blocks()), absl::StrCat(p.sequences())});
+  auto add = [&](const std::string& shard, const PoolInfo& p) {
+    const client::PoolGeometry& g = p.geometry;
+    table.AddRow({shard, p.name, p.device, absl::StrCat(g.num_layers), absl::StrCat(g.num_kv_heads),
+                  absl::StrCat(g.num_query_heads), absl::StrCat(g.head_dim), DTypeLabel(g.dtype),
+                  absl::StrCat(g.block_tokens, " tok/", FormatBytes(p.block_bytes)),
+                  FormatBytes(p.capacity_bytes), FormatBytes(p.used_bytes),
+                  absl::StrCat(p.free_blocks, "/", p.total_blocks), absl::StrCat(p.sequences)});
   };
   for (size_t i = 0; i < answers.size(); ++i) {
     if (!answers[i].rpc.ok()) continue;
-    for (const auto& p : responses[i].pools()) add(answers[i].Label(), p);
+    for (const PoolInfo& p : responses[i]) add(answers[i].Label(), p);
   }
-  for (const auto& p : total.pools()) add("total", p);
+  for (const PoolInfo& p : total) add("total", p);
   std::cout << table.Render();
   return ReportShards(answers, json);
 }
 
-pb::PoolStats SumStats(const std::vector<ShardAnswer>& answers,
-                       const std::vector<pb::PoolStats>& responses) {
-  pb::PoolStats total;
-  total.set_pool(absl::GetFlag(FLAGS_pool));
+PoolStats SumStats(const std::vector<ShardAnswer>& answers,
+                   const std::vector<PoolStats>& responses) {
+  PoolStats total;
+  total.pool = absl::GetFlag(FLAGS_pool);
+  std::map<std::string, int64_t> evicted;  // by rule
   for (size_t i = 0; i < answers.size(); ++i) {
     if (!answers[i].rpc.ok()) continue;
-    const pb::PoolStats& s = responses[i];
-    total.set_capacity_bytes(total.capacity_bytes() + s.capacity_bytes());
-    total.set_used_bytes(total.used_bytes() + s.used_bytes());
-    total.set_free_bytes(total.free_bytes() + s.free_bytes());
-    total.set_total_blocks(total.total_blocks() + s.total_blocks());
-    total.set_used_blocks(total.used_blocks() + s.used_blocks());
-    total.set_sequences(total.sequences() + s.sequences());
-    total.set_visible_tokens(total.visible_tokens() + s.visible_tokens());
-    total.set_stored_token_heads(total.stored_token_heads() + s.stored_token_heads());
-    AddFormats(total.mutable_bytes_by_format(), s.bytes_by_format());
-    total.set_appended_bytes_total(total.appended_bytes_total() + s.appended_bytes_total());
-    total.set_fetched_bytes_total(total.fetched_bytes_total() + s.fetched_bytes_total());
-    total.set_dense_bytes(total.dense_bytes() + s.dense_bytes());
-    for (const auto& [rule, n] : s.evicted_token_heads()) {
-      (*total.mutable_evicted_token_heads())[rule] += n;
+    const PoolStats& s = responses[i];
+    total.capacity_bytes += s.capacity_bytes;
+    total.used_bytes += s.used_bytes;
+    total.free_bytes += s.free_bytes;
+    total.total_blocks += s.total_blocks;
+    total.used_blocks += s.used_blocks;
+    total.sequences += s.sequences;
+    total.visible_tokens += s.visible_tokens;
+    total.stored_token_heads += s.stored_token_heads;
+    AddFormats(&total.bytes_by_format, s.bytes_by_format);
+    total.appended_bytes_total += s.appended_bytes_total;
+    total.fetched_bytes_total += s.fetched_bytes_total;
+    total.dense_bytes += s.dense_bytes;
+    for (const auto& [rule, n] : s.evicted_token_heads) evicted[rule] += n;
+    if (s.has_prefix_cache) {  // pool-wide statistics; each shard has its own cache
+      const PoolStats::PrefixCache& c = s.prefix_cache;
+      PoolStats::PrefixCache& t = total.prefix_cache;
+      total.has_prefix_cache = true;
+      t.lookups += c.lookups;
+      t.hits += c.hits;
+      t.lookup_tokens += c.lookup_tokens;
+      t.hit_tokens += c.hit_tokens;
+      t.attached_tokens += c.attached_tokens;
+      t.checksum_misses += c.checksum_misses;
+      t.published_entries += c.published_entries;
+      t.evicted_entries += c.evicted_entries;
+      t.entries += c.entries;
+      t.cached_bytes += c.cached_bytes;
+      t.unreferenced_bytes += c.unreferenced_bytes;
+      t.corrupt_reads += c.corrupt_reads;
+      t.evicted_misses += c.evicted_misses;
     }
-    if (s.has_prefix_cache()) {  // pool-wide statistics; each shard has its own cache
-      const pb::PrefixCacheStats& c = s.prefix_cache();
-      pb::PrefixCacheStats* t = total.mutable_prefix_cache();
-      t->set_lookups(t->lookups() + c.lookups());
-      t->set_hits(t->hits() + c.hits());
-      t->set_lookup_tokens(t->lookup_tokens() + c.lookup_tokens());
-      t->set_hit_tokens(t->hit_tokens() + c.hit_tokens());
-      t->set_attached_tokens(t->attached_tokens() + c.attached_tokens());
-      t->set_checksum_misses(t->checksum_misses() + c.checksum_misses());
-      t->set_published_entries(t->published_entries() + c.published_entries());
-      t->set_evicted_entries(t->evicted_entries() + c.evicted_entries());
-      t->set_entries(t->entries() + c.entries());
-      t->set_cached_bytes(t->cached_bytes() + c.cached_bytes());
-      t->set_unreferenced_bytes(t->unreferenced_bytes() + c.unreferenced_bytes());
-      t->set_corrupt_reads(t->corrupt_reads() + c.corrupt_reads());
-      t->set_evicted_misses(t->evicted_misses() + c.evicted_misses());
-    }
-    if (s.has_leases()) {
-      const pb::LeaseStats& l = s.leases();
-      pb::LeaseStats* t = total.mutable_leases();
-      t->set_active(t->active() + l.active());
-      t->set_leased_bytes(t->leased_bytes() + l.leased_bytes());
-      t->set_granted(t->granted() + l.granted());
-      t->set_renewed(t->renewed() + l.renewed());
-      t->set_released(t->released() + l.released());
-      t->set_expired(t->expired() + l.expired());
-      t->set_lease_only_bytes(t->lease_only_bytes() + l.lease_only_bytes());
+    if (s.has_leases) {
+      const PoolStats::Leases& l = s.leases;
+      PoolStats::Leases& t = total.leases;
+      total.has_leases = true;
+      t.active += l.active;
+      t.leased_bytes += l.leased_bytes;
+      t.granted += l.granted;
+      t.renewed += l.renewed;
+      t.released += l.released;
+      t.expired += l.expired;
+      t.lease_only_bytes += l.lease_only_bytes;
     }
     // A tenant's view: the tenant and its per-shard limits are the same on every shard.
-    if (!s.tenant().empty()) {
-      total.set_tenant(s.tenant());
-      total.set_quota_bytes(s.quota_bytes());
-      total.set_quota_sequences(s.quota_sequences());
+    if (!s.tenant.empty()) {
+      total.tenant = s.tenant;
+      total.quota_bytes = s.quota_bytes;
+      total.quota_sequences = s.quota_sequences;
     }
   }
+  total.evicted_token_heads.assign(evicted.begin(), evicted.end());
   return total;
 }
 
 std::vector<ShardAnswer> AskStats(const std::vector<ShardStatus>& shards,
-                                  std::vector<pb::PoolStats>* responses) {
-  return AskEveryShard(
-      shards, responses,
-      [](pb::AdminService::Stub* stub, grpc::ClientContext* context, pb::PoolStats* response) {
-        pb::GetPoolStatsRequest request;
-        request.set_pool(absl::GetFlag(FLAGS_pool));
-        return stub->GetPoolStats(context, request, response);
-      });
+                                  std::vector<PoolStats>* responses) {
+  return AskEveryShard(shards, responses,
+                       [](const AdminClient& admin, const client::CallOptions& call) {
+                         return admin.GetPoolStats(absl::GetFlag(FLAGS_pool), call);
+                       });
 }
 
 int ClusterStats(const std::vector<ShardStatus>& shards, bool json) {
-  std::vector<pb::PoolStats> responses;
+  std::vector<PoolStats> responses;
   auto answers = AskStats(shards, &responses);
-  const pb::PoolStats total = SumStats(answers, responses);
+  const PoolStats total = SumStats(answers, responses);
   if (json) {
-    std::cout << ClusterJson(answers, Json(total));
+    std::cout << ClusterJson(answers, JsonOf(total).Render());
     return ReportShards(answers, json);
   }
   Table table({"SHARD", "POOL", "CAPACITY", "USED", "FREE", "BLOCKS", "SEQUENCES", "VISIBLE_TOKENS",
                "STORED_TOKEN_HEADS", "APPENDED", "FETCHED", "PREFIX_ENTRIES", "PREFIX_CACHED",
                "PREFIX_HIT_RATE"});
-  auto add = [&](const std::string& shard, const pb::PoolStats& s) {
-    const bool prefix = s.has_prefix_cache();  // none in a tenant's view
-    const pb::PrefixCacheStats& c = s.prefix_cache();
-    table.AddRow({shard, s.pool().empty() ? "(all)" : s.pool(), FormatBytes(s.capacity_bytes()),
-                  FormatBytes(s.used_bytes()), FormatBytes(s.free_bytes()),
-                  absl::StrCat(s.used_blocks(), "/", s.total_blocks()), absl::StrCat(s.sequences()),
-                  absl::StrCat(s.visible_tokens()), absl::StrCat(s.stored_token_heads()),
-                  FormatBytes(s.appended_bytes_total()), FormatBytes(s.fetched_bytes_total()),
-                  prefix ? absl::StrCat(c.entries()) : "-",
-                  prefix ? FormatBytes(c.cached_bytes()) : "-", prefix ? PrefixHitRate(c) : "-"});
+  auto add = [&](const std::string& shard, const PoolStats& s) {
+    const bool prefix = s.has_prefix_cache;  // none in a tenant's view
+    const PoolStats::PrefixCache& c = s.prefix_cache;
+    table.AddRow({shard, s.pool.empty() ? "(all)" : s.pool, FormatBytes(s.capacity_bytes),
+                  FormatBytes(s.used_bytes), FormatBytes(s.free_bytes),
+                  absl::StrCat(s.used_blocks, "/", s.total_blocks), absl::StrCat(s.sequences),
+                  absl::StrCat(s.visible_tokens), absl::StrCat(s.stored_token_heads),
+                  FormatBytes(s.appended_bytes_total), FormatBytes(s.fetched_bytes_total),
+                  prefix ? absl::StrCat(c.entries) : "-",
+                  prefix ? FormatBytes(c.cached_bytes) : "-", prefix ? PrefixHitRate(c) : "-"});
   };
   for (size_t i = 0; i < answers.size(); ++i) {
     if (answers[i].rpc.ok()) add(answers[i].Label(), responses[i]);
@@ -350,56 +318,54 @@ int ClusterSequences(const std::vector<ShardStatus>& shards, bool json) {
   const std::string sort = absl::GetFlag(FLAGS_sort);
   if (!ValidSort(sort)) return 2;
   const int limit = absl::GetFlag(FLAGS_limit);
-  std::vector<pb::ListSequencesResponse> responses;
+  std::vector<SequenceList> responses;
   auto answers = AskEveryShard(
-      shards, &responses,
-      [limit](pb::AdminService::Stub* stub, grpc::ClientContext* context,
-              pb::ListSequencesResponse* response) {
-        pb::ListSequencesRequest request;
-        request.set_pool(absl::GetFlag(FLAGS_pool));
-        request.set_tenant(absl::GetFlag(FLAGS_tenant));
-        request.set_limit(limit);  // each shard's best `limit`: enough for the overall cut
-        return stub->ListSequences(context, request, response);
+      shards, &responses, [limit](const AdminClient& admin, const client::CallOptions& call) {
+        client::ListSequencesOptions options;
+        options.pool = absl::GetFlag(FLAGS_pool);
+        options.tenant = absl::GetFlag(FLAGS_tenant);
+        options.limit = limit;  // each shard's best `limit`: enough for the overall cut
+        return admin.ListSequences(options, call);
       });
   // Merged, sorted, then cut to --limit (the server default, 1000, when 0) overall.
-  pb::ListSequencesResponse total;
+  SequenceList total;
   std::map<std::string, std::string> shard_of;  // sequence id -> shard label
   for (size_t i = 0; i < answers.size(); ++i) {
     if (!answers[i].rpc.ok()) continue;
-    SortSequences(&responses[i], sort);
-    answers[i].json = Json(responses[i]);
-    total.set_total(total.total() + responses[i].total());
-    for (const auto& s : responses[i].sequences()) {
-      *total.add_sequences() = s;
-      shard_of[s.sequence_id()] = answers[i].Label();
+    SortSequences(&responses[i].sequences, sort);
+    answers[i].json = JsonOf(responses[i]).Render();
+    total.total += responses[i].total;
+    for (const client::SequenceInfo& s : responses[i].sequences) {
+      total.sequences.push_back(s);
+      shard_of[s.sequence_id] = answers[i].Label();
     }
   }
-  SortSequences(&total, sort);
-  const int cut = limit > 0 ? limit : 1000;
-  while (total.sequences_size() > cut) total.mutable_sequences()->RemoveLast();
+  SortSequences(&total.sequences, sort);
+  const size_t cut = limit > 0 ? limit : 1000;
+  if (total.sequences.size() > cut) total.sequences.resize(cut);
   if (json) {
-    std::cout << ClusterJson(answers, Json(total));
+    std::cout << ClusterJson(answers, JsonOf(total).Render());
     return ReportShards(answers, json);
   }
   Table table({"SHARD", "SEQUENCE", "POOL", "TENANT", "TOKENS", "STORED_TOKEN_HEADS", "BYTES",
                "RATIO", "FORMATS"});
-  for (const auto& s : total.sequences()) {
+  for (const client::SequenceInfo& s : total.sequences) {
     std::string formats;
-    for (const auto& fb : s.bytes_by_format()) {
-      absl::StrAppend(&formats, formats.empty() ? "" : ",", FormatName(fb.format()));
+    for (const client::FormatBytes& fb : s.bytes_by_format) {
+      absl::StrAppend(&formats, formats.empty() ? "" : ",", FormatName(fb.format));
     }
-    table.AddRow({shard_of[s.sequence_id()], s.sequence_id(), s.pool(),
-                  s.tenant().empty() ? "-" : s.tenant(), absl::StrCat(s.visible_tokens()),
-                  absl::StrCat(s.stored_token_heads()), FormatBytes(s.bytes()),
-                  absl::StrFormat("%.2f", s.compression_ratio()), formats.empty() ? "-" : formats});
+    table.AddRow({shard_of[s.sequence_id], s.sequence_id, s.pool, s.tenant.empty() ? "-" : s.tenant,
+                  absl::StrCat(s.visible_tokens), absl::StrCat(s.stored_token_heads),
+                  FormatBytes(s.bytes), absl::StrFormat("%.2f", s.compression_ratio),
+                  formats.empty() ? "-" : formats});
   }
   std::cout << table.Render();
   int answered = 0;
   for (const ShardAnswer& a : answers) answered += a.rpc.ok();
-  std::cout << "total: " << total.total() << " sequences on " << answered << " of "
-            << answers.size() << " shards";
-  if (total.total() > total.sequences_size()) {
-    std::cout << " (" << total.sequences_size() << " shown; raise --limit)";
+  std::cout << "total: " << total.total << " sequences on " << answered << " of " << answers.size()
+            << " shards";
+  if (total.total > static_cast<int64_t>(total.sequences.size())) {
+    std::cout << " (" << total.sequences.size() << " shown; raise --limit)";
   }
   std::cout << "\n";
   return ReportShards(answers, json);
@@ -412,7 +378,7 @@ std::string StateName(const ShardStatus& s) {
 }
 
 int ClusterShards(const std::vector<ShardStatus>& shards, bool json) {
-  std::vector<pb::PoolStats> responses;
+  std::vector<PoolStats> responses;
   auto answers = AskStats(shards, &responses);
   double serving_weight = 0;
   int serving = 0;
@@ -426,7 +392,7 @@ int ClusterShards(const std::vector<ShardStatus>& shards, bool json) {
     return s.state == ShardState::kServing && serving_weight > 0 ? 100.0 * s.weight / serving_weight
                                                                  : 0.0;
   };
-  const pb::PoolStats total = SumStats(answers, responses);
+  const PoolStats total = SumStats(answers, responses);
   if (json) {
     auto extra = [&](const ShardAnswer& a) {
       const ShardStatus& s = a.status;
@@ -440,7 +406,8 @@ int ClusterShards(const std::vector<ShardStatus>& shards, bool json) {
     std::cout << ClusterJson(
         answers,
         absl::StrFormat("{\n  \"shards\": %d,\n  \"serving\": %d,\n  \"stats\": %s\n}",
-                        static_cast<int>(shards.size()), serving, Indent(Json(total), "  ")),
+                        static_cast<int>(shards.size()), serving,
+                        Indent(JsonOf(total).Render(), "  ")),
         extra);
     return ReportShards(answers, json);
   }
@@ -452,13 +419,13 @@ int ClusterShards(const std::vector<ShardStatus>& shards, bool json) {
     table.AddRow(
         {s.address, s.shard.empty() ? "?" : s.shard, s.incarnation.empty() ? "-" : s.incarnation,
          StateName(s), s.listed ? "yes" : "no", absl::StrFormat("%g", s.weight),
-         absl::StrFormat("%.1f%%", share(s)), ok ? absl::StrCat(responses[i].sequences()) : "-",
-         ok ? FormatBytes(responses[i].used_bytes()) : "-"});
+         absl::StrFormat("%.1f%%", share(s)), ok ? absl::StrCat(responses[i].sequences) : "-",
+         ok ? FormatBytes(responses[i].used_bytes) : "-"});
   }
   table.AddRow({"total", absl::StrCat(shards.size(), " shards"), "",
                 absl::StrCat(serving, " serving"), "", absl::StrFormat("%g", serving_weight),
-                serving > 0 ? "100.0%" : "0.0%", absl::StrCat(total.sequences()),
-                FormatBytes(total.used_bytes())});
+                serving > 0 ? "100.0%" : "0.0%", absl::StrCat(total.sequences),
+                FormatBytes(total.used_bytes)});
   std::cout << table.Render();
   return ReportShards(answers, json);
 }

@@ -1,29 +1,26 @@
 #include "client/cli/conn.h"
 
-#include <chrono>
-#include <utility>
+#include <memory>
+#include <string>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
-#include "client/channel/channel.h"
+#include "absl/time/time.h"
+#include "client/cli/flags.h"
 #include "client/cli/security_flags.h"
 
 namespace kvc::cli {
 
-absl::StatusOr<Conn> Dial(const std::string& target) {
-  Conn conn;
-  conn.options.target = target;
-  if (absl::Status status = ApplySecurityFlags(&conn.options); !status.ok()) {
-    return status;
-  }
-  auto channel = kvc::client::internal::CreateChannel(conn.options);
-  if (!channel.ok()) return channel.status();
-  conn.channel = *std::move(channel);
-  return conn;
+absl::StatusOr<std::unique_ptr<client::AdminClient>> Dial(const std::string& target) {
+  client::ClientOptions options;
+  options.target = target;
+  options.max_attempts = 1;
+  if (absl::Status status = ApplySecurityFlags(&options); !status.ok()) return status;
+  return client::AdminClient::Connect(options);
 }
 
-void PrepareContext(const Conn& conn, int timeout_ms, grpc::ClientContext* context) {
-  context->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
-  kvc::client::internal::AddCallCredentials(conn.options, context);
+client::CallOptions Call() {
+  return client::CallOptions{absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms))};
 }
 
 }  // namespace kvc::cli

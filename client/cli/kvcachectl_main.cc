@@ -16,16 +16,16 @@
 // the shards; evict and sequence show go to the shard the id names; drain needs --shard=NAME.
 // A shard that does not answer is listed with its error and the exit code is non-zero.
 //
-// Human tables by default; --json prints the kvcache.v1 response as JSON for scripts.
+// Human tables by default; --json prints the answer as JSON for scripts, with the keys and
+// value forms of the kvcache.v1 response (client/cli/admin_json.h).
 // TLS and the bearer token: --tls_ca, --tls_cert, --tls_key, --tls_server_name, --token_file
 // (or $KVC_TOKEN); see client/cli/security_flags.h.
 // Exit codes: 0 ok, 1 usage error, 2 target unreachable, 3 the server refused the call.
 //
-// The pieces: print.h (tables, JSON), conn.h (a channel with the security flags),
+// Every call goes through kvc::client::AdminClient. The pieces: print.h (tables),
+// admin_json.h (--json), conn.h (an AdminClient with the security flags),
 // cluster_commands.h (--targets/--dns); this file holds the flags and the commands against
 // one kvcached.
-#include <grpcpp/grpcpp.h>
-
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -40,14 +40,14 @@
 #include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/cli/admin_json.h"
 #include "client/cli/cluster_commands.h"
 #include "client/cli/conn.h"
 #include "client/cli/flags.h"
 #include "client/cli/hash_token.h"
 #include "client/cli/print.h"
 #include "client/cli/table.h"
-#include "kvcache/v1/admin_service.grpc.pb.h"
-#include "kvcache/v1/kvcache_service.grpc.pb.h"
+#include "kvc/client/admin_client.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "kvcached address (host:port or unix:/path)");
 ABSL_FLAG(std::string, targets, "",
@@ -73,12 +73,11 @@ ABSL_FLAG(bool, generate, false,
 
 namespace {
 
-namespace pb = ::kvcache::v1;
-using kvc::cli::Conn;
+using kvc::cli::Call;
 using kvc::cli::Dial;
+using kvc::cli::EndLeaseJson;
 using kvc::cli::FormatBytes;
-using kvc::cli::Json;
-using kvc::cli::PrepareContext;
+using kvc::cli::JsonOf;
 using kvc::cli::PrintLeases;
 using kvc::cli::PrintPools;
 using kvc::cli::PrintSequence;
@@ -145,133 +144,105 @@ int HashToken() {
 // command resolved).
 int RunOne(const std::string& command, const std::vector<char*>& args, const std::string& target,
            bool json) {
-  auto conn_or = Dial(target);
-  if (!conn_or.ok()) {
-    std::fprintf(stderr, "kvcachectl: %s\n", std::string(conn_or.status().message()).c_str());
+  auto admin_or = Dial(target);
+  if (!admin_or.ok()) {
+    std::fprintf(stderr, "kvcachectl: %s\n", std::string(admin_or.status().message()).c_str());
     return 1;
   }
-  const Conn conn = *std::move(conn_or);
-  auto stub = pb::AdminService::NewStub(conn.channel);
-  grpc::ClientContext context;
-  PrepareContext(conn, absl::GetFlag(FLAGS_timeout_ms), &context);
+  const kvc::client::AdminClient& admin = **admin_or;
+  const kvc::client::CallOptions call = Call();
 
   if (command == "pools") {
-    pb::ListPoolsResponse response;
-    const grpc::Status status = stub->ListPools(&context, pb::ListPoolsRequest(), &response);
-    if (!status.ok()) return Report(status, target);
+    auto pools = admin.ListPools(call);
+    if (!pools.ok()) return Report(pools.status(), target);
     if (json)
-      std::cout << Json(response);
+      std::cout << JsonOf(*pools).Render();
     else
-      PrintPools(response);
+      PrintPools(*pools);
     return 0;
   }
   if (command == "sequences") {
     const std::string sort = absl::GetFlag(FLAGS_sort);
     if (!ValidSort(sort)) return 2;
-    pb::ListSequencesRequest request;
-    request.set_pool(absl::GetFlag(FLAGS_pool));
-    request.set_tenant(absl::GetFlag(FLAGS_tenant));
-    request.set_limit(absl::GetFlag(FLAGS_limit));
-    request.set_page_token(absl::GetFlag(FLAGS_page_token));
-    pb::ListSequencesResponse response;
-    const grpc::Status status = stub->ListSequences(&context, request, &response);
-    if (!status.ok()) return Report(status, target);
-    SortSequences(&response, sort);
+    kvc::client::ListSequencesOptions options;
+    options.pool = absl::GetFlag(FLAGS_pool);
+    options.tenant = absl::GetFlag(FLAGS_tenant);
+    options.limit = absl::GetFlag(FLAGS_limit);
+    options.page_token = absl::GetFlag(FLAGS_page_token);
+    auto list = admin.ListSequences(options, call);
+    if (!list.ok()) return Report(list.status(), target);
+    SortSequences(&list->sequences, sort);
     if (json)
-      std::cout << Json(response);
+      std::cout << JsonOf(*list).Render();
     else
-      PrintSequences(response);
+      PrintSequences(*list);
     return 0;
   }
   if (command == "stats") {
-    pb::GetPoolStatsRequest request;
-    request.set_pool(absl::GetFlag(FLAGS_pool));
-    pb::PoolStats response;
-    const grpc::Status status = stub->GetPoolStats(&context, request, &response);
-    if (!status.ok()) return Report(status, target);
+    auto stats = admin.GetPoolStats(absl::GetFlag(FLAGS_pool), call);
+    if (!stats.ok()) return Report(stats.status(), target);
     if (json)
-      std::cout << Json(response);
+      std::cout << JsonOf(*stats).Render();
     else
-      PrintStats(response);
+      PrintStats(*stats);
     return 0;
   }
   if (command == "sequence") {
-    auto kv = pb::KvCacheService::NewStub(conn.channel);
-    pb::GetSequenceRequest request;
-    request.set_sequence_id(args[3]);
-    request.set_tenant(absl::GetFlag(FLAGS_tenant));
-    pb::SequenceInfo response;
-    const grpc::Status status = kv->GetSequence(&context, request, &response);
-    if (!status.ok()) return Report(status, target);
+    auto sequence = admin.GetSequence(args[3], absl::GetFlag(FLAGS_tenant), call);
+    if (!sequence.ok()) return Report(sequence.status(), target);
     if (json)
-      std::cout << Json(response);
+      std::cout << JsonOf(*sequence).Render();
     else
-      PrintSequence(response);
+      PrintSequence(*sequence);
     return 0;
   }
   if (command == "evict") {
-    pb::EvictSequenceRequest request;
-    request.set_sequence_id(args[2]);
-    request.set_tenant(absl::GetFlag(FLAGS_tenant));
-    pb::EvictSequenceResponse response;
-    const grpc::Status status = stub->EvictSequence(&context, request, &response);
-    if (!status.ok()) return Report(status, target);
+    auto evicted = admin.EvictSequence(args[2], absl::GetFlag(FLAGS_tenant), call);
+    if (!evicted.ok()) return Report(evicted.status(), target);
     if (json)
-      std::cout << Json(response);
+      std::cout << JsonOf(*evicted).Render();
     else
-      std::cout << "evicted " << args[2] << ": freed " << response.freed_blocks() << " blocks ("
-                << FormatBytes(response.freed_bytes()) << ")\n";
+      std::cout << "evicted " << args[2] << ": freed " << evicted->freed_blocks << " blocks ("
+                << FormatBytes(evicted->freed_bytes) << ")\n";
     return 0;
   }
   if (command == "tenants") {
-    pb::ListTenantsResponse response;
-    const grpc::Status status = stub->ListTenants(&context, pb::ListTenantsRequest(), &response);
-    if (!status.ok()) return Report(status, target);
+    auto tenants = admin.ListTenants(call);
+    if (!tenants.ok()) return Report(tenants.status(), target);
     if (json)
-      std::cout << Json(response);
+      std::cout << JsonOf(*tenants).Render();
     else
-      PrintTenants(response);
+      PrintTenants(*tenants);
     return 0;
   }
   if (command == "leases") {
-    pb::ListLeasesRequest request;
-    request.set_tenant(absl::GetFlag(FLAGS_tenant));
-    request.set_pool(absl::GetFlag(FLAGS_pool));
-    pb::ListLeasesResponse response;
-    const grpc::Status status = stub->ListLeases(&context, request, &response);
-    if (!status.ok()) return Report(status, target);
+    auto leases = admin.ListLeases(absl::GetFlag(FLAGS_tenant), absl::GetFlag(FLAGS_pool), call);
+    if (!leases.ok()) return Report(leases.status(), target);
     if (json)
-      std::cout << Json(response);
+      std::cout << JsonOf(*leases).Render();
     else
-      PrintLeases(response, absl::ToUnixMillis(absl::Now()));
+      PrintLeases(*leases, absl::ToUnixMillis(absl::Now()));
     return 0;
   }
   if (command == "end-lease") {
-    pb::EndLeaseRequest request;
-    request.set_tenant(args[2]);
-    request.set_lease_id(args[3]);
-    pb::EndLeaseResponse response;
-    const grpc::Status status = stub->EndLease(&context, request, &response);
-    if (!status.ok()) return Report(status, target);
+    auto freed = admin.EndLease(args[2], args[3], call);
+    if (!freed.ok()) return Report(freed.status(), target);
     if (json)
-      std::cout << Json(response);
+      std::cout << EndLeaseJson(*freed).Render();
     else
-      std::cout << "ended lease " << args[3] << " of tenant " << args[2] << ": "
-                << response.freed_blocks() << " blocks went back to the pool\n";
+      std::cout << "ended lease " << args[3] << " of tenant " << args[2] << ": " << *freed
+                << " blocks went back to the pool\n";
     return 0;
   }
   if (command == "drain") {
-    pb::DrainRequest request;
-    request.set_resume(absl::GetFlag(FLAGS_resume));
-    pb::DrainResponse response;
-    const grpc::Status status = stub->Drain(&context, request, &response);
-    if (!status.ok()) return Report(status, target);
+    auto drained = admin.Drain(absl::GetFlag(FLAGS_resume), call);
+    if (!drained.ok()) return Report(drained.status(), target);
     if (json)
-      std::cout << Json(response);
+      std::cout << JsonOf(*drained).Render();
     else
-      std::cout << (response.draining() ? "draining: no new sequences accepted; "
-                                        : "accepting new sequences; ")
-                << response.sequences() << " sequences held\n";
+      std::cout << (drained->draining ? "draining: no new sequences accepted; "
+                                      : "accepting new sequences; ")
+                << drained->sequences << " sequences held\n";
     return 0;
   }
   std::fprintf(stderr, "kvcachectl: unknown command '%s'\nusage: %s\n", command.c_str(), kUsage);

@@ -1,5 +1,6 @@
 // KvCacheClient::Impl: the client's channel, stubs and same-node state, shared by
-// kv_cache_client.cc and the append streams (append_streams.h).
+// kv_cache_client.cc, the append streams (append_streams.h) and AdminClient (admin_client.cc),
+// which makes its unary calls through Impl::Call as the client does.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -9,6 +10,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/channel/channel.h"
@@ -107,6 +109,10 @@ using StubAdmin = ::kvcache::v1::AdminService::Stub;
 using Retried = KvCacheClient::Impl::Retried;
 
 namespace internal {
+
+// A client's state with its channel and stubs made (KvCacheClient::Connect and
+// AdminClient::Connect): INVALID_ARGUMENT for bad options or an unreadable TLS file.
+absl::StatusOr<std::unique_ptr<KvCacheClient::Impl>> NewImpl(const ClientOptions& options);
 
 // The data-path selector (data_paths.cc). ReadPathFor: the read path Fetch and FetchInto take
 // (read_path.h), decided on first use and again after it broke; never null (gRPC when nothing

@@ -1,7 +1,11 @@
 #include "client/src/convert.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <limits>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "kvc/kernels/dtype.h"
 
@@ -75,6 +79,15 @@ std::vector<FormatBytes> FromProto(
   return out;
 }
 
+// A proto map<string, int64> as (key, value) pairs sorted by key: the wire map's order is
+// a hash table's.
+std::vector<std::pair<std::string, int64_t>> SortedPairs(
+    const google::protobuf::Map<std::string, int64_t>& map) {
+  std::vector<std::pair<std::string, int64_t>> out(map.begin(), map.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 }  // namespace
 
 SequenceInfo FromProto(const pb::SequenceInfo& in) {
@@ -92,6 +105,53 @@ SequenceInfo FromProto(const pb::SequenceInfo& in) {
   s.storage = FromProto(in.storage());
   s.stored_tokens.assign(in.stored_tokens().begin(), in.stored_tokens().end());
   s.attached_tokens = in.attached_tokens();
+  if (in.has_policy()) s.policy = FromProto(in.policy());
+  return s;
+}
+
+CompressionSpec FromProto(const pb::CompressionSpec& in) {
+  CompressionSpec s;
+  switch (in.eviction_case()) {
+    case pb::CompressionSpec::kStreamingLlm:
+      s.eviction = CompressionSpec::Eviction::kStreamingLlm;
+      s.sinks = in.streaming_llm().sinks();
+      s.window = in.streaming_llm().window();
+      s.rerotate_keys = in.streaming_llm().rerotate_keys();
+      break;
+    case pb::CompressionSpec::kSnapkv: {
+      const pb::SnapKvSpec& k = in.snapkv();
+      s.eviction = CompressionSpec::Eviction::kSnapKv;
+      s.window = k.window();
+      s.budget = k.budget();
+      s.pooling_kernel = k.pooling_kernel();
+      s.pooling_avg = k.pooling() == pb::SnapKvSpec::POOLING_AVG;
+      s.adaptive = k.allocation() == pb::SnapKvSpec::ALLOCATION_ADAPTIVE;
+      s.head_floor_percent = k.has_head_floor_percent() ? k.head_floor_percent() : -1;
+      s.pyramid_beta = k.pyramid_beta();
+      break;
+    }
+    case pb::CompressionSpec::kH2O:
+      s.eviction = CompressionSpec::Eviction::kH2o;
+      s.heavy = in.h2o().heavy();
+      s.recent = in.h2o().recent();
+      break;
+    case pb::CompressionSpec::kExpectedAttention: {
+      const pb::ExpectedAttentionSpec& e = in.expected_attention();
+      s.eviction = CompressionSpec::Eviction::kExpectedAttention;
+      s.budget = e.budget();
+      s.window = e.window();
+      s.sinks = e.has_sinks() ? e.sinks() : -1;
+      s.future_positions = e.future_positions();
+      s.skip_value_norm = e.skip_value_norm();
+      s.adaptive = e.allocation() == pb::SnapKvSpec::ALLOCATION_ADAPTIVE;
+      s.head_floor_percent = e.has_head_floor_percent() ? e.head_floor_percent() : -1;
+      break;
+    }
+    case pb::CompressionSpec::EVICTION_NOT_SET:
+      break;
+  }
+  s.storage = FromProto(in.storage());
+  s.residual_tokens = in.residual_tokens();
   return s;
 }
 
@@ -141,9 +201,12 @@ PoolStats FromProto(const pb::PoolStats& in) {
   s.bytes_by_format = FromProto(in.bytes_by_format());
   s.appended_bytes_total = in.appended_bytes_total();
   s.fetched_bytes_total = in.fetched_bytes_total();
+  s.dense_bytes = in.dense_bytes();
+  s.evicted_token_heads = SortedPairs(in.evicted_token_heads());
   s.tenant = in.tenant();
   s.quota_bytes = in.quota_bytes();
   s.quota_sequences = in.quota_sequences();
+  s.has_prefix_cache = in.has_prefix_cache();
   const pb::PrefixCacheStats& c = in.prefix_cache();
   s.prefix_cache = {c.lookups(),
                     c.hits(),
@@ -159,8 +222,38 @@ PoolStats FromProto(const pb::PoolStats& in) {
                     c.corrupt_reads(),
                     c.evicted_misses()};
   const pb::LeaseStats& l = in.leases();
-  s.leases = {l.active(), l.leased_bytes(), l.granted(), l.renewed(), l.released(), l.expired()};
+  s.has_leases = in.has_leases();
+  s.leases = {l.active(),   l.leased_bytes(), l.granted(),         l.renewed(),
+              l.released(), l.expired(),      l.lease_only_bytes()};
   return s;
+}
+
+ServerInfo FromProto(const pb::ServerInfo& in) {
+  return ServerInfo{in.shard(),       in.incarnation(),     in.weight(),
+                    in.draining(),    in.started_unix_ms(), in.local_socket(),
+                    in.local_token(), in.transfer_port(),   in.nccl_transfers()};
+}
+
+TenantUsage FromProto(const pb::TenantUsage& in) {
+  TenantUsage u;
+  u.tenant = in.tenant();
+  u.sequences = in.sequences();
+  u.pool_bytes = SortedPairs(in.pool_bytes());
+  u.open_streams = in.open_streams();
+  u.compute_calls = in.compute_calls();
+  u.quota_bytes_per_pool = in.quota_bytes_per_pool();
+  u.quota_sequences = in.quota_sequences();
+  u.quota_streams = in.quota_streams();
+  u.quota_compute_calls = in.quota_compute_calls();
+  u.lease_only_bytes = SortedPairs(in.lease_only_bytes());
+  return u;
+}
+
+LeaseInfo FromProto(const pb::LeaseInfo& in) {
+  return LeaseInfo{
+      in.lease_id(),     in.tenant(),           in.sequence_id(),     in.pool(),
+      in.leased_bytes(), in.lease_only_bytes(), in.granted_unix_ms(), in.expires_unix_ms(),
+      in.renewals()};
 }
 
 absl::StatusOr<Lease> FromProto(const pb::Lease& in) {

@@ -18,6 +18,7 @@
 #include "client/src/staging_space.h"
 #include "client/src/transfer_reader.h"
 #include "common/mutex.h"
+#include "kvc/client/admin_client.h"
 #include "kvc/client/kv_cache_client.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "proto/rpc_status.h"
@@ -176,7 +177,7 @@ std::shared_ptr<ReadPath> ReadPathFor(KvCacheClient& client, KvCacheClient::Impl
     impl.data_path = "grpc (local_reads and transfers are off)";
     return impl.grpc_reads;
   }
-  absl::StatusOr<ServerInfo> info = client.GetServerInfo(call);
+  absl::StatusOr<ServerInfo> info = AdminClient::Over(client).GetServerInfo(call);
   // Unreachable now: the next Fetch asks again (the server may be starting). Any other
   // failure (an older server, a proxy without AdminService) decides for gRPC.
   impl.local_decided =

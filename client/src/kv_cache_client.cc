@@ -2,7 +2,6 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -25,8 +24,9 @@ namespace pb = ::kvcache::v1;
 using internal::FromProto;
 using internal::ToProto;
 
-absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(
-    const ClientOptions& options) {
+namespace internal {
+
+absl::StatusOr<std::unique_ptr<KvCacheClient::Impl>> NewImpl(const ClientOptions& options) {
   if (options.target.empty()) return absl::InvalidArgumentError("target is empty");
   if (options.max_attempts < 1) {
     return absl::InvalidArgumentError(
@@ -35,14 +35,23 @@ absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(
   if (options.default_deadline <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("default_deadline must be positive");
   }
-  auto channel = internal::CreateChannel(options);
+  auto channel = CreateChannel(options);
   if (!channel.ok()) return channel.status();
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<KvCacheClient::Impl>();
   impl->options = options;
   impl->channel = *std::move(channel);
   impl->kv = pb::KvCacheService::NewStub(impl->channel);
   impl->admin = pb::AdminService::NewStub(impl->channel);
-  return std::unique_ptr<KvCacheClient>(new KvCacheClient(std::move(impl)));
+  return impl;
+}
+
+}  // namespace internal
+
+absl::StatusOr<std::unique_ptr<KvCacheClient>> KvCacheClient::Connect(
+    const ClientOptions& options) {
+  auto impl = internal::NewImpl(options);
+  if (!impl.ok()) return impl.status();
+  return std::unique_ptr<KvCacheClient>(new KvCacheClient(*std::move(impl)));
 }
 
 KvCacheClient::KvCacheClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {
@@ -378,89 +387,6 @@ class GrpcAttendSession final : public AttendSession {
 
 std::unique_ptr<AttendSession> KvCacheClient::StartAttendSession(const CallOptions& call) {
   return std::make_unique<GrpcAttendSession>(impl_->kv.get(), *impl_, call);
-}
-
-absl::StatusOr<std::vector<PoolInfo>> KvCacheClient::ListPools(const CallOptions& call) {
-  pb::ListPoolsResponse response;
-  const absl::Status status =
-      impl_->Call(&StubAdmin::ListPools, pb::ListPoolsRequest(), &response, call, Retried::kYes);
-  if (!status.ok()) return status;
-  std::vector<PoolInfo> pools;
-  for (const auto& pool : response.pools()) pools.push_back(FromProto(pool));
-  return pools;
-}
-
-absl::StatusOr<PoolStats> KvCacheClient::GetPoolStats(const std::string& pool,
-                                                      const CallOptions& call) {
-  pb::GetPoolStatsRequest request;
-  request.set_pool(pool);
-  pb::PoolStats response;
-  const absl::Status status =
-      impl_->Call(&StubAdmin::GetPoolStats, request, &response, call, Retried::kYes);
-  if (!status.ok()) return status;
-  return FromProto(response);
-}
-
-absl::StatusOr<SequenceList> KvCacheClient::ListSequences(const ListSequencesOptions& options,
-                                                          const CallOptions& call) {
-  pb::ListSequencesRequest request;
-  request.set_pool(options.pool);
-  request.set_tenant(options.tenant);
-  request.set_limit(options.limit);
-  request.set_page_token(options.page_token);
-  pb::ListSequencesResponse response;
-  const absl::Status status =
-      impl_->Call(&StubAdmin::ListSequences, request, &response, call, Retried::kYes);
-  if (!status.ok()) return status;
-  SequenceList list;
-  for (const auto& s : response.sequences()) list.sequences.push_back(FromProto(s));
-  list.total = response.total();
-  list.next_page_token = response.next_page_token();
-  return list;
-}
-
-absl::StatusOr<std::vector<TenantUsage>> KvCacheClient::ListTenants(const CallOptions& call) {
-  pb::ListTenantsResponse response;
-  const absl::Status status = impl_->Call(&StubAdmin::ListTenants, pb::ListTenantsRequest(),
-                                          &response, call, Retried::kYes);
-  if (!status.ok()) return status;
-  std::vector<TenantUsage> out;
-  for (const auto& t : response.tenants()) {
-    TenantUsage u;
-    u.tenant = t.tenant();
-    u.sequences = t.sequences();
-    for (const auto& [pool, bytes] : t.pool_bytes()) u.pool_bytes.emplace_back(pool, bytes);
-    std::sort(u.pool_bytes.begin(), u.pool_bytes.end());
-    u.open_streams = t.open_streams();
-    u.compute_calls = t.compute_calls();
-    u.quota_bytes_per_pool = t.quota_bytes_per_pool();
-    u.quota_sequences = t.quota_sequences();
-    u.quota_streams = t.quota_streams();
-    u.quota_compute_calls = t.quota_compute_calls();
-    out.push_back(std::move(u));
-  }
-  return out;
-}
-
-absl::StatusOr<bool> KvCacheClient::Drain(bool resume, const CallOptions& call) {
-  pb::DrainRequest request;
-  request.set_resume(resume);
-  pb::DrainResponse response;
-  // Idempotent (it sets a state), so retried like the reads.
-  const absl::Status status =
-      impl_->Call(&StubAdmin::Drain, request, &response, call, Retried::kYes);
-  if (!status.ok()) return status;
-  return response.draining();
-}
-
-absl::StatusOr<ServerInfo> KvCacheClient::GetServerInfo(const CallOptions& call) {
-  pb::ServerInfo response;
-  const absl::Status status = impl_->Call(&StubAdmin::GetServerInfo, pb::GetServerInfoRequest(),
-                                          &response, call, Retried::kYes);
-  if (!status.ok()) return status;
-  return ServerInfo{response.shard(),       response.incarnation(),     response.weight(),
-                    response.draining(),    response.started_unix_ms(), response.local_socket(),
-                    response.local_token(), response.transfer_port()};
 }
 
 }  // namespace kvc::client

@@ -34,6 +34,7 @@
 #include "client/tools/loadgen/dense_check.h"
 #include "client/tools/loadgen/mixed_mode.h"
 #include "common/mutex.h"
+#include "kvc/client/admin_client.h"
 #include "kvc/client/cluster_client.h"
 #include "kvc/client/kv_cache_client.h"
 
@@ -330,7 +331,7 @@ int RunCluster(const kvc::client::ClientOptions& client_options) {
     if (s.state != kvc::client::ShardState::kServing) continue;
     auto endpoint = cluster.EndpointClient(s.address);
     if (!endpoint.ok()) continue;
-    pools = (*endpoint)->ListPools();
+    pools = kvc::client::AdminClient::Over(**endpoint).ListPools();
     if (pools.ok()) break;
   }
   if (!pools.ok() || pools->empty()) {
@@ -350,7 +351,7 @@ int RunCluster(const kvc::client::ClientOptions& client_options) {
       ++known;
       auto endpoint = cluster.EndpointClient(s.address);
       if (!endpoint.ok()) continue;
-      auto stats = (*endpoint)->GetPoolStats(pool->name);
+      auto stats = kvc::client::AdminClient::Over(**endpoint).GetPoolStats(pool->name);
       if (!stats.ok()) continue;
       ++answered;
       sum.used_bytes += stats->used_bytes;
@@ -407,7 +408,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   KvCacheClient& client = **client_or;
-  auto pools = client.ListPools();
+  auto pools = kvc::client::AdminClient::Over(client).ListPools();
   if (!pools.ok()) {
     std::fprintf(stderr, "kvc-loadgen: cannot reach kvcached at %s: %s\n", options.target.c_str(),
                  pools.status().ToString().c_str());
@@ -439,7 +440,7 @@ int main(int argc, char** argv) {
     return kvc::loadgen::RunMixed(client, *pool, mixed);
   }
   return RunPrefill(client, pool, options, /*per_shard=*/false, {}, [&] {
-    auto stats = client.GetPoolStats(pool->name);
+    auto stats = kvc::client::AdminClient::Over(client).GetPoolStats(pool->name);
     if (stats.ok()) {
       std::printf("  pool now         %s of %s used, %lld sequences, %lld visible tokens\n",
                   Human(static_cast<double>(stats->used_bytes)).c_str(),

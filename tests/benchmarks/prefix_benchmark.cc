@@ -26,6 +26,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "cachesvc/rpc/server.h"
+#include "kvc/client/admin_client.h"
 #include "kvc/client/kv_cache_client.h"
 
 ABSL_FLAG(int32_t, tokens, 32768, "document length in tokens");
@@ -163,7 +164,7 @@ int main(int argc, char** argv) {
   }
 
   // Pool bytes for `sharers` sequences on one document.
-  const int64_t used_one = client.GetPoolStats("bench")->used_bytes;
+  const int64_t used_one = kvc::client::AdminClient::Over(client).GetPoolStats("bench")->used_bytes;
   std::vector<std::string> ids;
   for (int i = 0; i < sharers; ++i) {
     kvc::client::CreateSequenceOptions with_prefix;
@@ -173,7 +174,8 @@ int main(int argc, char** argv) {
     if (!s.ok()) return Fail("attach", s.status());
     ids.push_back(s->sequence_id);
   }
-  const int64_t used_shared = client.GetPoolStats("bench")->used_bytes;
+  const int64_t used_shared =
+      kvc::client::AdminClient::Over(client).GetPoolStats("bench")->used_bytes;
 
   const double append = Median(append_s), attach = Median(attach_s), lookup = Median(lookup_s),
                copy = Median(memcpy_s);

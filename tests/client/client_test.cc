@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
 
@@ -114,12 +115,13 @@ TEST(ClientTest, DeadlinesApplyPerCall) {
   client::CallOptions short_call;
   short_call.deadline = absl::Milliseconds(200);
   const absl::Time start = absl::Now();
-  EXPECT_THAT((*c)->ListPools(short_call), StatusIs(Code::kDeadlineExceeded));
+  EXPECT_THAT(kvc::client::AdminClient::Over(**c).ListPools(short_call),
+              StatusIs(Code::kDeadlineExceeded));
   EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "the call waited for the 120 s default";
 
   // Against a real server the default deadline lets the same call through.
   auto t = ::kvc::testing::StartTestServer(::kvc::testing::SmallServerOptions(1 << 20));
-  KVC_EXPECT_OK(t.client->ListPools());
+  KVC_EXPECT_OK(kvc::client::AdminClient::Over(*t.client).ListPools());
 }
 
 TEST(ClientTest, ServerRejectsStartWhenTheAddressIsTaken) {

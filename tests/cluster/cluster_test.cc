@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "kvc/client/cluster_client.h"
 #include "kvc/client/kv_cache_client.h"
 #include "tests/testing/kv_data.h"
@@ -207,7 +208,7 @@ TEST_F(ClusterTest, SequencesSpreadEvenlyAndEachIsServedByTheShardItsIdNames) {
     ASSERT_TRUE(shard_client.ok());
     ListSequencesOptions all;
     all.limit = 10000;
-    auto listed = (*shard_client)->ListSequences(all);
+    auto listed = kvc::client::AdminClient::Over(**shard_client).ListSequences(all);
     ASSERT_TRUE(listed.ok()) << listed.status();
     EXPECT_EQ(listed->total, per_shard[s.shard]) << s.shard;
     for (const SequenceInfo& seq : listed->sequences) EXPECT_EQ(ShardOf(seq.sequence_id), s.shard);
@@ -579,7 +580,7 @@ TEST_F(ClusterTest, AnOperatorDrainedShardKeepsServingItsSequencesAndTakesNewOne
     }
     return state_of(drained) == want;
   };
-  auto drain = (*admin)->Drain(/*resume=*/false);
+  auto drain = kvc::client::AdminClient::Over(**admin).Drain(/*resume=*/false);
   ASSERT_TRUE(drain.ok()) << drain.status();
   ASSERT_TRUE(wait_for_state(ShardState::kDraining));
   ExpectNewSequencesAvoid(drained);
@@ -588,7 +589,7 @@ TEST_F(ClusterTest, AnOperatorDrainedShardKeepsServingItsSequencesAndTakesNewOne
   EXPECT_EQ(state_of(drained), ShardState::kDraining);
   for (const std::string& id : ids) EXPECT_TRUE(FetchAndCheck(id).ok()) << id;
 
-  ASSERT_TRUE((*admin)->Drain(/*resume=*/true).ok());
+  ASSERT_TRUE(kvc::client::AdminClient::Over(**admin).Drain(/*resume=*/true).ok());
   ASSERT_TRUE(wait_for_state(ShardState::kServing));
   int on_drained = 0;
   for (int i = 0; i < 60; ++i) {

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "kvc/client/kv_cache_client.h"
 #include "tests/testing/kv_data.h"
 #include "tests/testing/kvcached_process.h"
@@ -103,7 +104,7 @@ TEST(LocalPathRestartTest, AClientThatOutlivesAServerRestartServesOnlyTheNewServ
   server.Restart();
   ASSERT_FALSE(server.target().empty()) << server.Log();
   // The channel reconnects (GetServerInfo is retried); the old server's sequence is gone.
-  ASSERT_TRUE(c.GetServerInfo().ok());
+  ASSERT_TRUE(kvc::client::AdminClient::Over(c).GetServerInfo().ok());
   auto gone = c.Fetch(before->sequence_id, {});
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
 

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
@@ -109,11 +110,12 @@ TEST_F(CompressServiceTest, SnapKvWithInt4AtTheEndOfPrefill) {
   EXPECT_EQ(r.sequence.storage, StorageFormat::kInt4G32);
   EXPECT_GT(static_cast<double>(r.bytes_before) / static_cast<double>(r.bytes_after), 15.0);
   // The pool got the bytes back at once.
-  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats, t_.client->GetPoolStats(""));
+  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats,
+                           kvc::client::AdminClient::Over(*t_.client).GetPoolStats(""));
   EXPECT_EQ(stats.used_bytes, r.bytes_after);
   ASSERT_EQ(stats.bytes_by_format.size(), 1u);
   EXPECT_EQ(stats.bytes_by_format[0].format, StorageFormat::kInt4G32);
-  KVC_ASSERT_OK_AND_ASSIGN(auto pools, t_.client->ListPools());
+  KVC_ASSERT_OK_AND_ASSIGN(auto pools, kvc::client::AdminClient::Over(*t_.client).ListPools());
   EXPECT_EQ(pools[0].used_bytes, r.bytes_after);  // exact, also for blocks of another format
 
   client::FetchOptions stored;

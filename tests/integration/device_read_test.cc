@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/src/transfer_rpcs.h"
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "kvc/client/device_reader.h"
 #include "kvc/client/kv_cache_client.h"
 #include "kvc/kernels/backend.h"
@@ -187,7 +188,7 @@ TEST_F(DeviceReadTest, DeviceBuffersGetExactlyWhatGrpcGives) {
     ExpectSameAsGrpc(seq, {3, 1}, DType::kF16, /*include_unfinished=*/false);
   }
   ExpectSameAsGrpc(raw, {0, 2}, DType::kF16, /*include_unfinished=*/true);
-  auto stats = client_->GetPoolStats("gpu");
+  auto stats = kvc::client::AdminClient::Over(*client_).GetPoolStats("gpu");
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->leases.active, 0);
   EXPECT_EQ(stats->leases.granted, stats->leases.released);
@@ -251,7 +252,9 @@ TEST_F(DeviceReadTest, AfterAServerRestartReadsTheNewServersPool) {
   ExpectSameAsGrpc(old_seq, {0, 1}, DType::kF16, /*include_unfinished=*/false);
   server_->Restart();
   ASSERT_FALSE(server_->target().empty()) << server_->Log();
-  ASSERT_TRUE(client_->GetServerInfo().ok());  // retried until the channel reconnects
+  ASSERT_TRUE(kvc::client::AdminClient::Over(*client_)
+                  .GetServerInfo()
+                  .ok());  // retried until the channel reconnects
   // Other data at the same block ids in the new server's pool.
   const std::string seq = Filled("gpu", 48, {}, /*extra=*/0, /*seed=*/77);
   ASSERT_FALSE(seq.empty());
@@ -299,7 +302,7 @@ TEST_F(DeviceReadTest, RefusalsWriteNothing) {
   share = client::internal::ShareDeviceArena(**c, "gpu", StorageFormat::kF16);
   EXPECT_EQ(share.status().code(), absl::StatusCode::kFailedPrecondition) << share.status();
   EXPECT_NE(share.status().message().find("local_reads is off"), std::string::npos);
-  auto stats = client_->GetPoolStats("gpu");
+  auto stats = kvc::client::AdminClient::Over(*client_).GetPoolStats("gpu");
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->leases.active, 0);
 }

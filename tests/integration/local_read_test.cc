@@ -16,6 +16,7 @@
 
 #include "cachesvc/metrics/metrics.h"
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "tests/integration/read_paths.h"
 #include "tests/testing/kv_data.h"
 #include "tests/testing/status_matchers.h"
@@ -121,7 +122,8 @@ TEST_F(LocalReadTest, FetchFromTheMappedPoolEqualsFetchOverGrpc) {
   }
   EXPECT_EQ(local->DataPath(), "shared-memory (" + dir_ + "/kvcached.sock)");
   EXPECT_EQ(remote->DataPath(), "grpc (local_reads is off)");
-  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, local->GetPoolStats(""));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats,
+                           kvc::client::AdminClient::Over(*local).GetPoolStats(""));
   EXPECT_EQ(stats.leases.granted, 18) << "one lease per local Fetch";
   EXPECT_EQ(stats.leases.released, 18) << "and each ended at once";
   EXPECT_EQ(stats.leases.active, 0);
@@ -249,7 +251,8 @@ TEST_F(LocalReadTest, FetchIntoRefusesBuffersThatDoNotFit) {
     EXPECT_THAT(c->FetchInto("s-nothing", {{1, keys.data(), values.data(), 64}}, into),
                 testing::StatusIs(absl::StatusCode::kNotFound));
   }
-  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, local->GetPoolStats(""));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats,
+                           kvc::client::AdminClient::Over(*local).GetPoolStats(""));
   EXPECT_EQ(stats.leases.active, 0) << "a refused read ends its lease";
 }
 

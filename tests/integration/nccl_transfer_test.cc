@@ -6,6 +6,7 @@
 // would send. Refusals: a host pool, a server without NCCL, an unknown kind, a send before anyone
 // joined; a refused lease sends a header with its code and the channel stays usable; a reader that
 // stops receiving breaks the channel (DEADLINE_EXCEEDED, then UNAVAILABLE) and pins nothing.
+#include "kvc/client/admin_client.h"
 #include "tests/integration/nccl_fixture.h"
 
 namespace kvc {
@@ -129,7 +130,8 @@ TEST_F(NcclTransferTest, AReaderThatStopsReceivingBreaksTheTransferAndPinsNothin
   const grpc::Status after = SendLease(transfer, again.lease_id, 10).get();
   EXPECT_EQ(after.error_code(), grpc::StatusCode::UNAVAILABLE) << after.error_message();
   KVC_ASSERT_OK(t_.client->ReleaseLease(again.lease_id).status());
-  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, t_.client->GetPoolStats("small"));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats,
+                           kvc::client::AdminClient::Over(*t_.client).GetPoolStats("small"));
   EXPECT_EQ(stats.leases.active, 0);
 }
 
@@ -180,7 +182,8 @@ TEST_F(NcclTransferTest, TheClientReaderFetchesWhatGrpcFetches) {
       }
     }
   }
-  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, t_.client->GetPoolStats("small"));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats,
+                           kvc::client::AdminClient::Over(*t_.client).GetPoolStats("small"));
   EXPECT_EQ(stats.leases.active, 0) << "every lease ended";
   // A sequence of another pool is refused, and the transfer stays usable.
   client::CreateSequenceOptions in_other;
@@ -237,7 +240,8 @@ TEST_F(NcclTransferTest, ASendsPieceBufferIsChargedToTheBudgets) {
   KVC_ASSERT_OK_AND_ASSIGN(const std::string elsewhere, Filled(*t.client, 20, in_other));
   EXPECT_THAT(reader->FetchInto(elsewhere, buffers, fo).status(),
               testing::StatusIs(absl::StatusCode::kFailedPrecondition, "carries pool"));
-  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, t.client->GetPoolStats("small"));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats,
+                           kvc::client::AdminClient::Over(*t.client).GetPoolStats("small"));
   EXPECT_EQ(stats.leases.active, 0) << "every lease ended";
 }
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/kv_data.h"
@@ -93,7 +94,8 @@ TEST(OperabilityTest, MetricsReflectTraffic) {
                                             R"(",pool="small"})")),
             1);
   // kvcachectl pools reads the same from ListPools.
-  KVC_ASSERT_OK_AND_ASSIGN(std::vector<client::PoolInfo> pools, t.client->ListPools());
+  KVC_ASSERT_OK_AND_ASSIGN(std::vector<client::PoolInfo> pools,
+                           client::AdminClient::Over(*t.client).ListPools());
   ASSERT_EQ(pools.size(), 1u);
   EXPECT_EQ(pools[0].device, testing::TestPoolDevice());
   EXPECT_EQ(pools[0].used_bytes, 2 * kLayers * kHeads * block);

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "tests/testing/http_get.h"
 #include "tests/testing/kv_data.h"
 #include "tests/testing/status_matchers.h"
@@ -93,13 +94,14 @@ TEST(PrefixServiceTest, SecondRequestAttachesTheDocumentAndAppendsOnlyItsQuestio
   EXPECT_EQ(*c.LookupPrefix("", Doc(doc), client::StorageFormat::kInt8), 0);
 
   // Request 2: the same document, another question.
-  const int64_t used_before = c.GetPoolStats("small")->used_bytes;
+  const int64_t used_before = kvc::client::AdminClient::Over(c).GetPoolStats("small")->used_bytes;
   client::CreateSequenceOptions o;
   o.prefix = Doc(doc);
   KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo second, c.CreateSequence(o));
   EXPECT_EQ(second.attached_tokens, 192);
   EXPECT_EQ(second.visible_tokens, 192);
-  EXPECT_EQ(c.GetPoolStats("small")->used_bytes, used_before) << "nothing copied";
+  EXPECT_EQ(kvc::client::AdminClient::Over(c).GetPoolStats("small")->used_bytes, used_before)
+      << "nothing copied";
   KVC_ASSERT_OK(Prefill(c, second.sequence_id, 192, 20, 2));
   EXPECT_EQ(Heads(c, second.sequence_id, 192), Heads(c, first.sequence_id, 192));
   EXPECT_EQ(c.GetSequence(second.sequence_id)->visible_tokens, 212);
@@ -109,7 +111,8 @@ TEST(PrefixServiceTest, SecondRequestAttachesTheDocumentAndAppendsOnlyItsQuestio
   KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo third, c.CreateSequence(o));
   EXPECT_EQ(third.attached_tokens, 192);
 
-  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats, c.GetPoolStats("small"));
+  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats,
+                           kvc::client::AdminClient::Over(c).GetPoolStats("small"));
   EXPECT_EQ(stats.prefix_cache.lookups, 5);  // 3 lookups + 2 attaches
   EXPECT_EQ(stats.prefix_cache.hits, 3);
   EXPECT_EQ(stats.prefix_cache.hit_tokens, 3 * 192);
@@ -151,7 +154,7 @@ TEST(PrefixServiceTest, ACompressedDocumentIsForkedPerQuestionCopyOnWrite) {
                                       client::StorageFormat::kInt4G32)));
   EXPECT_EQ(compressed.sequence.visible_tokens, 300);
   const std::vector<std::string> doc_heads = Heads(c, doc.sequence_id, 1 << 30);
-  const int64_t used = c.GetPoolStats("small")->used_bytes;
+  const int64_t used = kvc::client::AdminClient::Over(c).GetPoolStats("small")->used_bytes;
   std::vector<std::string> forks;
   for (int q = 0; q < 3; ++q) {
     KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo f,
@@ -168,7 +171,8 @@ TEST(PrefixServiceTest, ACompressedDocumentIsForkedPerQuestionCopyOnWrite) {
   // per lane in the pool, 1 more than the document in the fork's own bytes.
   const int64_t block = compressed.sequence.bytes / (7 * kLayers * kHeads);
   EXPECT_EQ(c.GetSequence(forks[0])->bytes, compressed.sequence.bytes + kLayers * kHeads * block);
-  EXPECT_EQ(c.GetPoolStats("small")->used_bytes, used + 3 * 2 * kLayers * kHeads * block)
+  EXPECT_EQ(kvc::client::AdminClient::Over(c).GetPoolStats("small")->used_bytes,
+            used + 3 * 2 * kLayers * kHeads * block)
       << "the forks share the document's whole blocks";
   EXPECT_EQ(Heads(c, doc.sequence_id, 1 << 30), doc_heads);
   for (const std::string& f : forks) EXPECT_EQ(Heads(c, f, 300), doc_heads);
@@ -179,7 +183,7 @@ TEST(PrefixServiceTest, ACompressedDocumentIsForkedPerQuestionCopyOnWrite) {
   // Releasing everything returns every byte.
   for (const std::string& f : forks) KVC_ASSERT_OK(c.Release(f));
   KVC_ASSERT_OK(c.Release(doc.sequence_id));
-  EXPECT_EQ(c.GetPoolStats("small")->used_bytes, 0);
+  EXPECT_EQ(kvc::client::AdminClient::Over(c).GetPoolStats("small")->used_bytes, 0);
 
   EXPECT_THAT(c.ForkSequence(doc.sequence_id), StatusIs(Code::kNotFound));
   EXPECT_THAT(c.ForkSequence(""), StatusIs(Code::kInvalidArgument, "sequence_id"));
@@ -214,7 +218,8 @@ TEST(PrefixServiceTest, ACorruptSharedBlockIsRefusedWithDataLoss) {
               StatusIs(Code::kDataLoss, "no longer match the checksum"));
   EXPECT_THAT(c.Fetch(first.sequence_id, {}), StatusIs(Code::kDataLoss));
   EXPECT_EQ(*c.LookupPrefix("", Doc(doc)), 0);
-  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats, c.GetPoolStats("small"));
+  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats,
+                           kvc::client::AdminClient::Over(c).GetPoolStats("small"));
   EXPECT_EQ(stats.prefix_cache.corrupt_reads, 2);
   EXPECT_EQ(stats.prefix_cache.checksum_misses, 1);
   const std::string response = ::kvc::testing::HttpGet(t.server->metrics_address(), "/metrics");

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "tests/testing/kv_data.h"
 #include "tests/testing/status_matchers.h"
@@ -203,7 +204,8 @@ TEST_F(ServiceTest, EveryBadRequestGetsItsOwnStatus) {
   EXPECT_THAT(t_.client->CreateSequence({"", std::string(200, 't'), "", {}, {}}),
               StatusIs(Code::kInvalidArgument, "tenant"));
   EXPECT_THAT(t_.client->CreateSequence({"", "", id, {}, {}}), StatusIs(Code::kAlreadyExists));
-  EXPECT_THAT(t_.client->GetPoolStats("nopool"), StatusIs(Code::kNotFound));
+  EXPECT_THAT(kvc::client::AdminClient::Over(*t_.client).GetPoolStats("nopool"),
+              StatusIs(Code::kNotFound));
 
   // Nothing above changed the sequence.
   KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo info, t_.client->GetSequence(id));
@@ -252,7 +254,8 @@ TEST(ServiceLimitsTest, PoolFullIsResourceExhaustedAndChangesNothing) {
   KVC_ASSERT_OK_AND_ASSIGN(client::SequenceInfo info, t.client->GetSequence(seq.sequence_id));
   EXPECT_EQ(info.layer_tokens[0], 16);
   KVC_ASSERT_OK(t.client->Release(seq.sequence_id));
-  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats, t.client->GetPoolStats("small"));
+  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats,
+                           kvc::client::AdminClient::Over(*t.client).GetPoolStats("small"));
   EXPECT_EQ(stats.used_blocks, 0);
 }
 
@@ -271,14 +274,15 @@ TEST(ServiceLimitsTest, MessageTooLargeIsResourceExhausted) {
 TEST_F(ServiceTest, AdminCallsDescribePoolsAndSequences) {
   const std::string a = NewSequence();
   AppendAll(a, 0, 40);
-  KVC_ASSERT_OK_AND_ASSIGN(auto pools, t_.client->ListPools());
+  KVC_ASSERT_OK_AND_ASSIGN(auto pools, kvc::client::AdminClient::Over(*t_.client).ListPools());
   ASSERT_EQ(pools.size(), 1u);
   EXPECT_EQ(pools[0].name, "small");
   EXPECT_EQ(pools[0].geometry.num_layers, kLayers);
   EXPECT_EQ(pools[0].geometry.num_query_heads, 4);
   EXPECT_EQ(pools[0].sequences, 1);
   EXPECT_EQ(pools[0].total_blocks - pools[0].free_blocks, 3 * kLayers * kHeads);
-  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats, t_.client->GetPoolStats(""));
+  KVC_ASSERT_OK_AND_ASSIGN(client::PoolStats stats,
+                           kvc::client::AdminClient::Over(*t_.client).GetPoolStats(""));
   EXPECT_EQ(stats.sequences, 1);
   EXPECT_EQ(stats.visible_tokens, 40);
   EXPECT_EQ(stats.used_blocks, 3 * kLayers * kHeads);
@@ -287,10 +291,11 @@ TEST_F(ServiceTest, AdminCallsDescribePoolsAndSequences) {
   KVC_ASSERT_OK(t_.client->CreateSequence({"", "tenant-b", "b1", {}, {}}));
   client::ListSequencesOptions filter;
   filter.tenant = "tenant-b";
-  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceList list, t_.client->ListSequences(filter));
+  KVC_ASSERT_OK_AND_ASSIGN(client::SequenceList list,
+                           kvc::client::AdminClient::Over(*t_.client).ListSequences(filter));
   ASSERT_EQ(list.sequences.size(), 1u);
   EXPECT_EQ(list.sequences[0].sequence_id, "b1");
-  KVC_ASSERT_OK_AND_ASSIGN(list, t_.client->ListSequences({}));
+  KVC_ASSERT_OK_AND_ASSIGN(list, kvc::client::AdminClient::Over(*t_.client).ListSequences({}));
   EXPECT_EQ(list.total, 2);
 }
 

@@ -29,6 +29,7 @@
 
 #include "cachesvc/metrics/metrics.h"
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"
 #include "tests/integration/read_paths.h"
 #include "tests/testing/status_matchers.h"
@@ -180,7 +181,8 @@ TEST_F(TransferTest, FetchOverATransferEqualsFetchOverGrpc) {
   EXPECT_EQ(via->DataPath(), "transfer (127.0.0.1:" + port + ")");
   EXPECT_EQ(via->AppendPath(), "grpc (no same-node path; transfer channels carry reads only)");
   EXPECT_EQ(grpc_only->DataPath(), "grpc (local_reads and transfers are off)");
-  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats, via->GetPoolStats(""));
+  KVC_ASSERT_OK_AND_ASSIGN(const client::PoolStats stats,
+                           kvc::client::AdminClient::Over(*via).GetPoolStats(""));
   EXPECT_EQ(stats.leases.granted, fetches) << "one lease per transfer Fetch";
   EXPECT_EQ(stats.leases.released, fetches) << "and each ended at once";
   EXPECT_EQ(stats.leases.active, 0);
@@ -309,12 +311,15 @@ TEST_F(TransferTest, AReaderThatGoesAwayBreaksTheChannelAndPinsNothing) {
   EXPECT_TRUE(HasMetric(*t_.server, "kvc_transfer_events_total{event=\"failed\"} 1"));
   // The lease was not released by anyone: its TTL ends it and the pool is as before it.
   KVC_ASSERT_OK(t_.client->Release(id).status());
-  EXPECT_GT(t_.client->GetPoolStats("")->used_bytes, 0) << "the lease still pins the blocks";
-  for (int i = 0; i < 100 && t_.client->GetPoolStats("")->used_bytes > 0; ++i) {
+  EXPECT_GT(kvc::client::AdminClient::Over(*t_.client).GetPoolStats("")->used_bytes, 0)
+      << "the lease still pins the blocks";
+  for (int i = 0;
+       i < 100 && kvc::client::AdminClient::Over(*t_.client).GetPoolStats("")->used_bytes > 0;
+       ++i) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  EXPECT_EQ(t_.client->GetPoolStats("")->used_bytes, 0);
-  EXPECT_EQ(t_.client->GetPoolStats("")->leases.expired, 1);
+  EXPECT_EQ(kvc::client::AdminClient::Over(*t_.client).GetPoolStats("")->used_bytes, 0);
+  EXPECT_EQ(kvc::client::AdminClient::Over(*t_.client).GetPoolStats("")->leases.expired, 1);
 }
 
 // Connections to the transfer port that never greet (TcpChannelOptions: at most 8 ungreeted
@@ -473,7 +478,9 @@ TEST_F(TransferTest, AClientReopensItsChannelAfterARestart) {
   cachesvc::ServerOptions o = Options();
   o.listen = address;  // the same gRPC address: the client's channel reconnects to it
   t_ = testing::StartTestServer(o);
-  KVC_ASSERT_OK(via->GetServerInfo().status());  // retried until the channel is back
+  KVC_ASSERT_OK(kvc::client::AdminClient::Over(*via)
+                    .GetServerInfo()
+                    .status());  // retried until the channel is back
   KVC_ASSERT_OK_AND_ASSIGN(const std::string after, Filled(*via, 30));
   KVC_ASSERT_OK_AND_ASSIGN(const client::FetchResult got, via->Fetch(after, {}));
   EXPECT_EQ(got.visible_tokens, 30);

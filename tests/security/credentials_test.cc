@@ -16,6 +16,7 @@
 #include "common/token_hash.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "tests/security/certs.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_server.h"
@@ -100,7 +101,7 @@ TEST(BearerTokenTest, SentOnUnaryAndStreamingCalls) {
               StatusIs(Code::kUnimplemented));
   auto attend = c.StartAttendSession();
   EXPECT_THAT(attend->Finish(), StatusIs(Code::kUnimplemented));
-  EXPECT_THAT(c.ListPools(), StatusIs(Code::kUnimplemented));
+  EXPECT_THAT(kvc::client::AdminClient::Over(c).ListPools(), StatusIs(Code::kUnimplemented));
 
   const std::string bearer = "Bearer tok-123";
   EXPECT_THAT(server.service().calls(),

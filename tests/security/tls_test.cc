@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/token_hash.h"
 #include "gtest/gtest.h"
+#include "kvc/client/admin_client.h"
 #include "tests/security/certs.h"
 #include "tests/testing/kv_data.h"
 #include "tests/testing/status_matchers.h"
@@ -323,7 +324,7 @@ TEST(CertificateIdentityTest, AListedSanIsItsTenantAndOthersAreUnauthenticated) 
   admin_options.bearer_token = admin_token;
   auto admin = KvCacheClient::Connect(admin_options);
   ASSERT_TRUE(admin.ok());
-  auto listed = (*admin)->ListSequences({});
+  auto listed = kvc::client::AdminClient::Over(**admin).ListSequences({});
   ASSERT_TRUE(listed.ok()) << listed.status();
   ASSERT_EQ(listed->sequences.size(), 1u);
   EXPECT_EQ(listed->sequences[0].tenant, "team-a");

@@ -24,6 +24,7 @@
 #include "worker/cli/commands.h"
 #include "worker/eval/passkey.h"
 #ifdef KVC_WORKER_WITH_SERVICE
+#include "kvc/client/admin_client.h"
 #include "kvc/client/kv_cache_client.h"
 #include "worker/service/service_kv_cache.h"
 #include "worker/service/service_policy_parse.h"
@@ -153,7 +154,7 @@ absl::Status RunPasskey(int argc, char** argv) {
       if (!p.ok()) return p.status();
       policies.push_back(std::move(*p));
     }
-    auto stats = client->GetPoolStats(flags->Get("pool", ""));
+    auto stats = kvc::client::AdminClient::Over(*client).GetPoolStats(flags->Get("pool", ""));
     if (!stats.ok()) {
       return absl::Status(
           stats.status().code(),
@@ -278,7 +279,7 @@ absl::Status RunPasskey(int argc, char** argv) {
 #ifdef KVC_WORKER_WITH_SERVICE
   if (client != nullptr) {
     // Every sequence this run made is released: the pool is back where it started.
-    auto after = client->GetPoolStats(flags->Get("pool", ""));
+    auto after = kvc::client::AdminClient::Over(*client).GetPoolStats(flags->Get("pool", ""));
     if (!after.ok()) return after.status();
     absl::StrAppend(
         &json,

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "kvc/client/admin_client.h"
 #include "worker/engine/attention.h"
 
 namespace kvc::worker {
@@ -14,7 +15,7 @@ absl::StatusOr<std::unique_ptr<ServiceKvCache>> ServiceKvCache::Create(
     client::KvCacheClient* client, const std::string& pool, const KvGeometry& geometry,
     const ServicePolicy& policy, bool always_fetch, kernels::ThreadPool* pool_threads,
     const client::Prefix* prefix) {
-  auto pools = client->ListPools();
+  auto pools = kvc::client::AdminClient::Over(*client).ListPools();
   if (!pools.ok()) return pools.status();
   const client::PoolInfo* info = nullptr;
   for (const auto& p : *pools) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/channel/channel.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "kvc/client/admin_client.h"
 #include "proto/rpc_status.h"
 
 namespace kvc::client::internal {
@@ -63,7 +64,7 @@ void Endpoint::WatchLoop() {
     }
     // Who answers here now. A new incarnation is a restarted process holding none of the
     // earlier sequences: routing compares it with the incarnation each id carries.
-    auto info = client_->GetServerInfo({options_.health_timeout});
+    auto info = AdminClient::Over(*client_).GetServerInfo({options_.health_timeout});
     if (!info.ok()) {
       {
         std::lock_guard<std::mutex> lock(mu_);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/tools/loadgen/kv_check.h"
 #include "client/tools/loadgen/kv_pattern.h"
+#include "kvc/client/admin_client.h"
 
 namespace kvc::loadgen {
 namespace {
@@ -66,7 +67,7 @@ MixedClient::Outcome MixedClient::Account(const char* rpc, absl::Time started,
       kvc::MutexLock lock(&state_->mu);
       state_->re_free_bytes.push_back(m.free_bytes);
     }
-    auto stats = client_->GetPoolStats(pool_->name);
+    auto stats = kvc::client::AdminClient::Over(*client_).GetPoolStats(pool_->name);
     if (stats.ok() && stats->capacity_bytes > 0) {
       kvc::MutexLock lock(&state_->mu);
       state_->re_used_fraction.push_back(static_cast<double>(stats->used_bytes) /

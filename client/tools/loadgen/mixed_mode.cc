@@ -12,6 +12,7 @@
 #include "client/tools/loadgen/mixed_report.h"
 #include "client/tools/loadgen/mixed_state.h"
 #include "client/tools/loadgen/rss_sampler.h"
+#include "kvc/client/admin_client.h"
 
 namespace kvc::loadgen {
 
@@ -52,7 +53,7 @@ PoolEnd WaitForBaseline(client::KvCacheClient& client, const client::PoolInfo& p
   end.baseline_sequences = baseline.sequences;
   const absl::Time start = absl::Now();
   do {
-    auto stats = client.GetPoolStats(pool.name);
+    auto stats = kvc::client::AdminClient::Over(client).GetPoolStats(pool.name);
     if (stats.ok()) {
       end.end_used_bytes = stats->used_bytes;
       end.end_sequences = stats->sequences;
@@ -82,7 +83,7 @@ void PrintWindow(const WindowReport& w) {
 
 int RunMixed(client::KvCacheClient& client, const client::PoolInfo& pool,
              const MixedOptions& options) {
-  auto baseline = client.GetPoolStats(pool.name);
+  auto baseline = kvc::client::AdminClient::Over(client).GetPoolStats(pool.name);
   if (!baseline.ok()) {
     std::fprintf(stderr, "kvc-loadgen: GetPoolStats: %s\n", baseline.status().ToString().c_str());
     return 2;
@@ -121,7 +122,7 @@ int RunMixed(client::KvCacheClient& client, const client::PoolInfo& pool,
       WindowReport w;
       w.t_s = absl::ToDoubleSeconds(absl::Now() - start);
       w.rss_kib = rss->Latest();
-      auto stats = client.GetPoolStats(pool.name);
+      auto stats = kvc::client::AdminClient::Over(client).GetPoolStats(pool.name);
       if (stats.ok() && stats->capacity_bytes > 0) {
         w.pool_used_fraction =
             static_cast<double>(stats->used_bytes) / static_cast<double>(stats->capacity_bytes);

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "kvc/client/admin_client.h"
 #include "kvc/client/kv_cache_client.h"
 #ifdef KVC_CONSUMER_DEVICE
 #include "kvc/client/device_reader.h"
@@ -15,7 +16,7 @@ int main(int argc, char** argv) {
   options.target = argv[1];
   auto client = kvc::client::KvCacheClient::Connect(options);
   if (!client.ok()) return 1;
-  auto pools = (*client)->ListPools();
+  auto pools = kvc::client::AdminClient::Over(**client).ListPools();
   if (!pools.ok()) {
     std::fprintf(stderr, "ListPools: %s\n", pools.status().ToString().c_str());
     return 1;

@@ -8,8 +8,12 @@
 // Every call returns absl::Status codes as the service sent them (INVALID_ARGUMENT,
 // NOT_FOUND, FAILED_PRECONDITION, RESOURCE_EXHAUSTED, ...). Each call has a deadline
 // (ClientOptions::default_deadline unless CallOptions says otherwise). Only idempotent
-// reads (GetSequence, Fetch before its first chunk, admin calls) are retried, and only on
-// UNAVAILABLE, with exponential backoff. Thread-safe: share one client per process.
+// reads (GetSequence, Fetch before its first chunk) are retried, and only on UNAVAILABLE,
+// with exponential backoff. Thread-safe: share one client per process.
+//
+// Operators' calls (pools, statistics, listings, evictions, leases of every tenant, drain,
+// server info) are kvc::client::AdminClient's (kvc/client/admin_client.h); it can run over
+// this client's channel (AdminClient::Over).
 #pragma once
 
 #include <functional>
@@ -116,19 +120,6 @@ class KvCacheClient {
   // after a lost reply would be NOT_FOUND).
   absl::StatusOr<int64_t> ReleaseLease(const std::string& lease_id, const CallOptions& call = {});
 
-  // Admin.
-  absl::StatusOr<std::vector<PoolInfo>> ListPools(const CallOptions& call = {});
-  absl::StatusOr<PoolStats> GetPoolStats(const std::string& pool, const CallOptions& call = {});
-  absl::StatusOr<SequenceList> ListSequences(const ListSequencesOptions& options,
-                                             const CallOptions& call = {});
-  // Every tenant's holdings and quotas (an admin, or authentication off), else the caller's.
-  absl::StatusOr<std::vector<TenantUsage>> ListTenants(const CallOptions& call = {});
-  // Stops (resume = false) or restarts (resume = true) taking new sequences; the server's
-  // sequences keep working either way. Returns whether it drains now. Admin only.
-  absl::StatusOr<bool> Drain(bool resume, const CallOptions& call = {});
-  // The server's cluster identity (shard name, incarnation, weight) and draining state.
-  absl::StatusOr<ServerInfo> GetServerInfo(const CallOptions& call = {});
-
   const ClientOptions& options() const;
   // How Fetch moves bytes: "shared-memory (PATH)", "transfer (HOST:PORT)", or "grpc (why
   // neither)". Decided on the first Fetch, and again after the path broke.
@@ -138,8 +129,8 @@ class KvCacheClient {
   std::string AppendPath() const;
 
   // The library's own state (client/src/client_impl.h), opaque here: the transports beside
-  // the client (client/src/transfer_rpcs.h, kvc::client::NcclLink, DeviceReader) reach the
-  // server through it.
+  // the client (client/src/transfer_rpcs.h, kvc::client::NcclLink, DeviceReader) and
+  // AdminClient::Over reach the server through it.
   struct Impl;
   Impl& state() const { return *impl_; }
 

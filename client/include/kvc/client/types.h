@@ -61,94 +61,6 @@ struct FormatBytes {
   int64_t bytes = 0;
 };
 
-struct SequenceInfo {
-  std::string sequence_id;
-  std::string pool;
-  std::string tenant;
-  int64_t visible_tokens = 0;         // every layer has them; the logical length
-  std::vector<int64_t> layer_tokens;  // appended per layer
-  int64_t stored_token_heads = 0;
-  std::vector<FormatBytes> bytes_by_format;
-  int64_t bytes = 0;
-  double compression_ratio = 1.0;
-  int64_t created_unix_ms = 0;
-  StorageFormat storage = StorageFormat::kPoolDefault;
-  std::vector<int64_t> stored_tokens;  // [num_layers][num_kv_heads]
-  int64_t attached_tokens = 0;         // came from the prefix cache at creation
-};
-
-struct PoolInfo {
-  std::string name;
-  std::string device;
-  PoolGeometry geometry;
-  int64_t capacity_bytes = 0;
-  int64_t block_bytes = 0;
-  int64_t total_blocks = 0;
-  int64_t free_blocks = 0;
-  int64_t used_bytes = 0;
-  int64_t sequences = 0;
-};
-
-struct PoolStats {
-  std::string pool;  // empty = all pools
-  int64_t capacity_bytes = 0;
-  int64_t used_bytes = 0;
-  int64_t free_bytes = 0;
-  int64_t total_blocks = 0;
-  int64_t used_blocks = 0;
-  int64_t sequences = 0;
-  int64_t visible_tokens = 0;
-  int64_t stored_token_heads = 0;
-  std::vector<FormatBytes> bytes_by_format;
-  int64_t appended_bytes_total = 0;
-  int64_t fetched_bytes_total = 0;
-  // Set when these are one tenant's statistics (a non-admin caller with authentication on):
-  // used_bytes and sequences are the tenant's, quota_* its limits (0 = unlimited).
-  std::string tenant;
-  int64_t quota_bytes = 0;
-  int64_t quota_sequences = 0;
-  // The prefix cache (pool-wide statistics only). Hit rate: hit_tokens / lookup_tokens.
-  struct PrefixCache {
-    int64_t lookups = 0, hits = 0, lookup_tokens = 0, hit_tokens = 0, attached_tokens = 0;
-    int64_t checksum_misses = 0, published_entries = 0, evicted_entries = 0, entries = 0;
-    int64_t cached_bytes = 0, unreferenced_bytes = 0;
-    int64_t corrupt_reads = 0;   // reads refused: a shared block failed its checksum
-    int64_t evicted_misses = 0;  // lookups that matched nothing: first block evicted since
-  } prefix_cache;
-  // Leases (pool-wide statistics only).
-  struct Leases {
-    int64_t active = 0, leased_bytes = 0, granted = 0, renewed = 0, released = 0, expired = 0;
-  } leases;
-};
-
-// Who a kvcached is in a cluster (AdminService.GetServerInfo).
-struct ServerInfo {
-  std::string shard;        // cluster name; empty = not a cluster shard
-  std::string incarnation;  // 8 hex digits drawn at each start; a change = a restart
-  double weight = 1.0;      // placement weight
-  bool draining = false;    // takes no new sequences
-  int64_t started_unix_ms = 0;
-  // Same-node reads: the server's unix socket for mapping its host pools ("" = none) and the
-  // token its greeting carries.
-  std::string local_socket;
-  std::string local_token;
-  // Transfers (readers on other nodes): the server's transfer port; 0 = it offers none.
-  int32_t transfer_port = 0;
-};
-
-// What one tenant holds and may hold (AdminService.ListTenants).
-struct TenantUsage {
-  std::string tenant;
-  int64_t sequences = 0;
-  std::vector<std::pair<std::string, int64_t>> pool_bytes;  // (pool, bytes), by pool name
-  int32_t open_streams = 0;
-  int32_t compute_calls = 0;
-  int64_t quota_bytes_per_pool = 0;  // 0 = unlimited
-  int64_t quota_sequences = 0;
-  int32_t quota_streams = 0;
-  int32_t quota_compute_calls = 0;
-};
-
 // One eviction rule x one storage format x an optional raw recent residual
 // (kvcache.v1.CompressionSpec).
 struct CompressionSpec {
@@ -218,6 +130,136 @@ struct CompressionSpec {
     storage = format;
     return *this;
   }
+};
+
+struct SequenceInfo {
+  std::string sequence_id;
+  std::string pool;
+  std::string tenant;
+  int64_t visible_tokens = 0;         // every layer has them; the logical length
+  std::vector<int64_t> layer_tokens;  // appended per layer
+  int64_t stored_token_heads = 0;
+  std::vector<FormatBytes> bytes_by_format;
+  int64_t bytes = 0;
+  double compression_ratio = 1.0;
+  int64_t created_unix_ms = 0;
+  StorageFormat storage = StorageFormat::kPoolDefault;
+  std::vector<int64_t> stored_tokens;  // [num_layers][num_kv_heads]
+  int64_t attached_tokens = 0;         // came from the prefix cache at creation
+  // The automatic policy it was created with; none when it has none. A wire spec's
+  // unspecified pooling or allocation reads as max or uniform (the server sends them set).
+  std::optional<CompressionSpec> policy;
+};
+
+struct PoolInfo {
+  std::string name;
+  std::string device;
+  PoolGeometry geometry;
+  int64_t capacity_bytes = 0;
+  int64_t block_bytes = 0;
+  int64_t total_blocks = 0;
+  int64_t free_blocks = 0;
+  int64_t used_bytes = 0;
+  int64_t sequences = 0;
+};
+
+struct PoolStats {
+  std::string pool;  // empty = all pools
+  int64_t capacity_bytes = 0;
+  int64_t used_bytes = 0;
+  int64_t free_bytes = 0;
+  int64_t total_blocks = 0;
+  int64_t used_blocks = 0;
+  int64_t sequences = 0;
+  int64_t visible_tokens = 0;
+  int64_t stored_token_heads = 0;
+  std::vector<FormatBytes> bytes_by_format;
+  int64_t appended_bytes_total = 0;
+  int64_t fetched_bytes_total = 0;
+  int64_t dense_bytes = 0;  // what the visible tokens would take dense (K + V)
+  // Token-heads evicted since start, by what evicted them ("operator": EvictSequence),
+  // sorted by rule.
+  std::vector<std::pair<std::string, int64_t>> evicted_token_heads;
+  // Set when these are one tenant's statistics (a non-admin caller with authentication on):
+  // used_bytes and sequences are the tenant's, quota_* its limits (0 = unlimited).
+  std::string tenant;
+  int64_t quota_bytes = 0;
+  int64_t quota_sequences = 0;
+  // The prefix cache (pool-wide statistics only: has_prefix_cache says whether the server
+  // sent it). Hit rate: hit_tokens / lookup_tokens.
+  bool has_prefix_cache = false;
+  struct PrefixCache {
+    int64_t lookups = 0, hits = 0, lookup_tokens = 0, hit_tokens = 0, attached_tokens = 0;
+    int64_t checksum_misses = 0, published_entries = 0, evicted_entries = 0, entries = 0;
+    int64_t cached_bytes = 0, unreferenced_bytes = 0;
+    int64_t corrupt_reads = 0;   // reads refused: a shared block failed its checksum
+    int64_t evicted_misses = 0;  // lookups that matched nothing: first block evicted since
+  } prefix_cache;
+  // Leases (has_leases: the server sent them). Pool-wide; in a tenant's statistics only
+  // lease_only_bytes, the tenant's own.
+  bool has_leases = false;
+  struct Leases {
+    int64_t active = 0, leased_bytes = 0, granted = 0, renewed = 0, released = 0, expired = 0;
+    // Bytes of blocks that leases pin and no sequence holds any more (part of used_bytes).
+    int64_t lease_only_bytes = 0;
+  } leases;
+};
+
+// Who a kvcached is in a cluster (AdminService.GetServerInfo).
+struct ServerInfo {
+  std::string shard;        // cluster name; empty = not a cluster shard
+  std::string incarnation;  // 8 hex digits drawn at each start; a change = a restart
+  double weight = 1.0;      // placement weight
+  bool draining = false;    // takes no new sequences
+  int64_t started_unix_ms = 0;
+  // Same-node reads: the server's unix socket for mapping its host pools ("" = none) and the
+  // token its greeting carries.
+  std::string local_socket;
+  std::string local_token;
+  // Transfers (readers on other nodes): the server's transfer port; 0 = it offers none.
+  int32_t transfer_port = 0;
+  // NCCL transfers: the NCCL serving them ("NCCL 2.28.9 (libnccl.so.2)"); "" = not offered.
+  std::string nccl_transfers;
+};
+
+// What one tenant holds and may hold (AdminService.ListTenants).
+struct TenantUsage {
+  std::string tenant;
+  int64_t sequences = 0;
+  std::vector<std::pair<std::string, int64_t>> pool_bytes;  // (pool, bytes), by pool name
+  int32_t open_streams = 0;
+  int32_t compute_calls = 0;
+  int64_t quota_bytes_per_pool = 0;  // 0 = unlimited
+  int64_t quota_sequences = 0;
+  int32_t quota_streams = 0;
+  int32_t quota_compute_calls = 0;
+  // Of pool_bytes: blocks only its leases pin, (pool, bytes) by pool name.
+  std::vector<std::pair<std::string, int64_t>> lease_only_bytes;
+};
+
+// One live lease (AdminService.ListLeases).
+struct LeaseInfo {
+  std::string lease_id;
+  std::string tenant;       // the tenant charged for it (the leased sequence's)
+  std::string sequence_id;  // the leased sequence (it may have been released since)
+  std::string pool;
+  int64_t leased_bytes = 0;      // bytes of the blocks it pins
+  int64_t lease_only_bytes = 0;  // of which no sequence holds any more
+  int64_t granted_unix_ms = 0;
+  int64_t expires_unix_ms = 0;
+  int64_t renewals = 0;  // RenewLease calls that extended it
+};
+
+// What AdminClient::EvictSequence freed.
+struct EvictResult {
+  int64_t freed_blocks = 0;
+  int64_t freed_bytes = 0;
+};
+
+// AdminClient::Drain's answer: whether the server drains now, and the sequences it holds.
+struct DrainResult {
+  bool draining = false;
+  int64_t sequences = 0;
 };
 
 // A prefix named by its token ids (from position 0). Cached KV serves it only for the same
