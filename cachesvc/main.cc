@@ -14,7 +14,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "cachesvc/rpc/server.h"
+#include "cachesvc/server/server.h"
 #include "common/logging.h"
 #include "kvc/kernels/dtype.h"
 

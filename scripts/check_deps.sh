@@ -21,7 +21,7 @@ check "kernels/ must not include gRPC, Abseil, protobuf or Prometheus" \
 check "cachesvc/core must not include gRPC, protobuf or Prometheus" \
   "${inc}(grpc|grpcpp|google/protobuf|prometheus)/|${inc}[^>\"]*\.pb\.h" cachesvc/core
 check "cachesvc/transport must not include gRPC, protobuf, Prometheus or the RPC layer" \
-  "${inc}(grpc|grpcpp|google/protobuf|prometheus|cachesvc/rpc|cachesvc/metrics)/|${inc}[^>\"]*\.pb\.h" \
+  "${inc}(grpc|grpcpp|google/protobuf|prometheus|cachesvc/rpc|cachesvc/server|cachesvc/security|cachesvc/metrics)/|${inc}[^>\"]*\.pb\.h" \
   cachesvc/transport
 check "transfer/ is a leaf (Abseil, common/ and the standard library only)" \
   "${inc}(grpc|grpcpp|google/protobuf|prometheus|kvc|cachesvc|client|proto|kernels)/" transfer

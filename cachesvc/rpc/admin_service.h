@@ -5,8 +5,8 @@
 
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
-#include "cachesvc/rpc/access_control.h"
 #include "cachesvc/rpc/endpoints.h"
+#include "cachesvc/security/access_control.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 
 namespace kvc::cachesvc {

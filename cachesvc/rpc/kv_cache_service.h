@@ -4,8 +4,8 @@
 
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
-#include "cachesvc/rpc/access_control.h"
 #include "cachesvc/rpc/endpoints.h"
+#include "cachesvc/security/access_control.h"
 #include "cachesvc/transport/nccl_channels.h"
 #include "cachesvc/transport/staging_regions.h"
 #include "cachesvc/transport/transfers.h"

@@ -25,7 +25,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "cachesvc/rpc/server.h"
+#include "cachesvc/server/server.h"
 #include "kvc/client/admin_client.h"
 #include "kvc/client/kv_cache_client.h"
 

@@ -34,7 +34,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cachesvc/rpc/server.h"
+#include "cachesvc/server/server.h"
 #include "kvc/client/kv_cache_client.h"
 #include "raw_bytes.grpc.pb.h"
 

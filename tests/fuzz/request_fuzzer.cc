@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "cachesvc/rpc/server.h"
+#include "cachesvc/server/server.h"
 #include "google/protobuf/stubs/logging.h"
 #include "kvcache/v1/admin_service.grpc.pb.h"
 #include "kvcache/v1/kvcache_service.grpc.pb.h"

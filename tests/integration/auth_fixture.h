@@ -16,9 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "cachesvc/rpc/authenticator.h"
-#include "cachesvc/rpc/call_limits.h"
-#include "cachesvc/rpc/server.h"
+#include "cachesvc/security/authenticator.h"
+#include "cachesvc/security/call_limits.h"
+#include "cachesvc/server/server.h"
 #include "common/token_hash.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

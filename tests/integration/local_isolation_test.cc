@@ -22,7 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cachesvc/rpc/server.h"
+#include "cachesvc/server/server.h"
 #include "common/token_hash.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "cachesvc/rpc/server.h"
+#include "cachesvc/server/server.h"
 #include "kvc/client/kv_cache_client.h"
 #include "tests/testing/pool_device.h"
 

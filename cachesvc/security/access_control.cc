@@ -1,4 +1,4 @@
-#include "cachesvc/rpc/access_control.h"
+#include "cachesvc/security/access_control.h"
 
 #include "absl/strings/str_cat.h"
 #include "cachesvc/core/quote.h"

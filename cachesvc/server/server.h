@@ -10,7 +10,7 @@
 #include "cachesvc/core/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
 #include "cachesvc/rpc/endpoints.h"
-#include "cachesvc/rpc/server_config.h"
+#include "cachesvc/server/server_config.h"
 #include "cachesvc/transport/transfers.h"
 
 namespace grpc {

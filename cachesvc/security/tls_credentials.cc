@@ -1,4 +1,4 @@
-#include "cachesvc/rpc/tls_credentials.h"
+#include "cachesvc/security/tls_credentials.h"
 
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>

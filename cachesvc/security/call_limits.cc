@@ -1,4 +1,4 @@
-#include "cachesvc/rpc/call_limits.h"
+#include "cachesvc/security/call_limits.h"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,4 +1,4 @@
-#include "cachesvc/rpc/authenticator.h"
+#include "cachesvc/security/authenticator.h"
 
 #include <sys/stat.h>
 

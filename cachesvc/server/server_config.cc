@@ -1,4 +1,4 @@
-#include "cachesvc/rpc/server_config.h"
+#include "cachesvc/server/server_config.h"
 
 #include <cmath>
 #include <fstream>

@@ -10,8 +10,8 @@
 
 #include "absl/status/statusor.h"
 #include "cachesvc/metrics/metrics.h"
-#include "cachesvc/rpc/authenticator.h"
-#include "cachesvc/rpc/call_limits.h"
+#include "cachesvc/security/authenticator.h"
+#include "cachesvc/security/call_limits.h"
 
 namespace kvc::cachesvc {
 

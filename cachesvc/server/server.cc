@@ -1,14 +1,14 @@
-#include "cachesvc/rpc/server.h"
+#include "cachesvc/server/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
 #include "absl/strings/str_cat.h"
-#include "cachesvc/rpc/access_control.h"
 #include "cachesvc/rpc/admin_service.h"
 #include "cachesvc/rpc/kv_cache_service.h"
-#include "cachesvc/rpc/tls_credentials.h"
+#include "cachesvc/security/access_control.h"
+#include "cachesvc/security/tls_credentials.h"
 #include "cachesvc/transport/local_socket.h"
 #include "cachesvc/transport/nccl_channels.h"
 #include "cachesvc/transport/staging_regions.h"

@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "cachesvc/rpc/security_options.h"
+#include "cachesvc/security/security_options.h"
 
 namespace grpc {
 class ServerCredentials;

@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "cachesvc/core/kv_store.h"
-#include "cachesvc/rpc/security_options.h"
+#include "cachesvc/security/security_options.h"
 
 namespace kvc::cachesvc {
 

@@ -25,7 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "cachesvc/rpc/security_options.h"
+#include "cachesvc/security/security_options.h"
 #include "common/mutex.h"
 
 namespace kvc::cachesvc {
