@@ -28,7 +28,7 @@ endif()
 
 # kvc_expose(<target> [PRIVATE] <path>...): the headers <target> offers, and nothing else.
 # Each <path> is a folder (or a single file) relative to the repository root. It stays
-# includable by its full path ("cachesvc/core/kv_store.h") from an include root in the build
+# includable by its full path ("cachesvc/core/store/kv_store.h") from an include root in the build
 # tree that holds only the exposed paths, each one a symlink:
 #   ${CMAKE_BINARY_DIR}/include/<target>/cachesvc/core -> <repository>/cachesvc/core
 # The root becomes the target's include directory: PUBLIC for a library, INTERFACE for an

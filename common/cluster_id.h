@@ -2,7 +2,7 @@
 // shard that mints an id puts its name and incarnation (8 hex digits drawn at each start) in
 // front, so a cluster client routes every call on a sequence to the shard that holds it, and a
 // restarted shard tells an id of its previous life (whose KV died with it) from one it never
-// saw. One grammar for the server (cachesvc/core/shard_identity.h) and the cluster client.
+// saw. One grammar for the server (cachesvc/core/base/shard_identity.h) and the cluster client.
 #pragma once
 
 #include "absl/strings/string_view.h"

@@ -43,7 +43,7 @@ check "common/ is a leaf (Abseil, libcrypto and the standard library only)" \
 # the same code serves a device pool. Only the pools themselves set their arenas' base.
 check "cachesvc/core must not read or write pool memory (use a KernelBackend op)" \
   "KeyRecord|ValueRecord|BlockBase|record_codec\\.h|memcpy\\([^)]*arena|\\.base\\b|HostArena" \
-  $(ls cachesvc/core/*.h cachesvc/core/*.cc | grep -v -e host_block_pool -e host_arena -e block_copy_out \
+  $(ls cachesvc/core/*/*.h cachesvc/core/*/*.cc | grep -v -e host_block_pool -e host_arena -e block_copy_out \
     -e device_block_pool)
 [ $status = 0 ] && echo "check_deps: layering OK"
 exit $status

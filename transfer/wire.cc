@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/errno_message.h"
 
 namespace kvc::transfer {
 namespace {
@@ -26,8 +27,6 @@ uint64_t GetLe(const char* in, size_t n) {
   for (size_t i = 0; i < n; ++i) v |= uint64_t{static_cast<unsigned char>(in[i])} << (8 * i);
   return v;
 }
-
-std::string Errno() { return std::generic_category().message(errno); }
 
 // Milliseconds poll may wait: until the deadline, in slices of at most `slice_ms`.
 int WaitMs(absl::Time deadline, int slice_ms) {
@@ -70,7 +69,7 @@ absl::Status WriteAll(int fd, const void* data, size_t bytes, absl::Time deadlin
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
       return absl::UnavailableError(absl::StrCat("the transfer connection broke after ", done,
-                                                 " of ", bytes, " bytes: ", Errno()));
+                                                 " of ", bytes, " bytes: ", ErrnoMessage()));
     }
     pollfd pfd{fd, POLLOUT, 0};
     const int wait = WaitMs(deadline, 1000);
@@ -79,7 +78,7 @@ absl::Status WriteAll(int fd, const void* data, size_t bytes, absl::Time deadlin
           "the transfer's reader stopped reading after ", done, " of ", bytes, " bytes"));
     }
     if (::poll(&pfd, 1, wait) < 0 && errno != EINTR) {
-      return absl::UnavailableError(absl::StrCat("transfer connection: poll: ", Errno()));
+      return absl::UnavailableError(absl::StrCat("transfer connection: poll: ", ErrnoMessage()));
     }
   }
   return absl::OkStatus();
@@ -102,7 +101,7 @@ absl::Status ReadAll(int fd, void* data, size_t bytes, absl::Time deadline,
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
       return absl::UnavailableError(absl::StrCat("the transfer connection broke after ", done,
-                                                 " of ", bytes, " bytes: ", Errno()));
+                                                 " of ", bytes, " bytes: ", ErrnoMessage()));
     }
     if (give_up && give_up()) return absl::CancelledError("the transfer was given up");
     const int wait = WaitMs(deadline, 50);
@@ -112,7 +111,7 @@ absl::Status ReadAll(int fd, void* data, size_t bytes, absl::Time deadline,
     }
     pollfd pfd{fd, POLLIN, 0};
     if (::poll(&pfd, 1, wait) < 0 && errno != EINTR) {
-      return absl::UnavailableError(absl::StrCat("transfer connection: poll: ", Errno()));
+      return absl::UnavailableError(absl::StrCat("transfer connection: poll: ", ErrnoMessage()));
     }
   }
   return absl::OkStatus();

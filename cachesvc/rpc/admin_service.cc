@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/quote.h"
+#include "cachesvc/core/base/quote.h"
 #include "cachesvc/rpc/handler_macros.h"
 #include "cachesvc/rpc/proto_convert.h"
 #include "cachesvc/rpc/rpc_scope.h"
@@ -12,11 +12,11 @@
 namespace kvc::cachesvc {
 
 namespace pb = ::kvcache::v1;
-constexpr char kService[] = "AdminService";
+constexpr char kAdminService[] = "AdminService";
 
 grpc::Status AdminServiceImpl::ListPools(grpc::ServerContext* context, const pb::ListPoolsRequest*,
                                          pb::ListPoolsResponse* response) {
-  RpcScope scope(metrics_, kService, "ListPools");
+  RpcScope scope(metrics_, kAdminService, "ListPools");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   // Pool shapes and sizes are configuration, not any tenant's data; every tenant needs them.
   for (PoolSnapshot& pool : store_->stats().ListPools()) {
@@ -29,7 +29,7 @@ grpc::Status AdminServiceImpl::ListPools(grpc::ServerContext* context, const pb:
 grpc::Status AdminServiceImpl::GetPoolStats(grpc::ServerContext* context,
                                             const pb::GetPoolStatsRequest* request,
                                             pb::PoolStats* response) {
-  RpcScope scope(metrics_, kService, "GetPoolStats");
+  RpcScope scope(metrics_, kAdminService, "GetPoolStats");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   // A tenant sees its own use and limits, not the pool's: other tenants' activity is theirs.
   KVC_ASSIGN_OR_FINISH(const PoolStatsSnapshot stats,
@@ -43,7 +43,7 @@ grpc::Status AdminServiceImpl::GetPoolStats(grpc::ServerContext* context,
 grpc::Status AdminServiceImpl::ListSequences(grpc::ServerContext* context,
                                              const pb::ListSequencesRequest* request,
                                              pb::ListSequencesResponse* response) {
-  RpcScope scope(metrics_, kService, "ListSequences");
+  RpcScope scope(metrics_, kAdminService, "ListSequences");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   ListSequencesParams params;
   params.pool = request->pool();
@@ -64,7 +64,7 @@ grpc::Status AdminServiceImpl::ListSequences(grpc::ServerContext* context,
 grpc::Status AdminServiceImpl::EvictSequence(grpc::ServerContext* context,
                                              const pb::EvictSequenceRequest* request,
                                              pb::EvictSequenceResponse* response) {
-  RpcScope scope(metrics_, kService, "EvictSequence");
+  RpcScope scope(metrics_, kAdminService, "EvictSequence");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   const std::string tenant = request->tenant().empty() ? caller.tenant : request->tenant();
   KVC_FINISH_IF_ERROR(access_->RequireAdmin(
@@ -81,7 +81,7 @@ grpc::Status AdminServiceImpl::EvictSequence(grpc::ServerContext* context,
 grpc::Status AdminServiceImpl::ListLeases(grpc::ServerContext* context,
                                           const pb::ListLeasesRequest* request,
                                           pb::ListLeasesResponse* response) {
-  RpcScope scope(metrics_, kService, "ListLeases");
+  RpcScope scope(metrics_, kAdminService, "ListLeases");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   ListLeasesParams params;
   params.pool = request->pool();
@@ -99,7 +99,7 @@ grpc::Status AdminServiceImpl::ListLeases(grpc::ServerContext* context,
 grpc::Status AdminServiceImpl::EndLease(grpc::ServerContext* context,
                                         const pb::EndLeaseRequest* request,
                                         pb::EndLeaseResponse* response) {
-  RpcScope scope(metrics_, kService, "EndLease");
+  RpcScope scope(metrics_, kAdminService, "EndLease");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   const std::string tenant = request->tenant().empty() ? caller.tenant : request->tenant();
   KVC_FINISH_IF_ERROR(access_->RequireAdmin(
@@ -114,7 +114,7 @@ grpc::Status AdminServiceImpl::EndLease(grpc::ServerContext* context,
 
 grpc::Status AdminServiceImpl::Drain(grpc::ServerContext* context, const pb::DrainRequest* request,
                                      pb::DrainResponse* response) {
-  RpcScope scope(metrics_, kService, "Drain");
+  RpcScope scope(metrics_, kAdminService, "Drain");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_FINISH_IF_ERROR(
       access_->RequireAdmin(caller, request->resume() ? "Drain (resume)" : "Drain", ""));
@@ -128,7 +128,7 @@ grpc::Status AdminServiceImpl::Drain(grpc::ServerContext* context, const pb::Dra
 grpc::Status AdminServiceImpl::GetServerInfo(grpc::ServerContext* context,
                                              const pb::GetServerInfoRequest*,
                                              pb::ServerInfo* response) {
-  RpcScope scope(metrics_, kService, "GetServerInfo");
+  RpcScope scope(metrics_, kAdminService, "GetServerInfo");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   // Identity, not data: every tenant's cluster client needs it to route its own sequences.
   (void)caller;
@@ -148,7 +148,7 @@ grpc::Status AdminServiceImpl::GetServerInfo(grpc::ServerContext* context,
 grpc::Status AdminServiceImpl::ListTenants(grpc::ServerContext* context,
                                            const pb::ListTenantsRequest*,
                                            pb::ListTenantsResponse* response) {
-  RpcScope scope(metrics_, kService, "ListTenants");
+  RpcScope scope(metrics_, kAdminService, "ListTenants");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   std::vector<TenantUsageSnapshot> tenants = store_->stats().TenantUsage();
   // Tenants with a quota entry of their own are listed while they hold nothing, too.

@@ -3,7 +3,7 @@
 
 #include <functional>
 
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
 #include "cachesvc/rpc/endpoints.h"
 #include "cachesvc/security/access_control.h"

@@ -1,7 +1,7 @@
 #include "cachesvc/rpc/kv_cache_service.h"
 
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/quote.h"
+#include "cachesvc/core/base/quote.h"
 #include "cachesvc/rpc/handler_macros.h"
 #include "cachesvc/rpc/proto_convert.h"
 #include "cachesvc/rpc/rpc_scope.h"
@@ -11,12 +11,12 @@
 namespace kvc::cachesvc {
 
 namespace pb = ::kvcache::v1;
-constexpr char kService[] = "KvCacheService";
+constexpr char kCacheService[] = "KvCacheService";
 
 grpc::Status KvCacheServiceImpl::CreateSequence(grpc::ServerContext* context,
                                                 const pb::CreateSequenceRequest* request,
                                                 pb::SequenceInfo* response) {
-  RpcScope scope(metrics_, kService, "CreateSequence");
+  RpcScope scope(metrics_, kCacheService, "CreateSequence");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   CreateSequenceParams params;
   if (caller.authenticated) {
@@ -43,7 +43,7 @@ grpc::Status KvCacheServiceImpl::CreateSequence(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::ForkSequence(grpc::ServerContext* context,
                                               const pb::ForkSequenceRequest* request,
                                               pb::SequenceInfo* response) {
-  RpcScope scope(metrics_, kService, "ForkSequence");
+  RpcScope scope(metrics_, kCacheService, "ForkSequence");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   ForkSequenceParams params;
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "ForkSequence"));
@@ -57,7 +57,7 @@ grpc::Status KvCacheServiceImpl::ForkSequence(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::LeaseSequence(grpc::ServerContext* context,
                                                const pb::LeaseRequest* request,
                                                pb::Lease* response) {
-  RpcScope scope(metrics_, kService, "LeaseSequence");
+  RpcScope scope(metrics_, kCacheService, "LeaseSequence");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   LeaseParams params = FromProto(*request);
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "LeaseSequence"));
@@ -70,7 +70,7 @@ grpc::Status KvCacheServiceImpl::LeaseSequence(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::RenewLease(grpc::ServerContext* context,
                                             const pb::RenewLeaseRequest* request,
                                             pb::RenewLeaseResponse* response) {
-  RpcScope scope(metrics_, kService, "RenewLease");
+  RpcScope scope(metrics_, kCacheService, "RenewLease");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string lease_scope, access_->ScopeFor(caller, "", "RenewLease"));
   KVC_ASSIGN_OR_FINISH(
@@ -83,7 +83,7 @@ grpc::Status KvCacheServiceImpl::RenewLease(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::ReleaseLease(grpc::ServerContext* context,
                                               const pb::ReleaseLeaseRequest* request,
                                               pb::ReleaseLeaseResponse* response) {
-  RpcScope scope(metrics_, kService, "ReleaseLease");
+  RpcScope scope(metrics_, kCacheService, "ReleaseLease");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string lease_scope,
                        access_->ScopeFor(caller, "", "ReleaseLease"));
@@ -105,7 +105,7 @@ absl::Status NoNcclTransfers() {
 grpc::Status KvCacheServiceImpl::OpenTransfer(grpc::ServerContext* context,
                                               const pb::OpenTransferRequest* request,
                                               pb::OpenTransferResponse* response) {
-  RpcScope scope(metrics_, kService, "OpenTransfer");
+  RpcScope scope(metrics_, kCacheService, "OpenTransfer");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "OpenTransfer"));
   KVC_ASSIGN_OR_FINISH(const OpenedTransfer opened,
@@ -127,7 +127,7 @@ grpc::Status KvCacheServiceImpl::OpenTransfer(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::SendLease(grpc::ServerContext* context,
                                            const pb::SendLeaseRequest* request,
                                            pb::SendLeaseResponse* response) {
-  RpcScope scope(metrics_, kService, "SendLease");
+  RpcScope scope(metrics_, kCacheService, "SendLease");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "SendLease"));
   KVC_ASSIGN_OR_FINISH(const SentBlocks sent,
@@ -142,7 +142,7 @@ grpc::Status KvCacheServiceImpl::SendLease(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::CloseTransfer(grpc::ServerContext* context,
                                                const pb::CloseTransferRequest* request,
                                                pb::CloseTransferResponse* /*response*/) {
-  RpcScope scope(metrics_, kService, "CloseTransfer");
+  RpcScope scope(metrics_, kCacheService, "CloseTransfer");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "CloseTransfer"));
   KVC_FINISH_IF_ERROR(transfers_->Close(owner, request->transfer_id()));
@@ -217,7 +217,7 @@ absl::StatusOr<AppendResult> KvCacheServiceImpl::AppendOverNccl(const pb::Append
 grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext* context,
                                         const pb::AppendRequest* request,
                                         pb::AppendResponse* response) {
-  RpcScope scope(metrics_, kService, "Append");
+  RpcScope scope(metrics_, kCacheService, "Append");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   if (request->has_nccl()) {
     KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "Append"));
@@ -241,7 +241,7 @@ grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext* context,
                                               grpc::ServerReader<pb::AppendRequest>* reader,
                                               pb::AppendStreamResponse* response) {
-  RpcScope scope(metrics_, kService, "AppendStream");
+  RpcScope scope(metrics_, kCacheService, "AppendStream");
   CredentialCheck credential(access_);
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kStream));
@@ -289,7 +289,7 @@ grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::Fetch(grpc::ServerContext* context,
                                        const pb::FetchRequest* request,
                                        grpc::ServerWriter<pb::FetchChunk>* writer) {
-  RpcScope scope(metrics_, kService, "Fetch");
+  RpcScope scope(metrics_, kCacheService, "Fetch");
   CredentialCheck credential(access_);
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kStream));
@@ -312,7 +312,7 @@ grpc::Status KvCacheServiceImpl::Fetch(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::GetSequence(grpc::ServerContext* context,
                                              const pb::GetSequenceRequest* request,
                                              pb::SequenceInfo* response) {
-  RpcScope scope(metrics_, kService, "GetSequence");
+  RpcScope scope(metrics_, kCacheService, "GetSequence");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string tenant_scope,
                        access_->ScopeFor(caller, request->tenant(), "GetSequence"));
@@ -325,7 +325,7 @@ grpc::Status KvCacheServiceImpl::GetSequence(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::Release(grpc::ServerContext* context,
                                          const pb::ReleaseRequest* request,
                                          pb::ReleaseResponse* response) {
-  RpcScope scope(metrics_, kService, "Release");
+  RpcScope scope(metrics_, kCacheService, "Release");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const std::string tenant_scope, access_->ScopeFor(caller, "", "Release"));
   KVC_ASSIGN_OR_FINISH(const ReleaseResult released,
@@ -338,7 +338,7 @@ grpc::Status KvCacheServiceImpl::Release(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::Compress(grpc::ServerContext* context,
                                           const pb::CompressRequest* request,
                                           pb::CompressResponse* response) {
-  RpcScope scope(metrics_, kService, "Compress");
+  RpcScope scope(metrics_, kCacheService, "Compress");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kCompute));
   KVC_ASSIGN_OR_FINISH(CompressParams params, FromProto(*request));
@@ -368,7 +368,7 @@ absl::Status KvCacheServiceImpl::AttendOne(const std::string& tenant_scope,
 grpc::Status KvCacheServiceImpl::Attend(grpc::ServerContext* context,
                                         const pb::AttendRequest* request,
                                         pb::AttendResponse* response) {
-  RpcScope scope(metrics_, kService, "Attend");
+  RpcScope scope(metrics_, kCacheService, "Attend");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kCompute));
   KVC_ASSIGN_OR_FINISH(const std::string tenant_scope, access_->ScopeFor(caller, "", "Attend"));
@@ -381,7 +381,7 @@ grpc::Status KvCacheServiceImpl::Attend(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::AttendStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<pb::AttendResponse, pb::AttendRequest>* stream) {
-  RpcScope scope(metrics_, kService, "AttendStream");
+  RpcScope scope(metrics_, kCacheService, "AttendStream");
   CredentialCheck credential(access_);
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kStream));
@@ -412,7 +412,7 @@ grpc::Status KvCacheServiceImpl::AttendStream(
 grpc::Status KvCacheServiceImpl::LookupPrefix(grpc::ServerContext* context,
                                               const pb::LookupPrefixRequest* request,
                                               pb::LookupPrefixResponse* response) {
-  RpcScope scope(metrics_, kService, "LookupPrefix");
+  RpcScope scope(metrics_, kCacheService, "LookupPrefix");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   LookupPrefixParams params;
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "LookupPrefix"));
@@ -430,7 +430,7 @@ grpc::Status KvCacheServiceImpl::LookupPrefix(grpc::ServerContext* context,
 grpc::Status KvCacheServiceImpl::PublishPrefix(grpc::ServerContext* context,
                                                const pb::PublishPrefixRequest* request,
                                                pb::PublishPrefixResponse* response) {
-  RpcScope scope(metrics_, kService, "PublishPrefix");
+  RpcScope scope(metrics_, kCacheService, "PublishPrefix");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   PublishPrefixParams params;
   KVC_ASSIGN_OR_FINISH(params.scope, access_->ScopeFor(caller, "", "PublishPrefix"));

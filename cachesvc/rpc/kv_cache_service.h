@@ -2,7 +2,7 @@
 // no lock is held across a network read or write.
 #pragma once
 
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
 #include "cachesvc/rpc/endpoints.h"
 #include "cachesvc/security/access_control.h"

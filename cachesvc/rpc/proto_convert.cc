@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/pool_options.h"
+#include "cachesvc/core/pool/pool_options.h"
 #include "common/status_macros.h"
 
 namespace kvc::cachesvc {

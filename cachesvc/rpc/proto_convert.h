@@ -2,7 +2,7 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "kvcache/v1/admin_service.pb.h"
 #include "kvcache/v1/config.pb.h"
 #include "kvcache/v1/kvcache_service.pb.h"

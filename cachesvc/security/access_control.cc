@@ -1,7 +1,7 @@
 #include "cachesvc/security/access_control.h"
 
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/quote.h"
+#include "cachesvc/core/base/quote.h"
 #include "common/logging.h"
 
 namespace kvc::cachesvc {

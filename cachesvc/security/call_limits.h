@@ -13,7 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "cachesvc/core/tenant_quota.h"
+#include "cachesvc/core/tenant/tenant_quota.h"
 #include "common/mutex.h"
 
 namespace kvc::cachesvc {

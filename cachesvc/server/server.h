@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
 #include "cachesvc/rpc/endpoints.h"
 #include "cachesvc/server/server_config.h"

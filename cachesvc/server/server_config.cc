@@ -8,7 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "cachesvc/core/shard_identity.h"
+#include "cachesvc/core/base/shard_identity.h"
 #include "cachesvc/rpc/proto_convert.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"

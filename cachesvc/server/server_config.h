@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "cachesvc/security/security_options.h"
 
 namespace kvc::cachesvc {

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/backend_buffer.h"
-#include "cachesvc/core/quote.h"
+#include "cachesvc/core/base/backend_buffer.h"
+#include "cachesvc/core/base/quote.h"
 #include "common/status_macros.h"
 #include "transfer/payload.h"
 

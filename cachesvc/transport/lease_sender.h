@@ -10,8 +10,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "cachesvc/core/block_pool.h"
-#include "cachesvc/core/lease_service.h"
+#include "cachesvc/core/pool/block_pool.h"
+#include "cachesvc/core/store/lease_service.h"
 
 namespace kvc::cachesvc {
 

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/errno_message.h"
 #include "common/logging.h"
 
 namespace kvc::cachesvc {
@@ -44,8 +45,6 @@ bool SendAll(int fd, const std::string& text, int attach_fd = -1) {
   return ::sendmsg(fd, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(text.size());
 }
 
-std::string Errno() { return std::generic_category().message(errno); }
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(const LocalSocketOptions& options,
@@ -66,7 +65,7 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(const LocalSocke
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, options.path.data(), options.path.size());
   s->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s->listen_fd_ < 0) return absl::UnavailableError(absl::StrCat("socket: ", Errno()));
+  if (s->listen_fd_ < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoMessage()));
   // A socket file nobody accepts on is a stale one of an earlier run: replace it. One a live
   // process accepts on belongs to another kvcached (a second server with the same path would
   // otherwise take it over, and the first one's readers would be refused by token).
@@ -89,10 +88,10 @@ absl::StatusOr<std::unique_ptr<LocalSocket>> LocalSocket::Start(const LocalSocke
   if (::bind(s->listen_fd_, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
       ::chmod(options.path.c_str(), 0666) != 0 || ::listen(s->listen_fd_, 64) != 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on local_socket '", options.path, "': ", Errno()));
+        absl::StrCat("cannot listen on local_socket '", options.path, "': ", ErrnoMessage()));
   }
   s->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
-  if (s->wake_fd_ < 0) return absl::UnavailableError(absl::StrCat("eventfd: ", Errno()));
+  if (s->wake_fd_ < 0) return absl::UnavailableError(absl::StrCat("eventfd: ", ErrnoMessage()));
   s->thread_ = std::thread([p = s.get()] { p->Serve(); });
   return s;
 }
@@ -298,7 +297,7 @@ void LocalSocket::Serve() {
     // Wakes at least once a second to re-check tokens and drop silent connections.
     if (::poll(fds.data(), fds.size(), 1000) < 0) {
       if (errno == EINTR) continue;
-      KVC_LOG(ERROR) << "local_socket: poll failed: " << Errno();
+      KVC_LOG(ERROR) << "local_socket: poll failed: " << ErrnoMessage();
       break;
     }
     if (fds[0].revents != 0) break;

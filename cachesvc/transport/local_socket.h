@@ -59,7 +59,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "cachesvc/core/lease_service.h"
+#include "cachesvc/core/store/lease_service.h"
 #include "cachesvc/transport/staging_regions.h"
 
 namespace kvc::cachesvc {

@@ -11,7 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "cachesvc/core/quote.h"
+#include "cachesvc/core/base/quote.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "transfer/wire.h"

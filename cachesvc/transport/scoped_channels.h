@@ -15,7 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/quote.h"
+#include "cachesvc/core/base/quote.h"
 #include "common/mutex.h"
 #include "common/random_id.h"
 

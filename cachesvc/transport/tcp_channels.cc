@@ -19,7 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "cachesvc/core/quote.h"
+#include "cachesvc/core/base/quote.h"
+#include "common/errno_message.h"
 #include "common/logging.h"
 #include "common/random_id.h"
 #include "common/status_macros.h"
@@ -29,8 +30,6 @@
 
 namespace kvc::cachesvc {
 namespace {
-
-std::string Errno() { return std::generic_category().message(errno); }
 
 // Equal without an early exit: how long a comparison takes says nothing about the token.
 bool SameSecret(const std::string& a, const std::string& b) {
@@ -146,7 +145,7 @@ absl::StatusOr<std::unique_ptr<TcpChannels>> TcpChannels::Start(const TcpChannel
     if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 64) == 0) {
       t->listen_fd_ = fd;
     } else {
-      why = Errno();
+      why = ErrnoMessage();
       ::close(fd);
     }
   }
@@ -162,7 +161,7 @@ absl::StatusOr<std::unique_ptr<TcpChannels>> TcpChannels::Start(const TcpChannel
       ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
                                         : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
   t->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
-  if (t->wake_fd_ < 0) return absl::UnavailableError(absl::StrCat("eventfd: ", Errno()));
+  if (t->wake_fd_ < 0) return absl::UnavailableError(absl::StrCat("eventfd: ", ErrnoMessage()));
   t->thread_ = std::thread([p = t.get()] { p->Serve(); });
   return t;
 }
@@ -293,7 +292,7 @@ void TcpChannels::Serve() {
     }
     if (::poll(fds.data(), fds.size(), 500) < 0) {
       if (errno == EINTR) continue;
-      KVC_LOG(ERROR) << "transfer listener: poll failed: " << Errno();
+      KVC_LOG(ERROR) << "transfer listener: poll failed: " << ErrnoMessage();
       break;
     }
     if (fds[0].revents != 0) break;

@@ -26,7 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "cachesvc/core/lease_service.h"
+#include "cachesvc/core/store/lease_service.h"
 #include "cachesvc/transport/lease_sender.h"
 #include "cachesvc/transport/scoped_channels.h"
 #include "cachesvc/transport/transfer_channels.h"

@@ -4,7 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/quote.h"
+#include "cachesvc/core/base/quote.h"
 
 namespace kvc::cachesvc {
 

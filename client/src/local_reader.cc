@@ -20,11 +20,10 @@
 #include "absl/time/clock.h"
 #include "client/decode/record_decode.h"
 #include "client/src/kernel_types.h"
+#include "common/errno_message.h"
 
 namespace kvc::client::internal {
 namespace {
-
-std::string Errno() { return std::generic_category().message(errno); }
 
 // One reply line, and the fd sent with it (-1 if none).
 absl::StatusOr<std::string> ReadLine(int fd, int* passed_fd) {
@@ -43,7 +42,7 @@ absl::StatusOr<std::string> ReadLine(int fd, int* passed_fd) {
     if (n <= 0) {
       if (*passed_fd >= 0) ::close(*passed_fd);
       return absl::UnavailableError(n == 0 ? "the local socket closed"
-                                           : absl::StrCat("local socket: ", Errno()));
+                                           : absl::StrCat("local socket: ", ErrnoMessage()));
     }
     for (cmsghdr* h = CMSG_FIRSTHDR(&msg); h != nullptr; h = CMSG_NXTHDR(&msg, h)) {
       if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
@@ -69,9 +68,9 @@ absl::StatusOr<std::unique_ptr<LocalReader>> LocalReader::Connect(const std::str
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", Errno()));
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoMessage()));
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const std::string why = Errno();
+    const std::string why = ErrnoMessage();
     ::close(fd);
     return absl::UnavailableError(absl::StrCat("cannot connect to ", path, ": ", why));
   }
@@ -159,8 +158,8 @@ absl::StatusOr<ArenaView> LocalReader::Arena(const std::string& pool, StorageFor
     void* p = ::mmap(nullptr, static_cast<size_t>(m.bytes), PROT_NONE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot reserve ", m.bytes, " bytes for pool '", pool, "': ", Errno()));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot reserve ", m.bytes, " bytes for pool '", pool, "': ", ErrnoMessage()));
     }
     m.base = static_cast<uint8_t*>(p);
     m.epochs.assign(static_cast<size_t>(m.bytes / m.segment_bytes), 0);
@@ -195,7 +194,7 @@ absl::StatusOr<ArenaView> LocalReader::Arena(const std::string& pool, StorageFor
       if (p == MAP_FAILED) {
         m.epochs[static_cast<size_t>(seg.index)] = 0;
         return absl::ResourceExhaustedError(
-            absl::StrCat("cannot map a segment of pool '", pool, "': ", Errno()));
+            absl::StrCat("cannot map a segment of pool '", pool, "': ", ErrnoMessage()));
       }
       m.epochs[static_cast<size_t>(seg.index)] = seg.epoch;
     }
@@ -240,7 +239,7 @@ absl::StatusOr<std::string> LocalReader::Ask(const std::string& request, int* pa
       static_cast<ssize_t>(request.size())) {
     ::close(fd_);
     fd_ = -1;
-    return absl::UnavailableError(absl::StrCat("local socket: ", Errno()));
+    return absl::UnavailableError(absl::StrCat("local socket: ", ErrnoMessage()));
   }
   absl::StatusOr<std::string> reply = ReadLine(fd_, passed_fd);
   if (!reply.ok()) {
@@ -268,7 +267,7 @@ absl::StatusOr<std::unique_ptr<StagingSpace>> LocalReader::OpenStaging(int64_t b
   ::close(region_fd);  // the mapping keeps the memory
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot map a staging region of ", bytes, " bytes: ", Errno()));
+        absl::StrCat("cannot map a staging region of ", bytes, " bytes: ", ErrnoMessage()));
   }
   return std::make_unique<StagingSpace>(words[1], static_cast<uint8_t*>(p), bytes);
 }

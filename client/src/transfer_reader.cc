@@ -18,15 +18,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "common/errno_message.h"
 #include "transfer/frame_mac.h"
 #include "transfer/wire.h"
 
 namespace kvc::client::internal {
-namespace {
-
-std::string Errno() { return std::generic_category().message(errno); }
-
-}  // namespace
 
 ArenaLookup ReceivedBlocks::arenas() const {
   return [this](StorageFormat f) -> absl::StatusOr<ArenaView> {
@@ -80,7 +76,7 @@ absl::StatusOr<std::unique_ptr<TransferReader>> TransferReader::Connect(
       }
     }
     if (!connected) {
-      why = Errno();
+      why = ErrnoMessage();
       ::close(fd);
       fd = -1;
     }

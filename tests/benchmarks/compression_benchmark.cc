@@ -22,7 +22,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 
 ABSL_FLAG(int32_t, tokens, 32768, "prompt tokens for the SnapKV and Attend measurements");
 ABSL_FLAG(int32_t, budget, 2048, "SnapKV budget (tokens kept per kv head)");

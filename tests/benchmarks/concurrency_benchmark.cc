@@ -22,7 +22,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 
 ABSL_FLAG(int32_t, tokens, 32768, "tokens of the sequence being compressed");
 ABSL_FLAG(int32_t, layers, 4, "layers of the Llama-3-8B-shaped pool (8 kv heads, d 128)");

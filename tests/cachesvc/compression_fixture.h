@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "gtest/gtest.h"
 #include "tests/testing/pool_device.h"
 #include "tests/testing/status_matchers.h"

@@ -7,7 +7,7 @@
 #include <random>
 #include <set>
 
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "gtest/gtest.h"
 #include "tests/cachesvc/compression_fixture.h"
 #include "tests/testing/status_matchers.h"

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "cachesvc/core/device_block_pool.h"
-#include "cachesvc/core/kv_store.h"
-#include "cachesvc/core/op_stage.h"
+#include "cachesvc/core/pool/device_block_pool.h"
+#include "cachesvc/core/pool/op_stage.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "gtest/gtest.h"
 #include "tests/testing/kv_data.h"
 #include "tests/testing/status_matchers.h"

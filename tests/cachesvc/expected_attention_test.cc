@@ -7,8 +7,8 @@
 #include <numeric>
 #include <set>
 
-#include "cachesvc/core/kv_store.h"
-#include "cachesvc/core/query_model.h"
+#include "cachesvc/core/plan/query_model.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "gtest/gtest.h"
 #include "kvc/kernels/rope.h"
 #include "tests/cachesvc/compression_fixture.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "gtest/gtest.h"
 #include "tests/testing/forwarding_backend.h"
 #include "tests/testing/kv_data.h"

@@ -1,4 +1,4 @@
-#include "cachesvc/core/host_block_pool.h"
+#include "cachesvc/core/pool/host_block_pool.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

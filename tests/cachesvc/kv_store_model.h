@@ -25,7 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "tests/testing/kv_data.h"
 #include "tests/testing/pool_device.h"
 

@@ -1,4 +1,4 @@
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 
 #include <thread>
 #include <vector>

@@ -10,7 +10,7 @@
 //    (moved by their delta), scores, and re-rotation applied once at the final slot;
 //  - every old block is either still referenced or freed, no block is referenced twice,
 //    and transient blocks are freed.
-#include "cachesvc/core/lane_plan.h"
+#include "cachesvc/core/plan/lane_plan.h"
 
 #include <algorithm>
 #include <map>

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "absl/strings/escaping.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "cachesvc/transport/lease_sender.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "gtest/gtest.h"
 #include "tests/testing/pool_device.h"
 #include "tests/testing/status_matchers.h"

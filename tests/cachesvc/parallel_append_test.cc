@@ -1,5 +1,5 @@
 // Appends of different layers of one sequence write their rows with the sequence's lock
-// released (two-phase Append, cachesvc/core/append.h): one writer thread per layer, with
+// released (two-phase Append, cachesvc/core/ops/append.h): one writer thread per layer, with
 // readers, forks, compression and a Release of the same sequence running meanwhile. What a
 // user relies on: every layer ends exactly as appended; every Fetch (and every fork) shows,
 // per layer, a prefix of what was appended, each position once with its own data; a
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "gtest/gtest.h"
 #include "tests/testing/kv_data.h"
 #include "tests/testing/pool_device.h"

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/pool_options.h"
+#include "cachesvc/core/pool/pool_options.h"
 #include "gtest/gtest.h"
 #include "kvc/kernels/backend.h"
 #include "tests/testing/status_matchers.h"

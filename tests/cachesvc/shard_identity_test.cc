@@ -1,14 +1,14 @@
 // Cluster ids: the grammar shared by kvcached and the cluster client, and a KvStore that is a
 // shard — every id it hands out names it and its incarnation, bare ids still work, and an id
 // of another shard or of an earlier incarnation is NOT_FOUND saying which.
-#include "cachesvc/core/shard_identity.h"
+#include "cachesvc/core/base/shard_identity.h"
 
 #include <set>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "common/cluster_id.h"
 #include "gtest/gtest.h"
 #include "tests/testing/kv_data.h"

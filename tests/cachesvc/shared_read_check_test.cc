@@ -4,7 +4,7 @@
 // it leaves the cache, the refusal is counted, and the block's mark goes with its last holder.
 #include <random>
 
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/cachesvc/compression_fixture.h"

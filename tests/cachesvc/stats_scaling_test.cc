@@ -7,7 +7,7 @@
 #include <chrono>
 #include <thread>
 
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
 #include "gtest/gtest.h"
 #include "tests/testing/kv_data.h"

@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "cachesvc/core/eviction_rule.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/plan/eviction_rule.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "gtest/gtest.h"
 #include "kvc/kernels/record_codec.h"
 #include "tests/testing/kv_data.h"

@@ -18,8 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "cachesvc/core/eviction_rule.h"
-#include "cachesvc/core/pool_options.h"
+#include "cachesvc/core/plan/eviction_rule.h"
+#include "cachesvc/core/pool/pool_options.h"
 #include "cachesvc/server/server.h"
 #include "cachesvc/server/server_config.h"
 #include "common/token_hash.h"

@@ -28,7 +28,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "kvc/kernels/block_layout.h"
 #include "kvc/kernels/dtype.h"
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_replace.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "cachesvc/transport/lease_sender.h"
 #include "common/token_hash.h"
 #include "gtest/gtest.h"

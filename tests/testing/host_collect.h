@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "cachesvc/core/kv_store.h"
+#include "cachesvc/core/store/kv_store.h"
 #include "cachesvc/transport/lease_sender.h"
 
 namespace kvc::testing {
