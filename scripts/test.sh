@@ -16,12 +16,14 @@
 #               CUDA backend on the host simulator (tests/kernels/cudasim) and runs every
 #               pool-parametrized test with KVC_TEST_POOL_DEVICE=cuda:0 (<Test>@cuda_sim)
 #   clang-tsa   clang 14 thread-safety analysis, compile only (scripts/tsa_check.sh)
-#   asan        ASan + UBSan build (-O1, line tables) + every test
-#   tsan        ThreadSanitizer build (-O1, line tables) + every test but the three model_e2e
-#               scripts (kvc-worker answering through kvcached: minutes each under TSan, and
-#               their threads are the worker's and service's, which other tests cover there)
-#   fuzz        clang 14 libFuzzer build (fuzz preset) + each fuzzer 60 s on its seed corpus
-#               (scripts/run_fuzzers.sh; fails on any finding)
+#   asan        ASan + UBSan build (-O1, line tables, unity build) + every test
+#   tsan        ThreadSanitizer build (-O1, line tables, unity build) + every test but the
+#               three model_e2e scripts (kvc-worker answering through kvcached: minutes each
+#               under TSan, and their threads are the worker's and service's, which other
+#               tests cover there) and the model's forward-pass tests (label model_forward:
+#               their threads are the kernels' pool, which attention_test covers there)
+#   fuzz        clang 14 libFuzzer build (fuzz preset, unity build) + each fuzzer 60 s on its
+#               seed corpus (scripts/run_fuzzers.sh; fails on any finding)
 #
 # A failing stage does not stop the later ones (one CI run reports everything); the exit
 # status is 1 if any stage failed. Timings from a fresh clone are in CONTRIBUTING.md.
