@@ -45,5 +45,10 @@ check "cachesvc/core must not read or write pool memory (use a KernelBackend op)
   "KeyRecord|ValueRecord|BlockBase|record_codec\\.h|memcpy\\([^)]*arena|\\.base\\b|HostArena" \
   $(ls cachesvc/core/*/*.h cachesvc/core/*/*.cc | grep -v -e host_block_pool -e host_arena -e block_copy_out \
     -e device_block_pool)
+# A TenantScope is made in the RPC layer from the authenticated caller (tenant_scope.h); below
+# it, scopes are only passed on and compared.
+check "cachesvc/core and cachesvc/transport never make a TenantScope from a name" \
+  "TenantScope( [a-z_]+)?[({][^)}]" cachesvc/transport $(ls -d cachesvc/core/*/ | grep -v /base/) \
+  $(ls cachesvc/core/base/* | grep -v tenant_scope.h)
 [ $status = 0 ] && echo "check_deps: layering OK"
 exit $status

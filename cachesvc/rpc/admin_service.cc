@@ -70,7 +70,7 @@ grpc::Status AdminServiceImpl::EvictSequence(grpc::ServerContext* context,
   KVC_FINISH_IF_ERROR(access_->RequireAdmin(
       caller, "EvictSequence",
       absl::StrCat(Quoted(request->sequence_id()), " of tenant ", Quoted(tenant))));
-  const std::string tenant_scope = caller.authenticated ? tenant : "";
+  const TenantScope tenant_scope(caller.authenticated ? tenant : "");
   KVC_ASSIGN_OR_FINISH(const ReleaseResult evicted,
                        store_->Evict(request->sequence_id(), tenant_scope));
   response->set_freed_blocks(evicted.freed_blocks);
@@ -105,7 +105,7 @@ grpc::Status AdminServiceImpl::EndLease(grpc::ServerContext* context,
   KVC_FINISH_IF_ERROR(access_->RequireAdmin(
       caller, "EndLease",
       absl::StrCat(Quoted(request->lease_id()), " of tenant ", Quoted(tenant))));
-  const std::string tenant_scope = caller.authenticated ? tenant : "";
+  const TenantScope tenant_scope(caller.authenticated ? tenant : "");
   KVC_ASSIGN_OR_FINISH(const int64_t freed,
                        store_->leases().ReleaseLease(tenant_scope, request->lease_id()));
   response->set_freed_blocks(freed);

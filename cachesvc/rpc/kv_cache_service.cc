@@ -26,7 +26,7 @@ grpc::Status KvCacheServiceImpl::CreateSequence(grpc::ServerContext* context,
           absl::StrCat("the request's tenant ", Quoted(request->tenant()),
                        " is not the caller's ('", caller.tenant, "'); leave tenant empty"))));
     }
-    params.scope = caller.tenant;
+    params.scope = OwnScope(caller);
     params.tenant = caller.tenant;
   } else {
     params.tenant = request->tenant();
@@ -72,7 +72,7 @@ grpc::Status KvCacheServiceImpl::RenewLease(grpc::ServerContext* context,
                                             pb::RenewLeaseResponse* response) {
   RpcScope scope(metrics_, kCacheService, "RenewLease");
   KVC_AUTHENTICATE_OR_FINISH(caller);
-  KVC_ASSIGN_OR_FINISH(const std::string lease_scope, access_->ScopeFor(caller, "", "RenewLease"));
+  KVC_ASSIGN_OR_FINISH(const TenantScope lease_scope, access_->ScopeFor(caller, "", "RenewLease"));
   KVC_ASSIGN_OR_FINISH(
       const int64_t expires,
       store_->leases().RenewLease(lease_scope, request->lease_id(), request->ttl_ms()));
@@ -85,7 +85,7 @@ grpc::Status KvCacheServiceImpl::ReleaseLease(grpc::ServerContext* context,
                                               pb::ReleaseLeaseResponse* response) {
   RpcScope scope(metrics_, kCacheService, "ReleaseLease");
   KVC_AUTHENTICATE_OR_FINISH(caller);
-  KVC_ASSIGN_OR_FINISH(const std::string lease_scope,
+  KVC_ASSIGN_OR_FINISH(const TenantScope lease_scope,
                        access_->ScopeFor(caller, "", "ReleaseLease"));
   KVC_ASSIGN_OR_FINISH(const int64_t freed,
                        store_->leases().ReleaseLease(lease_scope, request->lease_id()));
@@ -107,7 +107,7 @@ grpc::Status KvCacheServiceImpl::OpenTransfer(grpc::ServerContext* context,
                                               pb::OpenTransferResponse* response) {
   RpcScope scope(metrics_, kCacheService, "OpenTransfer");
   KVC_AUTHENTICATE_OR_FINISH(caller);
-  KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "OpenTransfer"));
+  KVC_ASSIGN_OR_FINISH(const TenantScope owner, access_->ScopeFor(caller, "", "OpenTransfer"));
   KVC_ASSIGN_OR_FINISH(const OpenedTransfer opened,
                        transfers_->Open(request->kind(), owner, request->pool()));
   response->set_transfer_id(opened.id);
@@ -129,7 +129,7 @@ grpc::Status KvCacheServiceImpl::SendLease(grpc::ServerContext* context,
                                            pb::SendLeaseResponse* response) {
   RpcScope scope(metrics_, kCacheService, "SendLease");
   KVC_AUTHENTICATE_OR_FINISH(caller);
-  KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "SendLease"));
+  KVC_ASSIGN_OR_FINISH(const TenantScope owner, access_->ScopeFor(caller, "", "SendLease"));
   KVC_ASSIGN_OR_FINISH(const SentBlocks sent,
                        transfers_->Send(owner, request->transfer_id(), request->lease_id(),
                                         request->nonce(), absl::FromChrono(context->deadline())));
@@ -144,13 +144,13 @@ grpc::Status KvCacheServiceImpl::CloseTransfer(grpc::ServerContext* context,
                                                pb::CloseTransferResponse* /*response*/) {
   RpcScope scope(metrics_, kCacheService, "CloseTransfer");
   KVC_AUTHENTICATE_OR_FINISH(caller);
-  KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "CloseTransfer"));
+  KVC_ASSIGN_OR_FINISH(const TenantScope owner, access_->ScopeFor(caller, "", "CloseTransfer"));
   KVC_FINISH_IF_ERROR(transfers_->Close(owner, request->transfer_id()));
   return scope.Finish(grpc::Status::OK);
 }
 
 absl::StatusOr<AppendParams> KvCacheServiceImpl::AppendFromProto(
-    const pb::AppendRequest& request, const std::string& scope,
+    const pb::AppendRequest& request, const TenantScope& scope,
     std::shared_ptr<const StagingRegion>* hold) const {
   if (request.has_nccl()) {
     return absl::InvalidArgumentError(
@@ -188,7 +188,7 @@ absl::StatusOr<AppendParams> KvCacheServiceImpl::AppendFromProto(
 }
 
 absl::StatusOr<AppendResult> KvCacheServiceImpl::AppendOverNccl(const pb::AppendRequest& request,
-                                                                const std::string& scope,
+                                                                const TenantScope& scope,
                                                                 absl::Time deadline) {
   if (nccl_ == nullptr) return NoNcclTransfers();
   const pb::NcclKv& nccl = request.nccl();
@@ -220,7 +220,7 @@ grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext* context,
   RpcScope scope(metrics_, kCacheService, "Append");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   if (request->has_nccl()) {
-    KVC_ASSIGN_OR_FINISH(const std::string owner, access_->ScopeFor(caller, "", "Append"));
+    KVC_ASSIGN_OR_FINISH(const TenantScope owner, access_->ScopeFor(caller, "", "Append"));
     KVC_ASSIGN_OR_FINISH(const AppendResult result,
                          AppendOverNccl(*request, owner, absl::FromChrono(context->deadline())));
     scope.AddReceived(2 * request->nccl().bytes());
@@ -229,7 +229,7 @@ grpc::Status KvCacheServiceImpl::Append(grpc::ServerContext* context,
     return scope.Finish(grpc::Status::OK);
   }
   std::shared_ptr<const StagingRegion> staged;
-  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope, access_->ScopeFor(caller, "", "Append"));
+  KVC_ASSIGN_OR_FINISH(const TenantScope tenant_scope, access_->ScopeFor(caller, "", "Append"));
   KVC_ASSIGN_OR_FINISH(AppendParams params, AppendFromProto(*request, tenant_scope, &staged));
   KVC_ASSIGN_OR_FINISH(const AppendResult result, store_->Append(params));
   scope.AddReceived(static_cast<int64_t>(request->keys().size() + request->values().size()));
@@ -245,7 +245,7 @@ grpc::Status KvCacheServiceImpl::AppendStream(grpc::ServerContext* context,
   CredentialCheck credential(access_);
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kStream));
-  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope,
+  KVC_ASSIGN_OR_FINISH(const TenantScope tenant_scope,
                        access_->ScopeFor(caller, "", "AppendStream"));
   pb::AppendRequest request;
   int64_t messages = 0;
@@ -314,7 +314,7 @@ grpc::Status KvCacheServiceImpl::GetSequence(grpc::ServerContext* context,
                                              pb::SequenceInfo* response) {
   RpcScope scope(metrics_, kCacheService, "GetSequence");
   KVC_AUTHENTICATE_OR_FINISH(caller);
-  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope,
+  KVC_ASSIGN_OR_FINISH(const TenantScope tenant_scope,
                        access_->ScopeFor(caller, request->tenant(), "GetSequence"));
   KVC_ASSIGN_OR_FINISH(const SequenceSnapshot snapshot,
                        store_->GetSequence(request->sequence_id(), tenant_scope));
@@ -327,7 +327,7 @@ grpc::Status KvCacheServiceImpl::Release(grpc::ServerContext* context,
                                          pb::ReleaseResponse* response) {
   RpcScope scope(metrics_, kCacheService, "Release");
   KVC_AUTHENTICATE_OR_FINISH(caller);
-  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope, access_->ScopeFor(caller, "", "Release"));
+  KVC_ASSIGN_OR_FINISH(const TenantScope tenant_scope, access_->ScopeFor(caller, "", "Release"));
   KVC_ASSIGN_OR_FINISH(const ReleaseResult released,
                        store_->Release(request->sequence_id(), tenant_scope));
   response->set_freed_blocks(released.freed_blocks);
@@ -355,7 +355,7 @@ grpc::Status KvCacheServiceImpl::Compress(grpc::ServerContext* context,
   return scope.Finish(grpc::Status::OK);
 }
 
-absl::Status KvCacheServiceImpl::AttendOne(const std::string& tenant_scope,
+absl::Status KvCacheServiceImpl::AttendOne(const TenantScope& tenant_scope,
                                            const pb::AttendRequest& request,
                                            pb::AttendResponse* response) {
   KVC_ASSIGN_OR_RETURN(AttendParams params, FromProto(request));
@@ -371,7 +371,7 @@ grpc::Status KvCacheServiceImpl::Attend(grpc::ServerContext* context,
   RpcScope scope(metrics_, kCacheService, "Attend");
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kCompute));
-  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope, access_->ScopeFor(caller, "", "Attend"));
+  KVC_ASSIGN_OR_FINISH(const TenantScope tenant_scope, access_->ScopeFor(caller, "", "Attend"));
   scope.AddReceived(static_cast<int64_t>(request->queries().size()));
   const absl::Status status = AttendOne(tenant_scope, *request, response);
   scope.AddSent(static_cast<int64_t>(response->output().size()));
@@ -385,7 +385,7 @@ grpc::Status KvCacheServiceImpl::AttendStream(
   CredentialCheck credential(access_);
   KVC_AUTHENTICATE_OR_FINISH(caller);
   KVC_ASSIGN_OR_FINISH(const CallLimits::Slot slot, access_->Enter(caller, CallKind::kStream));
-  KVC_ASSIGN_OR_FINISH(const std::string tenant_scope,
+  KVC_ASSIGN_OR_FINISH(const TenantScope tenant_scope,
                        access_->ScopeFor(caller, "", "AttendStream"));
   pb::AttendRequest request;
   pb::AttendResponse response;

@@ -2,6 +2,7 @@
 // no lock is held across a network read or write.
 #pragma once
 
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/store/kv_store.h"
 #include "cachesvc/metrics/metrics.h"
 #include "cachesvc/rpc/endpoints.h"
@@ -79,17 +80,17 @@ class KvCacheServiceImpl final : public kvcache::v1::KvCacheService::Service {
                                                      kvcache::v1::AttendRequest>* stream) override;
 
  private:
-  absl::Status AttendOne(const std::string& scope, const kvcache::v1::AttendRequest& request,
+  absl::Status AttendOne(const TenantScope& scope, const kvcache::v1::AttendRequest& request,
                          kvcache::v1::AttendResponse* response);
   // An Append's params in `scope`, its keys and values viewing the scope's staging region
   // when the request is staged (`hold` then keeps the region mapped until the params are
   // dropped).
   absl::StatusOr<AppendParams> AppendFromProto(const kvcache::v1::AppendRequest& request,
-                                               const std::string& scope,
+                                               const TenantScope& scope,
                                                std::shared_ptr<const StagingRegion>* hold) const;
   // An Append whose keys and values come over an NCCL transfer of `scope`'s (request.nccl).
   absl::StatusOr<AppendResult> AppendOverNccl(const kvcache::v1::AppendRequest& request,
-                                              const std::string& scope, absl::Time deadline);
+                                              const TenantScope& scope, absl::Time deadline);
 
   KvStore* store_;
   Metrics* metrics_;

@@ -356,7 +356,8 @@ void ToProto(const LeaseInfo& l, pb::LeaseInfo* out) {
 }
 
 LeaseParams FromProto(const pb::LeaseRequest& r) {
-  return LeaseParams{"", r.sequence_id(), {r.layers().begin(), r.layers().end()}, r.ttl_ms()};
+  return LeaseParams{
+      TenantScope(), r.sequence_id(), {r.layers().begin(), r.layers().end()}, r.ttl_ms()};
 }
 
 void ToProto(const LeaseSnapshot& l, pb::Lease* out) {

@@ -18,11 +18,16 @@ absl::StatusOr<Caller> AccessControl::Authenticate(const grpc::ServerContext& co
   return caller;
 }
 
-absl::StatusOr<std::string> AccessControl::ScopeFor(const Caller& caller,
+TenantScope OwnScope(const Caller& caller) {
+  return caller.authenticated ? TenantScope(caller.tenant) : TenantScope();
+}
+
+absl::StatusOr<TenantScope> AccessControl::ScopeFor(const Caller& caller,
                                                     const std::string& requested,
                                                     const char* what) const {
-  if (!caller.authenticated) return std::string();
-  if (requested.empty() || requested == caller.tenant) return caller.tenant;
+  if (!caller.authenticated || requested.empty() || requested == caller.tenant) {
+    return OwnScope(caller);
+  }
   if (caller.role != Role::kAdmin) {
     return absl::PermissionDeniedError(
         absl::StrCat("the request names tenant ", Quoted(requested), " but the caller is tenant '",
@@ -32,7 +37,7 @@ absl::StatusOr<std::string> AccessControl::ScopeFor(const Caller& caller,
   }
   KVC_LOG(INFO) << "audit: " << Describe(caller) << " " << what << " of tenant "
                 << Quoted(requested);
-  return requested;
+  return TenantScope(requested);
 }
 
 absl::Status AccessControl::RequireAdmin(const Caller& caller, const char* what,

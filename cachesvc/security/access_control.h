@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/metrics/metrics.h"
 #include "cachesvc/security/authenticator.h"
 #include "cachesvc/security/call_limits.h"
@@ -28,8 +29,8 @@ class AccessControl {
   absl::StatusOr<Caller> Authenticate(const grpc::ServerContext& context) const;
   // The id space a call acts in: the caller's tenant, or `requested` (a request's tenant
   // field) for an admin (audited as `what`). PERMISSION_DENIED when a non-admin names
-  // another tenant. Without authentication: "" (one shared id space, as before).
-  absl::StatusOr<std::string> ScopeFor(const Caller& caller, const std::string& requested,
+  // another tenant. Without authentication: the one shared id space.
+  absl::StatusOr<TenantScope> ScopeFor(const Caller& caller, const std::string& requested,
                                        const char* what) const;
   // PERMISSION_DENIED unless the caller is an admin (or authentication is off); audits the
   // action (`what`, with `detail`) either way.
@@ -62,6 +63,9 @@ class CredentialCheck {
   const AccessControl* access_;
   int64_t generation_;
 };
+
+// The caller's own id space: its tenant's, or the shared one without authentication.
+TenantScope OwnScope(const Caller& caller);
 
 // "tenant 'a' (token)" for audit lines.
 std::string Describe(const Caller& caller);

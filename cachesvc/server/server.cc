@@ -74,10 +74,10 @@ absl::StatusOr<std::unique_ptr<KvCacheServer>> KvCacheServer::Start(const Server
     local.token = token;
     // The socket's peers prove their tenant with the same bearer token as gRPC callers.
     local.authenticate =
-        [auth = server->auth_.get()](const std::string& bearer) -> absl::StatusOr<std::string> {
-      if (!auth->enabled()) return std::string();
+        [auth = server->auth_.get()](const std::string& bearer) -> absl::StatusOr<TenantScope> {
+      if (!auth->enabled()) return TenantScope();
       KVC_ASSIGN_OR_RETURN(const Caller caller, auth->AuthenticateToken(bearer));
-      return caller.tenant;
+      return OwnScope(caller);
     };
     local.on_event = [metrics = server->metrics_.get()](const char* event) {
       metrics->RecordLocalSocketEvent(event);

@@ -20,7 +20,7 @@ int PayloadFormat(size_t f) { return static_cast<int>(f) + 1; }
 
 }  // namespace
 
-absl::StatusOr<SentBlocks> SendLeasedBlocks(const LeaseService& leases, const std::string& scope,
+absl::StatusOr<SentBlocks> SendLeasedBlocks(const LeaseService& leases, const TenantScope& scope,
                                             const std::string& lease_id, BlockSink* sink) {
   KVC_ASSIGN_OR_RETURN(const LeaseTable::Pinned pinned, leases.PinnedLease(scope, lease_id));
   BlockPool* const pool = pinned.pool;

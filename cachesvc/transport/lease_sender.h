@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/pool/block_pool.h"
 #include "cachesvc/core/store/lease_service.h"
 
@@ -46,7 +47,7 @@ struct SentBlocks {
 // recycled: nothing sent counts); FAILED_PRECONDITION, before Begin, for a sink that sends
 // from a pool's memory and a lease of another pool or of a host pool; the sink's errors as
 // they come.
-absl::StatusOr<SentBlocks> SendLeasedBlocks(const LeaseService& leases, const std::string& scope,
+absl::StatusOr<SentBlocks> SendLeasedBlocks(const LeaseService& leases, const TenantScope& scope,
                                             const std::string& lease_id, BlockSink* sink);
 
 }  // namespace kvc::cachesvc

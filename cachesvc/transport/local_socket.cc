@@ -150,7 +150,7 @@ void LocalSocket::Accept(std::vector<Conn>* conns) {
 }
 
 bool LocalSocket::StillValid(const Conn& conn) const {
-  const absl::StatusOr<std::string> scope = options_.authenticate(conn.token);
+  const absl::StatusOr<TenantScope> scope = options_.authenticate(conn.token);
   return scope.ok() && *scope == conn.scope;
 }
 
@@ -159,7 +159,7 @@ bool LocalSocket::Auth(Conn& conn, const std::string& token) {
     SendAll(conn.fd, "ERR this connection has authenticated already\n");
     return false;
   }
-  const absl::StatusOr<std::string> scope = options_.authenticate(token);
+  const absl::StatusOr<TenantScope> scope = options_.authenticate(token);
   if (!scope.ok()) {
     Event("refused");
     SendAll(conn.fd, absl::StrCat("ERR ", scope.status().message().substr(0, 200), "\n"));

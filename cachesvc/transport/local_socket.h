@@ -59,6 +59,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/store/lease_service.h"
 #include "cachesvc/transport/staging_regions.h"
 
@@ -71,7 +72,7 @@ struct LocalSocketOptions {
   std::string token;  // sent in the greeting
   // The scope (tenant) a bearer token acts in, or UNAUTHENTICATED; called for "AUTH" and to
   // re-check connections. "-" stands for no token.
-  std::function<absl::StatusOr<std::string>(const std::string& token)> authenticate;
+  std::function<absl::StatusOr<TenantScope>(const std::string& token)> authenticate;
   // Called from the socket's thread for each "connected" (greeted), "refused" (uid or too
   // many readers), "authenticated", "revoked" (a connection closed because its token no
   // longer authenticates), "arena", "segment" (a segment fd handed out) and "staging" (a
@@ -106,7 +107,7 @@ class LocalSocket {
     absl::Time opened;
     bool authenticated = false;
     std::string token;                 // the bearer token it authenticated with ("-": none)
-    std::string scope;                 // the tenant it acts for
+    TenantScope scope;                 // the tenant it acts for
     std::vector<std::string> regions;  // staging regions it opened: closed with it
   };
   LocalSocket(const LocalSocketOptions& options, LeaseService* leases, StagingRegions* regions)

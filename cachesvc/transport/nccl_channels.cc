@@ -28,7 +28,7 @@ class NcclChannels::Budget {
   class Charge {
    public:
     Charge() = default;
-    Charge(std::shared_ptr<Budget> budget, std::string scope, int64_t bytes)
+    Charge(std::shared_ptr<Budget> budget, TenantScope scope, int64_t bytes)
         : budget_(std::move(budget)), scope_(std::move(scope)), bytes_(bytes) {}
     Charge(Charge&& other) noexcept { *this = std::move(other); }
     Charge& operator=(Charge&& other) noexcept {
@@ -48,13 +48,13 @@ class NcclChannels::Budget {
 
    private:
     std::shared_ptr<Budget> budget_;
-    std::string scope_;
+    TenantScope scope_;
     int64_t bytes_ = 0;
   };
 
   // `bytes` more for `scope`, or RESOURCE_EXHAUSTED naming the budget it would pass.
   // `what` names the buffer ("an Append over NCCL needs a receive buffer").
-  static absl::StatusOr<Charge> Take(const std::shared_ptr<Budget>& self, const std::string& scope,
+  static absl::StatusOr<Charge> Take(const std::shared_ptr<Budget>& self, const TenantScope& scope,
                                      int64_t bytes, const char* what) {
     Budget& b = *self;
     kvc::MutexLock lock(&b.mu_);
@@ -69,7 +69,7 @@ class NcclChannels::Budget {
     if (mine + bytes > b.per_tenant_) {
       const int64_t held = mine;
       if (mine == 0) b.by_scope_.erase(scope);
-      return refuse(absl::StrCat("tenant ", Quoted(scope)), held,
+      return refuse(absl::StrCat("tenant ", Quoted(scope.tenant())), held,
                     "transfer_nccl_receive_bytes_per_tenant", b.per_tenant_);
     }
     if (b.all_ + bytes > b.total_) {
@@ -82,7 +82,7 @@ class NcclChannels::Budget {
   }
 
  private:
-  void Give(const std::string& scope, int64_t bytes) {
+  void Give(const TenantScope& scope, int64_t bytes) {
     kvc::MutexLock lock(&mu_);
     all_ -= bytes;
     auto it = by_scope_.find(scope);
@@ -92,7 +92,7 @@ class NcclChannels::Budget {
   const int64_t per_tenant_;
   const int64_t total_;
   kvc::Mutex mu_;
-  absl::flat_hash_map<std::string, int64_t> by_scope_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<TenantScope, int64_t> by_scope_ ABSL_GUARDED_BY(mu_);
   int64_t all_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -102,7 +102,7 @@ class NcclChannels::Budget {
 struct NcclChannels::Channel {
   explicit Channel(const nccl::Api* a) : api(a), comm(a) {}
   const nccl::Api* const api;
-  std::string scope;
+  TenantScope scope;
   BlockPool* pool = nullptr;
   absl::Time opened;
   kvc::Mutex op_mu;  // one send or receive at a time, in call order
@@ -141,7 +141,7 @@ struct NcclChannels::Channel {
 class NcclChannels::Sink final : public BlockSink {
  public:
   Sink(Channel* c, uint64_t nonce, absl::Time until, std::shared_ptr<Budget> budget,
-       std::string scope)
+       TenantScope scope)
       : c_(c), nonce_(nonce), until_(until), budget_(std::move(budget)), scope_(std::move(scope)) {}
   const BlockPool* SendsFromPool() const override { return c_->pool; }
   // The piece buffer is device memory like the receive buffers: the same budgets, held for
@@ -180,7 +180,7 @@ class NcclChannels::Sink final : public BlockSink {
   const uint64_t nonce_;
   const absl::Time until_;
   const std::shared_ptr<Budget> budget_;
-  const std::string scope_;
+  const TenantScope scope_;
   Budget::Charge charge_;
   bool begun_ = false;
 };
@@ -253,7 +253,7 @@ NcclChannels::NcclChannels(const NcclChannelOptions& options, LeaseService* leas
       api_(api),
       budget_(std::make_shared<Budget>(options.receive_bytes_per_tenant, options.receive_bytes)) {}
 
-absl::StatusOr<OpenedTransfer> NcclChannels::Open(const std::string& scope,
+absl::StatusOr<OpenedTransfer> NcclChannels::Open(const TenantScope& scope,
                                                   const std::string& pool_name) {
   KVC_ASSIGN_OR_RETURN(BlockPool * pool, leases_->FindPool(pool_name));
   if (pool->options().device == "cpu") {
@@ -344,7 +344,7 @@ absl::Status NcclChannels::Ready(Channel& c, const std::string& id, absl::Time d
   return absl::OkStatus();
 }
 
-absl::Status NcclChannels::Receive(const std::string& scope, const std::string& id, uint64_t nonce,
+absl::Status NcclChannels::Receive(const TenantScope& scope, const std::string& id, uint64_t nonce,
                                    int64_t bytes, absl::Time deadline, const ApplyReceived& apply) {
   std::shared_ptr<Channel> c = channels_.Find(scope, id);
   if (c == nullptr) return ScopedChannels<Channel>::Unknown(id);
@@ -409,13 +409,13 @@ absl::Status NcclChannels::Receive(const std::string& scope, const std::string& 
   return apply(keys, values, c->pool->options().device);
 }
 
-absl::Status NcclChannels::Close(const std::string& scope, const std::string& id) {
+absl::Status NcclChannels::Close(const TenantScope& scope, const std::string& id) {
   KVC_RETURN_IF_ERROR(channels_.Close(scope, id));
   Event("closed");
   return absl::OkStatus();  // the comm is aborted when the last send on it is done
 }
 
-absl::StatusOr<SentBlocks> NcclChannels::Send(const std::string& scope, const std::string& id,
+absl::StatusOr<SentBlocks> NcclChannels::Send(const TenantScope& scope, const std::string& id,
                                               const std::string& lease_id, uint64_t nonce,
                                               absl::Time deadline) {
   std::shared_ptr<Channel> c = channels_.Find(scope, id);

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "cachesvc/core/base/backend_buffer.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/store/lease_service.h"
 #include "cachesvc/transport/lease_sender.h"
 #include "cachesvc/transport/scoped_channels.h"
@@ -69,9 +70,9 @@ class NcclChannels final : public TransferChannels {
 
   // NOT_FOUND pool; FAILED_PRECONDITION for a host pool; RESOURCE_EXHAUSTED when the scope
   // has kMaxPerScope channels; UNAVAILABLE when NCCL refuses to start the join.
-  absl::StatusOr<OpenedTransfer> Open(const std::string& scope, const std::string& pool) override;
+  absl::StatusOr<OpenedTransfer> Open(const TenantScope& scope, const std::string& pool) override;
   // SendLease (see the proto). `deadline`: the call's.
-  absl::StatusOr<SentBlocks> Send(const std::string& scope, const std::string& id,
+  absl::StatusOr<SentBlocks> Send(const TenantScope& scope, const std::string& id,
                                   const std::string& lease_id, uint64_t nonce,
                                   absl::Time deadline) override;
   // The receiving half of an Append over NCCL (AppendRequest.nccl, whose contract this
@@ -84,9 +85,9 @@ class NcclChannels final : public TransferChannels {
   // closes the channel. `bytes` at most transfer::kMaxNcclAppendBytes.
   using ApplyReceived =
       std::function<absl::Status(const char* keys, const char* values, const std::string& device)>;
-  absl::Status Receive(const std::string& scope, const std::string& id, uint64_t nonce,
+  absl::Status Receive(const TenantScope& scope, const std::string& id, uint64_t nonce,
                        int64_t bytes, absl::Time deadline, const ApplyReceived& apply);
-  absl::Status Close(const std::string& scope, const std::string& id) override;
+  absl::Status Close(const TenantScope& scope, const std::string& id) override;
 
   // The prefix of the ids it makes (TCP channels': "t-").
   static constexpr char kIdPrefix[] = "n-";

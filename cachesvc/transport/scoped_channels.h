@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "cachesvc/core/base/quote.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "common/mutex.h"
 #include "common/random_id.h"
 
@@ -56,7 +57,7 @@ class ScopedChannels {
   }
 
   // The scope's channel `id`; null when there is none (another scope's is none too).
-  std::shared_ptr<Channel> Find(const std::string& scope, const std::string& id) const {
+  std::shared_ptr<Channel> Find(const TenantScope& scope, const std::string& id) const {
     kvc::MutexLock lock(&mu_);
     auto it = channels_.find(id);
     if (it == channels_.end() || it->second->scope != scope) return nullptr;
@@ -70,7 +71,7 @@ class ScopedChannels {
   }
 
   // Removes the scope's channel `id`; it ends when the last send holding it is done.
-  absl::Status Close(const std::string& scope, const std::string& id) {
+  absl::Status Close(const TenantScope& scope, const std::string& id) {
     std::shared_ptr<Channel> gone;
     kvc::MutexLock lock(&mu_);
     auto it = channels_.find(id);

@@ -44,7 +44,7 @@ StagingRegion::~StagingRegion() {
 }
 
 absl::StatusOr<std::pair<std::string, std::shared_ptr<StagingRegion>>> StagingRegions::Open(
-    int64_t bytes, const std::string& scope) {
+    int64_t bytes, const TenantScope& scope) {
   if (bytes < kMinBytes || bytes > kMaxBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a staging region of ", bytes, " bytes; expected ", kMinBytes, " .. ", kMaxBytes));
@@ -93,7 +93,7 @@ void StagingRegions::Close(const std::string& id) {
 }
 
 absl::StatusOr<std::shared_ptr<const StagingRegion>> StagingRegions::Find(
-    const std::string& scope, const std::string& id) const {
+    const TenantScope& scope, const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = regions_.find(id);
   if (it == regions_.end() || it->second.scope != scope) {

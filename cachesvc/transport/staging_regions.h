@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "cachesvc/core/base/tenant_scope.h"
 
 namespace kvc::cachesvc {
 
@@ -58,25 +59,25 @@ class StagingRegions {
   // guessed. RESOURCE_EXHAUSTED naming the budget when the scope's regions or everyone's
   // would pass it.
   absl::StatusOr<std::pair<std::string, std::shared_ptr<StagingRegion>>> Open(
-      int64_t bytes, const std::string& scope);
+      int64_t bytes, const TenantScope& scope);
   // Forgets `id`; an Append still reading it keeps the mapping until it returns.
   void Close(const std::string& id);
   // `scope`'s region `id`. FAILED_PRECONDITION naming a prefix of `id` when it has no such
   // region open (another scope's region reads the same: an id works only for its tenant).
-  absl::StatusOr<std::shared_ptr<const StagingRegion>> Find(const std::string& scope,
+  absl::StatusOr<std::shared_ptr<const StagingRegion>> Find(const TenantScope& scope,
                                                             const std::string& id) const;
   int64_t open_bytes() const;
 
  private:
   struct OpenRegion {
     std::shared_ptr<StagingRegion> region;
-    std::string scope;
+    TenantScope scope;
   };
   const int64_t budget_per_scope_;
   const int64_t budget_total_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, OpenRegion> regions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int64_t> scope_bytes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<TenantScope, int64_t> scope_bytes_ ABSL_GUARDED_BY(mu_);
   int64_t open_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -176,7 +176,7 @@ TcpChannels::~TcpChannels() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
-absl::StatusOr<OpenedTransfer> TcpChannels::Open(const std::string& scope,
+absl::StatusOr<OpenedTransfer> TcpChannels::Open(const TenantScope& scope,
                                                  const std::string& /*pool*/) {
   const std::string token = RandomId("");
   auto channel = std::make_shared<Channel>();
@@ -212,13 +212,13 @@ bool TcpChannels::Done(Channel& c, absl::Time now) {
   return done;
 }
 
-absl::Status TcpChannels::Close(const std::string& scope, const std::string& id) {
+absl::Status TcpChannels::Close(const TenantScope& scope, const std::string& id) {
   KVC_RETURN_IF_ERROR(channels_.Close(scope, id));
   Event("closed");
   return absl::OkStatus();  // the connection closes when the last send on it is done
 }
 
-absl::StatusOr<SentBlocks> TcpChannels::Send(const std::string& scope, const std::string& id,
+absl::StatusOr<SentBlocks> TcpChannels::Send(const TenantScope& scope, const std::string& id,
                                              const std::string& lease_id, uint64_t nonce,
                                              absl::Time deadline) {
   std::shared_ptr<Channel> c = channels_.Find(scope, id);

@@ -26,6 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/store/lease_service.h"
 #include "cachesvc/transport/lease_sender.h"
 #include "cachesvc/transport/scoped_channels.h"
@@ -75,15 +76,15 @@ class TcpChannels final : public TransferChannels {
   // The prefix of the ids it makes (NCCL channels': "n-").
   static constexpr char kIdPrefix[] = "t-";
   // RESOURCE_EXHAUSTED when the scope has kMaxPerScope channels open. Any pool's leases.
-  absl::StatusOr<OpenedTransfer> Open(const std::string& scope, const std::string& pool) override;
-  absl::StatusOr<SentBlocks> Send(const std::string& scope, const std::string& id,
+  absl::StatusOr<OpenedTransfer> Open(const TenantScope& scope, const std::string& pool) override;
+  absl::StatusOr<SentBlocks> Send(const TenantScope& scope, const std::string& id,
                                   const std::string& lease_id, uint64_t nonce,
                                   absl::Time deadline) override;
-  absl::Status Close(const std::string& scope, const std::string& id) override;
+  absl::Status Close(const TenantScope& scope, const std::string& id) override;
 
  private:
   struct Channel {
-    std::string scope;
+    TenantScope scope;
     std::string token;
     absl::Time opened;
     kvc::Mutex send_mu;     // one send at a time, in call order

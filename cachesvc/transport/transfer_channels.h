@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/transport/lease_sender.h"
 
 namespace kvc::cachesvc {
@@ -35,13 +36,13 @@ class TransferChannels {
  public:
   virtual ~TransferChannels() = default;
   // A channel of `scope`'s (for NCCL, carrying pool `pool`'s leases; TCP ignores it).
-  virtual absl::StatusOr<OpenedTransfer> Open(const std::string& scope,
+  virtual absl::StatusOr<OpenedTransfer> Open(const TenantScope& scope,
                                               const std::string& pool) = 0;
   // SendLease (see the proto). `deadline`: the call's.
-  virtual absl::StatusOr<SentBlocks> Send(const std::string& scope, const std::string& id,
+  virtual absl::StatusOr<SentBlocks> Send(const TenantScope& scope, const std::string& id,
                                           const std::string& lease_id, uint64_t nonce,
                                           absl::Time deadline) = 0;
-  virtual absl::Status Close(const std::string& scope, const std::string& id) = 0;
+  virtual absl::Status Close(const TenantScope& scope, const std::string& id) = 0;
 };
 
 }  // namespace kvc::cachesvc

@@ -23,7 +23,7 @@ const Transfers::Kind* Transfers::Find(int kind) const {
   return nullptr;
 }
 
-absl::StatusOr<OpenedTransfer> Transfers::Open(int kind, const std::string& scope,
+absl::StatusOr<OpenedTransfer> Transfers::Open(int kind, const TenantScope& scope,
                                                const std::string& pool) const {
   if (kind == 0) kind = kTcp;
   if (kind != kTcp && kind != kNccl) {
@@ -54,7 +54,7 @@ absl::StatusOr<TransferChannels*> Transfers::ForId(const std::string& id) const 
       absl::StrCat("transfer ", Quoted(id), " does not exist (never opened, closed, or broken)"));
 }
 
-absl::StatusOr<SentBlocks> Transfers::Send(const std::string& scope, const std::string& id,
+absl::StatusOr<SentBlocks> Transfers::Send(const TenantScope& scope, const std::string& id,
                                            const std::string& lease_id, uint64_t nonce,
                                            absl::Time deadline) const {
   absl::StatusOr<TransferChannels*> channels = ForId(id);
@@ -62,7 +62,7 @@ absl::StatusOr<SentBlocks> Transfers::Send(const std::string& scope, const std::
   return (*channels)->Send(scope, id, lease_id, nonce, deadline);
 }
 
-absl::Status Transfers::Close(const std::string& scope, const std::string& id) const {
+absl::Status Transfers::Close(const TenantScope& scope, const std::string& id) const {
   absl::StatusOr<TransferChannels*> channels = ForId(id);
   if (!channels.ok()) return channels.status();
   return (*channels)->Close(scope, id);

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/transport/transfer_channels.h"
 
 namespace kvc::cachesvc {
@@ -26,12 +27,12 @@ class Transfers {
   void Refuse(int kind, std::string why);
 
   // INVALID_ARGUMENT for a kind that is none of the above.
-  absl::StatusOr<OpenedTransfer> Open(int kind, const std::string& scope,
+  absl::StatusOr<OpenedTransfer> Open(int kind, const TenantScope& scope,
                                       const std::string& pool) const;
-  absl::StatusOr<SentBlocks> Send(const std::string& scope, const std::string& id,
+  absl::StatusOr<SentBlocks> Send(const TenantScope& scope, const std::string& id,
                                   const std::string& lease_id, uint64_t nonce,
                                   absl::Time deadline) const;
-  absl::Status Close(const std::string& scope, const std::string& id) const;
+  absl::Status Close(const TenantScope& scope, const std::string& id) const;
 
  private:
   struct Kind {

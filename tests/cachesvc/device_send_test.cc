@@ -62,7 +62,7 @@ class DeviceSendTest : public ::testing::Test {
     auto created = KvStore::Create(Options(g, int64_t{256} << 20));
     ASSERT_TRUE(created.ok()) << created.status();
     store_ = std::move(*created);
-    auto seq = store_->CreateSequence(CreateSequenceParams{"", "", "", "", {}, {}});
+    auto seq = store_->CreateSequence(CreateSequenceParams{TenantScope(), "", "", "", {}, {}});
     ASSERT_TRUE(seq.ok()) << seq.status();
     id_ = seq->id;
     const int64_t n = 16 * 70 + 5;  // 70 whole blocks + 5 tokens per lane
@@ -87,16 +87,16 @@ class DeviceSendTest : public ::testing::Test {
 };
 
 size_t DeviceSendTest::SendBothWays() {
-  auto lease = store_->leases().LeaseSequence(LeaseParams{"", id_, {}, 0});
+  auto lease = store_->leases().LeaseSequence(LeaseParams{TenantScope(), id_, {}, 0});
   EXPECT_TRUE(lease.ok()) << lease.status();
   if (!lease.ok()) return 0;
   BlockPool* pool = *store_->leases().FindPool("c");
   PoolMemoryCollect device(pool);
-  auto sent = SendLeasedBlocks(store_->leases(), "", lease->lease_id, &device);
+  auto sent = SendLeasedBlocks(store_->leases(), TenantScope(), lease->lease_id, &device);
   EXPECT_TRUE(sent.ok()) << sent.status();
   HostCollect host;
-  EXPECT_TRUE(SendLeasedBlocks(store_->leases(), "", lease->lease_id, &host).ok());
-  EXPECT_TRUE(store_->leases().ReleaseLease("", lease->lease_id).ok());
+  EXPECT_TRUE(SendLeasedBlocks(store_->leases(), TenantScope(), lease->lease_id, &host).ok());
+  EXPECT_TRUE(store_->leases().ReleaseLease(TenantScope(), lease->lease_id).ok());
   if (!sent.ok()) return 0;
   EXPECT_EQ(device.announced, sent->bytes);
   EXPECT_EQ(static_cast<int64_t>(device.bytes.size()), sent->bytes);
@@ -123,10 +123,10 @@ size_t DeviceSendTest::SendBothWays() {
 
 TEST_F(DeviceSendTest, PiecesInPoolMemoryHoldWhatAHostSinkGets) {
   if (testing::TestPoolDevice() == "cpu") {
-    KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease,
-                             store_->leases().LeaseSequence(LeaseParams{"", id_, {}, 0}));
+    KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, store_->leases().LeaseSequence(LeaseParams{
+                                                            TenantScope(), id_, {}, 0}));
     PoolMemoryCollect device(*store_->leases().FindPool("c"));
-    EXPECT_THAT(SendLeasedBlocks(store_->leases(), "", lease.lease_id, &device).status(),
+    EXPECT_THAT(SendLeasedBlocks(store_->leases(), TenantScope(), lease.lease_id, &device).status(),
                 StatusIs(absl::StatusCode::kFailedPrecondition, "in host memory"));
     EXPECT_EQ(device.announced, -1) << "refused before Begin";
     return;

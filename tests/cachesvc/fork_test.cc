@@ -40,7 +40,7 @@ class ForkTest : public ::testing::Test {
   KvStore& store() { return *a_->store; }
   int64_t Used() { return store().stats().ListPools()[0].used_bytes; }
   absl::StatusOr<SequenceSnapshot> Fork(const std::string& id, const std::string& name = "") {
-    return store().ForkSequence(ForkSequenceParams{"", id, name});
+    return store().ForkSequence(ForkSequenceParams{TenantScope(), id, name});
   }
   // Appends tokens [from, from + n) of A's data to `id`.
   absl::Status AppendLikeA(const std::string& id, int64_t from, int64_t n) {
@@ -88,8 +88,9 @@ TEST_F(ForkTest, ForkedBlocksCanBePublishedAndAttached) {
   std::vector<int32_t> ids(kTokens);
   for (int i = 0; i < kTokens; ++i) ids[static_cast<size_t>(i)] = 1000 + i;
   const PrefixSpec prefix{"smollm2-135m", "", ids};
-  KVC_ASSERT_OK_AND_ASSIGN(const PublishPrefixResult published,
-                           store().prefixes().PublishPrefix(PublishPrefixParams{"", b.id, prefix}));
+  KVC_ASSERT_OK_AND_ASSIGN(
+      const PublishPrefixResult published,
+      store().prefixes().PublishPrefix(PublishPrefixParams{TenantScope(), b.id, prefix}));
   EXPECT_EQ(published.published_tokens, 96);
   EXPECT_EQ(published.new_tokens, 96);
   const int64_t used = Used();
@@ -102,9 +103,10 @@ TEST_F(ForkTest, ForkedBlocksCanBePublishedAndAttached) {
   // The source publishing the same blocks adds nothing: they are cached already.
   KVC_ASSERT_OK_AND_ASSIGN(
       const PublishPrefixResult again,
-      store().prefixes().PublishPrefix(PublishPrefixParams{"", a_->id, prefix}));
+      store().prefixes().PublishPrefix(PublishPrefixParams{TenantScope(), a_->id, prefix}));
   EXPECT_EQ(again.new_tokens, 0);
-  for (const std::string& id : {a_->id, b.id, c.id}) KVC_ASSERT_OK(store().Release(id, ""));
+  for (const std::string& id : {a_->id, b.id, c.id})
+    KVC_ASSERT_OK(store().Release(id, TenantScope()));
   EXPECT_EQ(Used(), 6 * kLanes * kBlock) << "only the cache's 6 entries stay";
 }
 
@@ -201,7 +203,7 @@ TEST(ForkCapacityTest, AFullPoolRefusesTheForkAndChangesNothing) {
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
   const int64_t used = a.store->stats().ListPools()[0].used_bytes;
   const Dump before = Read(*a.store, a.id);
-  EXPECT_THAT(a.store->ForkSequence(ForkSequenceParams{"", a.id, ""}),
+  EXPECT_THAT(a.store->ForkSequence(ForkSequenceParams{TenantScope(), a.id, ""}),
               StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_EQ(a.store->stats().ListPools()[0].used_bytes, used);
   EXPECT_EQ(a.store->stats().ListPools()[0].sequences, 1);
@@ -228,7 +230,7 @@ TEST(ForkQuotaTest, AForkIsChargedToTheTenantAndRefusedOverQuota) {
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
   const int64_t used = a.store->stats().ListPools()[0].used_bytes;
   EXPECT_EQ(a.store->stats().TenantPoolStats("small", "")->used_bytes, 7 * kLanes * kBlock);
-  EXPECT_THAT(a.store->ForkSequence(ForkSequenceParams{"", a.id, ""}),
+  EXPECT_THAT(a.store->ForkSequence(ForkSequenceParams{TenantScope(), a.id, ""}),
               StatusIs(absl::StatusCode::kResourceExhausted, "quota"));
   EXPECT_EQ(a.store->stats().ListPools()[0].used_bytes, used);
   EXPECT_EQ(a.store->stats().TenantPoolStats("small", "")->used_bytes, 7 * kLanes * kBlock);
@@ -249,7 +251,7 @@ TEST(ForkModelTest, HoldersReturnToZeroAfterRandomForks) {
       case 0:
       case 1: {
         KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot f,
-                                 a.store->ForkSequence(ForkSequenceParams{"", id, ""}));
+                                 a.store->ForkSequence(ForkSequenceParams{TenantScope(), id, ""}));
         live.emplace_back(f.id, Read(*a.store, f.id));
         EXPECT_EQ(live.back().second, live[i].second);
         break;

@@ -202,12 +202,14 @@ TEST(KvStoreTenantPoolTest, APoolDedicatedToATenantHoldsOnlyItsSequences) {
   options.pools[0].tenant = "a";
   KVC_ASSERT_OK_AND_ASSIGN(auto store, KvStore::Create(options));
   CreateSequenceParams b;
-  b.scope = b.tenant = "b";
+  b.tenant = "b";
+  b.scope = TenantScope(b.tenant);
   EXPECT_THAT(store->CreateSequence(b),
               StatusIs(Code::kPermissionDenied, "holds one other tenant's sequences only"));
   EXPECT_THAT(store->CreateSequence({}), StatusIs(Code::kPermissionDenied));
   CreateSequenceParams a;
-  a.scope = a.tenant = "a";
+  a.tenant = "a";
+  a.scope = TenantScope(a.tenant);
   KVC_EXPECT_OK(store->CreateSequence(a).status());
 }
 

@@ -69,21 +69,21 @@ class LeaseQuotaTest : public ::testing::Test {
   absl::StatusOr<std::string> Create(const std::string& tenant,
                                      std::optional<PrefixSpec> prefix = std::nullopt) {
     KVC_ASSIGN_OR_RETURN(const SequenceSnapshot s,
-                         store_->CreateSequence(
-                             CreateSequenceParams{tenant, "", tenant, "", {}, std::move(prefix)}));
+                         store_->CreateSequence(CreateSequenceParams{
+                             TenantScope(tenant), "", tenant, "", {}, std::move(prefix)}));
     return s.id;
   }
   // Appends `n` tokens to each layer from where that layer is (an append refused over quota
   // leaves its layer as it was).
   absl::Status Append(const std::string& tenant, const std::string& id, int64_t n) {
-    KVC_ASSIGN_OR_RETURN(const SequenceSnapshot s, store_->GetSequence(id, tenant));
+    KVC_ASSIGN_OR_RETURN(const SequenceSnapshot s, store_->GetSequence(id, TenantScope(tenant)));
     for (int l = 0; l < 2; ++l) {
       const int64_t start = s.layer_tokens[static_cast<size_t>(l)];
       const std::vector<float> k =
           Gaussian(static_cast<size_t>(n * 2 * 64), 1000 * l + static_cast<uint32_t>(start));
       const std::vector<float> v = Gaussian(k.size(), 7 + 1000 * l + static_cast<uint32_t>(start));
       AppendParams a;
-      a.scope = tenant;
+      a.scope = TenantScope(tenant);
       a.sequence_id = id;
       a.layer = l;
       a.start_position = start;
@@ -97,12 +97,12 @@ class LeaseQuotaTest : public ::testing::Test {
   }
   absl::StatusOr<LeaseSnapshot> Lease(const std::string& tenant, const std::string& id,
                                       int64_t ttl_ms = 0) {
-    return store_->leases().LeaseSequence(LeaseParams{tenant, id, {}, ttl_ms});
+    return store_->leases().LeaseSequence(LeaseParams{TenantScope(tenant), id, {}, ttl_ms});
   }
   absl::Status Compress(const std::string& tenant, const std::string& id,
                         const CompressionSpec& spec) {
     CompressParams p;
-    p.scope = tenant;
+    p.scope = TenantScope(tenant);
     p.sequence_id = id;
     p.spec = spec;
     return store_->Compress(p).status();
@@ -140,7 +140,7 @@ class LeaseQuotaTest : public ::testing::Test {
     auto lease = Lease(tenant, id);
     EXPECT_TRUE(lease.ok()) << lease.status();
     if (!lease.ok()) return {};
-    EXPECT_TRUE(store_->leases().ReleaseLease(tenant, lease->lease_id).ok());
+    EXPECT_TRUE(store_->leases().ReleaseLease(TenantScope(tenant), lease->lease_id).ok());
     return BlocksOf(*lease);
   }
   // Waits until the reaper has ended `lease_id` (its expiry must have passed or be near).
@@ -176,7 +176,7 @@ TEST_F(LeaseQuotaTest, FillLeaseReleaseCannotPinMoreThanTheQuota) {
   ASSERT_EQ(Account("a"), kQuota) << "the fill takes exactly the quota";
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease("a", first));
   EXPECT_EQ(Account("a"), kQuota) << "granting a lease adds nothing";
-  KVC_ASSERT_OK(store_->Release(first, "a"));
+  KVC_ASSERT_OK(store_->Release(first, TenantScope("a")));
   EXPECT_EQ(Account("a"), kQuota) << "the charge moved from the sequence to the lease";
   EXPECT_EQ(LeaseOnly("a"), kQuota);
   EXPECT_EQ(Used(), kQuota);
@@ -186,7 +186,7 @@ TEST_F(LeaseQuotaTest, FillLeaseReleaseCannotPinMoreThanTheQuota) {
     KVC_ASSERT_OK_AND_ASSIGN(const std::string again, Create("a"));
     EXPECT_THAT(Append("a", again, 128),
                 StatusIs(absl::StatusCode::kResourceExhausted, "pinned only by its leases"));
-    KVC_ASSERT_OK(store_->Release(again, "a"));
+    KVC_ASSERT_OK(store_->Release(again, TenantScope("a")));
     EXPECT_EQ(Used(), kQuota);
   }
   // Every view shows the pinned bytes.
@@ -206,9 +206,10 @@ TEST_F(LeaseQuotaTest, FillLeaseReleaseCannotPinMoreThanTheQuota) {
   KVC_ASSERT_OK_AND_ASSIGN(const std::string theirs, Create("b"));
   KVC_ASSERT_OK(Append("b", theirs, 128));
   EXPECT_EQ(Account("b"), kQuota);
-  KVC_ASSERT_OK(store_->Release(theirs, "b"));
+  KVC_ASSERT_OK(store_->Release(theirs, TenantScope("b")));
 
-  KVC_ASSERT_OK_AND_ASSIGN(const int64_t freed, store_->leases().ReleaseLease("a", lease.lease_id));
+  KVC_ASSERT_OK_AND_ASSIGN(const int64_t freed,
+                           store_->leases().ReleaseLease(TenantScope("a"), lease.lease_id));
   EXPECT_EQ(freed * BlockBytes(StorageFormat::kF32), kQuota);
   EXPECT_EQ(Account("a"), 0);
   EXPECT_EQ(Used(), 0);
@@ -227,14 +228,14 @@ TEST_F(LeaseQuotaTest, MutationsOfALeasedSequenceReserveWhatTheLeaseKeeps) {
     KVC_ASSERT_OK(Append("a", id, 128));
     ASSERT_EQ(Account("a"), kQuota);
     KVC_ASSERT_OK(Compress("a", id, Int4())) << "no lease: the conversion shrinks the tenant";
-    EXPECT_EQ(Account("a"), store_->GetSequence(id, "a")->bytes);
+    EXPECT_EQ(Account("a"), store_->GetSequence(id, TenantScope("a"))->bytes);
     EXPECT_LT(Account("a"), kQuota);
   }
   Start(kQuota);
   KVC_ASSERT_OK_AND_ASSIGN(const std::string id, Create("a"));
   KVC_ASSERT_OK(Append("a", id, 128));
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease("a", id));
-  const SequenceSnapshot before = *store_->GetSequence(id, "a");
+  const SequenceSnapshot before = *store_->GetSequence(id, TenantScope("a"));
   const int64_t used = Used();
   EXPECT_THAT(Compress("a", id, Int4()),
               StatusIs(absl::StatusCode::kResourceExhausted, "max_bytes_per_pool"));
@@ -242,24 +243,24 @@ TEST_F(LeaseQuotaTest, MutationsOfALeasedSequenceReserveWhatTheLeaseKeeps) {
               StatusIs(absl::StatusCode::kResourceExhausted, "max_bytes_per_pool"));
   EXPECT_EQ(Account("a"), kQuota) << "refusals change nothing";
   EXPECT_EQ(Used(), used);
-  const SequenceSnapshot after = *store_->GetSequence(id, "a");
+  const SequenceSnapshot after = *store_->GetSequence(id, TenantScope("a"));
   EXPECT_EQ(after.storage, StorageFormat::kF32);
   EXPECT_EQ(after.stored_token_heads, before.stored_token_heads);
-  KVC_ASSERT_OK(store_->leases().ReleaseLease("a", lease.lease_id));
-  KVC_ASSERT_OK(store_->Release(id, "a"));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope("a"), lease.lease_id));
+  KVC_ASSERT_OK(store_->Release(id, TenantScope("a")));
 
   // Half the quota leased: the conversion fits, and the tenant pays for both copies.
   KVC_ASSERT_OK_AND_ASSIGN(const std::string half, Create("a"));
   KVC_ASSERT_OK(Append("a", half, 64));
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot pinned, Lease("a", half));
   KVC_ASSERT_OK(Compress("a", half, Int4()));
-  const int64_t int4 = store_->GetSequence(half, "a")->bytes;
+  const int64_t int4 = store_->GetSequence(half, TenantScope("a"))->bytes;
   EXPECT_EQ(Account("a"), pinned.leased_bytes + int4);
   EXPECT_EQ(LeaseOnly("a"), pinned.leased_bytes);
   KVC_ASSERT_OK(Compress("a", half, Streaming(4, 20)));  // INT4 blocks not leased: in place
-  EXPECT_EQ(Account("a"), pinned.leased_bytes + store_->GetSequence(half, "a")->bytes);
-  KVC_ASSERT_OK(store_->leases().ReleaseLease("a", pinned.lease_id));
-  EXPECT_EQ(Account("a"), store_->GetSequence(half, "a")->bytes);
+  EXPECT_EQ(Account("a"), pinned.leased_bytes + store_->GetSequence(half, TenantScope("a"))->bytes);
+  KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope("a"), pinned.lease_id));
+  EXPECT_EQ(Account("a"), store_->GetSequence(half, TenantScope("a"))->bytes);
   EXPECT_EQ(LeaseOnly("a"), 0);
 }
 
@@ -271,23 +272,26 @@ TEST_F(LeaseQuotaTest, ALeaseEndingDuringAMutationSettlesExactly) {
   KVC_ASSERT_OK(Append("a", id, 64));  // half the quota: its INT4 copy fits beside the lease
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease("a", id));
   bool ended = false;
-  hook_->on_convert = [&] { ended = store_->leases().ReleaseLease("a", lease.lease_id).ok(); };
+  hook_->on_convert = [&] {
+    ended = store_->leases().ReleaseLease(TenantScope("a"), lease.lease_id).ok();
+  };
   KVC_ASSERT_OK(Compress("a", id, Int4()));
   ASSERT_TRUE(ended) << "the hook ran inside the Compress";
-  EXPECT_EQ(Account("a"), store_->GetSequence(id, "a")->bytes);
+  EXPECT_EQ(Account("a"), store_->GetSequence(id, TenantScope("a"))->bytes);
   EXPECT_EQ(LeaseOnly("a"), 0);
-  EXPECT_EQ(Used(), store_->GetSequence(id, "a")->bytes);
+  EXPECT_EQ(Used(), store_->GetSequence(id, TenantScope("a"))->bytes);
 
   // And the other way: a lease granted before, released by nobody, keeps what it pins.
   KVC_ASSERT_OK_AND_ASSIGN(const std::string id2, Create("a"));
   KVC_ASSERT_OK(Append("a", id2, 32));
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot kept, Lease("a", id2));
   KVC_ASSERT_OK(Compress("a", id2, Int4()));
-  EXPECT_EQ(Account("a"), store_->GetSequence(id, "a")->bytes +
-                              store_->GetSequence(id2, "a")->bytes + kept.leased_bytes);
-  KVC_ASSERT_OK(store_->leases().ReleaseLease("a", kept.lease_id));
-  KVC_ASSERT_OK(store_->Release(id, "a"));
-  KVC_ASSERT_OK(store_->Release(id2, "a"));
+  EXPECT_EQ(Account("a"), store_->GetSequence(id, TenantScope("a"))->bytes +
+                              store_->GetSequence(id2, TenantScope("a"))->bytes +
+                              kept.leased_bytes);
+  KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope("a"), kept.lease_id));
+  KVC_ASSERT_OK(store_->Release(id, TenantScope("a")));
+  KVC_ASSERT_OK(store_->Release(id2, TenantScope("a")));
   EXPECT_EQ(Account("a"), 0);
   EXPECT_EQ(Used(), 0);
 }
@@ -301,21 +305,22 @@ TEST_F(LeaseQuotaTest, APublishedPrefixOnlyALeasePinsIsCharged) {
   for (int i = 0; i < 64; ++i) prefix.token_ids.push_back(i);
   KVC_ASSERT_OK_AND_ASSIGN(const std::string id, Create("a"));
   KVC_ASSERT_OK(Append("a", id, 64));
-  KVC_ASSERT_OK(store_->prefixes().PublishPrefix(PublishPrefixParams{"a", id, prefix}).status());
-  const int64_t bytes = store_->GetSequence(id, "a")->bytes;
+  KVC_ASSERT_OK(
+      store_->prefixes().PublishPrefix(PublishPrefixParams{TenantScope("a"), id, prefix}).status());
+  const int64_t bytes = store_->GetSequence(id, TenantScope("a"))->bytes;
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease("a", id));
-  KVC_ASSERT_OK(store_->Release(id, "a"));
+  KVC_ASSERT_OK(store_->Release(id, TenantScope("a")));
   EXPECT_EQ(Account("a"), bytes) << "index + lease, no sequence: the lease pays";
   EXPECT_EQ(LeaseOnly("a"), bytes);
 
   KVC_ASSERT_OK_AND_ASSIGN(const std::string attached, Create("a", prefix));
-  EXPECT_EQ(store_->GetSequence(attached, "a")->attached_tokens, 64);
+  EXPECT_EQ(store_->GetSequence(attached, TenantScope("a"))->attached_tokens, 64);
   EXPECT_EQ(Account("a"), bytes) << "the attaching sequence pays instead: counted once";
   EXPECT_EQ(LeaseOnly("a"), 0);
-  KVC_ASSERT_OK(store_->Release(attached, "a"));
+  KVC_ASSERT_OK(store_->Release(attached, TenantScope("a")));
   EXPECT_EQ(Account("a"), bytes);
   EXPECT_EQ(LeaseOnly("a"), bytes);
-  KVC_ASSERT_OK(store_->leases().ReleaseLease("a", lease.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope("a"), lease.lease_id));
   EXPECT_EQ(Account("a"), 0) << "the cached prefix is the pool's again";
   EXPECT_EQ(Used(), bytes);
 }
@@ -326,11 +331,13 @@ TEST_F(LeaseQuotaTest, ABlockTwoAccountsLeasePaysOnceAndMovesToTheOther) {
   PrefixSpec prefix{"model", "", {}};
   for (int i = 0; i < 32; ++i) prefix.token_ids.push_back(i);
   auto create = [&](const std::string& tenant, std::optional<PrefixSpec> p) {
-    return store_->CreateSequence(CreateSequenceParams{"", "", tenant, "", {}, std::move(p)});
+    return store_->CreateSequence(
+        CreateSequenceParams{TenantScope(), "", tenant, "", {}, std::move(p)});
   };
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot a, create("a", std::nullopt));
   KVC_ASSERT_OK(Append("", a.id, 32));
-  KVC_ASSERT_OK(store_->prefixes().PublishPrefix(PublishPrefixParams{"", a.id, prefix}).status());
+  KVC_ASSERT_OK(
+      store_->prefixes().PublishPrefix(PublishPrefixParams{TenantScope(), a.id, prefix}).status());
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot b, create("b", prefix));
   ASSERT_EQ(b.attached_tokens, 32);
   const int64_t bytes = store_->GetSequence(a.id)->bytes;
@@ -340,10 +347,10 @@ TEST_F(LeaseQuotaTest, ABlockTwoAccountsLeasePaysOnceAndMovesToTheOther) {
   KVC_ASSERT_OK(store_->Release(b.id));
   EXPECT_EQ(Account("a") + Account("b"), bytes) << "one block, paid once";
   EXPECT_EQ(store_->stats().GetPoolStats(kPool)->leases.lease_only_bytes, bytes);
-  KVC_ASSERT_OK(store_->leases().ReleaseLease("", la.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope(), la.lease_id));
   EXPECT_EQ(Account("a"), 0);
   EXPECT_EQ(Account("b"), bytes) << "the remaining lessee pays";
-  KVC_ASSERT_OK(store_->leases().ReleaseLease("", lb.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope(), lb.lease_id));
   EXPECT_EQ(Account("b"), 0);
   EXPECT_EQ(store_->stats().GetPoolStats(kPool)->leases.lease_only_bytes, 0);
 }
@@ -375,7 +382,7 @@ TEST_F(LeaseQuotaTest, RandomScheduleKeepsEveryAccountEqualToItsHoldings) {
       std::map<std::string, int64_t> sequence_bytes;
       for (const auto& [tenant, ids] : sequences) {
         for (const std::string& id : ids) {
-          sequence_bytes[tenant] += store_->GetSequence(id, tenant)->bytes;
+          sequence_bytes[tenant] += store_->GetSequence(id, TenantScope(tenant))->bytes;
           for (const BlockKey& b : BlocksOf(tenant, id)) in_sequences.insert(b);
         }
       }
@@ -426,11 +433,12 @@ TEST_F(LeaseQuotaTest, RandomScheduleKeepsEveryAccountEqualToItsHoldings) {
       } else if (op == 3) {
         what = "release";
         const size_t i = pick(mine.size());
-        KVC_ASSERT_OK(store_->Release(mine[i], tenant));
+        KVC_ASSERT_OK(store_->Release(mine[i], TenantScope(tenant)));
         mine.erase(mine.begin() + static_cast<std::ptrdiff_t>(i));
       } else if (op == 4 && mine.size() < 5) {
         what = "fork";
-        auto fork = store_->ForkSequence(ForkSequenceParams{tenant, mine[pick(mine.size())], ""});
+        auto fork = store_->ForkSequence(
+            ForkSequenceParams{TenantScope(tenant), mine[pick(mine.size())], ""});
         if (counted(fork.status())) mine.push_back(fork->id);
       } else if (op == 5 || op == 6) {
         CompressionSpec spec;
@@ -453,12 +461,13 @@ TEST_F(LeaseQuotaTest, RandomScheduleKeepsEveryAccountEqualToItsHoldings) {
       } else if (!leases.empty() && op == 7) {
         what = "release lease";
         auto it = std::next(leases.begin(), static_cast<std::ptrdiff_t>(pick(leases.size())));
-        KVC_ASSERT_OK(store_->leases().ReleaseLease(it->second.tenant, it->first));
+        KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope(it->second.tenant), it->first));
         leases.erase(it);
       } else if (!leases.empty()) {
         what = "expire";
         auto it = std::next(leases.begin(), static_cast<std::ptrdiff_t>(pick(leases.size())));
-        KVC_ASSERT_OK(store_->leases().RenewLease(it->second.tenant, it->first, 1).status());
+        KVC_ASSERT_OK(
+            store_->leases().RenewLease(TenantScope(it->second.tenant), it->first, 1).status());
         const int64_t expired = store_->stats().LeaseStatsFor("")->expired;
         AwaitEnded(it->first);
         EXPECT_EQ(store_->stats().LeaseStatsFor("")->expired, expired + 1);
@@ -470,9 +479,9 @@ TEST_F(LeaseQuotaTest, RandomScheduleKeepsEveryAccountEqualToItsHoldings) {
       if (::testing::Test::HasFailure()) return;
     }
     for (const auto& [id, held] : leases)
-      KVC_ASSERT_OK(store_->leases().ReleaseLease(held.tenant, id));
+      KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope(held.tenant), id));
     for (const auto& [tenant, ids] : sequences) {
-      for (const std::string& id : ids) KVC_ASSERT_OK(store_->Release(id, tenant));
+      for (const std::string& id : ids) KVC_ASSERT_OK(store_->Release(id, TenantScope(tenant)));
     }
     for (const std::string& tenant : tenants) EXPECT_EQ(Account(tenant), 0) << tenant;
     EXPECT_EQ(Used(), 0);

@@ -84,7 +84,7 @@ class LeaseTest : public ::testing::Test {
     id_ = NewSequence(kTokens);
   }
   std::string NewSequence(int tokens, const CompressionSpec& policy = {}) {
-    auto seq = store_->CreateSequence(CreateSequenceParams{"", "", "", "", policy, {}});
+    auto seq = store_->CreateSequence(CreateSequenceParams{TenantScope(), "", "", "", policy, {}});
     EXPECT_TRUE(seq.ok()) << seq.status();
     if (!seq.ok()) return "";
     EXPECT_TRUE(AppendTokens(seq->id, 0, tokens).ok());
@@ -109,7 +109,8 @@ class LeaseTest : public ::testing::Test {
   }
   absl::StatusOr<LeaseSnapshot> Lease(const std::string& id, std::vector<int32_t> layers = {},
                                       int64_t ttl_ms = 0, const std::string& scope = "") {
-    return store_->leases().LeaseSequence(LeaseParams{scope, id, std::move(layers), ttl_ms});
+    return store_->leases().LeaseSequence(
+        LeaseParams{TenantScope(scope), id, std::move(layers), ttl_ms});
   }
   int64_t Used() { return store_->stats().ListPools()[0].used_bytes; }
   LeaseStats Stats() { return *store_->stats().LeaseStatsFor(""); }
@@ -160,9 +161,9 @@ TEST_F(LeaseTest, DescribesExactlyWhatFetchServes) {
 TEST_F(LeaseTest, ServerMadeIdsAre128IndependentBits) {
   std::vector<std::string> ids;
   for (int i = 0; i < 64; ++i) {
-    KVC_ASSERT_OK_AND_ASSIGN(
-        const SequenceSnapshot seq,
-        store_->CreateSequence(CreateSequenceParams{i % 2 == 0 ? "a" : "b", "", "", "", {}, {}}));
+    KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot seq,
+                             store_->CreateSequence(CreateSequenceParams{
+                                 TenantScope(i % 2 == 0 ? "a" : "b"), "", "", "", {}, {}}));
     ids.push_back(seq.id);
     KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_));
     ids.push_back(lease.lease_id);
@@ -202,12 +203,13 @@ TEST_F(LeaseTest, NothingLeasedChangesUntilTheLeaseEnds) {
   {
     KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot now, Lease(id_));
     EXPECT_GT(now.layer_generations[0], lease.layer_generations[0]) << "tokens moved since";
-    KVC_ASSERT_OK(store_->leases().ReleaseLease("", now.lease_id));
+    KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope(), now.lease_id));
   }
   KVC_ASSERT_OK(store_->Release(id_));
   EXPECT_EQ(ReadLease(*store_, lease), before) << "Release leaves leased blocks to the lease";
   EXPECT_EQ(Used(), lease.leased_bytes) << "only the leased blocks stay";
-  KVC_ASSERT_OK_AND_ASSIGN(const int64_t freed, store_->leases().ReleaseLease("", lease.lease_id));
+  KVC_ASSERT_OK_AND_ASSIGN(const int64_t freed,
+                           store_->leases().ReleaseLease(TenantScope(), lease.lease_id));
   EXPECT_EQ(freed, 7 * kLanes) << "7 blocks per lane, none held by the sequence any more";
   EXPECT_EQ(Used(), 0);
   EXPECT_EQ(Pool()->shares().frozen_blocks(), 0);
@@ -231,14 +233,15 @@ TEST_F(LeaseTest, ResidualTiersAreDescribedPerSegment) {
   EXPECT_EQ(ReadLease(*store_, lease), before);
   KVC_ASSERT_OK(AppendTokens(id, kTokens, 40));  // ages residual tokens into INT4
   EXPECT_EQ(ReadLease(*store_, lease), before);
-  KVC_ASSERT_OK(store_->leases().ReleaseLease("", lease.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope(), lease.lease_id));
 }
 
 // After the lease ends the sequence's blocks are its own again: no copy-on-write is left.
 TEST_F(LeaseTest, BlocksThawWhenTheLeaseEnds) {
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_));
   EXPECT_EQ(Pool()->shares().frozen_blocks(), 7 * kLanes);
-  KVC_ASSERT_OK_AND_ASSIGN(const int64_t freed, store_->leases().ReleaseLease("", lease.lease_id));
+  KVC_ASSERT_OK_AND_ASSIGN(const int64_t freed,
+                           store_->leases().ReleaseLease(TenantScope(), lease.lease_id));
   EXPECT_EQ(freed, 0) << "the sequence still holds every block";
   EXPECT_EQ(Pool()->shares().frozen_blocks(), 0);
   KVC_ASSERT_OK(Mutate(*store_, id_, Streaming(4, 40)));
@@ -250,7 +253,7 @@ TEST_F(LeaseTest, BlocksThawWhenTheLeaseEnds) {
       EXPECT_NE(std::find(had.begin(), had.end(), b), had.end()) << "lane " << l << " block " << b;
     }
   }
-  KVC_ASSERT_OK(store_->leases().ReleaseLease("", after.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope(), after.lease_id));
 }
 
 TEST_F(LeaseTest, ExpiryReturnsTheBlocksWithoutAnyCall) {
@@ -265,21 +268,21 @@ TEST_F(LeaseTest, ExpiryReturnsTheBlocksWithoutAnyCall) {
   EXPECT_EQ(Used(), 0) << "the reaper ends expired leases";
   EXPECT_EQ(Stats().expired, 1);
   EXPECT_EQ(Stats().active, 0);
-  EXPECT_THAT(store_->leases().RenewLease("", lease.lease_id, 0),
+  EXPECT_THAT(store_->leases().RenewLease(TenantScope(), lease.lease_id, 0),
               StatusIs(absl::StatusCode::kNotFound));
-  EXPECT_THAT(store_->leases().ReleaseLease("", lease.lease_id),
+  EXPECT_THAT(store_->leases().ReleaseLease(TenantScope(), lease.lease_id),
               StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(LeaseTest, RenewKeepsTheLeaseAlive) {
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_, {}, 150));
   KVC_ASSERT_OK_AND_ASSIGN(const int64_t expires,
-                           store_->leases().RenewLease("", lease.lease_id, 60000));
+                           store_->leases().RenewLease(TenantScope(), lease.lease_id, 60000));
   EXPECT_GT(expires, lease.expires_unix_ms + 50000);
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
   EXPECT_EQ(Stats().active, 1) << "renewed past its first TTL";
   EXPECT_EQ(Stats().renewed, 1);
-  KVC_ASSERT_OK(store_->leases().ReleaseLease("", lease.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope(), lease.lease_id));
 }
 
 // However often it is renewed, no lease lives past max_lifetime_ms after its grant: the
@@ -295,9 +298,9 @@ TEST_F(LeaseTest, RenewalsStopAtTheLifetimeLimit) {
   const int64_t granted = listed[0].granted_unix_ms;
   EXPECT_EQ(lease.expires_unix_ms, granted + 200);
   KVC_ASSERT_OK_AND_ASSIGN(const int64_t capped,
-                           store_->leases().RenewLease("", lease.lease_id, 60000));
+                           store_->leases().RenewLease(TenantScope(), lease.lease_id, 60000));
   EXPECT_EQ(capped, granted + 400) << "renewed up to the cap, not past it";
-  EXPECT_THAT(store_->leases().RenewLease("", lease.lease_id, 10),
+  EXPECT_THAT(store_->leases().RenewLease(TenantScope(), lease.lease_id, 10),
               StatusIs(absl::StatusCode::kFailedPrecondition, "lease the sequence again"));
   EXPECT_EQ(store_->leases().ListLeases({})->at(0).renewals, 1);
   EXPECT_EQ(store_->leases().ListLeases({})->at(0).expires_unix_ms, granted + 400);
@@ -311,7 +314,7 @@ TEST_F(LeaseTest, RenewalsStopAtTheLifetimeLimit) {
   }
   EXPECT_EQ(Stats().expired, 2) << "both ended at their cap";
   EXPECT_GE(NowUnixMs(), granted + 400);
-  EXPECT_THAT(store_->leases().RenewLease("", lease.lease_id, 10),
+  EXPECT_THAT(store_->leases().RenewLease(TenantScope(), lease.lease_id, 10),
               StatusIs(absl::StatusCode::kNotFound));
   KVC_ASSERT_OK(Lease(id_).status()) << "leasing again is how a reader goes on";
 }
@@ -333,14 +336,14 @@ TEST_F(LeaseTest, RefusalsChangeNothing) {
   EXPECT_EQ(a.ttl_ms, 1000) << "the default never exceeds the maximum";
   KVC_ASSERT_OK(Lease(id_).status());
   EXPECT_THAT(Lease(id_), StatusIs(absl::StatusCode::kResourceExhausted, "2 leases"));
-  EXPECT_THAT(store_->leases().RenewLease("tenant-b", a.lease_id, 0),
+  EXPECT_THAT(store_->leases().RenewLease(TenantScope("tenant-b"), a.lease_id, 0),
               StatusIs(absl::StatusCode::kNotFound));
-  EXPECT_THAT(store_->leases().ReleaseLease("tenant-b", a.lease_id),
+  EXPECT_THAT(store_->leases().ReleaseLease(TenantScope("tenant-b"), a.lease_id),
               StatusIs(absl::StatusCode::kNotFound));
-  EXPECT_THAT(store_->leases().RenewLease("", a.lease_id, 5000),
+  EXPECT_THAT(store_->leases().RenewLease(TenantScope(), a.lease_id, 5000),
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(Stats().active, 2);
-  KVC_ASSERT_OK(store_->leases().ReleaseLease("", a.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope(), a.lease_id));
   KVC_ASSERT_OK(Lease(id_).status()) << "a released lease frees its slot";
 }
 
@@ -369,7 +372,7 @@ TEST_F(LeaseTest, ConcurrentMutationsNeverReachTheLeasedSnapshot) {
   done.store(true);
   reader.join();
   EXPECT_EQ(mismatches.load(), 0) << "of " << reads.load() << " reads";
-  KVC_ASSERT_OK(store_->leases().ReleaseLease("", lease.lease_id));
+  KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope(), lease.lease_id));
   EXPECT_EQ(Used(), 0);
 }
 
@@ -433,30 +436,34 @@ TEST_F(LeaseTest, SendsTheLeasedBlocksWithUndescribedSlotsZeroed) {
     SCOPED_TRACE(id);
     KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id));
     Collect sink;
-    KVC_ASSERT_OK_AND_ASSIGN(const SentBlocks sent,
-                             SendLeasedBlocks(store_->leases(), "", lease.lease_id, &sink));
+    KVC_ASSERT_OK_AND_ASSIGN(
+        const SentBlocks sent,
+        SendLeasedBlocks(store_->leases(), TenantScope(), lease.lease_id, &sink));
     EXPECT_EQ(sent.bytes, static_cast<int64_t>(sink.bytes.size()));
     EXPECT_EQ(sink.announced, sent.bytes) << "Begin announces the whole payload";
     EXPECT_EQ(sink.blocks, sent.blocks);
     EXPECT_EQ(sent.bytes, lease.leased_bytes);
     EXPECT_TRUE(sink.bytes == ExpectedBlocks(*store_, lease)) << "payload differs";
-    KVC_ASSERT_OK(store_->leases().ReleaseLease("", lease.lease_id));
+    KVC_ASSERT_OK(store_->leases().ReleaseLease(TenantScope(), lease.lease_id));
   }
 }
 
 TEST_F(LeaseTest, SendingAnEndedOrForeignLeaseSendsNothing) {
   KVC_ASSERT_OK_AND_ASSIGN(const LeaseSnapshot lease, Lease(id_));
   Collect sink;
-  EXPECT_THAT(SendLeasedBlocks(store_->leases(), "tenant-b", lease.lease_id, &sink).status(),
-              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(
+      SendLeasedBlocks(store_->leases(), TenantScope("tenant-b"), lease.lease_id, &sink).status(),
+      StatusIs(absl::StatusCode::kNotFound));
   EXPECT_EQ(sink.blocks, -1) << "refused before Begin";
   // Ended while it was being sent: whatever went out does not count.
-  sink.on_begin = [&] { EXPECT_TRUE(store_->leases().ReleaseLease("", lease.lease_id).ok()); };
-  EXPECT_THAT(SendLeasedBlocks(store_->leases(), "", lease.lease_id, &sink).status(),
+  sink.on_begin = [&] {
+    EXPECT_TRUE(store_->leases().ReleaseLease(TenantScope(), lease.lease_id).ok());
+  };
+  EXPECT_THAT(SendLeasedBlocks(store_->leases(), TenantScope(), lease.lease_id, &sink).status(),
               StatusIs(absl::StatusCode::kAborted, "ended while its blocks were sent"));
   EXPECT_TRUE(sink.bytes.empty()) << "nothing copied after the lease ended is written";
   Collect again;
-  EXPECT_THAT(SendLeasedBlocks(store_->leases(), "", lease.lease_id, &again).status(),
+  EXPECT_THAT(SendLeasedBlocks(store_->leases(), TenantScope(), lease.lease_id, &again).status(),
               StatusIs(absl::StatusCode::kNotFound));
 }
 
@@ -469,7 +476,8 @@ TEST_F(LeaseTest, LookupsNeverExtendALease) {
   // Looks while the lease is surely live (a loaded machine may take long per look).
   while (std::chrono::steady_clock::now() < until && NowUnixMs() < lease.expires_unix_ms - 800) {
     Collect sink;
-    KVC_ASSERT_OK(SendLeasedBlocks(store_->leases(), "", lease.lease_id, &sink).status());
+    KVC_ASSERT_OK(
+        SendLeasedBlocks(store_->leases(), TenantScope(), lease.lease_id, &sink).status());
     KVC_ASSERT_OK(store_->GetSequence(id_).status());
     EXPECT_EQ(Read(*store_, id_).chunks.size(), static_cast<size_t>(kLanes));
     KVC_ASSERT_OK_AND_ASSIGN(const std::vector<LeaseInfo> listed, store_->leases().ListLeases({}));

@@ -70,7 +70,7 @@ class ListingTest : public ::testing::Test {
     for (int i = 0; i < 40; ++i) {
       Made m{"", i % 2 == 0 ? "x" : "y", "t" + std::to_string(i % 3), i % 5 < 2 ? "p1" : "p0"};
       CreateSequenceParams p;
-      p.scope = m.scope;
+      p.scope = TenantScope(m.scope);
       p.tenant = m.tenant;
       p.pool = m.pool;
       absl::StatusOr<SequenceSnapshot> s = store_->CreateSequence(p);
@@ -110,7 +110,7 @@ TEST_F(ListingTest, PagesVisitEveryMatchingSequenceOnceInCreationOrder) {
           SCOPED_TRACE(::testing::Message() << "scope " << (scope ? *scope : "(all)") << " tenant '"
                                             << tenant << "' pool '" << pool << "' limit " << limit);
           ListSequencesParams p;
-          if (scope != nullptr) p.scope = *scope;
+          if (scope != nullptr) p.scope = TenantScope(*scope);
           p.tenant = tenant;
           p.pool = pool;
           p.limit = limit;
@@ -131,10 +131,10 @@ TEST_F(ListingTest, ReleasesAndCreatesBetweenPagesNeverRepeatOrSkipALiveOne) {
   for (size_t i = 0; i < 10; ++i) EXPECT_EQ(first.sequences[i].id, made_[i].id) << i;
   // The page's last sequence and one on the next page go; a new one comes (it is newest).
   absl::SleepFor(absl::Milliseconds(2));
-  KVC_ASSERT_OK(store_->Release(made_[9].id, made_[9].scope).status());
-  KVC_ASSERT_OK(store_->Release(made_[12].id, made_[12].scope).status());
+  KVC_ASSERT_OK(store_->Release(made_[9].id, TenantScope(made_[9].scope)).status());
+  KVC_ASSERT_OK(store_->Release(made_[12].id, TenantScope(made_[12].scope)).status());
   CreateSequenceParams c;
-  c.scope = "x";
+  c.scope = TenantScope("x");
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot newest, store_->CreateSequence(c));
   std::vector<std::string> rest;
   p.page_token = first.next_page_token;
@@ -163,10 +163,10 @@ TEST_F(ListingTest, ATokenTheServerNeverMadeIsInvalidArgument) {
   }
   // A tenant's page never reaches another scope, whatever its token says.
   p.page_token.clear();
-  p.scope = "y";
+  p.scope = TenantScope("y");
   p.limit = 1;
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceList y, store_->stats().ListSequences(p));
-  p.scope = "x";
+  p.scope = TenantScope("x");
   p.page_token = y.next_page_token;
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceList x, store_->stats().ListSequences(p));
   for (const SequenceSnapshot& s : x.sequences) EXPECT_NE(s.tenant, "") << s.id;

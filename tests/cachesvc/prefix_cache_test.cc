@@ -43,7 +43,7 @@ class PrefixCacheTest : public ::testing::Test {
     a_.emplace(Geometry{}, CompressionSpec{});
     KVC_ASSERT_OK(a_->AppendAll(0, kTokens));
     auto published =
-        store().prefixes().PublishPrefix(PublishPrefixParams{"", a_->id, Prefix(ids_)});
+        store().prefixes().PublishPrefix(PublishPrefixParams{TenantScope(), a_->id, Prefix(ids_)});
     KVC_ASSERT_OK(published);
     EXPECT_EQ(published->published_tokens, 96);
     EXPECT_EQ(published->new_tokens, 96);
@@ -106,9 +106,9 @@ TEST_F(PrefixCacheTest, OtherSaltModelTenantOrFormatNeverHits) {
   p.prefix = Prefix(ids_, "", "llama-3-8b");
   EXPECT_EQ(store().prefixes().LookupPrefix(p)->cached_tokens, 0);
   p.prefix = Prefix(ids_);
-  p.scope = "tenant-b";
+  p.scope = TenantScope("tenant-b");
   EXPECT_EQ(store().prefixes().LookupPrefix(p)->cached_tokens, 0);
-  p.scope = "";
+  p.scope = TenantScope();
   p.format = StorageFormat::kInt8;
   EXPECT_EQ(store().prefixes().LookupPrefix(p)->cached_tokens, 0);
   // A sequence storing INT8 attaches nothing of A's f32 blocks.
@@ -134,7 +134,7 @@ TEST(PrefixCacheFormatTest, AnInt4DocumentIsPublishedAndAttached) {
   const std::vector<int32_t> ids = TokenIds(kTokens);
   KVC_ASSERT_OK_AND_ASSIGN(
       const PublishPrefixResult published,
-      a.store->prefixes().PublishPrefix(PublishPrefixParams{"", a.id, Prefix(ids)}));
+      a.store->prefixes().PublishPrefix(PublishPrefixParams{TenantScope(), a.id, Prefix(ids)}));
   EXPECT_EQ(published.new_tokens, 96);
   const int64_t used = a.store->stats().ListPools()[0].used_bytes;
   CreateSequenceParams p;
@@ -233,8 +233,8 @@ TEST(PrefixCacheCapacityTest, CachedBlocksGiveWayToLiveAllocations) {
   const int64_t per_seq = int64_t{7} * g.layers * g.heads * 2 * 16 * 64 * 4;
   Fixture a(g, {}, per_seq * 5 / 2);
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
-  KVC_ASSERT_OK(
-      a.store->prefixes().PublishPrefix(PublishPrefixParams{"", a.id, Prefix(TokenIds(kTokens))}));
+  KVC_ASSERT_OK(a.store->prefixes().PublishPrefix(
+      PublishPrefixParams{TenantScope(), a.id, Prefix(TokenIds(kTokens))}));
   KVC_ASSERT_OK(a.store->Release(a.id));
   for (int i = 0; i < 2; ++i) {
     auto s = a.store->CreateSequence({});
@@ -256,7 +256,8 @@ TEST(PrefixCacheCapacityTest, ALookupOfAnEvictedPrefixSaysSo) {
   Fixture a(g, {}, per_seq);
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
   const std::vector<int32_t> ids = TokenIds(kTokens);
-  KVC_ASSERT_OK(a.store->prefixes().PublishPrefix(PublishPrefixParams{"", a.id, Prefix(ids)}));
+  KVC_ASSERT_OK(
+      a.store->prefixes().PublishPrefix(PublishPrefixParams{TenantScope(), a.id, Prefix(ids)}));
   KVC_ASSERT_OK(a.store->Release(a.id));
   KVC_ASSERT_OK_AND_ASSIGN(const SequenceSnapshot b, a.store->CreateSequence({}));
   a.id = b.id;
@@ -308,7 +309,8 @@ TEST(PrefixCacheQuotaTest, AttachIsChargedToTheTenantAndRefusedOverQuota) {
   a.id = s->id;
   KVC_ASSERT_OK(a.AppendAll(0, kTokens));
   const std::vector<int32_t> ids = TokenIds(kTokens);
-  KVC_ASSERT_OK(a.store->prefixes().PublishPrefix(PublishPrefixParams{"", a.id, Prefix(ids)}));
+  KVC_ASSERT_OK(
+      a.store->prefixes().PublishPrefix(PublishPrefixParams{TenantScope(), a.id, Prefix(ids)}));
   const int64_t used = a.store->stats().ListPools()[0].used_bytes;
   CreateSequenceParams p;
   p.prefix = Prefix(ids);
@@ -343,8 +345,9 @@ TEST_F(PrefixCacheTest, BadPrefixRequestsNameTheField) {
   residual.residual_tokens = 32;
   EXPECT_THAT(CreateWith(Prefix(ids_), residual),
               StatusIs(absl::StatusCode::kFailedPrecondition, "residual"));
-  EXPECT_THAT(store().prefixes().PublishPrefix(PublishPrefixParams{"", "s-nope", Prefix(ids_)}),
-              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(
+      store().prefixes().PublishPrefix(PublishPrefixParams{TenantScope(), "s-nope", Prefix(ids_)}),
+      StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(PrefixCacheTest, AnEvictedPrefixPublishesOnlyItsCleanBlocks) {
@@ -356,7 +359,7 @@ TEST_F(PrefixCacheTest, AnEvictedPrefixPublishesOnlyItsCleanBlocks) {
   p.spec = Streaming(4, 60);  // drops tokens 4..39: block 0 keeps 0-3 then 40..
   KVC_ASSERT_OK(store().Compress(p));
   auto published = store().prefixes().PublishPrefix(
-      PublishPrefixParams{"", b->id, Prefix(TokenIds(kTokens, 2))});
+      PublishPrefixParams{TenantScope(), b->id, Prefix(TokenIds(kTokens, 2))});
   KVC_ASSERT_OK(published);
   EXPECT_EQ(published->published_tokens, 0);
 }
@@ -394,8 +397,8 @@ TEST(PrefixCacheModelTest, HoldersReturnToZeroAfterRandomSharing) {
       KVC_ASSERT_OK(f.AppendAll(tokens, 16));
       tokens += 16;
     } else if (op == 2) {
-      KVC_ASSERT_OK(
-          store.prefixes().PublishPrefix(PublishPrefixParams{"", id, Prefix(docs[l.doc])}));
+      KVC_ASSERT_OK(store.prefixes().PublishPrefix(
+          PublishPrefixParams{TenantScope(), id, Prefix(docs[l.doc])}));
     } else if (op == 3) {
       CompressParams p;
       p.sequence_id = id;
@@ -429,7 +432,8 @@ TEST(PrefixCacheThreadTest, ConcurrentSharersSeeThePublishedBytesAndLeakNothing)
   KvStore& store = *f.store;
   const std::vector<int32_t> doc = TokenIds(64, 3);
   KVC_ASSERT_OK(f.AppendAll(0, 64));
-  KVC_ASSERT_OK(store.prefixes().PublishPrefix(PublishPrefixParams{"", f.id, Prefix(doc)}));
+  KVC_ASSERT_OK(
+      store.prefixes().PublishPrefix(PublishPrefixParams{TenantScope(), f.id, Prefix(doc)}));
   const Dump want = Read(store, f.id, 64);
   std::vector<std::thread> threads;
   std::atomic<int> wrong{0}, failed{0};

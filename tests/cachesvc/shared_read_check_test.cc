@@ -34,7 +34,8 @@ class SharedReadCheckTest : public ::testing::Test {
     KVC_ASSERT_OK(a_.AppendAll(0, kTokens));
     std::mt19937 rng(7);
     for (int i = 0; i < kTokens; ++i) ids_.push_back(static_cast<int32_t>(rng() % 49152));
-    KVC_ASSERT_OK(store_().prefixes().PublishPrefix(PublishPrefixParams{"", a_.id, Prefix()}));
+    KVC_ASSERT_OK(
+        store_().prefixes().PublishPrefix(PublishPrefixParams{TenantScope(), a_.id, Prefix()}));
     CreateSequenceParams p;
     p.prefix = Prefix();
     auto b = store_().CreateSequence(p);
@@ -106,7 +107,7 @@ TEST_F(SharedReadCheckTest, CorruptSharedBlockIsNeverServedOnceFound) {
   cp.spec.storage = StorageFormat::kInt8;
   cp.spec.storage_set = true;
   EXPECT_THAT(store_().Compress(cp).status(), StatusIs(absl::StatusCode::kDataLoss));
-  EXPECT_EQ(store_().GetSequence(b_, "")->storage, StorageFormat::kF32) << "nothing changed";
+  EXPECT_EQ(store_().GetSequence(b_)->storage, StorageFormat::kF32) << "nothing changed";
   const PrefixStats s = *store_().stats().PrefixCacheStats("");
   EXPECT_EQ(s.corrupt_reads, 4);
   EXPECT_EQ(s.checksum_misses, 1) << "the entry holding the block";
@@ -118,8 +119,8 @@ TEST_F(SharedReadCheckTest, CorruptSharedBlockIsNeverServedOnceFound) {
 
   // Once every holder let go, the block goes back to the pool unmarked: a new sequence that
   // reuses it reads its own bytes.
-  KVC_ASSERT_OK(store_().Release(a_.id, ""));
-  KVC_ASSERT_OK(store_().Release(b_, ""));
+  KVC_ASSERT_OK(store_().Release(a_.id, TenantScope()));
+  KVC_ASSERT_OK(store_().Release(b_, TenantScope()));
   BlockPool* pool = *store_().leases().FindPool("");
   EXPECT_EQ(pool->shares().corrupt_blocks(), 0);
   auto c = store_().CreateSequence({});

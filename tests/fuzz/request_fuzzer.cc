@@ -133,7 +133,8 @@ void Cleanup(Harness& h) {
   if (!list.ok()) std::abort();
   // No authentication here, so every sequence and lease is in scope "".
   for (const auto& s : list->sequences) (void)store.Release(s.id);
-  for (const std::string& lease : h.leases) (void)store.leases().ReleaseLease("", lease);
+  for (const std::string& lease : h.leases)
+    (void)store.leases().ReleaseLease(kvc::cachesvc::TenantScope(), lease);
   h.leases.clear();
   for (const char* pool : {"f", "b"}) {
     auto stats = store.stats().GetPoolStats(pool);

@@ -44,8 +44,9 @@ TEST_F(NcclTransferTest, TheReaderReceivesWhatATcpChannelCarries) {
     const grpc::Status sent = sending.get();
     EXPECT_TRUE(sent.ok()) << sent.error_message();
     HostCollect tcp;
-    KVC_ASSERT_OK(
-        SendLeasedBlocks(t_.server->store()->leases(), "", lease.lease_id, &tcp).status());
+    KVC_ASSERT_OK(SendLeasedBlocks(t_.server->store()->leases(), cachesvc::TenantScope(),
+                                   lease.lease_id, &tcp)
+                      .status());
     EXPECT_EQ(payload.size(), tcp.bytes.size());
     EXPECT_TRUE(payload == tcp.bytes) << "the NCCL payload differs from the TCP one";
     KVC_ASSERT_OK(t_.client->ReleaseLease(lease.lease_id).status());

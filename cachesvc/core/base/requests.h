@@ -11,13 +11,13 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/base/types.h"
 
 namespace kvc::cachesvc {
 
-// `scope` in the params below: the namespace of sequence ids the call acts in — the
-// authenticated tenant, or "" without authentication. A sequence of another scope is
-// NOT_FOUND, exactly as an id never created.
+// `scope` in the params below: the id space the call acts in (tenant_scope.h). A sequence of
+// another scope is NOT_FOUND, exactly as an id never created.
 
 // A prefix named by its tokens (prefix_index.h): the client's model id and salt, which
 // with the tenant, the pool and the storage format decide which cached blocks may serve it.
@@ -28,7 +28,7 @@ struct PrefixSpec {
 };
 
 struct CreateSequenceParams {
-  std::string scope;
+  TenantScope scope;
   std::string pool;                // empty = default pool
   std::string tenant;              // <= 128 bytes; the account charged (quotas)
   std::string client_sequence_id;  // empty = the service picks one
@@ -39,7 +39,7 @@ struct CreateSequenceParams {
 };
 
 struct LookupPrefixParams {
-  std::string scope;
+  TenantScope scope;
   std::string pool;  // empty = default pool
   PrefixSpec prefix;
   // The storage format a sequence created now would use (its policy's); unset = the pool's
@@ -53,14 +53,14 @@ struct LookupPrefixResult {
 };
 
 struct ForkSequenceParams {
-  std::string scope;
+  TenantScope scope;
   std::string sequence_id;         // the source
   std::string client_sequence_id;  // the fork's id (optional, as in CreateSequenceParams)
 };
 
 // Leases (lease_table.h).
 struct LeaseParams {
-  std::string scope;
+  TenantScope scope;
   std::string sequence_id;
   std::vector<int32_t> layers;  // empty = every layer, in order
   int64_t ttl_ms = 0;           // 0 = the store's default
@@ -106,7 +106,7 @@ struct LeaseSnapshot {
 // One live lease, as an operator sees it (KvStore::ListLeases).
 struct LeaseInfo {
   std::string lease_id;
-  std::string scope;        // the id space it lives in (the leased sequence's)
+  TenantScope scope;        // the id space it lives in (the leased sequence's)
   std::string tenant;       // the account it is charged to (the leased sequence's tenant)
   std::string sequence_id;  // the leased sequence (it may have been released since)
   std::string pool;
@@ -118,13 +118,13 @@ struct LeaseInfo {
 };
 
 struct ListLeasesParams {
-  std::optional<std::string> scope;  // unset = every scope
+  std::optional<TenantScope> scope;  // unset = every scope
   std::string tenant;                // empty = every tenant (the account charged)
   std::string pool;                  // empty = every pool
 };
 
 struct PublishPrefixParams {
-  std::string scope;
+  TenantScope scope;
   std::string sequence_id;
   PrefixSpec prefix;  // token ids of the sequence from position 0
 };
@@ -135,7 +135,7 @@ struct PublishPrefixResult {
 };
 
 struct AppendParams {
-  std::string scope;
+  TenantScope scope;
   std::string sequence_id;
   int64_t layer = 0;
   int64_t start_position = 0;
@@ -161,7 +161,7 @@ struct AppendResult {
 enum class FetchFormat : uint8_t { kDense, kStored };
 
 struct FetchParams {
-  std::string scope;
+  TenantScope scope;
   std::string sequence_id;
   std::vector<int64_t> layers;  // empty = all
   FetchFormat format = FetchFormat::kDense;
@@ -209,7 +209,7 @@ struct LayerQueryStats {
 };
 
 struct CompressParams {
-  std::string scope;
+  TenantScope scope;
   std::string sequence_id;
   CompressionSpec spec;
   std::vector<LayerQueries> queries;         // SnapKV / H2O: one entry for every layer
@@ -232,7 +232,7 @@ struct CompressResult {
 };
 
 struct AttendParams {
-  std::string scope;
+  TenantScope scope;
   std::string sequence_id;
   int64_t layer = 0;
   std::optional<DType> dtype;      // of queries and output
@@ -257,7 +257,7 @@ struct ReleaseResult {
 };
 
 struct ListSequencesParams {
-  std::optional<std::string> scope;  // unset = every scope
+  std::optional<TenantScope> scope;  // unset = every scope
   std::string pool;
   std::string tenant;
   int64_t limit = 0;       // 0 = 1000

@@ -63,7 +63,7 @@ absl::StatusOr<int64_t> LeaseTable::CheckTtl(int64_t ttl_ms) const {
   return ttl_ms;
 }
 
-absl::StatusOr<int64_t> LeaseTable::CheckNew(const std::string& scope, int64_t ttl_ms) const {
+absl::StatusOr<int64_t> LeaseTable::CheckNew(const TenantScope& scope, int64_t ttl_ms) const {
   KVC_ASSIGN_OR_RETURN(const int64_t ttl, CheckTtl(ttl_ms));
   kvc::MutexLock lock(&mu_);
   auto it = per_scope_.find(scope);
@@ -103,7 +103,7 @@ void LeaseTable::Add(Lessee lessee, BlockPool* pool, int pool_index, PerFormat h
   leases_.emplace(std::move(id), std::move(lease));
 }
 
-absl::StatusOr<int64_t> LeaseTable::Renew(const std::string& scope, const std::string& lease_id,
+absl::StatusOr<int64_t> LeaseTable::Renew(const TenantScope& scope, const std::string& lease_id,
                                           int64_t ttl_ms) {
   KVC_ASSIGN_OR_RETURN(const int64_t ttl, CheckTtl(ttl_ms));
   kvc::MutexLock lock(&mu_);
@@ -131,7 +131,7 @@ absl::StatusOr<int64_t> LeaseTable::Renew(const std::string& scope, const std::s
   return lease.expires_ms;
 }
 
-absl::StatusOr<LeaseTable::Pinned> LeaseTable::Find(const std::string& scope,
+absl::StatusOr<LeaseTable::Pinned> LeaseTable::Find(const TenantScope& scope,
                                                     const std::string& lease_id) const {
   kvc::MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
@@ -142,14 +142,14 @@ absl::StatusOr<LeaseTable::Pinned> LeaseTable::Find(const std::string& scope,
   return Pinned{it->second.pool, it->second.held, it->second.slots};
 }
 
-bool LeaseTable::Live(const std::string& scope, const std::string& lease_id) const {
+bool LeaseTable::Live(const TenantScope& scope, const std::string& lease_id) const {
   kvc::MutexLock lock(&mu_);
   auto it = leases_.find(lease_id);
   return it != leases_.end() && it->second.lessee.scope == scope &&
          it->second.expires_ms > NowUnixMs();
 }
 
-absl::StatusOr<int64_t> LeaseTable::Release(const std::string& scope, const std::string& lease_id) {
+absl::StatusOr<int64_t> LeaseTable::Release(const TenantScope& scope, const std::string& lease_id) {
   Lease lease;
   {
     kvc::MutexLock lock(&mu_);
@@ -180,7 +180,7 @@ int64_t LeaseTable::ExpireDue() {
       --c.active;
       c.bytes -= it->second.bytes;
       ++c.expired;
-      const std::string& scope = it->second.lessee.scope;
+      const TenantScope& scope = it->second.lessee.scope;
       if (--per_scope_[scope] == 0) per_scope_.erase(scope);
       due.push_back(std::move(it->second));
       leases_.erase(it++);
@@ -209,7 +209,7 @@ LeaseStats LeaseTable::Stats(int pool_index) const {
   return LeaseStats{c.active, c.bytes, c.granted, c.renewed, c.released, c.expired};
 }
 
-std::vector<LeaseInfo> LeaseTable::List(const std::optional<std::string>& scope,
+std::vector<LeaseInfo> LeaseTable::List(const std::optional<TenantScope>& scope,
                                         int pool_index) const {
   struct Found {
     LeaseInfo info;

@@ -29,6 +29,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "cachesvc/core/base/requests.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/base/types.h"
 #include "cachesvc/core/pool/block_pool.h"
 #include "cachesvc/core/tenant/tenant_account.h"
@@ -60,14 +61,14 @@ class LeaseTable {
 
   // INVALID_ARGUMENT for a TTL out of [1, max_ttl_ms]; RESOURCE_EXHAUSTED when the scope has
   // max_per_scope leases. The TTL the lease would get (0 = default; at most max_lifetime_ms).
-  absl::StatusOr<int64_t> CheckNew(const std::string& scope, int64_t ttl_ms) const;
+  absl::StatusOr<int64_t> CheckNew(const TenantScope& scope, int64_t ttl_ms) const;
   using PerFormat = std::array<std::vector<BlockId>, kernels::kNumStorageFormats>;
   // What the pin of a lease's blocks of `format` charges (BlockShares::Pin, Unpin).
   static LeaseCharge ChargeFor(TenantAccount* account, BlockPool* pool, int pool_index,
                                StorageFormat format);
   // Who a new lease is for: its scope, the leased sequence and the account that pays.
   struct Lessee {
-    std::string scope;
+    TenantScope scope;
     std::string sequence_id;
     std::shared_ptr<TenantAccount> account;  // may be null: nobody pays
   };
@@ -84,24 +85,24 @@ class LeaseTable {
     PerFormat slots;
   };
   // NOT_FOUND (as Renew) unless the lease is live now.
-  absl::StatusOr<Pinned> Find(const std::string& scope, const std::string& lease_id) const;
+  absl::StatusOr<Pinned> Find(const TenantScope& scope, const std::string& lease_id) const;
   // Whether the lease is live now. A lease that was live after a copy of its blocks finished
   // was live throughout it (an ended lease never comes back), so nothing was recycled.
-  bool Live(const std::string& scope, const std::string& lease_id) const;
+  bool Live(const TenantScope& scope, const std::string& lease_id) const;
   // NOT_FOUND (a lease of another scope is unknown too) or expired; FAILED_PRECONDITION once
   // its expiry is max_lifetime_ms after it was granted; else the new expiry, never past that.
-  absl::StatusOr<int64_t> Renew(const std::string& scope, const std::string& lease_id,
+  absl::StatusOr<int64_t> Renew(const TenantScope& scope, const std::string& lease_id,
                                 int64_t ttl_ms);
   // Ends the lease; returns how many of its blocks went back to the pool (those no sequence
   // holds any more).
-  absl::StatusOr<int64_t> Release(const std::string& scope, const std::string& lease_id);
+  absl::StatusOr<int64_t> Release(const TenantScope& scope, const std::string& lease_id);
   // Ends every lease whose TTL has passed; returns how many.
   int64_t ExpireDue();
 
   LeaseStats Stats(int pool_index) const;
   // The live leases of one scope (unset: all) and pool (-1: all), oldest first. Looks at
   // every lease's blocks (their lease-only bytes): for operators, not a data path.
-  std::vector<LeaseInfo> List(const std::optional<std::string>& scope, int pool_index) const;
+  std::vector<LeaseInfo> List(const std::optional<TenantScope>& scope, int pool_index) const;
 
  private:
   struct Lease {
@@ -126,7 +127,7 @@ class LeaseTable {
   const LeaseLimits limits_;
   mutable kvc::Mutex mu_;
   absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int64_t> per_scope_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<TenantScope, int64_t> per_scope_ ABSL_GUARDED_BY(mu_);
   std::vector<Counters> counters_ ABSL_GUARDED_BY(mu_);  // [pool]
 
   std::mutex reaper_mu_;

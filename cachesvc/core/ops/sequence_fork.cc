@@ -61,7 +61,7 @@ absl::Status ForkLocked(const Sequence& source, Sequence& child) {
     OpStage stage(pool);
     for (size_t f = 0; f < kernels::kNumStorageFormats; ++f) {
       const auto format = static_cast<StorageFormat>(f);
-      reservations.emplace_back(pool, format, child.scope());
+      reservations.emplace_back(pool, format, child.scope().tenant());
       if (tails[f].empty()) continue;
       KVC_RETURN_IF_ERROR(reservations.back().Allocate(static_cast<int64_t>(tails[f].size())));
       std::vector<BlockId> src_blocks, dst_blocks;

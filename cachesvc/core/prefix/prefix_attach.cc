@@ -39,8 +39,8 @@ absl::Status ValidatePrefix(const PrefixSpec& prefix, const CompressionSpec& pol
   return absl::OkStatus();
 }
 
-PrefixLayout LayoutOf(const PrefixSpec& prefix, const std::string& scope, StorageFormat format) {
-  return PrefixLayout{prefix.model, scope, prefix.salt, format};
+PrefixLayout LayoutOf(const PrefixSpec& prefix, const TenantScope& scope, StorageFormat format) {
+  return PrefixLayout{prefix.model, scope.tenant(), prefix.salt, format};
 }
 
 absl::Status InstallAttachedLocked(Sequence& seq, StorageFormat format,

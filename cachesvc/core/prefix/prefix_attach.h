@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cachesvc/core/base/requests.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/prefix/prefix_index.h"
 #include "cachesvc/core/sequence/sequence.h"
 
@@ -22,7 +23,7 @@ inline constexpr int64_t kMaxPrefixTokens = int64_t{1} << 22;
 // residual window (its newest tokens live in another tier than a cached prefix's).
 absl::Status ValidatePrefix(const PrefixSpec& prefix, const CompressionSpec& policy);
 
-PrefixLayout LayoutOf(const PrefixSpec& prefix, const std::string& scope, StorageFormat format);
+PrefixLayout LayoutOf(const PrefixSpec& prefix, const TenantScope& scope, StorageFormat format);
 
 // Makes attached[i][lane] (held for this sequence, from PrefixIndex::Attach) the sequence's
 // tokens [i * block_tokens, (i + 1) * block_tokens) on every lane, charges the tenant for

@@ -19,7 +19,7 @@ std::vector<Tier> InitialTiers(const PoolGeometry& geometry, const CompressionSp
   return tiers;
 }
 
-Sequence::Sequence(std::string id, std::string scope, std::string tenant, BlockPool* pool,
+Sequence::Sequence(std::string id, TenantScope scope, std::string tenant, BlockPool* pool,
                    int pool_index, PoolUsage* usage, std::shared_ptr<TenantAccount> account,
                    CompressionSpec policy, int64_t created_unix_ms)
     : id_(std::move(id)),

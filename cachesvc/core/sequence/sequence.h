@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/base/types.h"
 #include "cachesvc/core/pool/block_pool.h"
 #include "cachesvc/core/pool/pool_usage.h"
@@ -28,15 +29,14 @@ int64_t NowUnixMs();
 
 class Sequence {
  public:
-  // `scope` is the namespace the id lives in (the authenticated tenant; "" without
-  // authentication); `account` the tenant's (charged for the sequence's blocks), in which
-  // the pool has index `pool_index`.
-  Sequence(std::string id, std::string scope, std::string tenant, BlockPool* pool, int pool_index,
+  // `scope` is the id space the id lives in (tenant_scope.h); `account` the tenant's (charged for
+  // the sequence's blocks), in which the pool has index `pool_index`.
+  Sequence(std::string id, TenantScope scope, std::string tenant, BlockPool* pool, int pool_index,
            PoolUsage* usage, std::shared_ptr<TenantAccount> account, CompressionSpec policy,
            int64_t created_unix_ms);
 
   const std::string& id() const { return id_; }
-  const std::string& scope() const { return scope_; }
+  const TenantScope& scope() const { return scope_; }
   const std::string& tenant() const { return tenant_; }
   BlockPool* pool() const { return pool_; }
   int pool_index() const { return pool_index_; }
@@ -44,7 +44,7 @@ class Sequence {
   // For what outlives the sequence and charges the same account (a lease).
   const std::shared_ptr<TenantAccount>& shared_account() const { return account_; }
   TenantCharge charge() const {
-    return {account_.get(), pool_index_, &pool_->options().name, &scope_};
+    return {account_.get(), pool_index_, &pool_->options().name, &scope_.tenant()};
   }
   const PoolGeometry& geometry() const { return pool_->options().geometry; }
   PoolUsage* usage() const { return usage_; }
@@ -100,7 +100,7 @@ class Sequence {
 
  private:
   const std::string id_;
-  const std::string scope_;
+  const TenantScope scope_;
   const std::string tenant_;
   BlockPool* const pool_;
   const int pool_index_;

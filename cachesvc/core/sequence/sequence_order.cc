@@ -13,11 +13,11 @@ namespace {
 // A field of a group's name, length-prefixed: no tenant label can make two groups one.
 std::string Field(const std::string& s) { return absl::StrCat(s.size(), ":", s); }
 
-std::string ScopeGroup(const std::string& scope) { return "s" + Field(scope); }
+std::string ScopeGroup(const TenantScope& scope) { return "s" + Field(scope.tenant()); }
 std::string TenantGroup(const std::string& tenant) { return "t" + Field(tenant); }
 std::string PoolGroup(int pool) { return absl::StrCat("p", pool); }
-std::string ScopePoolGroup(const std::string& scope, int pool) {
-  return absl::StrCat("sp", pool, "/", Field(scope));
+std::string ScopePoolGroup(const TenantScope& scope, int pool) {
+  return absl::StrCat("sp", pool, "/", Field(scope.tenant()));
 }
 std::string TenantPoolGroup(const std::string& tenant, int pool) {
   return absl::StrCat("tp", pool, "/", Field(tenant));
@@ -42,7 +42,8 @@ std::vector<std::string> SequenceOrder::GroupsOf(const Sequence& s) {
 
 void SequenceOrder::Add(const std::shared_ptr<Sequence>& sequence) {
   kvc::MutexLock lock(&mu_);
-  const Key key(sequence->created_unix_ms(), sequence->scope(), next_ordinal_[sequence->scope()]++);
+  const Key key(sequence->created_unix_ms(), sequence->scope().tenant(),
+                next_ordinal_[sequence->scope()]++);
   keys_.emplace(sequence.get(), key);
   for (const std::string& group : GroupsOf(*sequence)) groups_[group].emplace(key, sequence);
 }

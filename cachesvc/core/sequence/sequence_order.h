@@ -20,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "common/mutex.h"
 
 namespace kvc::cachesvc {
@@ -32,11 +33,11 @@ class SequenceOrder {
   // and never reused, so a cursor stays valid while sequences come and go; within a scope it
   // is creation order exactly (ids are random and cannot break ties of one millisecond). The
   // ordinal counts one scope's sequences only: a tenant's page token tells it nothing about
-  // other tenants.
+  // other tenants. The scope is its tenant() name.
   using Key = std::tuple<int64_t, std::string, uint64_t>;
 
   struct Query {
-    const std::string* scope = nullptr;   // null: every scope
+    const TenantScope* scope = nullptr;   // null: every scope
     const std::string* tenant = nullptr;  // null: every tenant label
     int pool = -1;                        // -1: every pool
     const Key* after = nullptr;           // null: from the first
@@ -70,7 +71,7 @@ class SequenceOrder {
   mutable kvc::Mutex mu_;
   absl::flat_hash_map<std::string, Ordered> groups_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<const Sequence*, Key> keys_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, uint64_t> next_ordinal_ ABSL_GUARDED_BY(mu_);  // per scope
+  absl::flat_hash_map<TenantScope, uint64_t> next_ordinal_ ABSL_GUARDED_BY(mu_);  // per scope
 };
 
 }  // namespace kvc::cachesvc

@@ -30,7 +30,7 @@ absl::Status SequenceRegistry::Insert(const std::shared_ptr<Sequence>& sequence,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<Sequence>> SequenceRegistry::Find(const std::string& scope,
+absl::StatusOr<std::shared_ptr<Sequence>> SequenceRegistry::Find(const TenantScope& scope,
                                                                  const std::string& id) const {
   const Key key(scope, id);
   Shard& s = shard(key);
@@ -43,7 +43,7 @@ absl::StatusOr<std::shared_ptr<Sequence>> SequenceRegistry::Find(const std::stri
   return it->second;
 }
 
-bool SequenceRegistry::Erase(const std::string& scope, const std::string& id) {
+bool SequenceRegistry::Erase(const TenantScope& scope, const std::string& id) {
   const Key key(scope, id);
   Shard& s = shard(key);
   kvc::MutexLock lock(&s.mu);

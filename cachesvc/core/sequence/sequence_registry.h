@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/sequence/sequence.h"
 #include "cachesvc/core/sequence/sequence_order.h"
 #include "common/mutex.h"
@@ -34,10 +35,10 @@ class SequenceRegistry {
   // `max_size` sequences exist.
   absl::Status Insert(const std::shared_ptr<Sequence>& sequence, int64_t max_size);
   // NOT_FOUND (naming a prefix of the id, never the scope) if absent.
-  absl::StatusOr<std::shared_ptr<Sequence>> Find(const std::string& scope,
+  absl::StatusOr<std::shared_ptr<Sequence>> Find(const TenantScope& scope,
                                                  const std::string& id) const;
   // Removes the entry if present; returns whether it was.
-  bool Erase(const std::string& scope, const std::string& id);
+  bool Erase(const TenantScope& scope, const std::string& id);
   int64_t size() const { return size_.load(std::memory_order_relaxed); }
   // A snapshot of every entry.
   std::vector<std::shared_ptr<Sequence>> All() const;
@@ -47,7 +48,7 @@ class SequenceRegistry {
 
  private:
   static constexpr size_t kShards = 32;
-  using Key = std::pair<std::string, std::string>;  // (scope, id)
+  using Key = std::pair<TenantScope, std::string>;  // (scope, id)
   struct Shard {
     mutable kvc::Mutex mu;
     absl::flat_hash_map<Key, std::shared_ptr<Sequence>> map ABSL_GUARDED_BY(mu);

@@ -38,7 +38,7 @@ absl::StatusOr<SequenceSnapshot> KvStore::CreateSequence(const CreateSequencePar
         "another instance");
   }
   KVC_ASSIGN_OR_RETURN(BlockPool * pool, parts_->FindPool(params.pool));
-  if (!pool->options().tenant.empty() && params.scope != pool->options().tenant) {
+  if (!pool->options().tenant.empty() && params.scope.tenant() != pool->options().tenant) {
     return absl::PermissionDeniedError(absl::StrCat("pool ", Quoted(pool->options().name),
                                                     " holds one other tenant's sequences only"));
   }
@@ -165,7 +165,7 @@ absl::StatusOr<AttendResult> KvStore::Attend(const AttendParams& p) {
 }
 
 absl::StatusOr<SequenceSnapshot> KvStore::GetSequence(const std::string& sequence_id,
-                                                      const std::string& scope) const {
+                                                      const TenantScope& scope) const {
   KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, parts_->FindLive(scope, sequence_id));
   kvc::ReaderMutexLock lock(&seq->mu());
   if (seq->released()) return Released(sequence_id);
@@ -173,16 +173,16 @@ absl::StatusOr<SequenceSnapshot> KvStore::GetSequence(const std::string& sequenc
 }
 
 absl::StatusOr<ReleaseResult> KvStore::Release(const std::string& sequence_id,
-                                               const std::string& scope) {
+                                               const TenantScope& scope) {
   return ReleaseInternal(scope, sequence_id, /*evicted=*/false);
 }
 
 absl::StatusOr<ReleaseResult> KvStore::Evict(const std::string& sequence_id,
-                                             const std::string& scope) {
+                                             const TenantScope& scope) {
   return ReleaseInternal(scope, sequence_id, /*evicted=*/true);
 }
 
-absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const std::string& scope,
+absl::StatusOr<ReleaseResult> KvStore::ReleaseInternal(const TenantScope& scope,
                                                        const std::string& sequence_id,
                                                        bool evicted) {
   KVC_ASSIGN_OR_RETURN(std::shared_ptr<Sequence> seq, parts_->FindLive(scope, sequence_id));

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "cachesvc/core/base/requests.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/base/types.h"
 #include "cachesvc/core/store/lease_service.h"
 #include "cachesvc/core/store/prefix_service.h"
@@ -39,12 +40,12 @@ class KvStore {
   absl::StatusOr<SequenceSnapshot> ForkSequence(const ForkSequenceParams& params);
   // `scope`: as in requests.h.
   absl::StatusOr<SequenceSnapshot> GetSequence(const std::string& sequence_id,
-                                               const std::string& scope = "") const;
+                                               const TenantScope& scope = TenantScope()) const;
   absl::StatusOr<ReleaseResult> Release(const std::string& sequence_id,
-                                        const std::string& scope = "");
+                                        const TenantScope& scope = TenantScope());
   // An operator's eviction: Release, counted as evicted tokens (policy "operator").
   absl::StatusOr<ReleaseResult> Evict(const std::string& sequence_id,
-                                      const std::string& scope = "");
+                                      const TenantScope& scope = TenantScope());
 
   // All-or-nothing: on error nothing of the request was stored.
   absl::StatusOr<AppendResult> Append(const AppendParams& params);
@@ -67,7 +68,7 @@ class KvStore {
  private:
   explicit KvStore(std::unique_ptr<StoreParts> parts)
       : parts_(std::move(parts)), leases_(*parts_), prefixes_(*parts_), stats_(*parts_) {}
-  absl::StatusOr<ReleaseResult> ReleaseInternal(const std::string& scope, const std::string& id,
+  absl::StatusOr<ReleaseResult> ReleaseInternal(const TenantScope& scope, const std::string& id,
                                                 bool evicted);
   // Counts an applied append's bytes; returns its result.
   AppendResult Appended(const AppendParams& params, AppendResult result);

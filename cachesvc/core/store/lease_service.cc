@@ -100,12 +100,12 @@ absl::StatusOr<LeaseSnapshot> LeaseService::LeaseSequence(const LeaseParams& p) 
   return lease;
 }
 
-absl::StatusOr<int64_t> LeaseService::RenewLease(const std::string& scope,
+absl::StatusOr<int64_t> LeaseService::RenewLease(const TenantScope& scope,
                                                  const std::string& lease_id, int64_t ttl_ms) {
   return parts_.leases->Renew(scope, lease_id, ttl_ms);
 }
 
-absl::StatusOr<int64_t> LeaseService::ReleaseLease(const std::string& scope,
+absl::StatusOr<int64_t> LeaseService::ReleaseLease(const TenantScope& scope,
                                                    const std::string& lease_id) {
   return parts_.leases->Release(scope, lease_id);
 }
@@ -125,26 +125,26 @@ absl::StatusOr<std::vector<LeaseInfo>> LeaseService::ListLeases(const ListLeases
   return leases;
 }
 
-absl::StatusOr<LeaseTable::Pinned> LeaseService::PinnedLease(const std::string& scope,
+absl::StatusOr<LeaseTable::Pinned> LeaseService::PinnedLease(const TenantScope& scope,
                                                              const std::string& lease_id) const {
   return parts_.leases->Find(scope, lease_id);
 }
 
-bool LeaseService::LeaseLive(const std::string& scope, const std::string& lease_id) const {
+bool LeaseService::LeaseLive(const TenantScope& scope, const std::string& lease_id) const {
   return parts_.leases->Live(scope, lease_id);
 }
 
 absl::StatusOr<SharedArena> LeaseService::ShareArena(const std::string& pool, StorageFormat format,
-                                                     const std::string& scope) {
+                                                     const TenantScope& scope) {
   KVC_ASSIGN_OR_RETURN(BlockPool * p, parts_.FindPool(pool));
-  return p->ShareArena(format, scope);
+  return p->ShareArena(format, scope.tenant());
 }
 
 absl::StatusOr<UniqueFd> LeaseService::ShareSegment(const std::string& pool, StorageFormat format,
-                                                    const std::string& scope, int64_t index,
+                                                    const TenantScope& scope, int64_t index,
                                                     uint64_t epoch) {
   KVC_ASSIGN_OR_RETURN(BlockPool * p, parts_.FindPool(pool));
-  return p->ShareSegment(format, scope, index, epoch);
+  return p->ShareSegment(format, scope.tenant(), index, epoch);
 }
 
 }  // namespace kvc::cachesvc

@@ -110,7 +110,7 @@ int StoreParts::PoolIndex(const BlockPool* pool) const {
   return index;
 }
 
-absl::StatusOr<std::shared_ptr<Sequence>> StoreParts::FindLive(const std::string& scope,
+absl::StatusOr<std::shared_ptr<Sequence>> StoreParts::FindLive(const TenantScope& scope,
                                                                const std::string& id) const {
   if (id.empty()) return absl::InvalidArgumentError("sequence_id is empty");
   KVC_ASSIGN_OR_RETURN(const std::string key, shard.Resolve(id));

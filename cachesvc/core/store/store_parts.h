@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "cachesvc/core/base/shard_identity.h"
+#include "cachesvc/core/base/tenant_scope.h"
 #include "cachesvc/core/lease/lease_table.h"
 #include "cachesvc/core/pool/block_pool.h"
 #include "cachesvc/core/pool/pool_usage.h"
@@ -38,7 +39,7 @@ struct StoreParts {
   absl::StatusOr<BlockPool*> FindPool(const std::string& name) const;
   int PoolIndex(const BlockPool* pool) const;
   // The live sequence `id` of `scope` (requests.h); NOT_FOUND otherwise.
-  absl::StatusOr<std::shared_ptr<Sequence>> FindLive(const std::string& scope,
+  absl::StatusOr<std::shared_ptr<Sequence>> FindLive(const TenantScope& scope,
                                                      const std::string& id) const;
 
   const KvStoreOptions options;
