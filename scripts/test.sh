@@ -14,6 +14,9 @@
 #               the start: the stage waits for it), and pytest tests/python
 #               against build/cachesvc/kvcached (and build/worker/kvc-worker, for the
 #               transformers tests' token ids and answers)
+#   vllm        kvcache.vllm (vLLM's KV connector) under vLLM's own scheduler on CPU: pytest
+#               tests/vllm in build/vllm-venv (client/python[vllm] with vllm 0.33.0, ~9.5 GB),
+#               made in the background like the python venv
 #   cudasim     the core and service suites on a device pool: the cudasim preset builds the
 #               CUDA backend on the host simulator (tests/kernels/cudasim) and runs every
 #               pool-parametrized test with KVC_TEST_POOL_DEVICE=cuda:0 (<Test>@cuda_sim)
@@ -31,7 +34,7 @@
 # status is 1 if any stage failed. Timings from a fresh clone are in CONTRIBUTING.md.
 #
 #   scripts/test.sh                  all of the above (CI)
-#   scripts/test.sh --quick          checks + default + python, for local iterations
+#   scripts/test.sh --quick          checks + default + python + vllm, for local iterations
 #   scripts/test.sh --quick --tsan   ... plus the named stages (--tidy --cudasim --tsa --asan
 #                                    --tsan --fuzz)
 set -euo pipefail
@@ -107,47 +110,65 @@ build_and_test() {
 }
 
 # The Python client against the default build's kvcached, from a fresh venv each run (a stale
-# one could hide a packaging bug; pip's cache keeps it quick). The venv is made in the
+# one could hide a packaging bug; pip's cache keeps it quick). The venvs are made in the
 # background while the default build compiles (installing torch and transformers is
-# minutes of download and unpacking, little CPU); the python stage waits for it and reports
-# its time. No kvcached is a failure.
-venv=build/python-venv
-make_venv() {
-  rm -rf "$venv" && mkdir -p build && python3 -m venv "$venv" &&
-    "$venv/bin/pip" install --quiet "./client/python[hf]" pytest
+# minutes of download and unpacking, little CPU); each Python stage waits for its venv and
+# reports its time. No kvcached is a failure.
+make_python_venv() {
+  rm -rf build/python-venv && python3 -m venv build/python-venv &&
+    build/python-venv/bin/pip install --quiet "./client/python[hf]" pytest
 }
-start_venv() {
+# tests/vllm: vLLM's own scheduler and connector API with kvcache.vllm, in a venv of its own
+# (vLLM pins torch and transformers to other versions than the hf extra's newest). vLLM 0.33.0:
+# 0.34.0 pins flashinfer-python==0.7.3, which PyPI does not have (the suite also passes
+# against 0.34.0 installed without its dependencies, by hand: CONTRIBUTING.md).
+make_vllm_venv() {
+  rm -rf build/vllm-venv && python3 -m venv build/vllm-venv &&
+    build/vllm-venv/bin/pip install --quiet "./client/python[vllm]" vllm==0.33.0 gguf pytest
+}
+declare -A venv_pid
+start_venv() {  # start_venv NAME MAKER: MAKER in the background, logged to build/NAME.log
   mkdir -p build
   local start=$SECONDS
   (
     rc=0
-    make_venv >build/python-venv.log 2>&1 || rc=$?
-    echo "$rc $((SECONDS - start))" >build/python-venv.rc
+    "$2" >"build/$1.log" 2>&1 || rc=$?
+    echo "$rc $((SECONDS - start))" >"build/$1.rc"
   ) &
-  venv_pid=$!
+  venv_pid[$1]=$!
 }
-python_client() {
-  wait "$venv_pid" || true
+wait_venv() {  # wait_venv NAME WHAT: waits for NAME, prints its log and time; 1 if it failed
+  wait "${venv_pid[$1]}" || true
   local rc took
-  read -r rc took <build/python-venv.rc || { rc=1; took=0; }
-  cat build/python-venv.log
-  echo "python: venv with client/python[hf] made in the background in ${took}s (exit $rc)"
-  [ "$rc" = 0 ] || return "$rc"
+  read -r rc took <"build/$1.rc" || { rc=1; took=0; }
+  cat "build/$1.log"
+  echo "$1: venv with $2 made in the background in ${took}s (exit $rc)"
+  [ "$rc" = 0 ] || return 1
   if [ ! -x build/cachesvc/kvcached ]; then
-    echo "python: no build/cachesvc/kvcached to test against (did the default build fail?)" >&2
+    echo "$1: no build/cachesvc/kvcached to test against (did the default build fail?)" >&2
     return 1
   fi
-  KVCACHED=build/cachesvc/kvcached "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/python
+}
+python_client() {
+  wait_venv python-venv "client/python[hf]" || return 1
+  KVCACHED=build/cachesvc/kvcached build/python-venv/bin/python -m pytest -q \
+    -p no:cacheprovider tests/python
+}
+vllm_connector() {
+  wait_venv vllm-venv "client/python[vllm] and vllm 0.33.0" || return 1
+  KVCACHED=build/cachesvc/kvcached build/vllm-venv/bin/python -m pytest -q \
+    -p no:cacheprovider tests/vllm
 }
 
 stage "dependencies" scripts/install_deps.sh || exit 1
-start_venv
+start_venv python-venv make_python_venv
+start_venv vllm-venv make_vllm_venv
 if [ -x scripts/fetch_model.sh ]; then stage "model and text" fetch_assets || true; fi
 stage "layering + format + sizes" checks || true
 if want tidy; then stage "clang-tidy (changed)" scripts/tidy.sh || true; fi
 build_and_test default
 stage "python" python_client || true
+stage "vllm" vllm_connector || true
 if want cudasim; then build_and_test cudasim; fi
 if want tsa; then stage "clang-tsa (compile)" scripts/tsa_check.sh || true; fi
 if want asan; then build_and_test asan; fi
