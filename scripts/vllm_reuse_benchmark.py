@@ -5,7 +5,8 @@ saved by the connector's worker side (copied out of vLLM's paged layout, appende
 and loaded by another instance into other blocks (attach, fetch, written into the blocks),
 against the reference engine computing that prompt's KV (`kvc-worker generate --kv local`, the
 same model on this machine's CPU: its prefill time). Also: the bytes kvcached holds per token
-in each --storage format.
+in each --storage format. Each format runs over gRPC and over the same-node paths (kvcached
+with a local_socket: shared-memory reads, staged appends).
 
 Runs in the venv of tests/vllm (vllm importable):
   build/vllm-venv/bin/python scripts/vllm_reuse_benchmark.py [--kvcached build/cachesvc/kvcached]
@@ -63,7 +64,7 @@ def reference_prefill(binary: str, tokens: int):
     """(prompt tokens, seconds) of kvc-worker computing the KV of a ~tokens-token prompt."""
     text = (REPO / ".cache" / "corpus" / "emma.txt").read_text()
     words = text.split()
-    prompt = " ".join(words[:int(tokens * 0.72)])  # about 1.4 tokens per word
+    prompt = " ".join(words[:int(tokens * 0.8)])  # about 1.26 tokens per word (Emma)
     out = subprocess.run([binary, "generate", f"--model={GGUF}", "--kv=local", "--raw",
                           "--max-new-tokens=1", f"--prompt={prompt}"],
                          capture_output=True, text=True, check=True)
@@ -84,9 +85,12 @@ def main() -> None:
     blocks = n // BLOCK
     tmp = pathlib.Path(tempfile.mkdtemp())
     mdir = model_dir(tmp / "model")
-    for storage in args.storage:  # a kvcached of its own each: the cache starts empty
-        proc, target = start_kvcached(args.kvcached, POOLS.replace("268435456", str(1 << 30)),
-                                      tmp)
+    pools = POOLS.replace("268435456", str(1 << 30))
+    same_node = f'local_socket: "{tmp}/kvcached.sock"\nlocal_socket_allow_same_uid: true\n'
+    runs = [(s, m) for m in ("grpc", "same-node") for s in args.storage]
+    for storage, mode in runs:  # a kvcached of its own each: the cache starts empty
+        proc, target = start_kvcached(args.kvcached,
+                                      pools + (same_node if mode == "same-node" else ""), tmp)
         try:
             extra = {"target": target, "pool": "smollm2", "storage": storage}
             saver, saver_caches = worker(vllm_config(mdir, target, extra), 2 * blocks + 1)
@@ -114,13 +118,15 @@ def main() -> None:
             with kvcache.Client(target) as c:
                 stats = c.pool_stats("smollm2").prefix_cache
             per_token = stats.cached_bytes / (n * args.rounds)
-            print(f"storage {storage or 'f16'}: {n} tokens, save {statistics.median(saves):.3f} s,"
+            print(f"{mode}, storage {storage or 'f16'}: {n} tokens, save {statistics.median(saves):.3f} s,"
                   f" load {statistics.median(loads):.3f} s (medians of {args.rounds}); kvcached "
-                  f"holds {per_token:,.0f} bytes per token ({per_token * n / 2**20:.1f} MiB)")
+                  f"holds {per_token:,.0f} bytes per token ({per_token * n / 2**20:.1f} MiB); "
+                  f"fetch path {loader.client.data_path}, append path {saver.client.append_path}")
             for c in (saver, loader):
                 c.shutdown()
         finally:
             proc.kill()
+            proc.wait()  # its metrics port is free for the next one
     tokens, seconds = reference_prefill(args.worker, n)
     print(f"reference engine (kvc-worker generate --kv=local, CPU): computing the KV of a "
           f"{tokens}-token prompt takes {seconds:.2f} s")
