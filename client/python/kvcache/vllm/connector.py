@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 
 import kvcache
 from kvcache.types import CompressionSpec, StorageFormat
+from kvcache.vllm.prom import KvcachedPromMetrics
 from kvcache.vllm.scheduler_side import KvcachedMetadata, SchedulerSide
 from kvcache.vllm.settings import Settings, cache_identity
 from kvcache.vllm.stats import Counters, KvcachedStats
@@ -158,6 +159,12 @@ class KvcachedConnector(KVConnectorBase_V1):
     @classmethod
     def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None) -> KvcachedStats:
         return KvcachedStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: "VllmConfig", metric_types: Dict[type, type],
+                           labelnames: list, per_engine_labelvalues: Dict[int, list]) -> Any:
+        return KvcachedPromMetrics(vllm_config, metric_types, labelnames,
+                                   per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if self._worker is not None:
