@@ -88,7 +88,7 @@ class Engine:
         self.blocks: Dict[str, List[int]] = {}
         self.metas: List[KvcachedMetadata] = []
         self.load_errors: List[Set[int]] = []
-        self.finished: Set[str] = set()
+        self.finished: Dict[str, Any] = {}  # request id -> vLLM's FinishReason
         self.reported: Dict[str, float] = {}  # the connectors' stats as vLLM reports them
         self.before_load: Optional[Any] = None  # called between schedule() and the loads
 
@@ -146,7 +146,7 @@ class Engine:
                 self.reported[key] = self.reported.get(key, 0) + value
             for o in outputs.outputs:
                 if o.finish_reason is not None:
-                    self.finished.add(o.request_id)
+                    self.finished[o.request_id] = o.finish_reason
         for req_id in req_ids:  # what vLLM kept (it drops a token sampled over failed loads)
             request = self.scheduler.requests.get(req_id)
             if request is not None:

@@ -2,7 +2,8 @@
 
 vLLM makes one in the scheduler (role SCHEDULER: lookups, load and save plans) and one in each
 worker (role WORKER: the copies between vLLM's paged blocks and kvcached). Both talk to
-kvcached through kvcache.Client: same node, its shared-memory paths; otherwise gRPC.
+kvcached through kvcache.Client: its same-node paths when kvcached has a local_socket here,
+otherwise gRPC.
 
 Supported: decoder-only models whose attention layers all hold the same kv heads x head_dim,
 cache_dtype "auto" (f16, bf16 or f32), a GPU platform with the FlashAttention, Triton or

@@ -53,7 +53,3 @@ class Counters:
         with self._lock:
             data, self._data = self._data, {}
         return KvcachedStats(data=data)
-
-    def peek(self) -> Dict[str, float]:
-        with self._lock:
-            return dict(self._data)
